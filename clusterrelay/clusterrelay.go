@@ -1,0 +1,177 @@
+// Package clusterrelay is the stateless middle tier of rtcedge's data plane.
+//
+// A cluster relay receives encapsulated datagrams from global relays and
+// forwards each to the pod its header names; it forwards the pods' replies to
+// the global relay replica (ingress address) their header names. It keeps no
+// per-flow state: the only inputs to a forwarding decision are the header and
+// the pod directory, so any replica can carry any packet and a dead replica
+// loses nothing. See WIRE.md section 2.
+package clusterrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+)
+
+// Drop reasons (the "reason" label), besides encap's own decode reasons
+// which appear as "encap_<reason>".
+const (
+	DropWrongCluster = "wrong_cluster"
+	DropUnknownPod   = "unknown_pod"
+	DropNotFromPod   = "not_from_pod"
+	DropPodMismatch  = "pod_mismatch"
+	DropEmpty        = "empty"
+)
+
+// Config configures a Relay.
+type Config struct {
+	Cluster    uint16                // this relay's cluster (non-zero)
+	Pods       PodDirectory          // live pods of the cluster
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // nil: metrics are not registered
+}
+
+// Relay forwards between global relays and the pods of one cluster over one
+// UDP socket.
+type Relay struct {
+	// Static after New.
+	cfg  Config
+	log  *slog.Logger
+	conn *net.UDPConn
+	m    *metrics
+
+	closeOnce sync.Once
+}
+
+// New returns a relay over conn. It takes ownership of conn.
+func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
+	if cfg.Cluster == 0 {
+		return nil, errors.New("clusterrelay config: cluster ID must be non-zero")
+	}
+	if cfg.Pods == nil {
+		return nil, errors.New("clusterrelay config: pod directory is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), conn: conn, m: m}, nil
+}
+
+// Addr returns the relay's data address.
+func (r *Relay) Addr() netip.AddrPort { return r.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// Run forwards until ctx ends or Close is called.
+func (r *Relay) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { r.Close() })
+	defer stop()
+	err := udpio.Forward(r.conn, r.conn, 0, r.decide, func(error) { r.m.writeErrors.Inc() })
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("clusterrelay: %w", err)
+	}
+	return nil
+}
+
+// Close stops the relay. Idempotent.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() { _ = r.conn.Close() })
+	return nil
+}
+
+// decide is the whole forwarding logic: parse the header, check it, pick the
+// destination. The datagram is forwarded unchanged, header included.
+func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+	pkt := buf[:n]
+	h, hl, err := encap.Decode(pkt)
+	if err != nil {
+		r.m.encapDrops.Inc(encap.Reason(err))
+		return nil, netip.AddrPort{}, false
+	}
+	if h.Cluster != r.cfg.Cluster {
+		r.m.drops.Inc(DropWrongCluster)
+		return nil, netip.AddrPort{}, false
+	}
+	if n == hl {
+		r.m.drops.Inc(DropEmpty)
+		return nil, netip.AddrPort{}, false
+	}
+	if h.ToClient {
+		// Only a pod of this cluster may send toward clients, and only in
+		// its own name: otherwise anyone could reflect traffic through us.
+		pod, ok := r.cfg.Pods.PodAt(from)
+		if !ok {
+			r.m.drops.Inc(DropNotFromPod)
+			return nil, netip.AddrPort{}, false
+		}
+		if pod != h.Pod {
+			r.m.drops.Inc(DropPodMismatch)
+			return nil, netip.AddrPort{}, false
+		}
+		r.m.toClient.Inc()
+		r.m.toClientBytes.Add(float64(n))
+		return pkt, h.Ingress, true
+	}
+	dst, ok := r.cfg.Pods.PodAddr(h.Pod)
+	if !ok {
+		r.m.drops.Inc(DropUnknownPod)
+		return nil, netip.AddrPort{}, false
+	}
+	r.m.toPod.Inc()
+	r.m.toPodBytes.Add(float64(n))
+	return pkt, dst, true
+}
+
+type metrics struct {
+	toPod, toClient           prometheus.Counter
+	toPodBytes, toClientBytes prometheus.Counter
+	writeErrors               prometheus.Counter
+	drops, encapDrops         *udpio.DropCounters
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	packets := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_clusterrelay_packets_total",
+		Help: "Datagrams forwarded, by direction (to_pod, to_client).",
+	}, []string{"direction"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_clusterrelay_bytes_total",
+		Help: "Bytes forwarded including the encapsulation header, by direction.",
+	}, []string{"direction"})
+	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_clusterrelay_dropped_packets_total",
+		Help: "Datagrams dropped, by reason.",
+	}, []string{"reason"})
+	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_clusterrelay_write_errors_total",
+		Help: "Failed sends.",
+	})
+	m := &metrics{
+		toPod: packets.WithLabelValues("to_pod"), toClient: packets.WithLabelValues("to_client"),
+		toPodBytes: bytes.WithLabelValues("to_pod"), toClientBytes: bytes.WithLabelValues("to_client"),
+		writeErrors: writeErrors,
+		drops:       udpio.NewDropCounters(drops, DropWrongCluster, DropUnknownPod, DropNotFromPod, DropPodMismatch, DropEmpty),
+		encapDrops:  udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{packets, bytes, drops, writeErrors} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register clusterrelay metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

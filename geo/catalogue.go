@@ -1,0 +1,327 @@
+package geo
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"net/url"
+	"os"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Catalogue is the static region catalogue: every region with its transceiver
+// clusters and global relay POPs. It is loaded once from a YAML file (see
+// LoadCatalogue) or built in code and checked with Validate. A Catalogue is
+// read-only after construction, so any number of goroutines may use it.
+type Catalogue struct {
+	// DefaultRegion is where clients go that cannot be located (loopback,
+	// private or unknown addresses). DefaultLocation returns its coordinates
+	// for use as LocatorConfig.Default.
+	DefaultRegion string   `yaml:"default_region" json:"default_region"`
+	Regions       []Region `yaml:"regions" json:"regions"`
+}
+
+// Region is a named geographic area holding clusters and POPs.
+type Region struct {
+	Name     string    `yaml:"name" json:"name"`
+	Location Point     `yaml:"location" json:"location"`
+	Clusters []Cluster `yaml:"clusters" json:"clusters"`
+	POPs     []POP     `yaml:"pops" json:"pops"`
+}
+
+// Cluster is one transceiver cluster. Its ID is the cluster id carried in
+// routing tokens, so it must be unique and non-zero.
+type Cluster struct {
+	// ID is 1..65535 and unique across the catalogue.
+	ID   uint16 `yaml:"id" json:"id"`
+	Name string `yaml:"name" json:"name"`
+	// Location defaults to the region's location when absent in the file.
+	Location Point `yaml:"location" json:"location"`
+	// SessionAPI is the base URL of the cluster's internal session API, e.g.
+	// http://127.0.0.1:8081. It may be empty in a catalogue whose addresses
+	// are only known at run time (the dev world binds port 0 and fills it in);
+	// when set it must be an absolute http or https URL.
+	SessionAPI string `yaml:"session_api" json:"session_api"`
+}
+
+// POP is one global relay point of presence: the public UDP VIP clients send
+// media to.
+type POP struct {
+	// ID is 1..65535 and unique across the catalogue.
+	ID   uint16 `yaml:"id" json:"id"`
+	Name string `yaml:"name" json:"name"`
+	// VIP is the public address and port, e.g. 203.0.113.10:3478.
+	VIP netip.AddrPort `yaml:"vip" json:"vip"`
+	// Location defaults to the region's location when absent in the file.
+	Location Point `yaml:"location" json:"location"`
+}
+
+// The raw* types mirror the public ones with pointers where "absent" must be
+// told apart from a zero value (an omitted location inherits the region's;
+// a point at 0,0 is a real place).
+type (
+	rawCatalogue struct {
+		DefaultRegion string      `yaml:"default_region"`
+		Regions       []rawRegion `yaml:"regions"`
+	}
+	rawRegion struct {
+		Name     string       `yaml:"name"`
+		Location *rawPoint    `yaml:"location"`
+		Clusters []rawCluster `yaml:"clusters"`
+		POPs     []rawPOP     `yaml:"pops"`
+	}
+	rawCluster struct {
+		ID         uint16    `yaml:"id"`
+		Name       string    `yaml:"name"`
+		Location   *rawPoint `yaml:"location"`
+		SessionAPI string    `yaml:"session_api"`
+	}
+	rawPOP struct {
+		ID       uint16    `yaml:"id"`
+		Name     string    `yaml:"name"`
+		VIP      string    `yaml:"vip"` // parsed by build, to name the POP in errors
+		Location *rawPoint `yaml:"location"`
+	}
+	rawPoint struct {
+		Lat *float64 `yaml:"lat"`
+		Lon *float64 `yaml:"lon"`
+	}
+)
+
+// LoadCatalogue reads and parses the catalogue file at path; see
+// ParseCatalogue.
+func LoadCatalogue(path string) (*Catalogue, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load catalogue: %w", err)
+	}
+	c, err := ParseCatalogue(data)
+	if err != nil {
+		return nil, fmt.Errorf("load catalogue %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseCatalogue decodes a YAML catalogue strictly (unknown keys, a second
+// document, or a point missing lat or lon are errors), fills in defaulted
+// locations, and validates the result. All returned errors wrap
+// ErrInvalidCatalogue.
+func ParseCatalogue(data []byte) (*Catalogue, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var raw rawCatalogue
+	if err := dec.Decode(&raw); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty document", ErrInvalidCatalogue)
+		}
+		return nil, fmt.Errorf("%w: decode: %w", ErrInvalidCatalogue, err)
+	}
+	// A second document would silently be ignored; refuse it so an operator
+	// who concatenated files notices.
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: more than one YAML document", ErrInvalidCatalogue)
+	}
+
+	c, err := raw.build()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// build converts the decoded form, applying location defaults.
+func (r *rawCatalogue) build() (*Catalogue, error) {
+	var errs []error
+	point := func(p *rawPoint, def Point, what string) Point {
+		if p == nil {
+			return def
+		}
+		if p.Lat == nil || p.Lon == nil {
+			errs = append(errs, fmt.Errorf("%w: %s: location needs both lat and lon", ErrInvalidCatalogue, what))
+			return def
+		}
+		return Point{Lat: *p.Lat, Lon: *p.Lon}
+	}
+
+	c := &Catalogue{DefaultRegion: r.DefaultRegion, Regions: make([]Region, 0, len(r.Regions))}
+	for _, rr := range r.Regions {
+		what := fmt.Sprintf("region %q", rr.Name)
+		if rr.Location == nil {
+			errs = append(errs, fmt.Errorf("%w: %s: location is required", ErrInvalidCatalogue, what))
+		}
+		reg := Region{Name: rr.Name, Location: point(rr.Location, Point{}, what)}
+		for _, rc := range rr.Clusters {
+			reg.Clusters = append(reg.Clusters, Cluster{
+				ID:         rc.ID,
+				Name:       rc.Name,
+				Location:   point(rc.Location, reg.Location, fmt.Sprintf("cluster %d", rc.ID)),
+				SessionAPI: rc.SessionAPI,
+			})
+		}
+		for _, rp := range rr.POPs {
+			var vip netip.AddrPort
+			if rp.VIP != "" {
+				var err error
+				if vip, err = netip.ParseAddrPort(rp.VIP); err != nil {
+					errs = append(errs, fmt.Errorf("%w: pop %d: vip %q: %w", ErrInvalidCatalogue, rp.ID, rp.VIP, err))
+				}
+			}
+			reg.POPs = append(reg.POPs, POP{
+				ID:       rp.ID,
+				Name:     rp.Name,
+				VIP:      vip,
+				Location: point(rp.Location, reg.Location, fmt.Sprintf("pop %d", rp.ID)),
+			})
+		}
+		c.Regions = append(c.Regions, reg)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+// Validate checks the catalogue as a whole and reports every problem found,
+// each wrapping ErrInvalidCatalogue: region, cluster and POP names non-empty
+// and unique (per kind), cluster and POP IDs non-zero and unique, POP VIPs
+// valid with a non-zero port, session API URLs absolute http(s) when set,
+// coordinates in range, every region with at least one cluster or POP, at
+// least one cluster overall, and the default region present.
+func (c *Catalogue) Validate() error {
+	var errs []error
+	fail := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidCatalogue}, args...)...))
+	}
+
+	regions := map[string]bool{}
+	clusterIDs, clusterNames := map[uint16]bool{}, map[string]bool{}
+	popIDs, popNames := map[uint16]bool{}, map[string]bool{}
+	nClusters := 0
+	for i, r := range c.Regions {
+		switch {
+		case r.Name == "":
+			fail("region #%d: name is required", i+1)
+		case regions[r.Name]:
+			fail("region %q: duplicate name", r.Name)
+		}
+		regions[r.Name] = true
+		if !r.Location.Valid() {
+			fail("region %q: location %v out of range", r.Name, r.Location)
+		}
+		if len(r.Clusters) == 0 && len(r.POPs) == 0 {
+			fail("region %q: needs at least one cluster or pop", r.Name)
+		}
+		nClusters += len(r.Clusters)
+
+		for _, cl := range r.Clusters {
+			switch {
+			case cl.ID == 0:
+				fail("region %q: cluster %q: id must be 1..65535", r.Name, cl.Name)
+			case clusterIDs[cl.ID]:
+				fail("cluster %d: duplicate id", cl.ID)
+			}
+			clusterIDs[cl.ID] = true
+			switch {
+			case cl.Name == "":
+				fail("cluster %d: name is required", cl.ID)
+			case clusterNames[cl.Name]:
+				fail("cluster %q: duplicate name", cl.Name)
+			}
+			clusterNames[cl.Name] = true
+			if !cl.Location.Valid() {
+				fail("cluster %d: location %v out of range", cl.ID, cl.Location)
+			}
+			if cl.SessionAPI != "" {
+				if u, err := url.Parse(cl.SessionAPI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					fail("cluster %d: session_api %q is not an absolute http(s) URL", cl.ID, cl.SessionAPI)
+				}
+			}
+		}
+
+		for _, p := range r.POPs {
+			switch {
+			case p.ID == 0:
+				fail("region %q: pop %q: id must be 1..65535", r.Name, p.Name)
+			case popIDs[p.ID]:
+				fail("pop %d: duplicate id", p.ID)
+			}
+			popIDs[p.ID] = true
+			switch {
+			case p.Name == "":
+				fail("pop %d: name is required", p.ID)
+			case popNames[p.Name]:
+				fail("pop %q: duplicate name", p.Name)
+			}
+			popNames[p.Name] = true
+			if !p.VIP.IsValid() || p.VIP.Port() == 0 || p.VIP.Addr().IsUnspecified() {
+				fail("pop %d: vip %q must be a specific address with a non-zero port", p.ID, p.VIP)
+			}
+			if !p.Location.Valid() {
+				fail("pop %d: location %v out of range", p.ID, p.Location)
+			}
+		}
+	}
+	if nClusters == 0 {
+		fail("at least one cluster is required")
+	}
+	switch {
+	case c.DefaultRegion == "":
+		fail("default_region is required")
+	case !regions[c.DefaultRegion]:
+		fail("default_region %q is not a region", c.DefaultRegion)
+	}
+	return errors.Join(errs...)
+}
+
+// The lookups below scan linearly: a catalogue holds tens of entries, and
+// keeping no index means a Catalogue built or edited in code cannot go stale.
+
+// Cluster returns the cluster with the given id and the region holding it.
+func (c *Catalogue) Cluster(id uint16) (Cluster, Region, bool) {
+	for _, r := range c.Regions {
+		for _, cl := range r.Clusters {
+			if cl.ID == id {
+				return cl, r, true
+			}
+		}
+	}
+	return Cluster{}, Region{}, false
+}
+
+// POP returns the POP with the given id.
+func (c *Catalogue) POP(id uint16) (POP, bool) {
+	for _, r := range c.Regions {
+		for _, p := range r.POPs {
+			if p.ID == id {
+				return p, true
+			}
+		}
+	}
+	return POP{}, false
+}
+
+// Region returns the region with the given name.
+func (c *Catalogue) Region(name string) (Region, bool) {
+	for _, r := range c.Regions {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return Region{}, false
+}
+
+// DefaultLocation returns the location of the default region, meant for
+// LocatorConfig.Default so that clients that cannot be located are steered to
+// the default region. It returns the zero Point if the region is missing,
+// which Validate rules out.
+func (c *Catalogue) DefaultLocation() Point {
+	r, _ := c.Region(c.DefaultRegion)
+	return r.Location
+}

@@ -1,0 +1,382 @@
+// Package globalrelay is rtcedge's public UDP ingress, one per POP.
+//
+// A client's first datagram to the POP's VIP must be a STUN Binding Request
+// whose USERNAME starts with a valid routing token (the server ufrag, WIRE.md
+// section 1). Only then does the relay create a flow: client address →
+// (cluster, pod), and a cluster relay replica of that cluster chosen by the
+// client's address. Every later datagram of the flow (STUN, DTLS, SRTP,
+// SRTCP) is forwarded opaquely with the encapsulation header in front. Replies
+// come back on the worker's internal socket and leave from the public socket,
+// only toward clients that are live flows: the relay never answers or
+// reflects anything by itself. Flows are soft state and expire when idle.
+package globalrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+)
+
+// Drop reasons (the "reason" label). Token, STUN and header decode failures
+// appear as "token_<reason>", "stun_<reason>" and "encap_<reason>".
+const (
+	DropUnknownFlow    = "unknown_flow"     // non-STUN datagram from an address with no flow
+	DropNoClusterRelay = "no_cluster_relay" // the token's cluster has no usable relay
+	DropTableFull      = "table_full"       // flow table at its cap
+	DropWrongDirection = "wrong_direction"  // toward-transceiver header on the internal socket
+	DropWrongPOP       = "wrong_pop"        // to-client header for another POP
+	DropNoFlow         = "no_flow"          // to-client for an unknown client, not from a known cluster relay
+	DropFlowMismatch   = "flow_mismatch"    // to-client from a pod that does not own the client's flow
+	DropEmpty          = "empty"
+)
+
+// Config configures a Relay.
+type Config struct {
+	POP      uint16           // this POP's ID (non-zero)
+	Keys     *token.Keyring   // verifies routing tokens
+	Clusters ClusterDirectory // cluster relay replicas
+	// FlowIdle is how long a flow lives without a datagram from its
+	// client; default 30s. Consent checks every few seconds keep live calls.
+	FlowIdle time.Duration
+	MaxFlows int // cap on the flow table; default 262144
+
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // nil: metrics are not registered
+	Now        func() time.Time      // default time.Now
+}
+
+// Worker is one socket pair of the relay: Public is bound to the POP's VIP
+// (with SO_REUSEPORT when there are several workers), Internal to an
+// address cluster relays can reach, which is the ingress address written in
+// headers so replies come back to this worker.
+type Worker struct {
+	Public   *net.UDPConn
+	Internal *net.UDPConn
+}
+
+// Relay is one global relay replica: its workers share one flow table.
+type Relay struct {
+	// Static after New.
+	cfg     Config
+	log     *slog.Logger
+	workers []worker
+	flows   *flowTable
+	m       *metrics
+
+	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
+	closeOnce sync.Once
+	done      chan struct{}
+}
+
+type worker struct {
+	Worker
+	ingress netip.AddrPort
+}
+
+// New returns a relay over the given workers' sockets, taking ownership of
+// them.
+func New(cfg Config, workers []Worker) (*Relay, error) {
+	switch {
+	case cfg.POP == 0:
+		return nil, errors.New("globalrelay config: POP ID must be non-zero")
+	case cfg.Keys == nil:
+		return nil, errors.New("globalrelay config: token keyring is required")
+	case cfg.Clusters == nil:
+		return nil, errors.New("globalrelay config: cluster directory is required")
+	case len(workers) == 0:
+		return nil, errors.New("globalrelay: at least one worker is required")
+	}
+	if cfg.FlowIdle == 0 {
+		cfg.FlowIdle = 30 * time.Second
+	}
+	if cfg.MaxFlows == 0 {
+		cfg.MaxFlows = 1 << 18
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{
+		cfg:   cfg,
+		log:   cfg.Logger.With("component", "globalrelay", "pop", cfg.POP),
+		flows: newFlowTable(cfg.MaxFlows),
+		m:     m,
+		done:  make(chan struct{}),
+	}
+	for _, w := range workers {
+		in := w.Internal.LocalAddr().(*net.UDPAddr).AddrPort()
+		in = netip.AddrPortFrom(in.Addr().Unmap(), in.Port())
+		if in.Addr().IsUnspecified() {
+			return nil, fmt.Errorf("globalrelay: internal socket %v must be bound to a specific address: it is the return address in every header", in)
+		}
+		r.workers = append(r.workers, worker{Worker: w, ingress: in})
+	}
+	r.now.Store(cfg.Now().UnixNano())
+	return r, nil
+}
+
+// PublicAddr returns the address clients send to.
+func (r *Relay) PublicAddr() netip.AddrPort {
+	return r.workers[0].Public.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// IngressAddrs returns the internal addresses of the workers.
+func (r *Relay) IngressAddrs() []netip.AddrPort {
+	out := make([]netip.AddrPort, len(r.workers))
+	for i, w := range r.workers {
+		out[i] = w.ingress
+	}
+	return out
+}
+
+// Flows returns the number of live flows.
+func (r *Relay) Flows() int { return r.flows.len() }
+
+// Run forwards until ctx ends or Close is called. A socket failure closes
+// the whole relay and is returned.
+func (r *Relay) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	loop := func(conn, dst *net.UDPConn, headroom int, decide udpio.Decide) {
+		defer wg.Done()
+		if err := udpio.Forward(conn, dst, headroom, decide, r.writeErr); err != nil {
+			errOnce.Do(func() { firstErr = err })
+		}
+		r.Close()
+	}
+	for _, w := range r.workers {
+		wg.Add(2)
+		go loop(w.Public, w.Internal, encap.MaxLen, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+			return r.fromClient(buf, n, from, w.ingress)
+		})
+		go loop(w.Internal, w.Public, 0, r.toClient)
+	}
+	tick := time.NewTicker(time.Second / 4)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			r.Close()
+			done = true
+		case <-r.done:
+			done = true
+		case now := <-tick.C:
+			r.now.Store(now.UnixNano())
+			r.expire()
+		}
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return fmt.Errorf("globalrelay: %w", firstErr)
+	}
+	return nil
+}
+
+func (r *Relay) writeErr(error) { r.m.writeErrors.Inc() }
+
+func (r *Relay) expire() {
+	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
+	if n := r.flows.expire(cutoff); n > 0 {
+		r.m.flowsExpired.Add(float64(n))
+	}
+	r.m.flows.Set(float64(r.flows.len()))
+}
+
+// Close stops the relay and closes its sockets. Idempotent.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() {
+		close(r.done)
+		for _, w := range r.workers {
+			_ = w.Public.Close()
+			_ = w.Internal.Close()
+		}
+	})
+	return nil
+}
+
+// fromClient handles a datagram on the public socket. The datagram is at
+// buf[encap.MaxLen:][:n]; the header is written into the headroom before it.
+func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	pkt := buf[encap.MaxLen : encap.MaxLen+n]
+	if n == 0 {
+		r.m.drops.Inc(DropEmpty)
+		return nil, netip.AddrPort{}, false
+	}
+	f := r.flows.get(from)
+	if stunmsg.IsBindingRequest(pkt) {
+		tok, ok := r.verify(pkt)
+		if !ok {
+			return nil, netip.AddrPort{}, false
+		}
+		if f == nil || f.cluster != tok.Cluster || f.pod != tok.Pod {
+			nf := &flow{cluster: tok.Cluster, pod: tok.Pod}
+			nf.lastSeen.Store(r.now.Load())
+			if !r.flows.put(from, nf) {
+				r.m.drops.Inc(DropTableFull)
+				return nil, netip.AddrPort{}, false
+			}
+			r.m.flowsCreated.Inc()
+			f = nf
+		}
+	} else if f == nil {
+		r.m.drops.Inc(DropUnknownFlow)
+		return nil, netip.AddrPort{}, false
+	}
+	relay, ok := f.relay(r.cfg.Clusters, from)
+	if !ok {
+		r.m.drops.Inc(DropNoClusterRelay)
+		return nil, netip.AddrPort{}, false
+	}
+	f.lastSeen.Store(r.now.Load())
+	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Client: from, Ingress: ingress}
+	hl := h.Len()
+	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
+		r.m.encapDrops.Inc(encap.Reason(err))
+		return nil, netip.AddrPort{}, false
+	}
+	r.m.toCluster.Inc()
+	r.m.toClusterBytes.Add(float64(n))
+	return buf[encap.MaxLen-hl : encap.MaxLen+n], relay, true
+}
+
+// verify checks the routing token of a Binding Request from a new client.
+func (r *Relay) verify(pkt []byte) (token.Token, bool) {
+	user, err := stunmsg.Username(pkt)
+	if err == nil {
+		user, err = stunmsg.ServerUfrag(user)
+	}
+	if err != nil {
+		r.m.stunDrops.Inc(stunmsg.Reason(err))
+		return token.Token{}, false
+	}
+	tok, err := r.cfg.Keys.Verify(user)
+	if err != nil {
+		r.m.tokenDrops.Inc(token.Reason(err))
+		return token.Token{}, false
+	}
+	return tok, true
+}
+
+// toClient handles a datagram on an internal socket: a reply on its way to
+// a client. It leaves from the public socket without its header.
+func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+	pkt := buf[:n]
+	h, hl, err := encap.Decode(pkt)
+	switch {
+	case err != nil:
+		r.m.encapDrops.Inc(encap.Reason(err))
+		return nil, netip.AddrPort{}, false
+	case !h.ToClient:
+		r.m.drops.Inc(DropWrongDirection)
+		return nil, netip.AddrPort{}, false
+	case h.POP != r.cfg.POP:
+		r.m.drops.Inc(DropWrongPOP)
+		return nil, netip.AddrPort{}, false
+	case hl == n:
+		r.m.drops.Inc(DropEmpty)
+		return nil, netip.AddrPort{}, false
+	}
+	f := r.flows.get(h.Client)
+	if f == nil {
+		// A restarted replica learns the flow back from the first reply,
+		// but only from a cluster relay of the header's own cluster.
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
+			r.m.drops.Inc(DropNoFlow)
+			return nil, netip.AddrPort{}, false
+		}
+		nf := &flow{cluster: h.Cluster, pod: h.Pod}
+		nf.lastSeen.Store(r.now.Load())
+		if !r.flows.put(h.Client, nf) {
+			r.m.drops.Inc(DropTableFull)
+			return nil, netip.AddrPort{}, false
+		}
+		r.m.flowsRestoredReturn.Inc()
+	} else if f.cluster != h.Cluster || f.pod != h.Pod {
+		r.m.drops.Inc(DropFlowMismatch)
+		return nil, netip.AddrPort{}, false
+	}
+	r.m.toClient.Inc()
+	r.m.toClientBytes.Add(float64(n - hl))
+	return pkt[hl:], h.Client, true
+}
+
+type metrics struct {
+	flows                         prometheus.Gauge
+	flowsCreated, flowsExpired    prometheus.Counter
+	flowsRestoredReturn           prometheus.Counter
+	toCluster, toClient           prometheus.Counter
+	toClusterBytes, toClientBytes prometheus.Counter
+	writeErrors                   prometheus.Counter
+	drops, encapDrops, stunDrops  *udpio.DropCounters
+	tokenDrops                    *udpio.DropCounters
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	flows := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "rtcedge_globalrelay_flows", Help: "Live flows (client addresses with a route).",
+	})
+	created := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
+	})
+	expired := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets.",
+	})
+	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
+	}, []string{"source"})
+	packets := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_packets_total", Help: "Datagrams forwarded, by direction (to_cluster, to_client).",
+	}, []string{"direction"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bytes_total", Help: "Client payload bytes forwarded (without header), by direction.",
+	}, []string{"direction"})
+	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_dropped_packets_total", Help: "Datagrams dropped, by reason.",
+	}, []string{"reason"})
+	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_write_errors_total", Help: "Failed sends.",
+	})
+	restored.WithLabelValues("cache")
+	m := &metrics{
+		flows: flows, flowsCreated: created, flowsExpired: expired,
+		flowsRestoredReturn: restored.WithLabelValues("return_path"),
+		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
+		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
+		writeErrors: writeErrors,
+		drops: udpio.NewDropCounters(drops, DropUnknownFlow, DropNoClusterRelay, DropTableFull, DropWrongDirection,
+			DropWrongPOP, DropNoFlow, DropFlowMismatch, DropEmpty),
+		encapDrops: udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
+		stunDrops:  udpio.NewPrefixedDropCounters(drops, "stun_", stunmsg.Reasons...),
+		tokenDrops: udpio.NewPrefixedDropCounters(drops, "token_", token.Reasons...),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,102 @@
+package membership
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Fast timings, applied on top of the LAN or WAN base when Config.Fast is
+// set. They suit loopback dev worlds and tests only: on a real network they
+// would flap members on ordinary jitter.
+const (
+	FastProbeInterval    = 200 * time.Millisecond
+	FastProbeTimeout     = 100 * time.Millisecond
+	FastGossipInterval   = 50 * time.Millisecond
+	FastSuspicionMult    = 2
+	FastPushPullInterval = 2 * time.Second
+	FastTCPTimeout       = 1 * time.Second
+	FastIndirectChecks   = 1
+	// FastGossipToTheDead is how long dead members are still gossiped to
+	// (and kept in Members) under Fast timings.
+	FastGossipToTheDead = 5 * time.Second
+)
+
+// FastDetectionBound is the expected worst case, under Fast timings on
+// loopback with a handful of members, between a member stopping hard
+// (no Leave) and the others reporting it StateDead. It is the sum of:
+// waiting for this member's turn in the probe round-robin (up to
+// (n-1)·FastProbeInterval, 400 ms for three members), one failed probe
+// (FastProbeInterval), the suspicion timeout (FastSuspicionMult ·
+// FastProbeInterval = 400 ms; with SuspicionMult 2 no confirmations are
+// awaited, so the minimum applies), and gossiping the dead message (a few
+// FastGossipInterval), plus margin for a loaded test machine.
+const FastDetectionBound = 2 * time.Second
+
+// Config configures a Pool. Name and Bind are required; everything else has
+// a usable zero value for tests with AllowInsecure.
+type Config struct {
+	Name          string         // unique node name within the pool
+	Bind          netip.AddrPort // gossip bind address (UDP and TCP); port 0 picks a free port, see LocalAddr
+	Advertise     netip.AddrPort // optional address others should use, e.g. behind NAT
+	WAN           bool           // base timings: memberlist.DefaultWANConfig instead of DefaultLANConfig
+	SecretKey     []byte         // AES key, 16/24/32 bytes; every member of a pool must share it
+	AllowInsecure bool           // permit a nil SecretKey (dev and tests only)
+	Fast          bool           // loopback timings, see the Fast* constants
+	Logger        *slog.Logger   // nil means slog.Default()
+}
+
+// validate checks cfg before anything is opened, so New fails without side
+// effects.
+func (cfg *Config) validate() error {
+	if cfg.Name == "" {
+		return fmt.Errorf("name is empty: %w", ErrInvalidConfig)
+	}
+	if !cfg.Bind.Addr().IsValid() {
+		return fmt.Errorf("bind address %v: %w", cfg.Bind, ErrInvalidConfig)
+	}
+	switch len(cfg.SecretKey) {
+	case 16, 24, 32:
+	case 0:
+		if !cfg.AllowInsecure {
+			return fmt.Errorf("no secret key and AllowInsecure not set: %w", ErrInvalidConfig)
+		}
+	default:
+		return fmt.Errorf("secret key is %d bytes, want 16, 24 or 32: %w", len(cfg.SecretKey), ErrInvalidConfig)
+	}
+	return nil
+}
+
+// memberlistConfig builds the memberlist configuration; delegates and
+// logger are filled in by New.
+func (cfg *Config) memberlistConfig() *memberlist.Config {
+	mc := memberlist.DefaultLANConfig()
+	if cfg.WAN {
+		mc = memberlist.DefaultWANConfig()
+	}
+	mc.Name = cfg.Name
+	mc.BindAddr = cfg.Bind.Addr().Unmap().String()
+	mc.BindPort = int(cfg.Bind.Port())
+	mc.AdvertiseAddr, mc.AdvertisePort = "", mc.BindPort
+	if cfg.Advertise.Addr().IsValid() {
+		mc.AdvertiseAddr = cfg.Advertise.Addr().Unmap().String()
+		mc.AdvertisePort = int(cfg.Advertise.Port())
+	}
+	if len(cfg.SecretKey) > 0 {
+		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
+	}
+	if cfg.Fast {
+		mc.ProbeInterval = FastProbeInterval
+		mc.ProbeTimeout = FastProbeTimeout
+		mc.GossipInterval = FastGossipInterval
+		mc.SuspicionMult = FastSuspicionMult
+		mc.PushPullInterval = FastPushPullInterval
+		mc.TCPTimeout = FastTCPTimeout
+		mc.IndirectChecks = FastIndirectChecks
+		mc.GossipToTheDeadTime = FastGossipToTheDead
+	}
+	return mc
+}

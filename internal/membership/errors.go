@@ -1,0 +1,29 @@
+package membership
+
+import "errors"
+
+// Sentinel errors returned (wrapped with context) by this package. Callers
+// test for them with errors.Is.
+var (
+	// ErrInvalidConfig means a Config failed validation in New: a missing
+	// name, an invalid bind address, a secret key of the wrong length, or no
+	// key without AllowInsecure.
+	ErrInvalidConfig = errors.New("membership: invalid config")
+
+	// ErrMetaTooLarge means the encoded Meta does not fit memberlist's
+	// per-node metadata limit (MetaMaxSize bytes). New refuses to start and
+	// UpdateMeta leaves the previous meta in place.
+	ErrMetaTooLarge = errors.New("membership: meta too large")
+
+	// ErrMalformedMeta means a member's metadata could not be decoded: it is
+	// truncated, has an unknown version, or a length runs past the end. Such
+	// members are left out of Members and counted, never trusted.
+	ErrMalformedMeta = errors.New("membership: malformed meta")
+
+	// ErrLeft is returned by UpdateMeta after Leave: gossiping new meta
+	// would announce the node alive again.
+	ErrLeft = errors.New("membership: pool has left")
+
+	// ErrClosed is returned by calls on a Pool after Close.
+	ErrClosed = errors.New("membership: pool closed")
+)

@@ -1,0 +1,258 @@
+// Package token implements the routing token: the server ICE ufrag that a
+// transceiver mints for every session (WIRE.md section 1).
+//
+// The token carries the cluster and pod that own the session, a random
+// nonce and a truncated HMAC-SHA256. A global relay that sees a STUN
+// Binding Request from an unknown client reads the server ufrag from the
+// USERNAME attribute and calls Keyring.Verify; only a token that verifies
+// may create flow state, so forged ufrags can neither fill the flow table
+// nor steer floods at arbitrary pods. Verify is on that hot path and does
+// not allocate.
+//
+// Layout (15 bytes, base64 standard alphabet without padding, 20 chars):
+//
+//	0      version<<4 | keyID
+//	1..2   cluster ID (big-endian, 0 invalid)
+//	3..4   pod ID (big-endian)
+//	5..10  nonce
+//	11..14 first 4 bytes of HMAC-SHA256(key[keyID], bytes 0..10)
+package token
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+const (
+	// EncodedLen is the length in characters of an encoded token (the ufrag).
+	EncodedLen = 20
+	// RawLen is the length in bytes of a decoded token.
+	RawLen = 15
+	// Version is the token format version this package mints and accepts.
+	Version = 1
+	// KeyLen is the length in bytes of every MAC key.
+	KeyLen = 32
+
+	// maxKeyID is the largest key ID: it must fit in the low nibble of byte 0.
+	maxKeyID = 15
+	// signedLen is the number of leading bytes covered by the MAC.
+	signedLen = 11
+	// macLen is the number of MAC bytes kept in the token.
+	macLen = RawLen - signedLen
+	// passwordLen is the length of the server ICE password; RFC 8839 wants
+	// at least 22 ice-chars, which Pion enforces.
+	passwordLen = 24
+	// blockSize is the SHA-256 block size, the HMAC pad length.
+	blockSize = sha256.BlockSize
+)
+
+// alphabet is the standard base64 alphabet (RFC 4648 section 4); every
+// character is also an ICE ice-char (RFC 8839).
+const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+// inAlphabet marks the bytes of alphabet. Checked before decoding because
+// encoding/base64 silently skips CR and LF, which would let a 22-byte
+// ufrag with two newlines pass as 20.
+var inAlphabet = func() (t [256]bool) {
+	for i := 0; i < len(alphabet); i++ {
+		t[alphabet[i]] = true
+	}
+	return t
+}()
+
+// Token is the decoded routing token.
+type Token struct {
+	// KeyID selects the MAC key (0..15).
+	KeyID uint8
+	// Cluster is the cluster that owns the session; 0 is invalid.
+	Cluster uint16
+	// Pod is the transceiver pod that owns the session, unique among the
+	// live pods of its cluster.
+	Pod uint16
+	// Nonce makes every token unique.
+	Nonce [6]byte
+}
+
+// macKey holds the HMAC pads of one key, precomputed so that Verify needs
+// no hash.Hash (hmac.New allocates).
+type macKey struct {
+	ipad [blockSize]byte
+	opad [blockSize]byte
+}
+
+// Keyring holds MAC keys by key ID (0..15) and the ID used to mint.
+// It is immutable after NewKeyring and safe for concurrent use. Key
+// rotation is done by building a new Keyring and swapping it in.
+type Keyring struct {
+	current uint8
+	keys    [maxKeyID + 1]*macKey
+}
+
+// NewKeyring returns a keyring holding keys, minting with key ID current.
+// Every ID must be at most 15, every key exactly KeyLen bytes, and current
+// must be one of the IDs. The key bytes are not retained.
+func NewKeyring(current uint8, keys map[uint8][]byte) (*Keyring, error) {
+	k := &Keyring{current: current}
+	for id, key := range keys {
+		if id > maxKeyID {
+			return nil, fmt.Errorf("token: key ID %d out of range 0..%d", id, maxKeyID)
+		}
+		if len(key) != KeyLen {
+			return nil, fmt.Errorf("token: key ID %d is %d bytes, want %d", id, len(key), KeyLen)
+		}
+		m := new(macKey)
+		// KeyLen < blockSize, so the key is zero-padded, never hashed first.
+		copy(m.ipad[:], key)
+		copy(m.opad[:], key)
+		for i := range blockSize {
+			m.ipad[i] ^= 0x36
+			m.opad[i] ^= 0x5c
+		}
+		k.keys[id] = m
+	}
+	if current > maxKeyID || k.keys[current] == nil {
+		return nil, fmt.Errorf("token: current key ID %d is not configured", current)
+	}
+	return k, nil
+}
+
+// ParseKeySpec parses a key given as "ID:BASE64" (standard base64, padding
+// optional), as found in config files and flags, e.g. "3:AAECAwQF...".
+func ParseKeySpec(spec string) (id uint8, key []byte, err error) {
+	idStr, b64, ok := strings.Cut(spec, ":")
+	if !ok {
+		return 0, nil, fmt.Errorf("token: key spec %q: want ID:BASE64", redact(spec))
+	}
+	n, err := strconv.ParseUint(idStr, 10, 8)
+	if err != nil || n > maxKeyID {
+		return 0, nil, fmt.Errorf("token: key spec: key ID %q not in 0..%d", idStr, maxKeyID)
+	}
+	key, err = base64.RawStdEncoding.DecodeString(strings.TrimRight(b64, "="))
+	if err != nil {
+		// The error text can quote key material; keep only the fact.
+		return 0, nil, fmt.Errorf("token: key spec for ID %d: key is not valid base64", n)
+	}
+	if len(key) != KeyLen {
+		return 0, nil, fmt.Errorf("token: key spec for ID %d: key is %d bytes, want %d", n, len(key), KeyLen)
+	}
+	return uint8(n), key, nil
+}
+
+// redact keeps a key spec's ID part only, so that errors never print keys.
+func redact(spec string) string {
+	if len(spec) > 3 {
+		return spec[:3] + "…"
+	}
+	return spec
+}
+
+// CurrentKeyID returns the key ID that Mint uses.
+func (k *Keyring) CurrentKeyID() uint8 { return k.current }
+
+// Mint returns a fresh token for (cluster, pod) under the current key, with
+// a nonce from crypto/rand. Cluster 0 is rejected with ErrCluster.
+func (k *Keyring) Mint(cluster, pod uint16) (string, error) {
+	t := Token{KeyID: k.current, Cluster: cluster, Pod: pod}
+	if _, err := rand.Read(t.Nonce[:]); err != nil {
+		return "", fmt.Errorf("token: read nonce: %w", err)
+	}
+	return k.Encode(t)
+}
+
+// Encode returns the encoding of t, deterministic in every field of t
+// (including KeyID and Nonce); Mint is the normal way to make a token, this
+// exists for test vectors and tools.
+func (k *Keyring) Encode(t Token) (string, error) {
+	if t.KeyID > maxKeyID || k.keys[t.KeyID] == nil {
+		return "", fmt.Errorf("token: encode with key ID %d: %w", t.KeyID, ErrUnknownKey)
+	}
+	if t.Cluster == 0 {
+		return "", fmt.Errorf("token: encode: %w", ErrCluster)
+	}
+	var raw [RawLen]byte
+	raw[0] = Version<<4 | t.KeyID
+	binary.BigEndian.PutUint16(raw[1:3], t.Cluster)
+	binary.BigEndian.PutUint16(raw[3:5], t.Pod)
+	copy(raw[5:signedLen], t.Nonce[:])
+	mac := k.keys[t.KeyID].sum(&raw)
+	copy(raw[signedLen:], mac[:macLen])
+	return base64.RawStdEncoding.EncodeToString(raw[:]), nil
+}
+
+// Verify decodes and authenticates a ufrag. It checks, in order: length,
+// alphabet, version, key ID, MAC, cluster ID; the first failure is returned
+// as the bare sentinel (ErrLength, ErrAlphabet, ErrVersion, ErrUnknownKey,
+// ErrMAC, ErrCluster). Verify does not allocate and does not retain ufrag.
+func (k *Keyring) Verify(ufrag []byte) (Token, error) {
+	if len(ufrag) != EncodedLen {
+		return Token{}, ErrLength
+	}
+	for _, c := range ufrag {
+		if !inAlphabet[c] {
+			return Token{}, ErrAlphabet
+		}
+	}
+	var raw [RawLen]byte
+	// EncodedLen*6 == RawLen*8, so there are no trailing bits to be
+	// non-canonical and the decode cannot fail after the checks above.
+	if n, err := base64.RawStdEncoding.Decode(raw[:], ufrag); err != nil || n != RawLen {
+		return Token{}, ErrAlphabet
+	}
+	if raw[0]>>4 != Version {
+		return Token{}, ErrVersion
+	}
+	id := raw[0] & 0x0f
+	key := k.keys[id]
+	if key == nil {
+		return Token{}, ErrUnknownKey
+	}
+	mac := key.sum(&raw)
+	if subtle.ConstantTimeCompare(mac[:macLen], raw[signedLen:]) != 1 {
+		return Token{}, ErrMAC
+	}
+	// Checked after the MAC so that "cluster" counts only tokens we minted
+	// ourselves (a bug), not random garbage.
+	t := Token{
+		KeyID:   id,
+		Cluster: binary.BigEndian.Uint16(raw[1:3]),
+		Pod:     binary.BigEndian.Uint16(raw[3:5]),
+	}
+	if t.Cluster == 0 {
+		return Token{}, ErrCluster
+	}
+	copy(t.Nonce[:], raw[5:signedLen])
+	return t, nil
+}
+
+// sum returns HMAC-SHA256 over the signed prefix of raw, using stack
+// arrays only.
+func (m *macKey) sum(raw *[RawLen]byte) [sha256.Size]byte {
+	var inner [blockSize + signedLen]byte
+	copy(inner[:], m.ipad[:])
+	copy(inner[blockSize:], raw[:signedLen])
+	ih := sha256.Sum256(inner[:])
+	var outer [blockSize + sha256.Size]byte
+	copy(outer[:], m.opad[:])
+	copy(outer[blockSize:], ih[:])
+	return sha256.Sum256(outer[:])
+}
+
+// NewPassword returns a server ICE password: 24 characters of the base64
+// alphabet (all ice-chars) from crypto/rand, 144 bits of entropy.
+func NewPassword() (string, error) {
+	var b [passwordLen]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("token: read password: %w", err)
+	}
+	for i, v := range b {
+		// 256 is a multiple of 64, so masking keeps the choice uniform.
+		b[i] = alphabet[v&63]
+	}
+	return string(b[:]), nil
+}

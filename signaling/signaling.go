@@ -1,0 +1,785 @@
+// Package signaling is rtcedge's geo-aware HTTP front.
+//
+// POST /v1/realtime/sdp (and the OpenAI-compatible POST /v1/realtime/calls)
+// takes an SDP offer, locates the client, picks the nearest healthy cluster
+// and the nearest global relay POPs, asks that cluster's session API for an
+// answer advertising those POPs, and returns it. A cluster that errors, times
+// out or is full is skipped for the next-nearest. Signaling keeps no session
+// state: a session ID names its cluster and pod, which is all a DELETE needs.
+package signaling
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
+)
+
+// Session API paths on transceivers (mirrors the transceiver package, which
+// signaling must not import: it reaches pods only over HTTP).
+const (
+	podSessionsPath = "/internal/v1/sessions"
+)
+
+// Response headers naming where a call was placed.
+const (
+	HeaderRegion    = "X-Rtcedge-Region"
+	HeaderCluster   = "X-Rtcedge-Cluster"
+	HeaderPOP       = "X-Rtcedge-Pop"
+	HeaderBackupPOP = "X-Rtcedge-Backup-Pop"
+)
+
+// Config configures a Server.
+type Config struct {
+	Catalogue *geo.Catalogue
+	Locator   *geo.Locator
+	// Health reports clusters' gossip state; nil: all healthy.
+	Health geo.HealthFunc
+	// POPUp reports whether a POP has live global relays; nil: all up.
+	POPUp func(pop uint16) bool
+
+	// APIKeys are the server-side credentials. When empty, session
+	// endpoints need no credentials (the dev world), but client secrets
+	// minted by this server are still checked when presented.
+	APIKeys []string
+	// ClientSecretKey signs ephemeral client secrets (32 random bytes).
+	ClientSecretKey []byte
+	// ClientSecretTTL is the default lifetime of a client secret; default
+	// 10 minutes, at most 2 hours.
+	ClientSecretTTL time.Duration
+
+	MaxBody        int64         // request body cap; default 64 KiB
+	ClusterTimeout time.Duration // one cluster attempt; default 2s
+	MaxAttempts    int           // clusters tried per offer; default 3
+	RatePerSecond  float64       // per client IP; default 5
+	RateBurst      int           // default 20
+	// CORSOrigins lists origins allowed to call the API from a browser;
+	// "*" allows any. Empty: same-origin only.
+	CORSOrigins []string
+
+	// Web is the demo page's file system, served at "/"; nil: no page.
+	Web fs.FS
+
+	HTTPClient *http.Client          // for session APIs; default one with no proxy
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // nil: metrics are not registered
+	Now        func() time.Time      // default time.Now
+}
+
+func (c *Config) applyDefaults() {
+	if c.ClientSecretTTL == 0 {
+		c.ClientSecretTTL = 10 * time.Minute
+	}
+	if c.MaxBody == 0 {
+		c.MaxBody = 64 << 10
+	}
+	if c.ClusterTimeout == 0 {
+		c.ClusterTimeout = 2 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.RatePerSecond == 0 {
+		c.RatePerSecond = 5
+	}
+	if c.RateBurst == 0 {
+		c.RateBurst = 20
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: &http.Transport{
+			Proxy:               nil,
+			MaxIdleConnsPerHost: 32,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports the first problem with the configuration.
+func (c *Config) Validate() error {
+	switch {
+	case c.Catalogue == nil:
+		return errors.New("signaling config: catalogue is required")
+	case c.Locator == nil:
+		return errors.New("signaling config: locator is required")
+	case len(c.ClientSecretKey) < 16:
+		return errors.New("signaling config: client secret key must be at least 16 bytes")
+	case c.ClientSecretTTL < 0 || c.ClientSecretTTL > 2*time.Hour:
+		return errors.New("signaling config: client secret TTL must be within 2h")
+	}
+	for _, k := range c.APIKeys {
+		if len(k) < 16 || strings.HasPrefix(k, secretPrefix) {
+			return errors.New("signaling config: API keys must be at least 16 characters and not start with ek_")
+		}
+	}
+	return nil
+}
+
+// Server is the signaling HTTP front.
+type Server struct {
+	// Static after New.
+	cfg     Config
+	log     *slog.Logger
+	secrets secretMinter
+	m       *metrics
+	handler http.Handler
+
+	limMu    sync.Mutex
+	limiters map[netip.Addr]*limiter // guarded by limMu
+}
+
+type limiter struct {
+	l    *rate.Limiter
+	seen time.Time
+}
+
+// New returns a signaling server.
+func New(cfg Config) (*Server, error) {
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "signaling"),
+		secrets:  secretMinter{key: cfg.ClientSecretKey, now: cfg.Now},
+		m:        m,
+		limiters: map[netip.Addr]*limiter{},
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Handler returns the public HTTP API (and the demo page when configured).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// NewHTTPServer wraps h in an http.Server whose timeouts keep a stalled
+// client from holding a connection: headers within 5s, the whole request
+// within 10s.
+func NewHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+}
+
+// route is one endpoint: the methods it takes and the handler per method.
+type route map[string]http.HandlerFunc
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	handle := func(pattern, name string, r route) {
+		mux.Handle(pattern, s.instrument(name, r))
+	}
+	handle("/v1/realtime/sdp", "sdp", route{http.MethodPost: s.handleSDP})
+	handle("/v1/realtime/calls", "calls", route{http.MethodPost: s.handleCalls})
+	handle("/v1/realtime/sessions/{id}", "session", route{http.MethodDelete: s.handleDelete})
+	handle("/v1/realtime/calls/{id}", "call", route{http.MethodDelete: s.handleDelete})
+	handle("/v1/realtime/calls/{id}/hangup", "hangup", route{http.MethodPost: s.handleDelete})
+	handle("/v1/realtime/client_secrets", "client_secrets", route{http.MethodPost: s.handleClientSecret})
+	handle("/v1/regions", "regions", route{http.MethodGet: s.handleRegions})
+	handle("/livez", "livez", route{http.MethodGet: okHandler})
+	handle("/readyz", "readyz", route{http.MethodGet: okHandler})
+	if s.cfg.Web != nil {
+		files := http.FileServerFS(s.cfg.Web)
+		mux.Handle("GET /{$}", files)
+		mux.Handle("GET /static/", files)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "not_found", "no such endpoint: "+r.URL.Path, 0)
+	})
+	return mux
+}
+
+func okHandler(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
+
+// instrument adds method checks (405 as JSON), CORS and metrics.
+func (s *Server) instrument(name string, r route) http.Handler {
+	allow := make([]string, 0, len(r))
+	for m := range r {
+		allow = append(allow, m)
+	}
+	allowed := strings.Join(append(allow, http.MethodOptions), ", ")
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		start := s.cfg.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		s.cors(rec, req, allowed)
+		h, ok := r[req.Method]
+		switch {
+		case req.Method == http.MethodOptions:
+			rec.WriteHeader(http.StatusNoContent)
+		case !ok:
+			rec.Header().Set("Allow", allowed)
+			apierr.Write(rec, http.StatusMethodNotAllowed, apierr.TypeInvalidRequest, "method_not_allowed",
+				req.Method+" is not allowed here; use "+strings.Join(allow, " or "), 0)
+		default:
+			h(rec, req)
+		}
+		s.m.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
+		s.m.seconds.WithLabelValues(name).Observe(s.cfg.Now().Sub(start).Seconds())
+	})
+}
+
+func (s *Server) cors(w http.ResponseWriter, r *http.Request, allowed string) {
+	origin := r.Header.Get("Origin")
+	if origin == "" || len(s.cfg.CORSOrigins) == 0 {
+		return
+	}
+	ok := false
+	for _, o := range s.cfg.CORSOrigins {
+		if o == "*" || o == origin {
+			ok = true
+			break
+		}
+	}
+	if !ok {
+		return
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", origin)
+	h.Add("Vary", "Origin")
+	h.Set("Access-Control-Allow-Methods", allowed)
+	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+	h.Set("Access-Control-Expose-Headers", "Location, "+HeaderRegion+", "+HeaderCluster+", "+HeaderPOP+", "+HeaderBackupPOP)
+	h.Set("Access-Control-Max-Age", "600")
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// credential kinds returned by authenticate.
+const (
+	credNone = iota
+	credAPIKey
+	credSecret
+)
+
+// authenticate checks the bearer credential. With no API keys configured,
+// a missing credential is accepted (credNone) and a presented one must
+// still be valid. allowExpired accepts expired client secrets, for DELETE:
+// a call outlives the secret that started it.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, allowExpired bool) (int, bool) {
+	auth := r.Header.Get("Authorization")
+	if auth == "" {
+		if len(s.cfg.APIKeys) == 0 {
+			return credNone, true
+		}
+		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "missing_credentials",
+			"an Authorization: Bearer header with an API key or client secret is required", 0)
+		return 0, false
+	}
+	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_authorization",
+			"the Authorization header must be \"Bearer <key>\"", 0)
+		return 0, false
+	}
+	tok = strings.TrimSpace(tok)
+	if strings.HasPrefix(tok, secretPrefix) {
+		if err := s.secrets.verify(tok, allowExpired); err != nil {
+			code := "invalid_client_secret"
+			if errors.Is(err, errSecretExpired) {
+				code = "expired_client_secret"
+			}
+			apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, code, "client secret rejected: "+err.Error(), 0)
+			return 0, false
+		}
+		return credSecret, true
+	}
+	for _, k := range s.cfg.APIKeys {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(k)) == 1 {
+			return credAPIKey, true
+		}
+	}
+	apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_api_key", "the API key is not valid", 0)
+	return 0, false
+}
+
+// allow applies the per-client rate limit.
+func (s *Server) allow(w http.ResponseWriter, ip netip.Addr) bool {
+	now := s.cfg.Now()
+	s.limMu.Lock()
+	l := s.limiters[ip]
+	if l == nil {
+		if len(s.limiters) > 100_000 {
+			for a, x := range s.limiters {
+				if now.Sub(x.seen) > time.Minute {
+					delete(s.limiters, a)
+				}
+			}
+		}
+		l = &limiter{l: rate.NewLimiter(rate.Limit(s.cfg.RatePerSecond), s.cfg.RateBurst)}
+		s.limiters[ip] = l
+	}
+	l.seen = now
+	ok := l.l.AllowN(now, 1)
+	s.limMu.Unlock()
+	if !ok {
+		apierr.Write(w, http.StatusTooManyRequests, apierr.TypeRateLimit, "rate_limited", "too many requests; slow down", time.Second)
+	}
+	return ok
+}
+
+// readOffer reads an application/sdp body under the size cap.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
+				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBody), 0)
+			return nil, false
+		}
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "unreadable_body", "could not read the request body", 0)
+		return nil, false
+	}
+	return body, true
+}
+
+func (s *Server) handleSDP(w http.ResponseWriter, r *http.Request) {
+	if !s.precheck(w, r) {
+		return
+	}
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if mt != "application/sdp" {
+		apierr.Write(w, http.StatusUnsupportedMediaType, apierr.TypeInvalidRequest, "unsupported_media_type",
+			"the offer must be sent as Content-Type: application/sdp", 0)
+		return
+	}
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	s.placeCall(w, r, string(body), nil)
+}
+
+func (s *Server) handleCalls(w http.ResponseWriter, r *http.Request) {
+	if !s.precheck(w, r) {
+		return
+	}
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch mt {
+	case "application/sdp":
+		body, ok := s.readBody(w, r)
+		if !ok {
+			return
+		}
+		s.placeCall(w, r, string(body), nil)
+	case "multipart/form-data":
+		offer, session, ok := s.readMultipart(w, r, params["boundary"])
+		if !ok {
+			return
+		}
+		s.placeCall(w, r, offer, session)
+	default:
+		apierr.Write(w, http.StatusUnsupportedMediaType, apierr.TypeInvalidRequest, "unsupported_media_type",
+			"send the offer as application/sdp, or multipart/form-data with sdp and session fields", 0)
+	}
+}
+
+// readMultipart reads the "sdp" and optional "session" (JSON) fields.
+func (s *Server) readMultipart(w http.ResponseWriter, r *http.Request, boundary string) (string, json.RawMessage, bool) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return "", nil, false
+	}
+	bad := func(msg string) (string, json.RawMessage, bool) {
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_multipart", msg, 0)
+		return "", nil, false
+	}
+	if boundary == "" {
+		return bad("multipart body without a boundary")
+	}
+	req := &http.Request{Header: http.Header{"Content-Type": {r.Header.Get("Content-Type")}}, Body: io.NopCloser(bytes.NewReader(body))}
+	if err := req.ParseMultipartForm(s.cfg.MaxBody); err != nil {
+		return bad("multipart body does not parse: " + err.Error())
+	}
+	defer req.MultipartForm.RemoveAll()
+	offer := req.MultipartForm.Value["sdp"]
+	if len(offer) != 1 {
+		return bad("multipart body needs exactly one sdp field")
+	}
+	var session json.RawMessage
+	if v := req.MultipartForm.Value["session"]; len(v) > 0 {
+		if len(v) > 1 || !json.Valid([]byte(v[0])) {
+			return bad("the session field must be one JSON object")
+		}
+		session = json.RawMessage(v[0])
+	}
+	return offer[0], session, true
+}
+
+// precheck authenticates and rate-limits a session request.
+func (s *Server) precheck(w http.ResponseWriter, r *http.Request) bool {
+	if _, ok := s.authenticate(w, r, false); !ok {
+		return false
+	}
+	return s.allow(w, peerIP(r))
+}
+
+func peerIP(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// placeCall validates the offer, chooses where the call goes and asks the
+// clusters in order until one answers.
+func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, offer string, session json.RawMessage) {
+	if err := sdpcheck.Offer(offer); err != nil {
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, sdpcheck.CodeOf(err), err.Error(), 0)
+		return
+	}
+	loc := s.cfg.Locator.Locate(r)
+	choice := s.cfg.Catalogue.Choose(loc.Point, s.cfg.Health)
+	pops := s.cfg.Catalogue.ChoosePOPs(loc.Point, 2, s.cfg.POPUp)
+	if len(choice.Clusters) == 0 || len(pops) == 0 {
+		s.m.noCapacity.Inc()
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
+			"no cluster can take a call right now", 2*time.Second)
+		return
+	}
+	req := podCreateRequest{Offer: offer, Config: session}
+	for _, p := range pops {
+		req.POPs = append(req.POPs, podPOP{ID: p.ID, VIP: p.VIP.String()})
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not encode the request", 0)
+		return
+	}
+	attempts := min(len(choice.Clusters), s.cfg.MaxAttempts)
+	for _, cc := range choice.Clusters[:attempts] {
+		res, status, errBody, err := s.createOn(r.Context(), cc.Cluster, body)
+		s.m.attempts.WithLabelValues(strconv.Itoa(int(cc.Cluster.ID)), attemptResult(status, err)).Inc()
+		switch {
+		case err != nil:
+			s.log.Warn("cluster session API failed", "cluster", cc.Cluster.ID, "err", err)
+			continue
+		case status == http.StatusCreated:
+			h := w.Header()
+			h.Set("Content-Type", "application/sdp")
+			h.Set("Location", "/v1/realtime/sessions/"+res.ID)
+			h.Set(HeaderRegion, cc.Region)
+			h.Set(HeaderCluster, strconv.Itoa(int(cc.Cluster.ID)))
+			h.Set(HeaderPOP, pops[0].Name)
+			if len(pops) > 1 {
+				h.Set(HeaderBackupPOP, pops[1].Name)
+			}
+			h.Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, res.Answer)
+			s.log.Debug("call placed", "session", res.ID, "cluster", cc.Cluster.ID, "pop", pops[0].ID,
+				"client", loc.IP, "located_by", loc.Source)
+			return
+		case status >= 400 && status < 500:
+			// The pod judged the request itself bad: another cluster
+			// would say the same. Pass its error on.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write(errBody)
+			return
+		}
+		// 5xx, including 503 full or draining: try the next cluster.
+	}
+	s.m.noCapacity.Inc()
+	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
+		"no cluster could take the call; retry shortly", 2*time.Second)
+}
+
+func attemptResult(status int, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case status == http.StatusCreated:
+		return "created"
+	case status == http.StatusServiceUnavailable:
+		return "unavailable"
+	case status >= 500:
+		return "server_error"
+	default:
+		return "rejected"
+	}
+}
+
+type podPOP struct {
+	ID  uint16 `json:"id"`
+	VIP string `json:"vip"`
+}
+
+type podCreateRequest struct {
+	Offer  string          `json:"offer"`
+	POPs   []podPOP        `json:"pops"`
+	Config json.RawMessage `json:"config,omitempty"`
+}
+
+type podCreateResponse struct {
+	ID     string `json:"id"`
+	Answer string `json:"answer"`
+}
+
+// createOn posts a create to one cluster's session API within
+// ClusterTimeout. A non-nil error means the cluster did not answer usefully.
+func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (podCreateResponse, int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClusterTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.SessionAPI, "/")+podSessionsPath, bytes.NewReader(body))
+	if err != nil {
+		return podCreateResponse{}, 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return podCreateResponse{}, 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<10))
+	if err != nil {
+		return podCreateResponse{}, 0, nil, err
+	}
+	if resp.StatusCode != http.StatusCreated {
+		if resp.StatusCode >= 400 && resp.StatusCode < 500 && !json.Valid(data) {
+			return podCreateResponse{}, 0, nil, fmt.Errorf("session API answered %d without a JSON body", resp.StatusCode)
+		}
+		return podCreateResponse{}, resp.StatusCode, data, nil
+	}
+	var out podCreateResponse
+	if err := json.Unmarshal(data, &out); err != nil || out.ID == "" || out.Answer == "" {
+		return podCreateResponse{}, 0, nil, fmt.Errorf("session API answered 201 with a bad body: %v", err)
+	}
+	return out, resp.StatusCode, nil, nil
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.authenticate(w, r, true); !ok {
+		return
+	}
+	raw := r.PathValue("id")
+	id, err := sessionid.Parse(raw)
+	if err != nil {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		return
+	}
+	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
+	if !ok {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, strings.TrimSuffix(c.SessionAPI, "/")+podSessionsPath+"/"+raw, nil)
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
+		return
+	}
+	resp, err := s.cfg.HTTPClient.Do(req)
+	if err != nil {
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
+		return
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	switch resp.StatusCode {
+	case http.StatusNoContent, http.StatusOK:
+		w.WriteHeader(http.StatusNoContent)
+	case http.StatusNotFound:
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+	default:
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error",
+			fmt.Sprintf("the session's cluster answered %d", resp.StatusCode), 0)
+	}
+}
+
+// clientSecretRequest is the optional JSON body of POST /v1/realtime/client_secrets.
+type clientSecretRequest struct {
+	ExpiresAfter *struct {
+		Anchor  string `json:"anchor"`
+		Seconds int    `json:"seconds"`
+	} `json:"expires_after,omitempty"`
+	Session json.RawMessage `json:"session,omitempty"`
+}
+
+// ClientSecret is the JSON answer of POST /v1/realtime/client_secrets,
+// shaped like OpenAI's.
+type ClientSecret struct {
+	Value     string          `json:"value"`
+	ExpiresAt int64           `json:"expires_at"`
+	Session   json.RawMessage `json:"session,omitempty"`
+}
+
+func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
+	kind, ok := s.authenticate(w, r, false)
+	if !ok {
+		return
+	}
+	if kind == credSecret {
+		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "api_key_required",
+			"client secrets are minted with an API key, not with another client secret", 0)
+		return
+	}
+	if !s.allow(w, peerIP(r)) {
+		return
+	}
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	var req clientSecretRequest
+	if len(bytes.TrimSpace(body)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_json", "request body is not valid JSON: "+err.Error(), 0)
+			return
+		}
+	}
+	ttl := s.cfg.ClientSecretTTL
+	if req.ExpiresAfter != nil {
+		if req.ExpiresAfter.Seconds < 10 || req.ExpiresAfter.Seconds > 7200 {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
+				"expires_after.seconds must be between 10 and 7200", 0)
+			return
+		}
+		ttl = time.Duration(req.ExpiresAfter.Seconds) * time.Second
+	}
+	val, exp, err := s.secrets.mint(ttl)
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not mint a secret", 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: req.Session})
+}
+
+// RegionsResponse is the JSON answer of GET /v1/regions.
+type RegionsResponse struct {
+	DefaultRegion string          `json:"default_region"`
+	Regions       []RegionSummary `json:"regions"`
+}
+
+// RegionSummary is one region with its clusters' health.
+type RegionSummary struct {
+	Name     string           `json:"name"`
+	Location geo.Point        `json:"location"`
+	Clusters []ClusterSummary `json:"clusters"`
+	POPs     []POPSummary     `json:"pops"`
+}
+
+// ClusterSummary is one cluster as signaling sees it.
+type ClusterSummary struct {
+	ID       uint16 `json:"id"`
+	Name     string `json:"name"`
+	Known    bool   `json:"known"` // gossip has reported on it
+	Healthy  bool   `json:"healthy"`
+	Draining bool   `json:"draining"`
+	Load     int    `json:"load"`
+	Capacity int    `json:"capacity"`
+}
+
+// POPSummary is one relay POP.
+type POPSummary struct {
+	ID   uint16 `json:"id"`
+	Name string `json:"name"`
+	VIP  string `json:"vip"`
+	Up   bool   `json:"up"`
+}
+
+func (s *Server) handleRegions(w http.ResponseWriter, _ *http.Request) {
+	out := RegionsResponse{DefaultRegion: s.cfg.Catalogue.DefaultRegion}
+	for _, rg := range s.cfg.Catalogue.Regions {
+		rs := RegionSummary{Name: rg.Name, Location: rg.Location}
+		for _, c := range rg.Clusters {
+			cs := ClusterSummary{ID: c.ID, Name: c.Name, Healthy: true}
+			if s.cfg.Health != nil {
+				if st, ok := s.cfg.Health(c.ID); ok {
+					cs.Known, cs.Healthy, cs.Draining, cs.Load, cs.Capacity = true, st.Healthy, st.Draining, st.Load, st.Capacity
+				}
+			}
+			rs.Clusters = append(rs.Clusters, cs)
+		}
+		for _, p := range rg.POPs {
+			up := s.cfg.POPUp == nil || s.cfg.POPUp(p.ID)
+			rs.POPs = append(rs.POPs, POPSummary{ID: p.ID, Name: p.Name, VIP: p.VIP.String(), Up: up})
+		}
+		out.Regions = append(out.Regions, rs)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+type metrics struct {
+	requests   *prometheus.CounterVec
+	seconds    *prometheus.HistogramVec
+	attempts   *prometheus.CounterVec
+	noCapacity prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_requests_total", Help: "HTTP requests, by endpoint and status code.",
+		}, []string{"endpoint", "code"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtcedge_signaling_request_seconds", Help: "HTTP request duration, by endpoint.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"endpoint"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_cluster_attempts_total", Help: "Session creates sent to clusters, by cluster and result.",
+		}, []string{"cluster", "result"}),
+		noCapacity: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_no_capacity_total", Help: "Offers refused with 503 because no cluster took them.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.noCapacity} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register signaling metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,136 @@
+package transceiver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+)
+
+// Paths of the internal session API that signaling calls.
+const (
+	SessionsPath = "/internal/v1/sessions"
+	StatusPath   = "/internal/v1/status"
+)
+
+// maxAPIBody caps a create request: a 64 KiB offer plus JSON framing.
+const maxAPIBody = 96 << 10
+
+// APICreateRequest is the JSON body of POST /internal/v1/sessions.
+type APICreateRequest struct {
+	Offer  string          `json:"offer"`
+	POPs   []POPAddr       `json:"pops"`
+	Config json.RawMessage `json:"config,omitempty"`
+}
+
+// APICreateResponse is the JSON body of a 201 from POST /internal/v1/sessions.
+type APICreateResponse struct {
+	ID      string `json:"id"`
+	Answer  string `json:"answer"`
+	Cluster uint16 `json:"cluster"`
+	Pod     uint16 `json:"pod"`
+}
+
+// APIStatus is the JSON body of GET /internal/v1/status.
+type APIStatus struct {
+	Cluster  uint16 `json:"cluster"`
+	Pod      uint16 `json:"pod"`
+	Sessions int    `json:"sessions"`
+	Capacity int    `json:"capacity"`
+	Draining bool   `json:"draining"`
+}
+
+// CreateTimeout bounds how long one create may take inside the pod.
+const CreateTimeout = 5 * time.Second
+
+// Handler returns the pod's internal session API and health endpoints:
+//
+//	POST   /internal/v1/sessions        create (201, 400, 503 + Retry-After when full or draining)
+//	DELETE /internal/v1/sessions/{id}   end (204, 404)
+//	GET    /internal/v1/status          load and state
+//	GET    /livez, /readyz              liveness; readiness is 503 while draining
+func (t *Transceiver) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+SessionsPath, t.handleCreate)
+	mux.HandleFunc("DELETE "+SessionsPath+"/{id}", t.handleDelete)
+	mux.HandleFunc("GET "+StatusPath, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, APIStatus{
+			Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Sessions: t.Sessions(),
+			Capacity: t.cfg.MaxSessions, Draining: t.Draining(),
+		})
+	})
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if t.Draining() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	return mux
+}
+
+func (t *Transceiver) handleCreate(w http.ResponseWriter, r *http.Request) {
+	var req APICreateRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAPIBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large", "request body too large", 0)
+			return
+		}
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_json", "request body is not valid JSON: "+err.Error(), 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), CreateTimeout)
+	defer cancel()
+	res, err := t.CreateSession(ctx, CreateRequest{Offer: req.Offer, POPs: req.POPs, Config: req.Config})
+	if err != nil {
+		t.writeCreateError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, APICreateResponse{ID: res.ID, Answer: res.Answer, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod})
+}
+
+func (t *Transceiver) writeCreateError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrDraining):
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "draining", "pod is draining", time.Second)
+	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed):
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity", "pod is at capacity", time.Second)
+	case errors.Is(err, ErrBadOffer):
+		code := sdpcheck.CodeOf(err)
+		if code == "" {
+			code = sdpcheck.CodeInvalidSDP
+		}
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, code, err.Error(), 0)
+	case errors.Is(err, ErrBadPOP):
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_pops", err.Error(), 0)
+	default:
+		t.log.Warn("create session failed", "err", err)
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not create the session", 0)
+	}
+}
+
+func (t *Transceiver) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if err := t.EndSession(r.PathValue("id")); err != nil {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		slog.Debug("write json", "err", err)
+	}
+}

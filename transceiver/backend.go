@@ -1,0 +1,49 @@
+package transceiver
+
+import (
+	"context"
+	"time"
+)
+
+// Backend is the inference side of a session: it hears the caller's audio
+// and data-channel events and talks back. Implementations must be safe for
+// concurrent use; Open is called once per session.
+type Backend interface {
+	// Open starts the backend half of a session before the answer is
+	// returned, so a slow or refusing backend fails the request instead of
+	// a connected call. out stays valid until Handler.Close returns.
+	Open(ctx context.Context, info SessionInfo, out Sink) (Handler, error)
+}
+
+// Handler receives one session's input. Audio and Event are called from the
+// session's media goroutines and must not block for long: audio arrives
+// every 20 ms and a stalled handler delays the caller's echo.
+type Handler interface {
+	// Audio is one Opus frame from the caller; payload is only valid
+	// during the call.
+	Audio(payload []byte, duration time.Duration)
+	// Event is one message the caller sent on the oai-events data channel;
+	// data is only valid during the call.
+	Event(data []byte)
+	// Close ends the backend half; called exactly once when the session ends.
+	Close() error
+}
+
+// Sink is how a backend talks to the caller.
+type Sink interface {
+	// WriteAudio sends one Opus frame to the caller.
+	WriteAudio(payload []byte, duration time.Duration) error
+	// SendEvent sends one message on the oai-events data channel. Messages
+	// sent before the channel opens are dropped with an error.
+	SendEvent(data []byte) error
+}
+
+// SessionInfo describes a session to its backend.
+type SessionInfo struct {
+	ID      string
+	Cluster uint16
+	Pod     uint16
+	// Config is the opaque session configuration the client sent (the
+	// "session" field of an OpenAI-style call), or nil.
+	Config []byte
+}

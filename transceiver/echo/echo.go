@@ -1,0 +1,54 @@
+// Package echo is the reference backend: it sends the caller's audio back
+// unchanged and answers every oai-events message with an event quoting it.
+// It lets the whole system run, and be measured, with no model behind it.
+package echo
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/rtcedge/rtcedge/transceiver"
+)
+
+// Backend is the echo backend. The zero value is ready to use.
+type Backend struct{}
+
+// Open implements transceiver.Backend.
+func (Backend) Open(_ context.Context, info transceiver.SessionInfo, out transceiver.Sink) (transceiver.Handler, error) {
+	return &handler{id: info.ID, out: out}, nil
+}
+
+type handler struct {
+	id  string
+	out transceiver.Sink
+}
+
+func (h *handler) Audio(payload []byte, d time.Duration) {
+	// A failed write means the session is ending; nothing to do about it.
+	_ = h.out.WriteAudio(payload, d)
+}
+
+// Reply is the event the echo backend sends for every message it receives.
+type Reply struct {
+	Type    string          `json:"type"`
+	Session string          `json:"session"`
+	Echo    json.RawMessage `json:"echo,omitempty"`
+	Text    string          `json:"text,omitempty"`
+}
+
+func (h *handler) Event(data []byte) {
+	r := Reply{Type: "rtcedge.echo", Session: h.id}
+	if json.Valid(data) {
+		r.Echo = json.RawMessage(data)
+	} else {
+		r.Text = string(data)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	_ = h.out.SendEvent(b)
+}
+
+func (h *handler) Close() error { return nil }

@@ -1,0 +1,128 @@
+package transceiver
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+)
+
+// Drop reasons of datagrams on the pod socket. They double as the values of
+// the "reason" label and are all set to zero at start-up, so a dashboard sees
+// a flat line rather than a missing series.
+const (
+	dropDirection  = "wrong_direction"
+	dropWrongPod   = "wrong_pod"
+	dropEmpty      = "empty"
+	dropUnknownPOP = "unknown_pop"
+	dropQueueFull  = "queue_full"
+	dropNoRoute    = "no_route"
+	dropOversize   = "oversize"
+)
+
+// Session end reasons, the "reason" label of sessions_ended_total.
+const (
+	endDeleted        = "deleted"
+	endConnectTimeout = "connect_timeout"
+	endICEFailed      = "ice_failed"
+	endIdle           = "idle"
+	endShutdown       = "shutdown"
+	endDrainDeadline  = "drain_deadline"
+	endRemoteClosed   = "closed"
+)
+
+func encapReason(err error) string { return "encap_" + encap.Reason(err) }
+
+type metrics struct {
+	drops        *prometheus.CounterVec
+	packetsIn    prometheus.Counter
+	packetsOut   prometheus.Counter
+	bytesIn      prometheus.Counter
+	bytesOut     prometheus.Counter
+	writeErrors  prometheus.Counter
+	sessions     prometheus.Gauge
+	created      prometheus.Counter
+	rejected     *prometheus.CounterVec
+	ended        *prometheus.CounterVec
+	setupSeconds prometheus.Histogram
+	routes       prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_dropped_packets_total",
+			Help: "Datagrams on the pod socket dropped before reaching WebRTC, by reason.",
+		}, []string{"reason"}),
+		packetsIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_packets_in_total",
+			Help: "Client datagrams received from cluster relays and handed to WebRTC.",
+		}),
+		packetsOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_packets_out_total",
+			Help: "Datagrams sent toward clients through cluster relays.",
+		}),
+		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_bytes_in_total",
+			Help: "Client payload bytes received (without the encapsulation header).",
+		}),
+		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_bytes_out_total",
+			Help: "Payload bytes sent toward clients (without the encapsulation header).",
+		}),
+		writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_socket_write_errors_total",
+			Help: "Failed sends on the pod socket.",
+		}),
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rtcedge_transceiver_sessions",
+			Help: "Sessions currently held by this pod (connecting or connected).",
+		}),
+		created: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_sessions_created_total",
+			Help: "Sessions created (answers returned).",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_sessions_rejected_total",
+			Help: "Session requests refused, by reason.",
+		}, []string{"reason"}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_sessions_ended_total",
+			Help: "Sessions ended, by reason.",
+		}, []string{"reason"}),
+		setupSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rtcedge_transceiver_setup_seconds",
+			Help:    "Time from the session request to DTLS connected, as seen by the pod.",
+			Buckets: []float64{.01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10},
+		}),
+		routes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rtcedge_transceiver_client_routes",
+			Help: "Client return routes (client address per POP) currently remembered.",
+		}),
+	}
+	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropQueueFull, dropNoRoute, dropOversize} {
+		m.drops.WithLabelValues(r)
+	}
+	for _, r := range encap.Reasons {
+		m.drops.WithLabelValues("encap_" + r)
+	}
+	for _, r := range []string{rejectDraining, rejectFull, rejectBadOffer, rejectBadPOP, rejectInternal} {
+		m.rejected.WithLabelValues(r)
+	}
+	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed} {
+		m.ended.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.drops, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
+		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register transceiver metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) drop(reason string) { m.drops.WithLabelValues(reason).Inc() }

@@ -1,0 +1,37 @@
+package transceiver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/pion/logging"
+)
+
+// pionLoggers routes Pion's scoped loggers into slog. Pion's Info level is
+// chatty per session, so it maps to Debug; warnings and errors stay.
+type pionLoggers struct{ log *slog.Logger }
+
+func (f pionLoggers) NewLogger(scope string) logging.LeveledLogger {
+	return pionLogger{f.log.With("pion", scope)}
+}
+
+type pionLogger struct{ log *slog.Logger }
+
+func (l pionLogger) logf(level slog.Level, format string, args ...any) {
+	if !l.log.Enabled(context.Background(), level) {
+		return
+	}
+	l.log.Log(context.Background(), level, fmt.Sprintf(format, args...))
+}
+
+func (l pionLogger) Trace(msg string)                  {}
+func (l pionLogger) Tracef(string, ...any)             {}
+func (l pionLogger) Debug(msg string)                  { l.logf(slog.LevelDebug-4, "%s", msg) }
+func (l pionLogger) Debugf(format string, args ...any) { l.logf(slog.LevelDebug-4, format, args...) }
+func (l pionLogger) Info(msg string)                   { l.logf(slog.LevelDebug, "%s", msg) }
+func (l pionLogger) Infof(format string, args ...any)  { l.logf(slog.LevelDebug, format, args...) }
+func (l pionLogger) Warn(msg string)                   { l.logf(slog.LevelWarn, "%s", msg) }
+func (l pionLogger) Warnf(format string, args ...any)  { l.logf(slog.LevelWarn, format, args...) }
+func (l pionLogger) Error(msg string)                  { l.logf(slog.LevelError, "%s", msg) }
+func (l pionLogger) Errorf(format string, args ...any) { l.logf(slog.LevelError, format, args...) }

@@ -1,0 +1,328 @@
+package transceiver
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+)
+
+// maxDatagram is the largest client datagram the pod accepts. WebRTC keeps
+// its packets below the path MTU, so anything longer is not ours.
+const maxDatagram = 1500
+
+// inQueueLen bounds how many datagrams wait for Pion's mux reader per POP.
+// A full queue drops new datagrams (counted) instead of blocking the socket
+// reader, so one slow POP cannot stall the others.
+const inQueueLen = 1024
+
+// errNoRoute is returned by popConn writes for a client address that has
+// sent nothing through this pod recently: there is no header to answer with.
+var errNoRoute = errors.New("transceiver: no relay route to client")
+
+// datagram is one client datagram waiting for Pion, in a pooled buffer.
+type datagram struct {
+	buf  *[maxDatagram + encap.MaxLen]byte
+	n    int
+	from netip.AddrPort
+}
+
+var bufPool = sync.Pool{New: func() any { return new([maxDatagram + encap.MaxLen]byte) }}
+
+// route is how to reach one client through one POP: the to-client header
+// (built from the last header the client's packets carried) and the cluster
+// relay those packets came from. Replaced whole, never mutated, so readers
+// need no lock beyond the map's.
+type route struct {
+	hdr      encap.Header
+	relay    netip.AddrPort
+	lastSeen atomic.Int64 // unix nanoseconds of the last packet from the client
+}
+
+// podSocket owns the pod's single UDP socket and splits its traffic into one
+// popConn per POP (WIRE.md "Why the POP ID").
+type podSocket struct {
+	// Static after construction.
+	conn    *net.UDPConn
+	cluster uint16
+	pod     uint16
+	m       *metrics
+	now     func() time.Time
+
+	mu   sync.RWMutex
+	pops map[uint16]*popConn // guarded by mu
+}
+
+func newPodSocket(conn *net.UDPConn, cluster, pod uint16, m *metrics, now func() time.Time) *podSocket {
+	return &podSocket{conn: conn, cluster: cluster, pod: pod, m: m, now: now, pops: map[uint16]*popConn{}}
+}
+
+// popConn returns the virtual conn for a POP, creating it on first use. It
+// fails when the POP ID is already bound to another VIP.
+func (s *podSocket) popConn(id uint16, vip netip.AddrPort) (*popConn, bool, error) {
+	s.mu.RLock()
+	pc := s.pops[id]
+	s.mu.RUnlock()
+	if pc == nil {
+		s.mu.Lock()
+		if pc = s.pops[id]; pc == nil {
+			pc = &popConn{
+				sock:   s,
+				id:     id,
+				vip:    vip,
+				local:  net.UDPAddrFromAddrPort(vip),
+				in:     make(chan datagram, inQueueLen),
+				closed: make(chan struct{}),
+				routes: map[netip.AddrPort]*route{},
+			}
+			s.pops[id] = pc
+			s.mu.Unlock()
+			return pc, true, nil
+		}
+		s.mu.Unlock()
+	}
+	if pc.vip != vip {
+		return nil, false, errors.New("transceiver: POP ID already bound to another VIP")
+	}
+	return pc, false, nil
+}
+
+func (s *podSocket) lookup(id uint16) *popConn {
+	s.mu.RLock()
+	pc := s.pops[id]
+	s.mu.RUnlock()
+	return pc
+}
+
+// readLoop reads the socket until it is closed. It never blocks on Pion: a
+// full POP queue drops the datagram.
+func (s *podSocket) readLoop() error {
+	for {
+		buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+		n, from, err := s.conn.ReadFromUDPAddrPort(buf[:])
+		if err != nil {
+			bufPool.Put(buf)
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		if !s.handle(buf, n, from) {
+			bufPool.Put(buf)
+		}
+	}
+}
+
+// handle routes one datagram from a cluster relay to its POP conn. It
+// reports whether buf was handed on (and must not be reused by the caller).
+func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from netip.AddrPort) bool {
+	pkt := buf[:n]
+	h, hl, err := encap.Decode(pkt)
+	switch {
+	case err != nil:
+		s.m.drop(encapReason(err))
+		return false
+	case h.ToClient:
+		s.m.drop(dropDirection)
+		return false
+	case h.Cluster != s.cluster || h.Pod != s.pod:
+		s.m.drop(dropWrongPod)
+		return false
+	case n-hl == 0:
+		s.m.drop(dropEmpty)
+		return false
+	}
+	pc := s.lookup(h.POP)
+	if pc == nil {
+		s.m.drop(dropUnknownPOP)
+		return false
+	}
+	pc.learn(h, from, s.now())
+	// Shift the payload to the front so the buffer can be handed to Pion
+	// as is; datagrams are small, a copy is cheaper than a second buffer.
+	copy(buf[:], pkt[hl:])
+	select {
+	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
+		s.m.packetsIn.Inc()
+		s.m.bytesIn.Add(float64(n - hl))
+		return true
+	default:
+		s.m.drop(dropQueueFull)
+		return false
+	}
+}
+
+// sweep forgets routes idle for longer than ttl and returns how many remain.
+func (s *podSocket) sweep(ttl time.Duration) int {
+	cutoff := s.now().Add(-ttl).UnixNano()
+	s.mu.RLock()
+	pops := make([]*popConn, 0, len(s.pops))
+	for _, pc := range s.pops {
+		pops = append(pops, pc)
+	}
+	s.mu.RUnlock()
+	left := 0
+	for _, pc := range pops {
+		pc.mu.Lock()
+		for addr, r := range pc.routes {
+			if r.lastSeen.Load() < cutoff {
+				delete(pc.routes, addr)
+			}
+		}
+		left += len(pc.routes)
+		pc.mu.Unlock()
+	}
+	return left
+}
+
+// closeAll closes every POP conn, which ends Pion's mux readers.
+func (s *podSocket) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, pc := range s.pops {
+		pc.Close()
+	}
+}
+
+// popConn is the net.PacketConn Pion's UDP mux reads for one POP. Its
+// LocalAddr is the POP's VIP, so host candidates name the VIP; its peers are
+// the clients' real addresses taken from the encapsulation header.
+type popConn struct {
+	// Static after construction.
+	sock  *podSocket
+	id    uint16
+	vip   netip.AddrPort
+	local *net.UDPAddr
+
+	in        chan datagram
+	closed    chan struct{}
+	closeOnce sync.Once
+
+	readDeadline atomic.Pointer[time.Time]
+
+	mu     sync.RWMutex
+	routes map[netip.AddrPort]*route // guarded by mu
+}
+
+// learn records the return route for a client. The common case (same
+// ingress, same relay) only refreshes a timestamp under a read lock.
+func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now time.Time) {
+	h.ToClient = true
+	c.mu.RLock()
+	r := c.routes[h.Client]
+	c.mu.RUnlock()
+	if r != nil && r.hdr == h && r.relay == relay {
+		r.lastSeen.Store(now.UnixNano())
+		return
+	}
+	nr := &route{hdr: h, relay: relay}
+	nr.lastSeen.Store(now.UnixNano())
+	c.mu.Lock()
+	c.routes[h.Client] = nr
+	c.mu.Unlock()
+}
+
+// ReadFromAddrPort implements ice.AddrPortReaderWriter.
+func (c *popConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	var timeout <-chan time.Time
+	if d := c.readDeadline.Load(); d != nil && !d.IsZero() {
+		wait := time.Until(*d)
+		if wait <= 0 {
+			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+		}
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case d := <-c.in:
+		n := copy(b, d.buf[:d.n])
+		bufPool.Put(d.buf)
+		return n, d.from, nil
+	case <-c.closed:
+		return 0, netip.AddrPort{}, io.EOF
+	case <-timeout:
+		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+	}
+}
+
+// ReadFrom implements net.PacketConn.
+func (c *popConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, from, err := c.ReadFromAddrPort(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	return n, net.UDPAddrFromAddrPort(from), nil
+}
+
+// WriteToAddrPort sends b to a client through the cluster relay and global
+// relay replica its packets last came through.
+func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	select {
+	case <-c.closed:
+		return 0, net.ErrClosed
+	default:
+	}
+	c.mu.RLock()
+	r := c.routes[addr]
+	c.mu.RUnlock()
+	if r == nil {
+		c.sock.m.drop(dropNoRoute)
+		return 0, errNoRoute
+	}
+	buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+	defer bufPool.Put(buf)
+	hl, err := r.hdr.Put(buf[:])
+	if err != nil || hl+len(b) > len(buf) {
+		c.sock.m.drop(dropOversize)
+		return 0, errors.New("transceiver: datagram too large")
+	}
+	copy(buf[hl:], b)
+	if _, err := c.sock.conn.WriteToUDPAddrPort(buf[:hl+len(b)], r.relay); err != nil {
+		c.sock.m.writeErrors.Inc()
+		return 0, err
+	}
+	c.sock.m.packetsOut.Inc()
+	c.sock.m.bytesOut.Add(float64(len(b)))
+	return len(b), nil
+}
+
+// WriteTo implements net.PacketConn.
+func (c *popConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	ua, ok := addr.(*net.UDPAddr)
+	if !ok {
+		return 0, errors.New("transceiver: not a UDP address")
+	}
+	return c.WriteToAddrPort(b, ua.AddrPort())
+}
+
+// Close ends reads with io.EOF, which makes Pion's mux shut down cleanly.
+func (c *popConn) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
+	return nil
+}
+
+// LocalAddr is the POP's VIP: what Pion advertises as the host candidate.
+func (c *popConn) LocalAddr() net.Addr { return c.local }
+
+// SetDeadline sets the read deadline; writes never block.
+func (c *popConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
+
+// SetReadDeadline bounds ReadFrom calls started after it.
+func (c *popConn) SetReadDeadline(t time.Time) error {
+	c.readDeadline.Store(&t)
+	return nil
+}
+
+// SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
+func (c *popConn) SetWriteDeadline(time.Time) error { return nil }

@@ -1,0 +1,252 @@
+package transceiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pion/ice/v4"
+	"github.com/pion/rtp"
+	"github.com/pion/webrtc/v4"
+	"github.com/pion/webrtc/v4/pkg/media"
+
+	"github.com/rtcedge/rtcedge/internal/token"
+)
+
+// EventsLabel is the data channel label OpenAI-style clients use for events.
+const EventsLabel = "oai-events"
+
+// errChannelNotOpen is returned by SendEvent before the events channel opens.
+var errChannelNotOpen = errors.New("transceiver: events channel not open")
+
+// session is one call. The PeerConnection and its callbacks own the media;
+// the session struct only tracks lifecycle.
+type session struct {
+	// Static after newSession returns.
+	id      string
+	t       *Transceiver
+	pc      *webrtc.PeerConnection
+	track   *webrtc.TrackLocalStaticSample
+	handler Handler
+	created time.Time
+
+	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
+	connected    atomic.Bool
+
+	mu           sync.Mutex
+	dc           *webrtc.DataChannel // guarded by mu
+	connectTimer *time.Timer         // guarded by mu
+
+	endOnce      sync.Once
+	teardownOnce sync.Once
+}
+
+func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*session, string, error) {
+	muxes, err := t.muxesFor(req.POPs)
+	if err != nil {
+		return nil, "", err
+	}
+	ufrag, err := t.cfg.Keys.Mint(t.cfg.Cluster, t.cfg.Pod)
+	if err != nil {
+		return nil, "", fmt.Errorf("mint ufrag: %w", err)
+	}
+	pwd, err := token.NewPassword()
+	if err != nil {
+		return nil, "", fmt.Errorf("ice password: %w", err)
+	}
+	id, err := t.newID()
+	if err != nil {
+		return nil, "", err
+	}
+
+	// A SettingEngine copy per session carries its credentials and the
+	// subset of POP muxes it advertises; the muxes themselves are shared.
+	se := t.base
+	se.SetICECredentials(ufrag, pwd)
+	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
+	api := webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(t.me), webrtc.WithInterceptorRegistry(t.ir))
+	pc, err := api.NewPeerConnection(webrtc.Configuration{BundlePolicy: webrtc.BundlePolicyMaxBundle})
+	if err != nil {
+		return nil, "", fmt.Errorf("new peer connection: %w", err)
+	}
+	s := &session{id: id, t: t, pc: pc, created: t.cfg.Now()}
+	pc.OnConnectionStateChange(s.onState)
+	pc.OnTrack(s.onTrack)
+	pc.OnDataChannel(s.onDataChannel)
+
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: req.Offer}); err != nil {
+		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
+	}
+	s.track, err = webrtc.NewTrackLocalStaticSample(opusCapability, "audio", "rtcedge")
+	if err != nil {
+		return s, "", fmt.Errorf("local track: %w", err)
+	}
+	sender, err := pc.AddTrack(s.track)
+	if err != nil {
+		return s, "", fmt.Errorf("add track: %w", err)
+	}
+	// Reading the sender's RTCP lets the interceptors see receiver reports.
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := sender.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+
+	s.handler, err = t.cfg.Backend.Open(ctx, SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}, s)
+	if err != nil {
+		return s, "", fmt.Errorf("open backend: %w", err)
+	}
+	answer, err := pc.CreateAnswer(nil)
+	if err != nil {
+		return s, "", fmt.Errorf("%w: create answer: %w", ErrBadOffer, err)
+	}
+	gathered := webrtc.GatheringCompletePromise(pc)
+	if err := pc.SetLocalDescription(answer); err != nil {
+		return s, "", fmt.Errorf("set local description: %w", err)
+	}
+	select {
+	case <-gathered:
+	case <-ctx.Done():
+		return s, "", fmt.Errorf("gather candidates: %w", ctx.Err())
+	}
+	out, err := shapeAnswer(pc.LocalDescription().SDP, req.POPs)
+	if err != nil {
+		return s, "", err
+	}
+	return s, out, nil
+}
+
+func (s *session) armConnectTimer(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.connectTimer = time.AfterFunc(d, func() {
+		if !s.connected.Load() {
+			s.end(endConnectTimeout)
+		}
+	})
+}
+
+func (s *session) onState(st webrtc.PeerConnectionState) {
+	switch st {
+	case webrtc.PeerConnectionStateConnected:
+		if s.connected.CompareAndSwap(false, true) {
+			now := s.t.cfg.Now()
+			s.lastActivity.Store(now.UnixNano())
+			s.t.m.setupSeconds.Observe(now.Sub(s.created).Seconds())
+			s.mu.Lock()
+			if s.connectTimer != nil {
+				s.connectTimer.Stop()
+			}
+			s.mu.Unlock()
+		}
+	case webrtc.PeerConnectionStateFailed:
+		s.end(endICEFailed)
+	case webrtc.PeerConnectionStateClosed:
+		s.end(endRemoteClosed)
+	}
+}
+
+func (s *session) onTrack(track *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+	if track.Kind() != webrtc.RTPCodecTypeAudio {
+		return
+	}
+	buf := make([]byte, 1500)
+	var pkt rtp.Packet
+	var lastTS uint32
+	for {
+		n, _, err := track.Read(buf)
+		if err != nil {
+			return
+		}
+		if pkt.Unmarshal(buf[:n]) != nil {
+			continue
+		}
+		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
+		s.handler.Audio(pkt.Payload, frameDuration(lastTS, pkt.Timestamp))
+		lastTS = pkt.Timestamp
+	}
+}
+
+// frameDuration derives an Opus frame's duration from the RTP clock (48 kHz),
+// falling back to 20 ms on the first packet or after a jump.
+func frameDuration(prev, cur uint32) time.Duration {
+	d := time.Duration(cur-prev) * time.Second / 48000
+	if prev == 0 || d < 2500*time.Microsecond || d > 120*time.Millisecond {
+		return 20 * time.Millisecond
+	}
+	return d
+}
+
+func (s *session) onDataChannel(dc *webrtc.DataChannel) {
+	if dc.Label() != EventsLabel {
+		// Only the events channel is served; others are closed so the
+		// client learns it at once.
+		_ = dc.Close()
+		return
+	}
+	s.mu.Lock()
+	s.dc = dc
+	s.mu.Unlock()
+	dc.OnMessage(func(msg webrtc.DataChannelMessage) {
+		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
+		s.handler.Event(msg.Data)
+	})
+}
+
+// WriteAudio implements Sink.
+func (s *session) WriteAudio(payload []byte, d time.Duration) error {
+	return s.track.WriteSample(media.Sample{Data: payload, Duration: d})
+}
+
+// SendEvent implements Sink.
+func (s *session) SendEvent(data []byte) error {
+	s.mu.Lock()
+	dc := s.dc
+	s.mu.Unlock()
+	if dc == nil || dc.ReadyState() != webrtc.DataChannelStateOpen {
+		return errChannelNotOpen
+	}
+	return dc.Send(data)
+}
+
+func (s *session) isIdle(now time.Time, timeout time.Duration) bool {
+	return s.connected.Load() && now.Sub(time.Unix(0, s.lastActivity.Load())) > timeout
+}
+
+// end removes the session and frees it in the background; Pion callbacks
+// call it, and a PeerConnection must not be closed from its own callback.
+func (s *session) end(reason string) {
+	s.endOnce.Do(func() {
+		s.t.forget(s)
+		s.t.m.ended.WithLabelValues(reason).Inc()
+		s.t.log.Debug("session ended", "session", s.id, "reason", reason)
+		s.t.wg.Add(1)
+		go func() {
+			defer s.t.wg.Done()
+			s.teardown()
+		}()
+	})
+}
+
+// teardown frees everything the session holds. Safe to call more than once.
+func (s *session) teardown() {
+	s.teardownOnce.Do(func() {
+		s.mu.Lock()
+		if s.connectTimer != nil {
+			s.connectTimer.Stop()
+		}
+		s.mu.Unlock()
+		if s.handler != nil {
+			_ = s.handler.Close()
+		}
+		_ = s.pc.GracefulClose()
+	})
+}

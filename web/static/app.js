@@ -1,0 +1,1 @@
+// Placeholder; the full demo page replaces this.
