@@ -1,6 +1,7 @@
 // Package devworld builds the whole rtcedge system in one process on
-// loopback: regions with a cluster relay and transceivers each, a global
-// relay per POP on its own loopback address, signaling with an embedded
+// loopback: regions with a cluster of transceiver pods and cluster relay
+// replicas each, a global relay per POP on its own loopback address, real
+// memberlist gossip between all of them, and signaling with an embedded
 // GeoIP database and the demo page. `rtcedge dev` runs it, and the
 // end-to-end tests build it the same way with every port at 0.
 package devworld
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,7 +26,9 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
 	"github.com/rtcedge/rtcedge/transceiver/echo"
@@ -51,6 +55,12 @@ var DefaultRegions = []RegionSpec{
 // regions, every port chosen by the kernel.
 type Config struct {
 	Regions []RegionSpec // default DefaultRegions
+	// PodsPerCluster and RelaysPerCluster size each cluster; default 2 each.
+	PodsPerCluster   int
+	RelaysPerCluster int
+	// WorkersPerPOP is the number of SO_REUSEPORT workers of each global
+	// relay; default 2.
+	WorkersPerPOP int
 	// HTTPAddr is signaling's listen address; default 127.0.0.1:0.
 	HTTPAddr string
 	// MetricsAddr serves /metrics for every component; "" = none.
@@ -69,30 +79,118 @@ type Config struct {
 	Logger *slog.Logger // default slog.Default()
 }
 
+// Pod is one transceiver pod.
+type Pod struct {
+	ID          uint16
+	Transceiver *transceiver.Transceiver
+	API         string // base URL of the pod's session API
+	Data        netip.AddrPort
+	Pool        *membership.Pool
+	node
+}
+
+// ClusterRelay is one cluster relay replica with its session API front.
+type ClusterRelay struct {
+	Relay       *clusterrelay.Relay
+	Directory   *clusterrelay.Directory
+	Front       string // base URL of the cluster session API it serves
+	ClusterPool *membership.Pool
+	GlobalPool  *membership.Pool
+	node
+}
+
 // Region is one running region.
 type Region struct {
-	Spec           RegionSpec
-	ClusterRelay   *clusterrelay.Relay
-	Transceiver    *transceiver.Transceiver
-	TransceiverAPI string // base URL of the pod's session API
-	GlobalRelay    *globalrelay.Relay
+	Spec          RegionSpec
+	Pods          []*Pod
+	ClusterRelays []*ClusterRelay
+	GlobalRelay   *globalrelay.Relay // the region's POP
+	GlobalPool    *membership.Pool   // the global relay's membership
 }
 
 // World is a running dev world.
 type World struct {
-	Regions      []*Region
-	Catalogue    *geo.Catalogue
-	SignalingURL string // e.g. http://127.0.0.1:8080
-	MetricsURL   string // "" when MetricsAddr was empty
-	Registry     *prometheus.Registry
+	Regions       []*Region
+	Catalogue     *geo.Catalogue
+	SignalingURL  string // e.g. http://127.0.0.1:8080
+	MetricsURL    string // "" when MetricsAddr was empty
+	Registry      *prometheus.Registry
+	SignalingPool *membership.Pool
 
-	log     *slog.Logger
+	cfg   Config
+	log   *slog.Logger
+	keys  *token.Keyring
+	errMu sync.Mutex
+	errs  []error
+	nodes []*node // in start order; stopped in reverse
+}
+
+// node is one component's lifetime: its goroutines and what closes it.
+type node struct {
+	name    string
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	servers []*http.Server
 	closers []func() error
-	errMu   sync.Mutex
-	errs    []error
+	once    sync.Once
+	servers []*http.Server
+}
+
+// stop shuts the component down: HTTP servers, context, closers, goroutines.
+func (n *node) stop() {
+	n.once.Do(func() {
+		for _, s := range n.servers {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = s.Shutdown(ctx)
+			cancel()
+		}
+		n.cancel()
+		for i := len(n.closers) - 1; i >= 0; i-- {
+			_ = n.closers[i]()
+		}
+		n.wg.Wait()
+	})
+}
+
+// Kill stops the component abruptly: its sockets close and its gossip stops
+// without a goodbye, so others detect it as dead, as after a crash.
+func (n *node) Kill() { n.stop() }
+
+func (w *World) newNode(name string) (*node, context.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &node{name: name, cancel: cancel}
+	w.nodes = append(w.nodes, n)
+	return n, ctx
+}
+
+// adopt registers an already built node (embedded in a component struct).
+func (w *World) adopt(n *node, name string) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	n.name, n.cancel = name, cancel
+	w.nodes = append(w.nodes, n)
+	return ctx
+}
+
+// run starts a component loop on n, recording a failure.
+func (w *World) run(n *node, ctx context.Context, run func(context.Context) error) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := run(ctx); err != nil {
+			w.errMu.Lock()
+			w.errs = append(w.errs, fmt.Errorf("%s: %w", n.name, err))
+			w.errMu.Unlock()
+			w.log.Error("component stopped", "node", n.name, "err", err)
+		}
+	}()
+}
+
+// goLoop starts a background loop on n.
+func goLoop(n *node, f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
 }
 
 // Start builds and starts a world. Close stops it.
@@ -100,14 +198,22 @@ func Start(cfg Config) (w *World, err error) {
 	if len(cfg.Regions) == 0 {
 		cfg.Regions = DefaultRegions
 	}
+	if cfg.PodsPerCluster == 0 {
+		cfg.PodsPerCluster = 2
+	}
+	if cfg.RelaysPerCluster == 0 {
+		cfg.RelaysPerCluster = 2
+	}
+	if cfg.WorkersPerPOP == 0 {
+		cfg.WorkersPerPOP = 2
+	}
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = "127.0.0.1:0"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w = &World{log: cfg.Logger.With("component", "devworld"), cancel: cancel, Registry: prometheus.NewRegistry()}
+	w = &World{cfg: cfg, log: cfg.Logger.With("component", "devworld"), Registry: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
 			w.Close()
@@ -119,149 +225,294 @@ func Start(cfg Config) (w *World, err error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
-	keys, err := token.NewKeyring(1, map[uint8][]byte{1: key})
-	if err != nil {
+	if w.keys, err = token.NewKeyring(1, map[uint8][]byte{1: key}); err != nil {
 		return nil, err
 	}
-	loop := netip.MustParseAddr("127.0.0.1")
 
-	// Cluster tier first: the pods, then their cluster relay.
-	var replicas []globalrelay.Replica
+	var globalSeed string
+	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
-		reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name}, w.Registry)
 		rg := &Region{Spec: spec}
 		w.Regions = append(w.Regions, rg)
-
-		podConn, err := listenUDP(netip.AddrPortFrom(loop, 0))
-		if err != nil {
-			return nil, err
+		var clusterSeed string
+		for i := range cfg.PodsPerCluster {
+			p, err := w.startPod(spec, uint16(i+1), &clusterSeed)
+			if err != nil {
+				return nil, err
+			}
+			rg.Pods = append(rg.Pods, p)
 		}
-		tr, err := transceiver.New(transceiver.Config{
-			Cluster: spec.Cluster, Pod: 1, Keys: keys, Backend: echo.Backend{},
-			ConnectTimeout: cfg.ConnectTimeout, MaxSessions: cfg.MaxSessions, RouteTTL: cfg.RouteTTL,
-			Logger: cfg.Logger, Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"pod": "1"}, reg),
-		}, podConn)
-		if err != nil {
-			podConn.Close()
-			return nil, fmt.Errorf("region %s: %w", spec.Name, err)
+		for i := range cfg.RelaysPerCluster {
+			cr, err := w.startClusterRelay(spec, i+1, &clusterSeed, &globalSeed)
+			if err != nil {
+				return nil, err
+			}
+			rg.ClusterRelays = append(rg.ClusterRelays, cr)
 		}
-		rg.Transceiver = tr
-		w.run(ctx, tr.Run)
-		w.closers = append(w.closers, tr.Close)
-		apiURL, err := w.serveHTTP(netip.AddrPortFrom(loop, 0).String(), tr.Handler())
-		if err != nil {
-			return nil, err
-		}
-		rg.TransceiverAPI = apiURL
-
-		crConn, err := listenUDP(netip.AddrPortFrom(loop, 0))
-		if err != nil {
-			return nil, err
-		}
-		pods := clusterrelay.NewPods(map[uint16]netip.AddrPort{1: udpAddr(podConn)})
-		cr, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: pods, Logger: cfg.Logger, Registerer: reg}, crConn)
-		if err != nil {
-			crConn.Close()
-			return nil, err
-		}
-		rg.ClusterRelay = cr
-		w.run(ctx, cr.Run)
-		w.closers = append(w.closers, cr.Close)
-		replicas = append(replicas, globalrelay.Replica{Cluster: spec.Cluster, Addr: cr.Addr()})
 	}
-
-	// Global relay tier: one POP per region, on the region's VIP address.
-	clusters := globalrelay.NewClusters(replicas)
-	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, rg := range w.Regions {
+		if err := w.startPOP(rg, &globalSeed); err != nil {
+			return nil, err
+		}
 		spec := rg.Spec
-		reg := prometheus.WrapRegistererWith(prometheus.Labels{"pop": spec.POPName}, w.Registry)
-		pub, err := listenUDP(netip.AddrPortFrom(spec.POPIP, cfg.POPPort))
-		if err != nil {
-			return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
-		}
-		internal, err := listenUDP(netip.AddrPortFrom(loop, 0))
-		if err != nil {
-			pub.Close()
-			return nil, err
-		}
-		gr, err := globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: keys, Clusters: clusters, FlowIdle: cfg.FlowIdle, Logger: cfg.Logger, Registerer: reg},
-			[]globalrelay.Worker{{Public: pub, Internal: internal}})
-		if err != nil {
-			pub.Close()
-			internal.Close()
-			return nil, err
-		}
-		rg.GlobalRelay = gr
-		w.run(ctx, gr.Run)
-		w.closers = append(w.closers, gr.Close)
 		cat.Regions = append(cat.Regions, geo.Region{
 			Name: spec.Name, Location: spec.Location,
-			Clusters: []geo.Cluster{{ID: spec.Cluster, Name: spec.Name + "-1", Location: spec.Location, SessionAPI: rg.TransceiverAPI}},
-			POPs:     []geo.POP{{ID: spec.POP, Name: spec.POPName, VIP: gr.PublicAddr(), Location: spec.Location}},
+			Clusters: []geo.Cluster{{ID: spec.Cluster, Name: spec.Name + "-1", Location: spec.Location, SessionAPI: rg.ClusterRelays[0].Front}},
+			POPs:     []geo.POP{{ID: spec.POP, Name: spec.POPName, VIP: rg.GlobalRelay.PublicAddr(), Location: spec.Location}},
 		})
 	}
 	if err := cat.Validate(); err != nil {
 		return nil, err
 	}
 	w.Catalogue = cat
-
-	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: cat.DefaultLocation(), Logger: cfg.Logger})
-	if err != nil {
+	if err := w.startSignaling(&globalSeed); err != nil {
 		return nil, err
 	}
-	w.closers = append(w.closers, loc.Close)
-	secretKey := make([]byte, 32)
-	if _, err := rand.Read(secretKey); err != nil {
+	if err := w.awaitConverged(10 * time.Second); err != nil {
 		return nil, err
-	}
-	sig, err := signaling.New(signaling.Config{
-		Catalogue: cat, Locator: loc, APIKeys: cfg.APIKeys, ClientSecretKey: secretKey,
-		CORSOrigins: []string{"*"}, Web: web.FS(), Logger: cfg.Logger,
-		Registerer: w.Registry,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if w.SignalingURL, err = w.serveHTTP(cfg.HTTPAddr, sig.Handler()); err != nil {
-		return nil, err
-	}
-	if cfg.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(w.Registry, promhttp.HandlerOpts{}))
-		if w.MetricsURL, err = w.serveHTTP(cfg.MetricsAddr, mux); err != nil {
-			return nil, err
-		}
-		w.MetricsURL += "/metrics"
 	}
 	return w, nil
 }
 
-// run starts a component's Run in the background, recording its error.
-func (w *World) run(ctx context.Context, run func(context.Context) error) {
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		if err := run(ctx); err != nil {
-			w.errMu.Lock()
-			w.errs = append(w.errs, err)
-			w.errMu.Unlock()
-			w.log.Error("component stopped", "err", err)
-		}
-	}()
+func (w *World) newPool(name string, wan bool, meta membership.Meta, seed *string) (*membership.Pool, error) {
+	pool, err := membership.New(membership.Config{
+		Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"), WAN: wan,
+		AllowInsecure: true, Fast: true, Logger: w.cfg.Logger,
+	}, meta)
+	if err != nil {
+		return nil, fmt.Errorf("gossip %s: %w", name, err)
+	}
+	if *seed == "" {
+		*seed = pool.LocalAddr().String()
+	} else if _, err := pool.Join([]string{*seed}); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("gossip %s: join: %w", name, err)
+	}
+	kind := "cluster"
+	if wan {
+		kind = "global"
+	}
+	if err := prometheus.WrapRegistererWith(prometheus.Labels{"node": name}, w.Registry).Register(pool.Collector(kind)); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
-// serveHTTP serves h on addr and returns its base URL.
-func (w *World) serveHTTP(addr string, h http.Handler) (string, error) {
+func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed *string) (*Pod, error) {
+	p := &Pod{ID: id}
+	name := spec.Name + "/pod-" + strconv.Itoa(int(id))
+	ctx := w.adopt(&p.node, name)
+	conn, err := udpio.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		return nil, err
+	}
+	p.Data = udpio.LocalAddrPort(conn)
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "pod": strconv.Itoa(int(id))}, w.Registry)
+	tr, err := transceiver.New(transceiver.Config{
+		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: echo.Backend{},
+		ConnectTimeout: w.cfg.ConnectTimeout, MaxSessions: w.cfg.MaxSessions, RouteTTL: w.cfg.RouteTTL,
+		Logger: w.cfg.Logger, Registerer: reg,
+	}, conn)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	p.Transceiver = tr
+	p.closers = append(p.closers, tr.Close)
+	w.run(&p.node, ctx, tr.Run)
+	if p.API, err = w.serveHTTP(&p.node, "127.0.0.1:0", tr.Handler()); err != nil {
+		return nil, err
+	}
+	p.Pool, err = w.newPool(name, false, membership.Meta{
+		Role: membership.RoleTransceiver, Region: spec.Name, Cluster: spec.Cluster, Pod: id,
+		Data: p.Data, API: p.API, Capacity: tr.Capacity(),
+	}, clusterSeed)
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, p.Pool.Close)
+	goLoop(&p.node, func() { tr.Publish(ctx, p.Pool) })
+	return p, nil
+}
+
+func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSeed *string) (*ClusterRelay, error) {
+	cr := &ClusterRelay{Directory: clusterrelay.NewDirectory()}
+	name := spec.Name + "/clusterrelay-" + strconv.Itoa(i)
+	ctx := w.adopt(&cr.node, name)
+	conn, err := udpio.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "replica": strconv.Itoa(i)}, w.Registry)
+	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: cr.Directory, Logger: w.cfg.Logger, Registerer: reg}, conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	cr.Relay = relay
+	cr.closers = append(cr.closers, relay.Close)
+	w.run(&cr.node, ctx, relay.Run)
+	front := clusterrelay.NewFront(clusterrelay.FrontConfig{Cluster: spec.Cluster, Pods: cr.Directory, Logger: w.cfg.Logger})
+	if cr.Front, err = w.serveHTTP(&cr.node, "127.0.0.1:0", front.Handler()); err != nil {
+		return nil, err
+	}
+	if cr.ClusterPool, err = w.newPool(name, false, membership.Meta{
+		Role: membership.RoleClusterRelay, Region: spec.Name, Cluster: spec.Cluster, Data: relay.Addr(),
+	}, clusterSeed); err != nil {
+		return nil, err
+	}
+	cr.closers = append(cr.closers, cr.ClusterPool.Close)
+	if cr.GlobalPool, err = w.newPool(name+"@global", true, membership.Meta{
+		Role: membership.RoleClusterRelay, Region: spec.Name, Cluster: spec.Cluster, Data: relay.Addr(), API: cr.Front,
+	}, globalSeed); err != nil {
+		return nil, err
+	}
+	cr.closers = append(cr.closers, cr.GlobalPool.Close)
+	goLoop(&cr.node, func() { clusterrelay.FollowPods(ctx, cr.ClusterPool, spec.Cluster, cr.Directory) })
+	goLoop(&cr.node, func() { clusterrelay.PublishAggregate(ctx, cr.GlobalPool, cr.Directory) })
+	return cr, nil
+}
+
+func (w *World) startPOP(rg *Region, globalSeed *string) error {
+	spec := rg.Spec
+	n, ctx := w.newNode(spec.Name + "/globalrelay-" + spec.POPName)
+	pubs, err := udpio.ListenReusePort(netip.AddrPortFrom(spec.POPIP, w.cfg.POPPort), w.cfg.WorkersPerPOP)
+	if err != nil {
+		return fmt.Errorf("POP %s: %w", spec.POPName, err)
+	}
+	var workers []globalrelay.Worker
+	for _, pub := range pubs {
+		in, err := udpio.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+		if err != nil {
+			for _, c := range pubs {
+				c.Close()
+			}
+			for _, wk := range workers {
+				wk.Internal.Close()
+			}
+			return err
+		}
+		workers = append(workers, globalrelay.Worker{Public: pub, Internal: in})
+	}
+	clusters := globalrelay.NewClusters(nil)
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"pop": spec.POPName}, w.Registry)
+	gr, err := globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
+		Logger: w.cfg.Logger, Registerer: reg}, workers)
+	if err != nil {
+		for _, wk := range workers {
+			wk.Public.Close()
+			wk.Internal.Close()
+		}
+		return err
+	}
+	rg.GlobalRelay = gr
+	n.closers = append(n.closers, gr.Close)
+	w.run(n, ctx, gr.Run)
+	if rg.GlobalPool, err = w.newPool(n.name, true, membership.Meta{
+		Role: membership.RoleGlobalRelay, Region: spec.Name, POP: spec.POP, Data: gr.PublicAddr(),
+	}, globalSeed); err != nil {
+		return err
+	}
+	n.closers = append(n.closers, rg.GlobalPool.Close)
+	goLoop(n, func() { globalrelay.FollowClusters(ctx, rg.GlobalPool, clusters) })
+	return nil
+}
+
+func (w *World) startSignaling(globalSeed *string) error {
+	n, _ := w.newNode("signaling")
+	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: w.Catalogue.DefaultLocation(), Logger: w.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	n.closers = append(n.closers, loc.Close)
+	if w.SignalingPool, err = w.newPool("signaling", true, membership.Meta{Role: membership.RoleSignaling}, globalSeed); err != nil {
+		return err
+	}
+	n.closers = append(n.closers, w.SignalingPool.Close)
+	health := signaling.GossipHealth{Pool: w.SignalingPool}
+	secretKey := make([]byte, 32)
+	if _, err := rand.Read(secretKey); err != nil {
+		return err
+	}
+	sig, err := signaling.New(signaling.Config{
+		Catalogue: w.Catalogue, Locator: loc, Health: health.Cluster, POPUp: health.POPUp,
+		APIKeys: w.cfg.APIKeys, ClientSecretKey: secretKey,
+		CORSOrigins: []string{"*"}, Web: web.FS(), Logger: w.cfg.Logger, Registerer: w.Registry,
+	})
+	if err != nil {
+		return err
+	}
+	if w.SignalingURL, err = w.serveHTTP(n, w.cfg.HTTPAddr, sig.Handler()); err != nil {
+		return err
+	}
+	if w.cfg.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(w.Registry, promhttp.HandlerOpts{}))
+		if w.MetricsURL, err = w.serveHTTP(n, w.cfg.MetricsAddr, mux); err != nil {
+			return err
+		}
+		w.MetricsURL += "/metrics"
+	}
+	return nil
+}
+
+// awaitConverged waits until gossip has told every cluster relay about all
+// its pods and every global relay and signaling about all cluster relays, so
+// the first call after Start finds the world as configured.
+func (w *World) awaitConverged(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok := true
+		relays := 0
+		for _, rg := range w.Regions {
+			for _, cr := range rg.ClusterRelays {
+				if _, _, ready := cr.Directory.Aggregate(); ready != len(rg.Pods) {
+					ok = false
+				}
+			}
+			relays += len(rg.ClusterRelays)
+		}
+		for _, pool := range w.globalPools() {
+			n := 0
+			for _, m := range pool.Members() {
+				if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Capacity > 0 {
+					n++
+				}
+			}
+			if n != relays {
+				ok = false
+			}
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("devworld: gossip did not converge")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (w *World) globalPools() []*membership.Pool {
+	out := []*membership.Pool{w.SignalingPool}
+	for _, rg := range w.Regions {
+		out = append(out, rg.GlobalPool)
+	}
+	return out
+}
+
+// serveHTTP serves h on addr for node n and returns its base URL.
+func (w *World) serveHTTP(n *node, addr string, h http.Handler) (string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("listen %s: %w", addr, err)
 	}
 	srv := signaling.NewHTTPServer(h, w.log)
-	w.servers = append(w.servers, srv)
-	w.wg.Add(1)
+	n.servers = append(n.servers, srv)
+	n.wg.Add(1)
 	go func() {
-		defer w.wg.Done()
+		defer n.wg.Done()
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			w.log.Error("http server", "err", err)
 		}
@@ -276,40 +527,35 @@ func (w *World) Err() error {
 	return errors.Join(w.errs...)
 }
 
-// Close stops everything and waits for it.
+// Close stops everything, newest first, and waits for it.
 func (w *World) Close() error {
-	for _, s := range w.servers {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = s.Shutdown(ctx)
-		cancel()
+	for i := len(w.nodes) - 1; i >= 0; i-- {
+		w.nodes[i].stop()
 	}
-	w.cancel()
-	for i := len(w.closers) - 1; i >= 0; i-- {
-		_ = w.closers[i]()
-	}
-	w.wg.Wait()
 	return nil
 }
 
-func listenUDP(ap netip.AddrPort) (*net.UDPConn, error) {
-	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap))
-	if err != nil {
-		return nil, fmt.Errorf("listen udp %s: %w", ap, err)
-	}
-	return c, nil
-}
-
-func udpAddr(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
-
 // String summarises the world for the console.
 func (w *World) String() string {
-	s := "rtcedge dev world\n  signaling + demo page: " + w.SignalingURL + "\n"
+	var b strings.Builder
+	b.WriteString("rtcedge dev world\n  signaling + demo page: " + w.SignalingURL + "\n")
 	for _, rg := range w.Regions {
-		s += "  region " + rg.Spec.Name + ": cluster " + strconv.Itoa(int(rg.Spec.Cluster)) +
-			", POP " + rg.Spec.POPName + " at " + rg.GlobalRelay.PublicAddr().String() + "\n"
+		fmt.Fprintf(&b, "  region %s: cluster %d (%d pods, %d cluster relays), POP %s at %s\n",
+			rg.Spec.Name, rg.Spec.Cluster, len(rg.Pods), len(rg.ClusterRelays), rg.Spec.POPName, rg.GlobalRelay.PublicAddr())
 	}
 	if w.MetricsURL != "" {
-		s += "  metrics: " + w.MetricsURL + "\n"
+		b.WriteString("  metrics: " + w.MetricsURL + "\n")
 	}
-	return s
+	return b.String()
+}
+
+// Sessions returns the number of sessions held by every pod of the world.
+func (w *World) Sessions() int {
+	n := 0
+	for _, rg := range w.Regions {
+		for _, p := range rg.Pods {
+			n += p.Transceiver.Sessions()
+		}
+	}
+	return n
 }

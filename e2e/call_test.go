@@ -105,13 +105,7 @@ func TestCallThroughRelays(t *testing.T) {
 		t.Fatalf("hangup: %v", err)
 	}
 	call.Close()
-	eventually(t, 5*time.Second, "no sessions", func() bool {
-		n := 0
-		for _, rg := range w.Regions {
-			n += rg.Transceiver.Sessions()
-		}
-		return n == 0
-	})
+	eventually(t, 5*time.Second, "no sessions", func() bool { return w.Sessions() == 0 })
 	eventually(t, 10*time.Second, "no flows and no return routes", func() bool {
 		n := 0
 		for _, rg := range w.Regions {

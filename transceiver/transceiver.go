@@ -142,9 +142,10 @@ type Transceiver struct {
 	closed   bool                          // guarded by mu
 	drained  chan struct{}                 // closed when draining and no sessions remain; guarded by mu
 
-	wg        sync.WaitGroup // session teardown goroutines
-	closeOnce sync.Once
-	runDone   chan struct{} // closed by Close to stop Run
+	wg           sync.WaitGroup // session teardown goroutines
+	closeOnce    sync.Once
+	runDone      chan struct{} // closed by Close to stop Run
+	stateChanged chan struct{} // wakes Publish (buffered 1)
 }
 
 // New builds a transceiver over the pod's UDP socket. It takes ownership of
@@ -179,6 +180,8 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		muxes:    map[uint16]*ice.UDPMuxDefault{},
 		sessions: map[string]*session{},
 		runDone:  make(chan struct{}),
+
+		stateChanged: make(chan struct{}, 1),
 	}
 	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, m, cfg.Now)
 
@@ -275,6 +278,7 @@ func (t *Transceiver) Drain() <-chan struct{} {
 		t.draining = true
 		t.drained = make(chan struct{})
 		t.maybeDrainedLocked()
+		t.notifyState()
 	}
 	return t.drained
 }

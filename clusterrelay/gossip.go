@@ -1,0 +1,116 @@
+package clusterrelay
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+)
+
+// PodInfo is one transceiver pod as the cluster pool describes it.
+type PodInfo struct {
+	ID       uint16
+	Data     netip.AddrPort // pod socket: where the relay forwards
+	API      string         // session API base URL
+	Load     int            // sessions
+	Capacity int
+	Draining bool
+}
+
+// Ready reports whether the pod takes new sessions.
+func (p PodInfo) Ready() bool {
+	return !p.Draining && p.API != "" && (p.Capacity == 0 || p.Load < p.Capacity)
+}
+
+// Directory is the cluster relay's view of its pods: the packet path reads
+// its Pods (every live pod, draining ones included, since their calls go on);
+// the session API front and the load publisher read PodInfos.
+type Directory struct {
+	*Pods
+	infos atomic.Pointer[[]PodInfo]
+}
+
+// NewDirectory returns an empty directory.
+func NewDirectory() *Directory {
+	d := &Directory{Pods: NewPods(nil)}
+	d.infos.Store(&[]PodInfo{})
+	return d
+}
+
+// SetPods replaces the directory's content.
+func (d *Directory) SetPods(infos []PodInfo) {
+	m := make(map[uint16]netip.AddrPort, len(infos))
+	for _, p := range infos {
+		m[p.ID] = p.Data
+	}
+	cp := slices.Clone(infos)
+	d.infos.Store(&cp)
+	d.Pods.Set(m)
+}
+
+// PodInfos returns the pods (do not modify the slice).
+func (d *Directory) PodInfos() []PodInfo { return *d.infos.Load() }
+
+// Aggregate sums the cluster's load and the capacity of pods taking new
+// sessions; ready is how many of those pods there are.
+func (d *Directory) Aggregate() (load, capacity, ready int) {
+	for _, p := range d.PodInfos() {
+		load += p.Load
+		if p.Ready() {
+			capacity += p.Capacity
+			ready++
+		}
+	}
+	return load, capacity, ready
+}
+
+// FollowPods rebuilds dir from the cluster pool on every membership change
+// until ctx ends: alive transceivers of the cluster, draining or not.
+func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir *Directory) {
+	changes := pool.Subscribe()
+	for {
+		var infos []PodInfo
+		for _, m := range pool.Members() {
+			if m.State != membership.StateAlive || m.Meta.Role != membership.RoleTransceiver || m.Meta.Cluster != cluster || !m.Meta.Data.IsValid() {
+				continue
+			}
+			infos = append(infos, PodInfo{ID: m.Meta.Pod, Data: m.Meta.Data, API: m.Meta.API,
+				Load: m.Meta.Load, Capacity: m.Meta.Capacity, Draining: m.Meta.Draining})
+		}
+		slices.SortFunc(infos, func(a, b PodInfo) int { return int(a.ID) - int(b.ID) })
+		dir.SetPods(infos)
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-changes:
+			if !ok {
+				return
+			}
+		}
+	}
+}
+
+// PublishAggregate keeps this replica's metadata in the global pool current
+// with the cluster's aggregate load and capacity, so that global relays
+// and signaling can skip a full or empty cluster. A cluster with no ready
+// pod publishes capacity 0 and load > 0 or 0: either way "full".
+func PublishAggregate(ctx context.Context, global *membership.Pool, dir *Directory) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastLoad, lastCap := -1, -1
+	for {
+		load, capacity, _ := dir.Aggregate()
+		if load != lastLoad || capacity != lastCap {
+			_ = global.UpdateMeta(func(m *membership.Meta) { m.Load, m.Capacity = load, capacity })
+			lastLoad, lastCap = load, capacity
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/probe"
+)
+
+// podOf returns the pod a call's session lives on, from its Location.
+func podOf(t *testing.T, c *probe.Call) uint16 {
+	t.Helper()
+	id, err := sessionid.Parse(c.Location[strings.LastIndexByte(c.Location, '/')+1:])
+	if err != nil {
+		t.Fatalf("session location %q: %v", c.Location, err)
+	}
+	return id.Pod
+}
+
+func dial(t *testing.T, ctx context.Context, w *devworld.World) *probe.Call {
+	t.Helper()
+	c, err := probe.Dial(ctx, probe.Config{SignalingURL: w.SignalingURL, Logger: testLogger()})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.WaitEcho(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestClusterRelayFailover kills the cluster relay replica that carries a
+// live call; the global relay moves the flow to the other replica once
+// gossip declares the first dead, and the echo resumes.
+func TestClusterRelayFailover(t *testing.T) {
+	w := startWorld(t, devworld.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := dial(t, ctx, w)
+	rg := w.Regions[0]
+	if call.Region != rg.Spec.Name {
+		t.Fatalf("call placed in %s, want %s", call.Region, rg.Spec.Name)
+	}
+	eventually(t, 5*time.Second, "25 echoes", func() bool { return call.Stats().Received >= 25 })
+
+	// Which replica carries it? The one whose to_pod counter moves most
+	// (the client's few checks to the backup POP may take the other).
+	carrier, most := -1, 0.0
+	for i := range rg.ClusterRelays {
+		v := metricSum(t, w.Registry, "rtcedge_clusterrelay_packets_total",
+			map[string]string{"region": rg.Spec.Name, "replica": strconv.Itoa(i + 1), "direction": "to_pod"})
+		if v > most {
+			carrier, most = i, v
+		}
+	}
+	if carrier < 0 {
+		t.Fatal("no cluster relay replica carried the call")
+	}
+	other := 1 - carrier
+	otherBefore := metricSum(t, w.Registry, "rtcedge_clusterrelay_packets_total",
+		map[string]string{"region": rg.Spec.Name, "replica": strconv.Itoa(other + 1), "direction": "to_pod"})
+	before := call.Stats().Received
+	start := time.Now()
+	rg.ClusterRelays[carrier].Kill()
+
+	// Gossip notices; the global relay re-picks; audio flows again.
+	eventually(t, 15*time.Second, "echo to resume through the other replica", func() bool {
+		return call.Stats().Received >= before+50
+	})
+	resumed := time.Since(start)
+	gap, _ := call.Gaps()
+	t.Logf("cluster relay replica killed: echo resumed within %v; longest media gap %v (gossip detection bound %v)",
+		resumed, gap, membership.FastDetectionBound)
+	if v := metricSum(t, w.Registry, "rtcedge_clusterrelay_packets_total",
+		map[string]string{"region": rg.Spec.Name, "replica": strconv.Itoa(other + 1), "direction": "to_pod"}); v < otherBefore+50 {
+		t.Errorf("the surviving replica carried %v packets after the kill, want ≥ 50", v-otherBefore)
+	}
+	if call.ConnectionState().String() != "connected" {
+		t.Errorf("call state after failover: %v", call.ConnectionState())
+	}
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer hcancel()
+	if err := call.Hangup(hctx); err != nil {
+		// The killed replica may have served the cluster's session API.
+		t.Logf("hang up after failover: %v", err)
+	}
+}
+
+// TestDrainingAndDeadPodsGetNoSessions: a draining pod keeps its call and
+// takes no new ones; a dead pod takes none either.
+func TestDrainingAndDeadPodsGetNoSessions(t *testing.T) {
+	w := startWorld(t, devworld.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	rg := w.Regions[0]
+
+	// Place calls until one lands on pod 1 (the front balances by load).
+	var onPod1 *probe.Call
+	for range 4 {
+		c := dial(t, ctx, w)
+		if podOf(t, c) == 1 {
+			onPod1 = c
+			break
+		}
+	}
+	if onPod1 == nil {
+		t.Fatal("no call landed on pod 1 in 4 tries")
+	}
+	drained := rg.Pods[0].Transceiver.Drain()
+	eventually(t, 5*time.Second, "the cluster to see pod 1 draining", func() bool {
+		for _, cr := range rg.ClusterRelays {
+			for _, p := range cr.Directory.PodInfos() {
+				if p.ID == 1 && !p.Draining {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for range 3 {
+		c := dial(t, ctx, w)
+		if p := podOf(t, c); p != 2 {
+			t.Errorf("new call landed on pod %d while pod 1 drains", p)
+		}
+	}
+	// The draining pod's call goes on.
+	before := onPod1.Stats().Received
+	eventually(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return onPod1.Stats().Received >= before+25 })
+	if err := onPod1.Hangup(ctx); err != nil {
+		t.Fatalf("hang up: %v", err)
+	}
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		t.Fatal("pod 1 did not finish draining after its last call ended")
+	}
+	if v := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_ended_total", map[string]string{"pod": "1", "reason": "ice_failed"}); v != 0 {
+		t.Errorf("pod 1 dropped %v calls while draining", v)
+	}
+
+	// A dead pod: kill pod 2; new calls must go to... nobody in this
+	// cluster (pod 1 drains), so the other region takes them.
+	rg.Pods[1].Kill()
+	eventually(t, 5*time.Second, "the cluster to forget pod 2", func() bool {
+		for _, p := range rg.ClusterRelays[0].Directory.PodInfos() {
+			if p.ID == 2 {
+				return false
+			}
+		}
+		return true
+	})
+	c := dial(t, ctx, w)
+	if c.Region == rg.Spec.Name {
+		t.Errorf("call placed in %s with one pod dead and the other draining", c.Region)
+	}
+}

@@ -1,0 +1,63 @@
+package udpio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// ListenReusePort opens n UDP sockets on the same address with SO_REUSEPORT,
+// so the kernel spreads clients over them by 4-tuple hash: one reader per
+// socket, one socket per core. With port 0 the first socket picks the port
+// and the rest join it. On error every socket opened so far is closed.
+func ListenReusePort(addr netip.AddrPort, n int) ([]*net.UDPConn, error) {
+	if n < 1 {
+		return nil, errors.New("udpio: need at least one socket")
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	conns := make([]*net.UDPConn, 0, n)
+	for i := range n {
+		pc, err := lc.ListenPacket(context.Background(), "udp", addr.String())
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, fmt.Errorf("listen udp %s (reuseport socket %d): %w", addr, i, err)
+		}
+		c := pc.(*net.UDPConn)
+		if i == 0 {
+			addr = c.LocalAddr().(*net.UDPAddr).AddrPort()
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
+}
+
+// Listen opens one UDP socket.
+func Listen(addr netip.AddrPort) (*net.UDPConn, error) {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		return nil, fmt.Errorf("listen udp %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// LocalAddrPort returns a UDP socket's local address, unmapped.
+func LocalAddrPort(c *net.UDPConn) netip.AddrPort {
+	ap := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}

@@ -1,0 +1,66 @@
+package signaling
+
+import (
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/membership"
+)
+
+// GossipHealth derives cluster and POP health from the global pool.
+//
+// Once the pool knows any member besides signaling itself, gossip is
+// authoritative: a cluster with no alive, non-draining cluster relay is
+// unhealthy, and a POP with no alive global relay is down. Before that (a
+// pool still joining, or none) everything counts as up, so a catalogue works
+// without gossip.
+type GossipHealth struct {
+	Pool *membership.Pool
+}
+
+func (g GossipHealth) members() ([]membership.Member, bool) {
+	ms := g.Pool.Members()
+	for _, m := range ms {
+		if m.Meta.Role == membership.RoleClusterRelay || m.Meta.Role == membership.RoleGlobalRelay {
+			return ms, true
+		}
+	}
+	return nil, false
+}
+
+// Cluster implements geo.HealthFunc: the aggregate of the cluster's alive
+// relays (each publishes the same aggregate; the highest capacity wins, so
+// a replica that has not caught up yet cannot make a cluster look full).
+func (g GossipHealth) Cluster(id uint16) (geo.ClusterState, bool) {
+	ms, ok := g.members()
+	if !ok {
+		return geo.ClusterState{}, false
+	}
+	var st geo.ClusterState
+	for _, m := range ms {
+		if m.State != membership.StateAlive || m.Meta.Role != membership.RoleClusterRelay || m.Meta.Cluster != id || m.Meta.Draining {
+			continue
+		}
+		st.Healthy = true
+		if m.Meta.Capacity >= st.Capacity {
+			st.Capacity, st.Load = m.Meta.Capacity, m.Meta.Load
+		}
+	}
+	if st.Healthy && st.Capacity == 0 {
+		// No ready pod behind the relays: nothing can take a call.
+		st.Healthy = false
+	}
+	return st, true
+}
+
+// POPUp reports whether a POP has an alive global relay.
+func (g GossipHealth) POPUp(pop uint16) bool {
+	ms, ok := g.members()
+	if !ok {
+		return true
+	}
+	for _, m := range ms {
+		if m.State == membership.StateAlive && m.Meta.Role == membership.RoleGlobalRelay && m.Meta.POP == pop && !m.Meta.Draining {
+			return true
+		}
+	}
+	return false
+}
