@@ -41,6 +41,7 @@ const (
 	DropNoFlow         = "no_flow"          // to-client for an unknown client, not from a known cluster relay
 	DropFlowMismatch   = "flow_mismatch"    // to-client from a pod that does not own the client's flow
 	DropEmpty          = "empty"
+	DropDraining       = "draining" // a new flow refused while the replica drains
 )
 
 // Config configures a Relay.
@@ -77,6 +78,7 @@ type Relay struct {
 	m       *metrics
 
 	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
+	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
 }
@@ -147,6 +149,14 @@ func (r *Relay) IngressAddrs() []netip.AddrPort {
 	}
 	return out
 }
+
+// Drain makes the replica refuse new flows while it keeps forwarding the
+// ones it has; they end by expiry. The load balancer should stop sending it
+// new clients (its readiness fails while draining).
+func (r *Relay) Drain() { r.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (r *Relay) Draining() bool { return r.draining.Load() }
 
 // Flows returns the number of live flows.
 func (r *Relay) Flows() int { return r.flows.len() }
@@ -230,6 +240,10 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 			return nil, netip.AddrPort{}, false
 		}
 		if f == nil || f.cluster != tok.Cluster || f.pod != tok.Pod {
+			if r.draining.Load() {
+				r.m.drops.Inc(DropDraining)
+				return nil, netip.AddrPort{}, false
+			}
 			nf := &flow{cluster: tok.Cluster, pod: tok.Pod}
 			nf.lastSeen.Store(r.now.Load())
 			if !r.flows.put(from, nf) {
@@ -366,7 +380,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
 		writeErrors: writeErrors,
 		drops: udpio.NewDropCounters(drops, DropUnknownFlow, DropNoClusterRelay, DropTableFull, DropWrongDirection,
-			DropWrongPOP, DropNoFlow, DropFlowMismatch, DropEmpty),
+			DropWrongPOP, DropNoFlow, DropFlowMismatch, DropEmpty, DropDraining),
 		encapDrops: udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
 		stunDrops:  udpio.NewPrefixedDropCounters(drops, "stun_", stunmsg.Reasons...),
 		tokenDrops: udpio.NewPrefixedDropCounters(drops, "token_", token.Reasons...),

@@ -2,8 +2,12 @@ package transceiver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"strings"
 
 	"github.com/pion/logging"
 )
@@ -18,6 +22,21 @@ func (f pionLoggers) NewLogger(scope string) logging.LeveledLogger {
 
 type pionLogger struct{ log *slog.Logger }
 
+// warnLevel demotes Pion's warnings about I/O on closed conns: every
+// session teardown produces a few, and at warn level they would bury the
+// warnings that matter.
+func warnLevel(format string, args []any) slog.Level {
+	if strings.Contains(format, "closed") {
+		return slog.LevelDebug
+	}
+	for _, a := range args {
+		if err, ok := a.(error); ok && (errors.Is(err, io.ErrClosedPipe) || errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "closed")) {
+			return slog.LevelDebug
+		}
+	}
+	return slog.LevelWarn
+}
+
 func (l pionLogger) logf(level slog.Level, format string, args ...any) {
 	if !l.log.Enabled(context.Background(), level) {
 		return
@@ -31,7 +50,9 @@ func (l pionLogger) Debug(msg string)                  { l.logf(slog.LevelDebug-
 func (l pionLogger) Debugf(format string, args ...any) { l.logf(slog.LevelDebug-4, format, args...) }
 func (l pionLogger) Info(msg string)                   { l.logf(slog.LevelDebug, "%s", msg) }
 func (l pionLogger) Infof(format string, args ...any)  { l.logf(slog.LevelDebug, format, args...) }
-func (l pionLogger) Warn(msg string)                   { l.logf(slog.LevelWarn, "%s", msg) }
-func (l pionLogger) Warnf(format string, args ...any)  { l.logf(slog.LevelWarn, format, args...) }
+func (l pionLogger) Warn(msg string)                   { l.Warnf("%s", msg) }
+func (l pionLogger) Warnf(format string, args ...any) {
+	l.logf(warnLevel(format, args), format, args...)
+}
 func (l pionLogger) Error(msg string)                  { l.logf(slog.LevelError, "%s", msg) }
 func (l pionLogger) Errorf(format string, args ...any) { l.logf(slog.LevelError, format, args...) }

@@ -1,0 +1,502 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/clusterrelay"
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+	"github.com/rtcedge/rtcedge/signaling"
+	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/transceiver/echo"
+	"github.com/rtcedge/rtcedge/web"
+)
+
+func init() {
+	commands = append(commands,
+		command{"signaling", "run the geo-aware HTTP front (POST /v1/realtime/sdp)", runSignaling},
+		command{"transceiver", "run a transceiver pod (WebRTC termination, echo backend)", runTransceiver},
+		command{"clusterrelay", "run a cluster relay replica and the cluster's session API front", runClusterRelay},
+		command{"globalrelay", "run a global relay replica (a POP's public UDP ingress)", runGlobalRelay},
+	)
+}
+
+// roleSetup parses -config into cfg and returns a logger.
+func roleSetup(name string, args []string, cfg any, common func() *Common) (*slog.Logger, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	path := fs.String("config", "", "YAML config file (see docs/operations.md); secrets come from the environment")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if *path == "" {
+		return nil, errors.New("-config is required")
+	}
+	if err := loadConfig(*path, cfg); err != nil {
+		return nil, err
+	}
+	c := common()
+	c.defaults()
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	slog.SetDefault(log)
+	return log, nil
+}
+
+// TransceiverConfig is the transceiver role's config file.
+type TransceiverConfig struct {
+	Common         `yaml:",inline"`
+	Region         string        `yaml:"region"`
+	Cluster        uint16        `yaml:"cluster"`
+	Pod            uint16        `yaml:"pod"`       // 0: from the hostname's StatefulSet ordinal
+	DataAddr       string        `yaml:"data_addr"` // pod UDP socket, e.g. 0.0.0.0:7000
+	DataAdvertise  string        `yaml:"data_advertise"`
+	APIAddr        string        `yaml:"api_addr"` // session API, e.g. 0.0.0.0:8081
+	APIAdvertise   string        `yaml:"api_advertise"`
+	MaxSessions    int           `yaml:"max_sessions"`
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	IdleTimeout    time.Duration `yaml:"idle_timeout"`
+	Token          TokenKeys     `yaml:"token"`
+	Gossip         Gossip        `yaml:"gossip"` // the cluster pool
+}
+
+func runTransceiver(ctx context.Context, args []string) error {
+	var cfg TransceiverConfig
+	log, err := roleSetup("transceiver", args, &cfg, func() *Common { return &cfg.Common })
+	if err != nil {
+		return err
+	}
+	if cfg.Pod == 0 {
+		if cfg.Pod, err = podFromHostname(); err != nil {
+			return err
+		}
+	}
+	keys, err := cfg.Token.keyring()
+	if err != nil {
+		return err
+	}
+	dataBind, err := parseAddr("data_addr", cfg.DataAddr)
+	if err != nil {
+		return err
+	}
+	conn, err := udpio.Listen(dataBind)
+	if err != nil {
+		return err
+	}
+	data := udpio.LocalAddrPort(conn)
+	if cfg.DataAdvertise != "" {
+		if data, err = parseAddr("data_advertise", cfg.DataAdvertise); err != nil {
+			conn.Close()
+			return err
+		}
+	}
+	reg := prometheus.NewRegistry()
+	tr, err := transceiver.New(transceiver.Config{
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: echo.Backend{},
+		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
+		Logger: log, Registerer: reg,
+	}, conn)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	runErr := make(chan error, 1)
+	go func() { runErr <- tr.Run(runCtx) }()
+
+	api, err := serve(cfg.APIAddr, tr.Handler(), log)
+	if err != nil {
+		tr.Close()
+		return err
+	}
+	apiURL := advertisedURL(cfg.APIAdvertise, api)
+	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, tr.Draining)
+	if err != nil {
+		shutdown(api)
+		tr.Close()
+		return err
+	}
+	pool, err := cfg.Gossip.pool(runCtx, "", false, membership.Meta{
+		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
+		Data: data, API: apiURL, Capacity: tr.Capacity(),
+	}, log)
+	if err != nil {
+		shutdown(api, metrics)
+		tr.Close()
+		return err
+	}
+	_ = reg.Register(pool.Collector("cluster"))
+	go tr.Publish(runCtx, pool)
+	log.Info("transceiver up", "cluster", cfg.Cluster, "pod", cfg.Pod, "data", data, "api", apiURL, "gossip", pool.LocalAddr())
+
+	select {
+	case err := <-runErr:
+		shutdown(api, metrics)
+		pool.Close()
+		return err
+	case <-ctx.Done():
+	}
+	// Drain: refuse new sessions (gossip and readiness say so), let calls
+	// finish, end what is left at the deadline.
+	log.Info("draining", "sessions", tr.Sessions(), "deadline", cfg.DrainTimeout)
+	drained := tr.Drain()
+	select {
+	case <-drained:
+		log.Info("drained")
+	case <-time.After(cfg.DrainTimeout):
+		log.Warn("drain deadline passed; ending remaining sessions", "sessions", tr.Sessions())
+		tr.EndAllForDrainDeadline()
+	}
+	_ = pool.Leave(time.Second)
+	stopRun()
+	<-runErr
+	shutdown(api, metrics)
+	return pool.Close()
+}
+
+// ClusterRelayConfig is the cluster relay role's config file.
+type ClusterRelayConfig struct {
+	Common        `yaml:",inline"`
+	Region        string `yaml:"region"`
+	Cluster       uint16 `yaml:"cluster"`
+	DataAddr      string `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
+	DataAdvertise string `yaml:"data_advertise"`
+	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
+	APIAdvertise  string `yaml:"api_advertise"`
+	ClusterGossip Gossip `yaml:"cluster_gossip"`
+	GlobalGossip  Gossip `yaml:"global_gossip"`
+}
+
+func runClusterRelay(ctx context.Context, args []string) error {
+	var cfg ClusterRelayConfig
+	log, err := roleSetup("clusterrelay", args, &cfg, func() *Common { return &cfg.Common })
+	if err != nil {
+		return err
+	}
+	bind, err := parseAddr("data_addr", cfg.DataAddr)
+	if err != nil {
+		return err
+	}
+	conn, err := udpio.Listen(bind)
+	if err != nil {
+		return err
+	}
+	data := udpio.LocalAddrPort(conn)
+	if cfg.DataAdvertise != "" {
+		if data, err = parseAddr("data_advertise", cfg.DataAdvertise); err != nil {
+			conn.Close()
+			return err
+		}
+	}
+	reg := prometheus.NewRegistry()
+	dir := clusterrelay.NewDirectory()
+	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: cfg.Cluster, Pods: dir, Logger: log, Registerer: reg}, conn)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	runErr := make(chan error, 1)
+	go func() { runErr <- relay.Run(runCtx) }()
+	front := clusterrelay.NewFront(clusterrelay.FrontConfig{Cluster: cfg.Cluster, Pods: dir, Logger: log})
+	api, err := serve(cfg.APIAddr, front.Handler(), log)
+	if err != nil {
+		relay.Close()
+		return err
+	}
+	apiURL := advertisedURL(cfg.APIAdvertise, api)
+	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, nil)
+	if err != nil {
+		shutdown(api)
+		relay.Close()
+		return err
+	}
+	cpool, err := cfg.ClusterGossip.pool(runCtx, "", false, membership.Meta{
+		Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}, log)
+	if err != nil {
+		shutdown(api, metrics)
+		relay.Close()
+		return err
+	}
+	gpool, err := cfg.GlobalGossip.pool(runCtx, "@global", true, membership.Meta{
+		Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data, API: apiURL}, log)
+	if err != nil {
+		cpool.Close()
+		shutdown(api, metrics)
+		relay.Close()
+		return err
+	}
+	_ = reg.Register(cpool.Collector("cluster"))
+	_ = reg.Register(gpool.Collector("global"))
+	go clusterrelay.FollowPods(runCtx, cpool, cfg.Cluster, dir)
+	go clusterrelay.PublishAggregate(runCtx, gpool, dir)
+	log.Info("cluster relay up", "cluster", cfg.Cluster, "data", data, "api", apiURL,
+		"cluster_gossip", cpool.LocalAddr(), "global_gossip", gpool.LocalAddr())
+
+	select {
+	case err := <-runErr:
+		shutdown(api, metrics)
+		gpool.Close()
+		cpool.Close()
+		return err
+	case <-ctx.Done():
+	}
+	// A cluster relay holds no flow state: announce draining so global
+	// relays move their flows, give gossip a moment, then go.
+	log.Info("draining")
+	_ = gpool.UpdateMeta(func(m *membership.Meta) { m.Draining = true })
+	select {
+	case <-time.After(min(cfg.DrainTimeout, 3*time.Second)):
+	case <-runErr:
+	}
+	_ = gpool.Leave(time.Second)
+	_ = cpool.Leave(time.Second)
+	stopRun()
+	shutdown(api, metrics)
+	gpool.Close()
+	return cpool.Close()
+}
+
+// GlobalRelayConfig is the global relay role's config file.
+type GlobalRelayConfig struct {
+	Common     `yaml:",inline"`
+	Region     string `yaml:"region"`
+	POP        uint16 `yaml:"pop"`
+	PublicAddr string `yaml:"public_addr"` // the VIP port, e.g. 0.0.0.0:3478
+	// InternalAddr is where cluster relays send replies: a specific IP
+	// reachable from the clusters; each worker binds its own port there.
+	InternalAddr string        `yaml:"internal_addr"`
+	Workers      int           `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
+	FlowIdle     time.Duration `yaml:"flow_idle"`
+	MaxFlows     int           `yaml:"max_flows"`
+	Token        TokenKeys     `yaml:"token"`
+	Gossip       Gossip        `yaml:"gossip"` // the global pool
+}
+
+func runGlobalRelay(ctx context.Context, args []string) error {
+	var cfg GlobalRelayConfig
+	log, err := roleSetup("globalrelay", args, &cfg, func() *Common { return &cfg.Common })
+	if err != nil {
+		return err
+	}
+	keys, err := cfg.Token.keyring()
+	if err != nil {
+		return err
+	}
+	pub, err := parseAddr("public_addr", cfg.PublicAddr)
+	if err != nil {
+		return err
+	}
+	internalIP, err := netip.ParseAddr(strings.TrimSuffix(cfg.InternalAddr, ":0"))
+	if err != nil {
+		return fmt.Errorf("internal_addr %q: want an IP: %w", cfg.InternalAddr, err)
+	}
+	n := cfg.Workers
+	if n == 0 {
+		n = numCPU()
+	}
+	pubs, err := udpio.ListenReusePort(pub, n)
+	if err != nil {
+		return err
+	}
+	var workers []globalrelay.Worker
+	for _, p := range pubs {
+		in, err := udpio.Listen(netip.AddrPortFrom(internalIP, 0))
+		if err != nil {
+			for _, c := range pubs {
+				c.Close()
+			}
+			for _, w := range workers {
+				w.Internal.Close()
+			}
+			return err
+		}
+		workers = append(workers, globalrelay.Worker{Public: p, Internal: in})
+	}
+	reg := prometheus.NewRegistry()
+	clusters := globalrelay.NewClusters(nil)
+	relay, err := globalrelay.New(globalrelay.Config{POP: cfg.POP, Keys: keys, Clusters: clusters,
+		FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows, Logger: log, Registerer: reg}, workers)
+	if err != nil {
+		for _, w := range workers {
+			w.Public.Close()
+			w.Internal.Close()
+		}
+		return err
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	runErr := make(chan error, 1)
+	go func() { runErr <- relay.Run(runCtx) }()
+	// The UDP load balancer's health check reads /readyz on the metrics
+	// listener: a draining replica gets no new clients.
+	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, relay.Draining)
+	if err != nil {
+		relay.Close()
+		return err
+	}
+	pool, err := cfg.Gossip.pool(runCtx, "", true, membership.Meta{
+		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: relay.PublicAddr()}, log)
+	if err != nil {
+		shutdown(metrics)
+		relay.Close()
+		return err
+	}
+	_ = reg.Register(pool.Collector("global"))
+	go globalrelay.FollowClusters(runCtx, pool, clusters)
+	log.Info("global relay up", "pop", cfg.POP, "public", relay.PublicAddr(), "workers", n, "gossip", pool.LocalAddr())
+
+	select {
+	case err := <-runErr:
+		shutdown(metrics)
+		pool.Close()
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("draining", "flows", relay.Flows(), "deadline", cfg.DrainTimeout)
+	relay.Drain()
+	_ = pool.UpdateMeta(func(m *membership.Meta) { m.Draining = true })
+	deadline := time.After(cfg.DrainTimeout)
+	tick := time.NewTicker(time.Second)
+drain:
+	for relay.Flows() > 0 {
+		select {
+		case <-deadline:
+			log.Warn("drain deadline passed", "flows", relay.Flows())
+			break drain
+		case <-tick.C:
+		case <-runErr:
+			break drain
+		}
+	}
+	tick.Stop()
+	_ = pool.Leave(time.Second)
+	stopRun()
+	shutdown(metrics)
+	return pool.Close()
+}
+
+// SignalingConfig is the signaling role's config file.
+type SignalingConfig struct {
+	Common         `yaml:",inline"`
+	ListenAddr     string   `yaml:"listen_addr"` // e.g. 0.0.0.0:8080
+	Catalogue      string   `yaml:"catalogue"`   // region catalogue YAML (geo package)
+	GeoIPDB        string   `yaml:"geoip_db"`    // GeoIP2/GeoLite2 City .mmdb; reloaded on change
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	CORSOrigins    []string `yaml:"cors_origins"`
+	DemoPage       bool     `yaml:"demo_page"`
+	// APIKeys: prefer $RTCEDGE_API_KEYS. ClientSecretKey (base64): prefer
+	// $RTCEDGE_CLIENT_SECRET_KEY; when absent a random one is made (then
+	// client secrets only verify on this replica).
+	APIKeys         []string      `yaml:"api_keys"`
+	ClientSecretKey string        `yaml:"client_secret_key"`
+	ClientSecretTTL time.Duration `yaml:"client_secret_ttl"`
+	RatePerSecond   float64       `yaml:"rate_per_second"`
+	RateBurst       int           `yaml:"rate_burst"`
+	Gossip          Gossip        `yaml:"gossip"` // the global pool; empty bind = no gossip
+}
+
+func runSignaling(ctx context.Context, args []string) error {
+	var cfg SignalingConfig
+	log, err := roleSetup("signaling", args, &cfg, func() *Common { return &cfg.Common })
+	if err != nil {
+		return err
+	}
+	cat, err := geo.LoadCatalogue(cfg.Catalogue)
+	if err != nil {
+		return err
+	}
+	var trusted []netip.Prefix
+	for _, s := range cfg.TrustedProxies {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return fmt.Errorf("trusted_proxies: %w", err)
+		}
+		trusted = append(trusted, p)
+	}
+	loc, err := geo.NewLocator(geo.LocatorConfig{DBPath: cfg.GeoIPDB, TrustedProxies: trusted, Default: cat.DefaultLocation(), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer loc.Close()
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	go func() { _ = loc.Run(runCtx) }()
+
+	apiKeys := cfg.APIKeys
+	if env := os.Getenv(envAPIKeys); env != "" {
+		apiKeys = strings.Split(env, ",")
+	}
+	secretB64 := cfg.ClientSecretKey
+	if env := os.Getenv(envSecretKey); env != "" {
+		secretB64 = env
+	}
+	var secret []byte
+	if secretB64 != "" {
+		if secret, err = base64.StdEncoding.DecodeString(secretB64); err != nil {
+			return fmt.Errorf("client secret key: %w", err)
+		}
+	} else {
+		secret = make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return err
+		}
+		log.Warn("no client secret key configured: secrets minted here verify only on this replica")
+	}
+	reg := prometheus.NewRegistry()
+	scfg := signaling.Config{
+		Catalogue: cat, Locator: loc, APIKeys: apiKeys, ClientSecretKey: secret, ClientSecretTTL: cfg.ClientSecretTTL,
+		RatePerSecond: cfg.RatePerSecond, RateBurst: cfg.RateBurst, CORSOrigins: cfg.CORSOrigins,
+		Logger: log, Registerer: reg,
+	}
+	if cfg.DemoPage {
+		scfg.Web = web.FS()
+	}
+	var pool *membership.Pool
+	if cfg.Gossip.Bind != "" {
+		if pool, err = cfg.Gossip.pool(runCtx, "", true, membership.Meta{Role: membership.RoleSignaling}, log); err != nil {
+			return err
+		}
+		defer pool.Close()
+		_ = reg.Register(pool.Collector("global"))
+		h := signaling.GossipHealth{Pool: pool}
+		scfg.Health, scfg.POPUp = h.Cluster, h.POPUp
+	}
+	sig, err := signaling.New(scfg)
+	if err != nil {
+		return err
+	}
+	srv, err := serve(cfg.ListenAddr, sig.Handler(), log)
+	if err != nil {
+		return err
+	}
+	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, nil)
+	if err != nil {
+		shutdown(srv)
+		return err
+	}
+	log.Info("signaling up", "url", advertisedURL("", srv))
+	<-ctx.Done()
+	if pool != nil {
+		_ = pool.Leave(time.Second)
+	}
+	shutdown(srv, metrics)
+	return nil
+}
