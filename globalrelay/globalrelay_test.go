@@ -1,0 +1,371 @@
+package globalrelay
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/token"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func testKeys(t testing.TB) *token.Keyring {
+	t.Helper()
+	key := bytes.Repeat([]byte{7}, token.KeyLen)
+	k, err := token.NewKeyring(1, map[uint8][]byte{1: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func listen(t testing.TB) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func addrOf(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// bindingRequest builds an ICE connectivity check with USERNAME
+// "<ufrag>:client".
+func bindingRequest(t testing.TB, ufrag string) []byte {
+	t.Helper()
+	m, err := stun.Build(stun.TransactionID, stun.BindingRequest,
+		stun.NewUsername(ufrag+":clnt"), stun.NewShortTermIntegrity("password-password-pass"), stun.Fingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Raw
+}
+
+type rig struct {
+	relay   *Relay
+	reg     *prometheus.Registry
+	cluster *net.UDPConn // plays the cluster relay
+	client  *net.UDPConn
+	keys    *token.Keyring
+	pub     netip.AddrPort
+	ingress netip.AddrPort
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+func newRig(t *testing.T, cfg Config) *rig {
+	t.Helper()
+	r := &rig{reg: prometheus.NewRegistry(), cluster: listen(t), client: listen(t), keys: testKeys(t), done: make(chan error, 1)}
+	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer = 9, r.keys, quiet, r.reg
+	if cfg.Clusters == nil {
+		cfg.Clusters = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
+	}
+	pub, in := listen(t), listen(t)
+	relay, err := New(cfg, []Worker{{Public: pub, Internal: in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.relay, r.pub, r.ingress = relay, addrOf(pub), addrOf(in)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.done <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		r.cancel()
+		if err := <-r.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		r.cluster.Close()
+		r.client.Close()
+	})
+	return r
+}
+
+func (r *rig) validCheck(t *testing.T, pod uint16) []byte {
+	ufrag, err := r.keys.Mint(0x12, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bindingRequest(t, ufrag)
+}
+
+func read(t *testing.T, c *net.UDPConn) ([]byte, netip.AddrPort) {
+	t.Helper()
+	buf := make([]byte, 2048)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := c.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return buf[:n], from
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if hasLabel(m, label, value) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func hasLabel(m *dto.Metric, k, v string) bool {
+	if k == "" {
+		return true
+	}
+	for _, l := range m.GetLabel() {
+		if l.GetName() == k && l.GetValue() == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestForwardingBothWays: a valid check creates a flow and reaches the
+// cluster relay with the right header; the reply goes back to the client
+// from the public address, bare.
+func TestForwardingBothWays(t *testing.T) {
+	r := newRig(t, Config{})
+	check := r.validCheck(t, 0x42)
+	if _, err := r.client.WriteToUDPAddrPort(check, r.pub); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := read(t, r.cluster)
+	h, n, err := encap.Decode(got)
+	if err != nil {
+		t.Fatalf("decode forwarded header: %v", err)
+	}
+	want := encap.Header{Cluster: 0x12, Pod: 0x42, POP: 9, Client: addrOf(r.client), Ingress: r.ingress}
+	if h != want || !bytes.Equal(got[n:], check) {
+		t.Fatalf("forwarded %+v + %d bytes, want %+v + the check unchanged", h, len(got)-n, want)
+	}
+	// Later non-STUN packets of the flow follow.
+	dtls := []byte{22, 0xfe, 0xfd, 1, 2, 3}
+	r.client.WriteToUDPAddrPort(dtls, r.pub)
+	got, _ = read(t, r.cluster)
+	if !bytes.Equal(got[n:], dtls) {
+		t.Fatalf("DTLS of a known flow not forwarded unchanged")
+	}
+	// The reply.
+	h.ToClient = true
+	reply, _ := h.AppendTo(nil)
+	reply = append(reply, []byte("reply")...)
+	r.cluster.WriteToUDPAddrPort(reply, r.ingress)
+	back, from := read(t, r.client)
+	if string(back) != "reply" || from != r.pub {
+		t.Fatalf("client got %q from %v, want \"reply\" from %v", back, from, r.pub)
+	}
+}
+
+// TestBadInputDroppedAndCounted: garbage, forged tokens and stray replies
+// are dropped, counted by reason, never answered and create no flow. Each
+// bad datagram is followed by a good one on the same path; the good one
+// arriving first proves the bad one went nowhere.
+func TestBadInputDroppedAndCounted(t *testing.T) {
+	r := newRig(t, Config{})
+	forged := []byte("ExI0AEKhssPU5fbG74W9") // a well-formed token under another key
+	badMAC := r.validCheck(t, 1)
+	tests := []struct {
+		name   string
+		pkt    []byte
+		reason string
+	}{
+		{"garbage", []byte("hello relay"), DropUnknownFlow},
+		{"DTLS from unknown", []byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, DropUnknownFlow},
+		{"STUN without USERNAME", mustBuild(t, stun.BindingRequest), "stun_no_username"},
+		{"STUN ufrag without colon", mustBuild(t, stun.BindingRequest, stun.NewUsername("abcdefghijklmnopqrst")), "stun_no_colon"},
+		{"short ufrag", bindingRequest(t, "abcd"), "token_length"},
+		{"bad alphabet", bindingRequest(t, "abcdefghij-klmnopqrs"), "token_alphabet"},
+		{"unknown key", bindingRequest(t, string(forged)), "token_unknown_key"},
+		{"forged MAC", corruptUfrag(t, badMAC), "token_mac"},
+		{"empty", []byte{}, DropEmpty},
+	}
+	good := r.validCheck(t, 7)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			attacker := listen(t)
+			defer attacker.Close()
+			before := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", tt.reason)
+			attacker.WriteToUDPAddrPort(tt.pkt, r.pub)
+			// Then a good check from the same socket: it creates the flow.
+			attacker.WriteToUDPAddrPort(good, r.pub)
+			got, _ := read(t, r.cluster)
+			if _, n, err := encap.Decode(got); err != nil || !bytes.Equal(got[n:], good) {
+				t.Fatalf("cluster relay saw something other than the good check first")
+			}
+			if after := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", tt.reason); after != before+1 {
+				t.Errorf("drops{reason=%q} went %v → %v, want +1", tt.reason, before, after)
+			}
+			// Nothing came back to the attacker: the next thing it reads
+			// is a reply we send through the flow now.
+			h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 7, POP: 9, Client: addrOf(attacker), Ingress: r.ingress}
+			reply, _ := h.AppendTo(nil)
+			r.cluster.WriteToUDPAddrPort(append(reply, 'x'), r.ingress)
+			if back, _ := read(t, attacker); string(back) != "x" {
+				t.Fatalf("attacker read %q first, want only our reply", back)
+			}
+		})
+	}
+}
+
+// TestReturnPathTrust: a to-client datagram for an unknown client restores
+// the flow only when it comes from a known cluster relay of its cluster.
+func TestReturnPathTrust(t *testing.T) {
+	r := newRig(t, Config{})
+	victim := listen(t)
+	defer victim.Close()
+	stranger := listen(t)
+	defer stranger.Close()
+	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 3, POP: 9, Client: addrOf(victim), Ingress: r.ingress}
+	pkt, _ := h.AppendTo(nil)
+	pkt = append(pkt, []byte("spoofed")...)
+	stranger.WriteToUDPAddrPort(pkt, r.ingress)
+	// From the known cluster relay it is trusted and restores the flow.
+	pkt2, _ := h.AppendTo(nil)
+	r.cluster.WriteToUDPAddrPort(append(pkt2, []byte("restored")...), r.ingress)
+	if back, _ := read(t, victim); string(back) != "restored" {
+		t.Fatalf("victim got %q first: the stranger's datagram was reflected", back)
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropNoFlow); v != 1 {
+		t.Errorf("no_flow drops = %v, want 1", v)
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path"); v != 1 {
+		t.Errorf("flows restored from the return path = %v, want 1", v)
+	}
+	// Wrong direction and wrong POP on the internal socket are dropped.
+	for _, bad := range []encap.Header{
+		{ToClient: false, Cluster: 0x12, Pod: 3, POP: 9, Client: addrOf(victim), Ingress: r.ingress},
+		{ToClient: true, Cluster: 0x12, Pod: 3, POP: 10, Client: addrOf(victim), Ingress: r.ingress},
+		{ToClient: true, Cluster: 0x12, Pod: 4, POP: 9, Client: addrOf(victim), Ingress: r.ingress},
+	} {
+		b, _ := bad.AppendTo(nil)
+		r.cluster.WriteToUDPAddrPort(append(b, 'z'), r.ingress)
+	}
+	r.cluster.WriteToUDPAddrPort(append(pkt2, []byte("ok")...), r.ingress)
+	if back, _ := read(t, victim); string(back) != "ok" {
+		t.Fatalf("victim got %q, want only the good reply", back)
+	}
+	for _, reason := range []string{DropWrongDirection, DropWrongPOP, DropFlowMismatch} {
+		if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", reason); v != 1 {
+			t.Errorf("drops{reason=%q} = %v, want 1", reason, v)
+		}
+	}
+}
+
+// TestFlowExpiryAndCap: idle flows expire; a full table refuses new flows
+// and counts it.
+func TestFlowExpiryAndCap(t *testing.T) {
+	r := newRig(t, Config{FlowIdle: 300 * time.Millisecond, MaxFlows: 1})
+	r.client.WriteToUDPAddrPort(r.validCheck(t, 1), r.pub)
+	read(t, r.cluster)
+	other := listen(t)
+	defer other.Close()
+	other.WriteToUDPAddrPort(r.validCheck(t, 2), r.pub)
+	r.client.WriteToUDPAddrPort([]byte{22, 0xfe, 0xfd, 9}, r.pub) // still forwarded: known flow
+	got, _ := read(t, r.cluster)
+	if _, n, _ := encap.Decode(got); !bytes.Equal(got[n:], []byte{22, 0xfe, 0xfd, 9}) {
+		t.Fatal("second client's check was forwarded although the table is full")
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropTableFull); v != 1 {
+		t.Errorf("table_full drops = %v, want 1", v)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for r.relay.Flows() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("idle flow did not expire")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestHotPathAllocations: forwarding a known flow's packet, and creating a
+// flow from a valid check's token, allocate nothing per packet (flow
+// creation allocates the flow itself, once).
+func TestHotPathAllocations(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
+	pub, in := listen(t), listen(t)
+	relay, err := New(Config{POP: 9, Keys: testKeys(t), Clusters: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)
+	check := bindingRequest(t, ufrag)
+	client := netip.MustParseAddrPort("192.0.2.1:5000")
+	buf := make([]byte, encap.MaxLen+2048)
+	ingress := netip.MustParseAddrPort("127.0.0.1:7")
+	copy(buf[encap.MaxLen:], check)
+	if _, _, ok := relay.fromClient(buf, len(check), client, ingress); !ok {
+		t.Fatal("valid check not forwarded")
+	}
+	media := []byte{0x80, 111, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 9, 9, 9, 9}
+	for _, tc := range []struct {
+		name string
+		pkt  []byte
+	}{{"media", media}, {"consent check", check}} {
+		allocs := testing.AllocsPerRun(1000, func() {
+			copy(buf[encap.MaxLen:], tc.pkt)
+			relay.fromClient(buf, len(tc.pkt), client, ingress)
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %v allocations per packet, want 0", tc.name, allocs)
+		}
+	}
+	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 1, POP: 9, Client: client, Ingress: ingress}
+	reply, _ := h.AppendTo(nil)
+	reply = append(reply, media...)
+	if allocs := testing.AllocsPerRun(1000, func() {
+		relay.toClient(reply, len(reply), netip.MustParseAddrPort("127.0.0.1:9"))
+	}); allocs != 0 {
+		t.Errorf("reply: %v allocations per packet, want 0", allocs)
+	}
+}
+
+func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
+	t.Helper()
+	m, err := stun.Build(append([]stun.Setter{stun.TransactionID}, setters...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Raw
+}
+
+// corruptUfrag flips a bit of the MAC part of a check's ufrag, keeping it
+// base64 (and re-computing nothing: the relay checks only the token).
+func corruptUfrag(t *testing.T, check []byte) []byte {
+	t.Helper()
+	out := bytes.Clone(check)
+	i := bytes.IndexByte(out, ':')
+	if i < 2 {
+		t.Fatal("no colon in check")
+	}
+	c := out[i-1]
+	if c == 'A' {
+		out[i-1] = 'B'
+	} else {
+		out[i-1] = 'A'
+	}
+	return out
+}
