@@ -184,4 +184,3 @@ func startNaiveForwarder(b *testing.B, target netip.AddrPort) netip.AddrPort {
 	b.Cleanup(func() { front.Close(); back.Close(); wg.Wait() })
 	return addrOf(front)
 }
-
