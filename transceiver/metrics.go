@@ -47,6 +47,7 @@ type metrics struct {
 	ended        *prometheus.CounterVec
 	setupSeconds prometheus.Histogram
 	routes       prometheus.Gauge
+	popSwitches  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -96,6 +97,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from the session request to DTLS connected, as seen by the pod.",
 			Buckets: []float64{.01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10},
 		}),
+		popSwitches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_pop_switches_total",
+			Help: "Sessions moved to another POP because the selected one went silent while checks arrived through another.",
+		}),
 		routes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtcedge_transceiver_client_routes",
 			Help: "Client return routes (client address per POP) currently remembered.",
@@ -117,7 +122,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.drops, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
-		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes} {
+		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register transceiver metrics: %w", err)
 		}

@@ -185,6 +185,21 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 	return left
 }
 
+// lastSeen returns when the client last sent a datagram through a POP.
+func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool) {
+	pc := s.lookup(pop)
+	if pc == nil {
+		return time.Time{}, false
+	}
+	pc.mu.RLock()
+	r := pc.routes[client]
+	pc.mu.RUnlock()
+	if r == nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, r.lastSeen.Load()), true
+}
+
 // closeAll closes every POP conn, which ends Pion's mux readers.
 func (s *podSocket) closeAll() {
 	s.mu.Lock()

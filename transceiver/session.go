@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/rtp"
+	"github.com/pion/stun/v4"
 	"github.com/pion/webrtc/v4"
 	"github.com/pion/webrtc/v4/pkg/media"
 
@@ -35,6 +37,8 @@ type session struct {
 
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
+	popByVIP     map[netip.AddrPort]uint16 // static: the POPs this session advertises
+	selectedPOP  atomic.Uint32             // POP of the selected candidate pair; 0 before one is selected
 
 	mu           sync.Mutex
 	dc           *webrtc.DataChannel // guarded by mu
@@ -64,15 +68,23 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 
 	// A SettingEngine copy per session carries its credentials and the
 	// subset of POP muxes it advertises; the muxes themselves are shared.
+	s := &session{id: id, t: t, created: t.cfg.Now(), popByVIP: make(map[netip.AddrPort]uint16, len(req.POPs))}
+	for _, p := range req.POPs {
+		s.popByVIP[p.VIP] = p.ID
+	}
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
+	se.SetICEBindingRequestHandler(s.onBindingRequest)
 	api := webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(t.me), webrtc.WithInterceptorRegistry(t.ir))
 	pc, err := api.NewPeerConnection(webrtc.Configuration{BundlePolicy: webrtc.BundlePolicyMaxBundle})
 	if err != nil {
 		return nil, "", fmt.Errorf("new peer connection: %w", err)
 	}
-	s := &session{id: id, t: t, pc: pc, created: t.cfg.Now()}
+	s.pc = pc
+	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
+		s.selectedPOP.Store(uint32(s.popOf(p.Local.Address, p.Local.Port)))
+	})
 	pc.OnConnectionStateChange(s.onState)
 	pc.OnTrack(s.onTrack)
 	pc.OnDataChannel(s.onDataChannel)
@@ -122,6 +134,42 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		return s, "", err
 	}
 	return s, out, nil
+}
+
+// popSwitchSilence is how long the selected POP must have carried nothing
+// from the client before checks arriving through another POP move the
+// session there. A lite server otherwise waits for the client to
+// re-nominate, which takes browsers several seconds.
+const popSwitchSilence = time.Second
+
+func (s *session) popOf(addr string, port uint16) uint16 {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil {
+		return 0
+	}
+	return s.popByVIP[netip.AddrPortFrom(ip, port)]
+}
+
+// onBindingRequest runs for every ICE check. It switches the selected pair
+// to the POP the check came through when the current POP has gone silent
+// for this client: the client is reaching us only through the other POP.
+func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
+	cur := uint16(s.selectedPOP.Load())
+	pop := s.popOf(local.Address(), uint16(local.Port()))
+	if cur == 0 || pop == 0 || pop == cur {
+		return false
+	}
+	ip, err := netip.ParseAddr(remote.Address())
+	if err != nil {
+		return false
+	}
+	last, ok := s.t.sock.lastSeen(cur, netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port())))
+	if ok && s.t.cfg.Now().Sub(last) < popSwitchSilence {
+		return false
+	}
+	s.t.m.popSwitches.Inc()
+	s.t.log.Info("switching session to another POP", "session", s.id, "from_pop", cur, "to_pop", pop)
+	return true
 }
 
 func (s *session) armConnectTimer(d time.Duration) {
