@@ -262,7 +262,8 @@ func (s *session) SendEvent(data []byte) error {
 	if dc == nil || dc.ReadyState() != webrtc.DataChannelStateOpen {
 		return errChannelNotOpen
 	}
-	return dc.Send(data)
+	// Text, as OpenAI sends events: clients JSON.parse(e.data).
+	return dc.SendText(string(data))
 }
 
 func (s *session) isIdle(now time.Time, timeout time.Duration) bool {
