@@ -27,6 +27,7 @@ import (
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 	"github.com/rtcedge/rtcedge/signaling"
@@ -75,6 +76,13 @@ type Config struct {
 	RouteTTL       time.Duration
 	// FlowIdle is the global relays' flow expiry (zero = package default).
 	FlowIdle time.Duration
+	// RedisURL makes the global relays share flows through Redis. Empty:
+	// an in-process store shared by all relays of the world plays Redis.
+	RedisURL string
+	// NoRouteCache runs the global relays without any shared cache: a
+	// restarted relay then recovers flows only from the next STUN check
+	// (or a reply from the cluster side).
+	NoRouteCache bool
 
 	Logger *slog.Logger // default slog.Default()
 }
@@ -104,8 +112,20 @@ type Region struct {
 	Spec          RegionSpec
 	Pods          []*Pod
 	ClusterRelays []*ClusterRelay
-	GlobalRelay   *globalrelay.Relay // the region's POP
-	GlobalPool    *membership.Pool   // the global relay's membership
+	GlobalRelay   *globalrelay.Relay // the region's POP (its first replica)
+	GlobalPool    *membership.Pool   // that replica's membership
+	// POPReplicas are the POP's global relay replicas, all on the same
+	// public address (SO_REUSEPORT): the kernel spreads clients over them
+	// as a UDP load balancer would.
+	POPReplicas []*POPReplica
+	popGen      int
+}
+
+// POPReplica is one global relay replica of a POP.
+type POPReplica struct {
+	Relay *globalrelay.Relay
+	Pool  *membership.Pool
+	node
 }
 
 // World is a running dev world.
@@ -117,12 +137,14 @@ type World struct {
 	Registry      *prometheus.Registry
 	SignalingPool *membership.Pool
 
-	cfg   Config
-	log   *slog.Logger
-	keys  *token.Keyring
-	errMu sync.Mutex
-	errs  []error
-	nodes []*node // in start order; stopped in reverse
+	cfg        Config
+	log        *slog.Logger
+	keys       *token.Keyring
+	memStore   *routecache.MemoryStore // the dev stand-in for Redis
+	globalSeed string
+	errMu      sync.Mutex
+	errs       []error
+	nodes      []*node // in start order; stopped in reverse
 }
 
 // node is one component's lifetime: its goroutines and what closes it.
@@ -229,7 +251,8 @@ func Start(cfg Config) (w *World, err error) {
 		return nil, err
 	}
 
-	var globalSeed string
+	w.memStore = routecache.NewMemoryStore()
+	globalSeed := &w.globalSeed
 	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
 		rg := &Region{Spec: spec}
@@ -243,7 +266,7 @@ func Start(cfg Config) (w *World, err error) {
 			rg.Pods = append(rg.Pods, p)
 		}
 		for i := range cfg.RelaysPerCluster {
-			cr, err := w.startClusterRelay(spec, i+1, &clusterSeed, &globalSeed)
+			cr, err := w.startClusterRelay(spec, i+1, &clusterSeed, globalSeed)
 			if err != nil {
 				return nil, err
 			}
@@ -251,7 +274,7 @@ func Start(cfg Config) (w *World, err error) {
 		}
 	}
 	for _, rg := range w.Regions {
-		if err := w.startPOP(rg, &globalSeed); err != nil {
+		if err := w.startPOP(rg, netip.AddrPortFrom(rg.Spec.POPIP, cfg.POPPort)); err != nil {
 			return nil, err
 		}
 		spec := rg.Spec
@@ -265,7 +288,7 @@ func Start(cfg Config) (w *World, err error) {
 		return nil, err
 	}
 	w.Catalogue = cat
-	if err := w.startSignaling(&globalSeed); err != nil {
+	if err := w.startSignaling(globalSeed); err != nil {
 		return nil, err
 	}
 	if err := w.awaitConverged(10 * time.Second); err != nil {
@@ -374,10 +397,33 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSee
 	return cr, nil
 }
 
-func (w *World) startPOP(rg *Region, globalSeed *string) error {
+func (w *World) startPOP(rg *Region, public netip.AddrPort) error {
+	_, err := w.startPOPReplica(rg, public)
+	return err
+}
+
+func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica, error) {
 	spec := rg.Spec
-	n, ctx := w.newNode(spec.Name + "/globalrelay-" + spec.POPName)
-	pubs, err := udpio.ListenReusePort(netip.AddrPortFrom(spec.POPIP, w.cfg.POPPort), w.cfg.WorkersPerPOP)
+	rg.popGen++
+	name := spec.Name + "/globalrelay-" + spec.POPName
+	if rg.popGen > 1 {
+		name += "#" + strconv.Itoa(rg.popGen)
+	}
+	rep := &POPReplica{}
+	ctx := w.adopt(&rep.node, name)
+	n := &rep.node
+	err := w.buildPOPReplica(rg, rep, n, ctx, public)
+	if err != nil {
+		return nil, err
+	}
+	rg.POPReplicas = append(rg.POPReplicas, rep)
+	rg.GlobalRelay, rg.GlobalPool = rg.POPReplicas[0].Relay, rg.POPReplicas[0].Pool
+	return rep, nil
+}
+
+func (w *World) buildPOPReplica(rg *Region, rep *POPReplica, n *node, ctx context.Context, public netip.AddrPort) error {
+	spec := rg.Spec
+	pubs, err := udpio.ListenReusePort(public, w.cfg.WorkersPerPOP)
 	if err != nil {
 		return fmt.Errorf("POP %s: %w", spec.POPName, err)
 	}
@@ -395,28 +441,83 @@ func (w *World) startPOP(rg *Region, globalSeed *string) error {
 		}
 		workers = append(workers, globalrelay.Worker{Public: pub, Internal: in})
 	}
-	clusters := globalrelay.NewClusters(nil)
-	reg := prometheus.WrapRegistererWith(prometheus.Labels{"pop": spec.POPName}, w.Registry)
-	gr, err := globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
-		Logger: w.cfg.Logger, Registerer: reg}, workers)
-	if err != nil {
+	closeAll := func() {
 		for _, wk := range workers {
 			wk.Public.Close()
 			wk.Internal.Close()
 		}
+	}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"pop": spec.POPName, "gen": strconv.Itoa(rg.popGen)}, w.Registry)
+	var relay *globalrelay.Relay
+	var cache routecache.Cache
+	if !w.cfg.NoRouteCache {
+		ccfg := routecache.Config{Logger: w.cfg.Logger, Registerer: reg,
+			OnFound: func(c netip.AddrPort, r routecache.Route) { relay.RestoreFlow(c, r) }}
+		if w.cfg.RedisURL != "" {
+			cache, err = routecache.Open(w.cfg.RedisURL, ccfg)
+		} else {
+			cache, err = routecache.NewMemoryOn(w.memStore, ccfg)
+		}
+		if err != nil {
+			closeAll()
+			return err
+		}
+		n.closers = append(n.closers, cache.Close)
+	}
+	clusters := globalrelay.NewClusters(nil)
+	relay, err = globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
+		Cache: cache, Logger: w.cfg.Logger, Registerer: reg}, workers)
+	if err != nil {
+		closeAll()
 		return err
 	}
-	rg.GlobalRelay = gr
-	n.closers = append(n.closers, gr.Close)
-	w.run(n, ctx, gr.Run)
-	if rg.GlobalPool, err = w.newPool(n.name, true, membership.Meta{
-		Role: membership.RoleGlobalRelay, Region: spec.Name, POP: spec.POP, Data: gr.PublicAddr(),
-	}, globalSeed); err != nil {
+	rep.Relay = relay
+	n.closers = append(n.closers, relay.Close)
+	if cache != nil {
+		w.run(n, ctx, cache.Run)
+	}
+	if rep.Pool, err = w.newPool(n.name, true, membership.Meta{
+		Role: membership.RoleGlobalRelay, Region: spec.Name, POP: spec.POP, Data: relay.PublicAddr(),
+	}, &w.globalSeed); err != nil {
 		return err
 	}
-	n.closers = append(n.closers, rg.GlobalPool.Close)
-	goLoop(n, func() { globalrelay.FollowClusters(ctx, rg.GlobalPool, clusters) })
+	n.closers = append(n.closers, rep.Pool.Close)
+	// Learn the cluster relays before taking traffic, as a restarted
+	// replica would wait for readiness.
+	goLoop(n, func() { globalrelay.FollowClusters(ctx, rep.Pool, clusters) })
+	deadline := time.Now().Add(5 * time.Second)
+	for clusters.Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.run(n, ctx, relay.Run)
 	return nil
+}
+
+// RestartPOP replaces region i's first global relay replica with a new
+// one on the same public address, as after a crash and restart: the old
+// one stops without goodbye, the new one has an empty flow table, new
+// internal sockets and a new gossip identity.
+func (w *World) RestartPOP(i int) error {
+	rg := w.Regions[i]
+	old := rg.POPReplicas[0]
+	public := old.Relay.PublicAddr()
+	old.Kill()
+	rg.POPReplicas = rg.POPReplicas[1:]
+	rep, err := w.startPOPReplica(rg, public)
+	if err != nil {
+		return err
+	}
+	// Keep the new replica first, where the old one was.
+	rg.POPReplicas = append([]*POPReplica{rep}, rg.POPReplicas[:len(rg.POPReplicas)-1]...)
+	rg.GlobalRelay, rg.GlobalPool = rep.Relay, rep.Pool
+	return nil
+}
+
+// AddPOPReplica starts another global relay replica of region i's POP on
+// the same public address.
+func (w *World) AddPOPReplica(i int) (*POPReplica, error) {
+	rg := w.Regions[i]
+	return w.startPOPReplica(rg, rg.GlobalRelay.PublicAddr())
 }
 
 func (w *World) startSignaling(globalSeed *string) error {

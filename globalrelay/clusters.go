@@ -100,6 +100,9 @@ func score(client, relay netip.AddrPort) uint64 {
 	return h.Sum64()
 }
 
+// Len returns the number of known replicas.
+func (c *Clusters) Len() int { return len(c.snap.Load().known) }
+
 // ClusterOf implements ClusterDirectory.
 func (c *Clusters) ClusterOf(addr netip.AddrPort) (uint16, bool) {
 	id, ok := c.snap.Load().known[addr]

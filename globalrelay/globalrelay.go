@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -53,6 +54,11 @@ type Config struct {
 	// client; default 30s. Consent checks every few seconds keep live calls.
 	FlowIdle time.Duration
 	MaxFlows int // cap on the flow table; default 262144
+	// Cache shares flows between replicas (Redis in production): new flows
+	// are stored, and a datagram from an unknown client starts a lookup
+	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
+	// The relay never waits for it. nil: no cache.
+	Cache routecache.Cache
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -251,9 +257,17 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 				return nil, netip.AddrPort{}, false
 			}
 			r.m.flowsCreated.Inc()
+			if r.cfg.Cache != nil {
+				r.cfg.Cache.Store(from, routecache.Route{Cluster: tok.Cluster, Pod: tok.Pod})
+			}
 			f = nf
 		}
 	} else if f == nil {
+		// Maybe another replica (or this one before a restart) has it:
+		// look it up in the background; this datagram is lost either way.
+		if r.cfg.Cache != nil {
+			r.cfg.Cache.Lookup(from, nil)
+		}
 		r.m.drops.Inc(DropUnknownFlow)
 		return nil, netip.AddrPort{}, false
 	}
@@ -272,6 +286,22 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 	r.m.toCluster.Inc()
 	r.m.toClusterBytes.Add(float64(n))
 	return buf[encap.MaxLen-hl : encap.MaxLen+n], relay, true
+}
+
+// RestoreFlow recreates a flow the route cache found for a client, unless
+// the client has a flow by now. It is the cache's OnFound callback.
+func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	if route.Cluster == 0 || r.flows.get(client) != nil {
+		return
+	}
+	nf := &flow{cluster: route.Cluster, pod: route.Pod}
+	nf.lastSeen.Store(r.now.Load())
+	if !r.flows.put(client, nf) {
+		r.m.drops.Inc(DropTableFull)
+		return
+	}
+	r.m.flowsRestoredCache.Inc()
 }
 
 // verify checks the routing token of a Binding Request from a new client.
@@ -327,6 +357,9 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			return nil, netip.AddrPort{}, false
 		}
 		r.m.flowsRestoredReturn.Inc()
+		if r.cfg.Cache != nil {
+			r.cfg.Cache.Store(h.Client, routecache.Route{Cluster: h.Cluster, Pod: h.Pod})
+		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
 		r.m.drops.Inc(DropFlowMismatch)
 		return nil, netip.AddrPort{}, false
@@ -337,14 +370,14 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 }
 
 type metrics struct {
-	flows                         prometheus.Gauge
-	flowsCreated, flowsExpired    prometheus.Counter
-	flowsRestoredReturn           prometheus.Counter
-	toCluster, toClient           prometheus.Counter
-	toClusterBytes, toClientBytes prometheus.Counter
-	writeErrors                   prometheus.Counter
-	drops, encapDrops, stunDrops  *udpio.DropCounters
-	tokenDrops                    *udpio.DropCounters
+	flows                                   prometheus.Gauge
+	flowsCreated, flowsExpired              prometheus.Counter
+	flowsRestoredReturn, flowsRestoredCache prometheus.Counter
+	toCluster, toClient                     prometheus.Counter
+	toClusterBytes, toClientBytes           prometheus.Counter
+	writeErrors                             prometheus.Counter
+	drops, encapDrops, stunDrops            *udpio.DropCounters
+	tokenDrops                              *udpio.DropCounters
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -372,10 +405,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_write_errors_total", Help: "Failed sends.",
 	})
-	restored.WithLabelValues("cache")
 	m := &metrics{
 		flows: flows, flowsCreated: created, flowsExpired: expired,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
+		flowsRestoredCache:  restored.WithLabelValues("cache"),
 		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
 		writeErrors: writeErrors,

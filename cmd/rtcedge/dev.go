@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 )
 
 func runDev(ctx context.Context, args []string) error {
@@ -16,6 +17,7 @@ func runDev(ctx context.Context, args []string) error {
 	metricsAddr := fs.String("metrics", "127.0.0.1:9090", "Prometheus /metrics listen address (empty: none)")
 	popPort := fs.Uint("pop-port", 3478, "UDP port of every POP VIP (127.0.0.2, 127.0.0.3, ...); 0 = any")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	redisURL := fs.String("redis", "", "Redis URL for the global relays' route cache (default: an in-process store)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -27,8 +29,9 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	slog.SetDefault(log)
+	routecache.SetRedisLogger(log)
 	w, err := devworld.Start(devworld.Config{
-		HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), Logger: log,
+		HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
@@ -286,8 +287,12 @@ type GlobalRelayConfig struct {
 	Workers      int           `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
 	FlowIdle     time.Duration `yaml:"flow_idle"`
 	MaxFlows     int           `yaml:"max_flows"`
-	Token        TokenKeys     `yaml:"token"`
-	Gossip       Gossip        `yaml:"gossip"` // the global pool
+	// RedisURL shares flows between replicas ("redis://host:6379/0");
+	// empty: no sharing (a restarted replica recovers from the next
+	// STUN check). Prefer $RTCEDGE_REDIS_URL for URLs with passwords.
+	RedisURL string    `yaml:"redis_url"`
+	Token    TokenKeys `yaml:"token"`
+	Gossip   Gossip    `yaml:"gossip"` // the global pool
 }
 
 func runGlobalRelay(ctx context.Context, args []string) error {
@@ -332,17 +337,39 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	clusters := globalrelay.NewClusters(nil)
-	relay, err := globalrelay.New(globalrelay.Config{POP: cfg.POP, Keys: keys, Clusters: clusters,
-		FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows, Logger: log, Registerer: reg}, workers)
-	if err != nil {
+	closeWorkers := func() {
 		for _, w := range workers {
 			w.Public.Close()
 			w.Internal.Close()
 		}
+	}
+	var relay *globalrelay.Relay
+	var cache routecache.Cache
+	redisURL := cfg.RedisURL
+	if env := os.Getenv("RTCEDGE_REDIS_URL"); env != "" {
+		redisURL = env
+	}
+	if redisURL != "" {
+		routecache.SetRedisLogger(log)
+		cache, err = routecache.Open(redisURL, routecache.Config{Logger: log, Registerer: reg,
+			OnFound: func(c netip.AddrPort, r routecache.Route) { relay.RestoreFlow(c, r) }})
+		if err != nil {
+			closeWorkers()
+			return err
+		}
+		defer cache.Close()
+	}
+	relay, err = globalrelay.New(globalrelay.Config{POP: cfg.POP, Keys: keys, Clusters: clusters,
+		FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows, Cache: cache, Logger: log, Registerer: reg}, workers)
+	if err != nil {
+		closeWorkers()
 		return err
 	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
+	if cache != nil {
+		go func() { _ = cache.Run(runCtx) }()
+	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- relay.Run(runCtx) }()
 	// The UDP load balancer's health check reads /readyz on the metrics
