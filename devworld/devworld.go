@@ -70,6 +70,9 @@ type Config struct {
 	POPPort uint16
 	// APIKeys, when set, are required by signaling.
 	APIKeys []string
+	// TrustedProxies lets tests stand in for Cloudflare: signaling believes
+	// CF-IPLatitude/CF-IPLongitude from these peers.
+	TrustedProxies []netip.Prefix
 	// Transceiver tweaks (zero = package defaults).
 	ConnectTimeout time.Duration
 	MaxSessions    int
@@ -522,7 +525,8 @@ func (w *World) AddPOPReplica(i int) (*POPReplica, error) {
 
 func (w *World) startSignaling(globalSeed *string) error {
 	n, _ := w.newNode("signaling")
-	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: w.Catalogue.DefaultLocation(), Logger: w.cfg.Logger})
+	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: w.Catalogue.DefaultLocation(),
+		TrustedProxies: w.cfg.TrustedProxies, Logger: w.cfg.Logger})
 	if err != nil {
 		return err
 	}

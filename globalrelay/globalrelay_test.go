@@ -369,3 +369,24 @@ func corruptUfrag(t *testing.T, check []byte) []byte {
 	}
 	return out
 }
+
+// TestDrain: a draining replica refuses new flows and keeps forwarding the
+// ones it has.
+func TestDrain(t *testing.T) {
+	r := newRig(t, Config{})
+	r.client.WriteToUDPAddrPort(r.validCheck(t, 1), r.pub)
+	read(t, r.cluster)
+	r.relay.Drain()
+	newcomer := listen(t)
+	defer newcomer.Close()
+	newcomer.WriteToUDPAddrPort(r.validCheck(t, 2), r.pub)
+	media := []byte{0x80, 111, 0, 2}
+	r.client.WriteToUDPAddrPort(media, r.pub)
+	got, _ := read(t, r.cluster)
+	if _, n, _ := encap.Decode(got); !bytes.Equal(got[n:], media) {
+		t.Fatal("first datagram through a draining relay was not the existing flow's")
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropDraining); v != 1 {
+		t.Errorf("draining drops = %v, want 1", v)
+	}
+}

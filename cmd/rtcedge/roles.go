@@ -282,7 +282,10 @@ type GlobalRelayConfig struct {
 	POP        uint16 `yaml:"pop"`
 	PublicAddr string `yaml:"public_addr"` // the VIP port, e.g. 0.0.0.0:3478
 	// InternalAddr is where cluster relays send replies: a specific IP
-	// reachable from the clusters; each worker binds its own port there.
+	// reachable from the clusters, optionally with a base port. Worker i
+	// binds base+i; with a fixed base a replica restarted on the same
+	// address gets its in-flight replies and restores flows from them.
+	// Without a port the kernel picks them.
 	InternalAddr string        `yaml:"internal_addr"`
 	Workers      int           `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
 	FlowIdle     time.Duration `yaml:"flow_idle"`
@@ -309,9 +312,13 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	internalIP, err := netip.ParseAddr(strings.TrimSuffix(cfg.InternalAddr, ":0"))
+	internal, err := netip.ParseAddrPort(cfg.InternalAddr)
 	if err != nil {
-		return fmt.Errorf("internal_addr %q: want an IP: %w", cfg.InternalAddr, err)
+		ip, perr := netip.ParseAddr(cfg.InternalAddr)
+		if perr != nil {
+			return fmt.Errorf("internal_addr %q: want IP or IP:port: %w", cfg.InternalAddr, err)
+		}
+		internal = netip.AddrPortFrom(ip, 0)
 	}
 	n := cfg.Workers
 	if n == 0 {
@@ -322,8 +329,12 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	var workers []globalrelay.Worker
-	for _, p := range pubs {
-		in, err := udpio.Listen(netip.AddrPortFrom(internalIP, 0))
+	for i, p := range pubs {
+		port := internal.Port()
+		if port != 0 {
+			port += uint16(i)
+		}
+		in, err := udpio.Listen(netip.AddrPortFrom(internal.Addr(), port))
 		if err != nil {
 			for _, c := range pubs {
 				c.Close()
