@@ -144,6 +144,7 @@ type World struct {
 	log        *slog.Logger
 	keys       *token.Keyring
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
+	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
 	globalSeed string
 	errMu      sync.Mutex
 	errs       []error
@@ -165,7 +166,9 @@ func (n *node) stop() {
 	n.once.Do(func() {
 		for _, s := range n.servers {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = s.Shutdown(ctx)
+			if s.Shutdown(ctx) != nil {
+				_ = s.Close() // idle keep-alive connections that never got a request
+			}
 			cancel()
 		}
 		n.cancel()
@@ -219,7 +222,7 @@ func goLoop(n *node, f func()) {
 }
 
 // Start builds and starts a world. Close stops it.
-func Start(cfg Config) (w *World, err error) {
+func Start(cfg Config) (*World, error) {
 	if len(cfg.Regions) == 0 {
 		cfg.Regions = DefaultRegions
 	}
@@ -238,20 +241,26 @@ func Start(cfg Config) (w *World, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	w = &World{cfg: cfg, log: cfg.Logger.With("component", "devworld"), Registry: prometheus.NewRegistry()}
-	defer func() {
-		if err != nil {
-			w.Close()
-		}
-	}()
+	w := &World{cfg: cfg, log: cfg.Logger.With("component", "devworld"), Registry: prometheus.NewRegistry(),
+		httpClient: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}}}
+	if err := w.start(); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *World) start() error {
+	cfg := w.cfg
 	w.Registry.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 
 	key := make([]byte, token.KeyLen)
 	if _, err := rand.Read(key); err != nil {
-		return nil, err
+		return err
 	}
+	var err error
 	if w.keys, err = token.NewKeyring(1, map[uint8][]byte{1: key}); err != nil {
-		return nil, err
+		return err
 	}
 
 	w.memStore = routecache.NewMemoryStore()
@@ -264,21 +273,21 @@ func Start(cfg Config) (w *World, err error) {
 		for i := range cfg.PodsPerCluster {
 			p, err := w.startPod(spec, uint16(i+1), &clusterSeed)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			rg.Pods = append(rg.Pods, p)
 		}
 		for i := range cfg.RelaysPerCluster {
 			cr, err := w.startClusterRelay(spec, i+1, &clusterSeed, globalSeed)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			rg.ClusterRelays = append(rg.ClusterRelays, cr)
 		}
 	}
 	for _, rg := range w.Regions {
 		if err := w.startPOP(rg, netip.AddrPortFrom(rg.Spec.POPIP, cfg.POPPort)); err != nil {
-			return nil, err
+			return err
 		}
 		spec := rg.Spec
 		cat.Regions = append(cat.Regions, geo.Region{
@@ -288,16 +297,16 @@ func Start(cfg Config) (w *World, err error) {
 		})
 	}
 	if err := cat.Validate(); err != nil {
-		return nil, err
+		return err
 	}
 	w.Catalogue = cat
 	if err := w.startSignaling(globalSeed); err != nil {
-		return nil, err
+		return err
 	}
 	if err := w.awaitConverged(10 * time.Second); err != nil {
-		return nil, err
+		return err
 	}
-	return w, nil
+	return nil
 }
 
 func (w *World) newPool(name string, wan bool, meta membership.Meta, seed *string) (*membership.Pool, error) {
@@ -379,7 +388,7 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSee
 	cr.Relay = relay
 	cr.closers = append(cr.closers, relay.Close)
 	w.run(&cr.node, ctx, relay.Run)
-	front := clusterrelay.NewFront(clusterrelay.FrontConfig{Cluster: spec.Cluster, Pods: cr.Directory, Logger: w.cfg.Logger})
+	front := clusterrelay.NewFront(clusterrelay.FrontConfig{Cluster: spec.Cluster, Pods: cr.Directory, HTTPClient: w.httpClient, Logger: w.cfg.Logger})
 	if cr.Front, err = w.serveHTTP(&cr.node, "127.0.0.1:0", front.Handler()); err != nil {
 		return nil, err
 	}
@@ -543,7 +552,10 @@ func (w *World) startSignaling(globalSeed *string) error {
 	sig, err := signaling.New(signaling.Config{
 		Catalogue: w.Catalogue, Locator: loc, Health: health.Cluster, POPUp: health.POPUp,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: secretKey,
-		CORSOrigins: []string{"*"}, Web: web.FS(), Logger: w.cfg.Logger, Registerer: w.Registry,
+		// Everything in the dev world comes from one address; a per-IP
+		// limit meant for the internet would throttle load tests.
+		RatePerSecond: 10000, RateBurst: 10000,
+		CORSOrigins: []string{"*"}, Web: web.FS(), HTTPClient: w.httpClient, Logger: w.cfg.Logger, Registerer: w.Registry,
 	})
 	if err != nil {
 		return err
@@ -637,6 +649,7 @@ func (w *World) Close() error {
 	for i := len(w.nodes) - 1; i >= 0; i-- {
 		w.nodes[i].stop()
 	}
+	w.httpClient.CloseIdleConnections()
 	return nil
 }
 

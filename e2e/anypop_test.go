@@ -20,8 +20,8 @@ import (
 // call to the far cluster.
 func TestAnyPOPRoutesAnySession(t *testing.T) {
 	for _, tc := range []struct {
-		client   int // region index the client is in
-		viaPOP   int // region index of the POP that must carry it
+		client int // region index the client is in
+		viaPOP int // region index of the POP that must carry it
 	}{
 		{client: 0, viaPOP: 0}, {client: 1, viaPOP: 1}, // near POP
 		{client: 0, viaPOP: 1}, {client: 1, viaPOP: 0}, // far POP

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -41,7 +42,11 @@ type Config struct {
 	PayloadSize int
 	// Headers are extra request headers (e.g. CF-IPLatitude in tests).
 	Headers http.Header
-	Logger  *slog.Logger
+	// IPFilter, when set, limits the local addresses the client gathers
+	// candidates on (tests keep everything on loopback with it); nil means
+	// every address.
+	IPFilter func(net.IP) bool
+	Logger   *slog.Logger
 }
 
 // Timings are measured from the moment the offer is posted.
@@ -109,7 +114,7 @@ func Dial(ctx context.Context, cfg Config) (*Call, error) {
 	}
 	if err := c.setup(); err != nil {
 		c.Close()
-		return nil, err
+		return nil, &CallError{Stage: StageSetup, Err: err}
 	}
 	if err := c.negotiate(ctx); err != nil {
 		c.Close()
@@ -119,10 +124,10 @@ func Dial(ctx context.Context, cfg Config) (*Call, error) {
 	case <-c.connected:
 	case <-c.failed:
 		c.Close()
-		return nil, errors.New("probe: connection failed")
+		return nil, &CallError{Stage: c.pendingStage(), Err: ErrConnectionFailed}
 	case <-ctx.Done():
 		c.Close()
-		return nil, fmt.Errorf("probe: waiting for connection: %w", ctx.Err())
+		return nil, &CallError{Stage: c.pendingStage(), Err: fmt.Errorf("waiting for connection: %w", ctx.Err())}
 	}
 	c.wg.Add(1)
 	go c.sendAudio()
@@ -134,6 +139,9 @@ func (c *Call) setup() error {
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
+	if c.cfg.IPFilter != nil {
+		se.SetIPFilter(c.cfg.IPFilter)
+	}
 	me := &webrtc.MediaEngine{}
 	if err := me.RegisterDefaultCodecs(); err != nil {
 		return err
@@ -194,6 +202,19 @@ func (c *Call) setup() error {
 	return nil
 }
 
+// pendingStage is the first connection stage not reached yet.
+func (c *Call) pendingStage() string {
+	t := c.Timings()
+	switch {
+	case t.ICEConnected == 0:
+		return StageICE
+	case t.DTLSConnected == 0:
+		return StageDTLS
+	default:
+		return StageDataChannel
+	}
+}
+
 func (c *Call) mark(field func(*Timings) *time.Duration) {
 	c.mu.Lock()
 	if p := field(&c.timings); *p == 0 {
@@ -203,24 +224,33 @@ func (c *Call) mark(field func(*Timings) *time.Duration) {
 }
 
 // negotiate posts the offer (complete, no trickle) and applies the answer.
+// Its errors are CallErrors of the setup or signaling stage.
 func (c *Call) negotiate(ctx context.Context) error {
+	stage, err := c.offerAnswer(ctx)
+	if err != nil {
+		return &CallError{Stage: stage, Err: err}
+	}
+	return nil
+}
+
+func (c *Call) offerAnswer(ctx context.Context) (stage string, err error) {
 	offer, err := c.pc.CreateOffer(nil)
 	if err != nil {
-		return err
+		return StageSetup, fmt.Errorf("create offer: %w", err)
 	}
 	gathered := webrtc.GatheringCompletePromise(c.pc)
 	if err := c.pc.SetLocalDescription(offer); err != nil {
-		return err
+		return StageSetup, fmt.Errorf("set local description: %w", err)
 	}
 	select {
 	case <-gathered:
 	case <-ctx.Done():
-		return ctx.Err()
+		return StageSetup, fmt.Errorf("gathering candidates: %w", ctx.Err())
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.cfg.SignalingURL, "/")+c.cfg.Path,
 		strings.NewReader(c.pc.LocalDescription().SDP))
 	if err != nil {
-		return err
+		return StageSignaling, err
 	}
 	for k, v := range c.cfg.Headers {
 		req.Header[k] = v
@@ -232,21 +262,24 @@ func (c *Call) negotiate(ctx context.Context) error {
 	c.start = time.Now()
 	resp, err := c.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("probe: post offer: %w", err)
+		return StageSignaling, fmt.Errorf("post offer: %w", err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<10))
 	if err != nil {
-		return fmt.Errorf("probe: read answer: %w", err)
+		return StageSignaling, fmt.Errorf("read answer: %w", err)
 	}
 	c.mark(func(t *Timings) *time.Duration { return &t.Signaling })
 	if resp.StatusCode != http.StatusCreated {
-		return &HTTPError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(body))}
+		return StageSignaling, &HTTPError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(body))}
 	}
 	c.Location = resp.Header.Get("Location")
 	c.Region, c.Cluster, c.POP = resp.Header.Get("X-Rtcedge-Region"), resp.Header.Get("X-Rtcedge-Cluster"), resp.Header.Get("X-Rtcedge-Pop")
 	c.Answer = string(body)
-	return c.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: c.Answer})
+	if err := c.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: c.Answer}); err != nil {
+		return StageSignaling, fmt.Errorf("apply answer: %w", err)
+	}
+	return "", nil
 }
 
 // HTTPError is a non-201 answer from signaling.
@@ -320,7 +353,7 @@ func (c *Call) WaitEcho(ctx context.Context) error {
 	case <-c.echoed:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("probe: no echoed audio: %w", ctx.Err())
+		return &CallError{Stage: StageFirstEcho, Err: fmt.Errorf("no echoed audio: %w", ctx.Err())}
 	}
 }
 

@@ -29,47 +29,103 @@ type Report struct {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// DefaultSetupTimeout bounds a call from posting the offer to the first
+// echoed audio packet.
+const DefaultSetupTimeout = 15 * time.Second
+
+// hangupTimeout bounds the DELETE at the end of a call. It runs even after
+// the caller's context ended, so interrupted probes still free their
+// sessions on the server.
+const hangupTimeout = 5 * time.Second
+
+// eventTimeout bounds the wait for the reply to the probe's one event.
+const eventTimeout = 5 * time.Second
+
 // Once places one call, keeps it up for hold after the first echo, sends
 // one event, hangs up and reports.
 func Once(ctx context.Context, cfg Config, hold time.Duration) (Report, error) {
-	setupCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := Dial(setupCtx, cfg)
+	res, err := runCall(ctx, cfg, plan{setupTimeout: DefaultSetupTimeout, hold: hold})
 	if err != nil {
 		return Report{}, err
 	}
+	return res.Report, nil
+}
+
+// plan bounds one call from dial to hang-up.
+type plan struct {
+	setupTimeout time.Duration // dial through the first echo
+	hold         time.Duration // time up after the first echo, unless until is set
+	until        time.Time     // when set, hang up at this time instead
+	onUp         func(*Call)   // called once the first echo arrived
+}
+
+// callResult is everything one call measured. On error it holds what was
+// measured before the failure (placement and timings when known).
+type callResult struct {
+	Report  Report
+	Timings Timings
+	Audio   AudioStats
+}
+
+// runCall places one call according to p. Its errors are CallErrors.
+func runCall(ctx context.Context, cfg Config, p plan) (callResult, error) {
+	var res callResult
+	setupCtx, cancel := context.WithTimeout(ctx, p.setupTimeout)
+	defer cancel()
+	c, err := Dial(setupCtx, cfg)
+	if err != nil {
+		return res, err
+	}
 	defer c.Close()
+	res.Report.Region, res.Report.Cluster, res.Report.POP = c.Region, c.Cluster, c.POP
 	if err := c.WaitEcho(setupCtx); err != nil {
-		return Report{}, err
+		res.Timings = c.Timings()
+		return res, err
+	}
+	upAt := time.Now()
+	if p.onUp != nil {
+		p.onUp(c)
 	}
 	var eventRTT time.Duration
 	sent := time.Now()
 	if err := c.SendEvent([]byte(`{"type":"rtcedge.probe"}`)); err == nil {
+		timer := time.NewTimer(eventTimeout)
 		select {
 		case <-c.Events():
 			eventRTT = time.Since(sent)
-		case <-time.After(5 * time.Second):
+		case <-timer.C:
 		case <-ctx.Done():
 		}
+		timer.Stop()
 	}
-	select {
-	case <-time.After(hold):
-	case <-ctx.Done():
+	until := p.until
+	if until.IsZero() {
+		until = upAt.Add(p.hold)
 	}
-	st := c.Stats()
-	tm := c.Timings()
-	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer hcancel()
-	if err := c.Hangup(hctx); err != nil {
-		return Report{}, fmt.Errorf("hang up: %w", err)
+	if wait := time.Until(until); wait > 0 {
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
 	}
-	return Report{
+	res.Audio = c.Stats()
+	res.Timings = c.Timings()
+	st, tm := res.Audio, res.Timings
+	res.Report = Report{
 		Region: c.Region, Cluster: c.Cluster, POP: c.POP,
 		SignalingMs: ms(tm.Signaling), ICEMs: ms(tm.ICEConnected), DTLSMs: ms(tm.DTLSConnected), FirstEchoMs: ms(tm.FirstEcho),
 		RTTP50Ms: ms(st.Percentile(50)), RTTP90Ms: ms(st.Percentile(90)), RTTP99Ms: ms(st.Percentile(99)),
 		JitterMs: ms(st.Jitter), Sent: st.Sent, Received: st.Received, LossRatio: st.LossRatio(),
-		EventReplyMs: ms(eventRTT), DurationSecs: hold.Seconds(),
-	}, nil
+		EventReplyMs: ms(eventRTT), DurationSecs: time.Since(upAt).Seconds(),
+	}
+	hctx, hcancel := context.WithTimeout(context.WithoutCancel(ctx), hangupTimeout)
+	defer hcancel()
+	if err := c.Hangup(hctx); err != nil {
+		return res, &CallError{Stage: StageHangup, Err: err}
+	}
+	return res, nil
 }
 
 // String renders a human summary.

@@ -108,3 +108,16 @@ func (c *Call) Gaps() (longest, endedAt time.Duration) {
 	}
 	return longest, endedAt
 }
+
+// liveStats is a constant-time view of a running call, for progress lines
+// that must not copy every sample of every call each second.
+type liveStats struct {
+	sent, received  int
+	lastRTT, jitter time.Duration
+}
+
+func (r *rttStats) live() liveStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return liveStats{sent: r.sentN, received: r.recvN, lastRTT: r.lastRTT, jitter: time.Duration(r.jitter)}
+}

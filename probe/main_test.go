@@ -1,0 +1,54 @@
+package probe_test
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/probe"
+)
+
+// TestMain checks for leaked goroutines.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testLogger is quiet unless RTCEDGE_TEST_LOG=debug.
+func testLogger() *slog.Logger {
+	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// startWorld starts a dev world that the test closes.
+func startWorld(t *testing.T, cfg devworld.Config) *devworld.World {
+	t.Helper()
+	cfg.Logger = testLogger()
+	w, err := devworld.Start(cfg)
+	if err != nil {
+		t.Fatalf("start dev world: %v", err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+// callConfig is a probe config for url that gathers candidates on loopback
+// only, with its own HTTP client whose idle connections the test closes.
+func callConfig(t *testing.T, url string) probe.Config {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	t.Cleanup(client.CloseIdleConnections)
+	return probe.Config{
+		SignalingURL: url,
+		HTTPClient:   client,
+		Logger:       testLogger(),
+		IPFilter:     func(ip net.IP) bool { return ip.IsLoopback() },
+	}
+}
