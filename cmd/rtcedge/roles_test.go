@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -222,9 +223,13 @@ func TestRolesAsProcesses(t *testing.T) {
 	_ = tr.cmd.Process.Signal(syscall.SIGTERM)
 	tr.waitLog(t, "draining", 5*time.Second)
 	waitCondition(t, 10*time.Second, "signaling to refuse new calls", func() bool {
-		_, err := probe.Dial(ctx, probe.Config{SignalingURL: url, Logger: quiet})
-		he, ok := err.(*probe.HTTPError)
-		return ok && he.Status == http.StatusServiceUnavailable
+		c, err := probe.Dial(ctx, probe.Config{SignalingURL: url, Logger: quiet})
+		if err == nil {
+			c.Close() // placed before the drain reached signaling
+			return false
+		}
+		var he *probe.HTTPError
+		return errors.As(err, &he) && he.Status == http.StatusServiceUnavailable
 	})
 	before := call.Stats().Received
 	waitCondition(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return call.Stats().Received >= before+25 })
