@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -36,7 +37,7 @@ func (m secretMinter) mint(ttl time.Duration) (string, time.Time, error) {
 	var payload [16]byte
 	binary.BigEndian.PutUint64(payload[:8], uint64(exp.Unix()))
 	if _, err := rand.Read(payload[8:]); err != nil {
-		return "", time.Time{}, err
+		return "", time.Time{}, fmt.Errorf("client secret nonce: %w", err)
 	}
 	enc := base64.RawURLEncoding
 	return secretPrefix + enc.EncodeToString(payload[:]) + "." + enc.EncodeToString(m.mac(payload[:])), exp, nil

@@ -19,8 +19,11 @@ import (
 	"io/fs"
 	"log/slog"
 	"mime"
+	"mime/multipart"
+	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -164,7 +167,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer, cfg.Catalogue)
 	if err != nil {
 		return nil, err
 	}
@@ -182,19 +185,53 @@ func New(cfg Config) (*Server, error) {
 // Handler returns the public HTTP API (and the demo page when configured).
 func (s *Server) Handler() http.Handler { return s.handler }
 
+// Default timeouts of NewHTTPServer. They bound how long a stalled or
+// slow client (slowloris) can hold a connection: headers must arrive within
+// DefaultReadHeaderTimeout and the whole request, body included, within
+// DefaultReadTimeout. An offer is a few KiB, so honest clients finish in
+// milliseconds.
+const (
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 10 * time.Second
+	DefaultWriteTimeout      = 15 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+)
+
+// HTTPOption adjusts the http.Server built by NewHTTPServer.
+type HTTPOption func(*http.Server)
+
+// WithReadTimeouts replaces the header and whole-request read timeouts;
+// zero keeps a default. Tests shorten them to watch a stalled client being
+// cut off.
+func WithReadTimeouts(header, request time.Duration) HTTPOption {
+	return func(s *http.Server) {
+		if header > 0 {
+			s.ReadHeaderTimeout = header
+		}
+		if request > 0 {
+			s.ReadTimeout = request
+		}
+	}
+}
+
 // NewHTTPServer wraps h in an http.Server whose timeouts keep a stalled
-// client from holding a connection: headers within 5s, the whole request
-// within 10s.
-func NewHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
+// client from holding a connection (see DefaultReadHeaderTimeout), with
+// request headers capped at 16 KiB. A body that stalls past the read
+// timeout is answered 408 by the handler and the connection is closed.
+func NewHTTPServer(h http.Handler, log *slog.Logger, opts ...HTTPOption) *http.Server {
+	s := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		ReadTimeout:       DefaultReadTimeout,
+		WriteTimeout:      DefaultWriteTimeout,
+		IdleTimeout:       DefaultIdleTimeout,
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // route is one endpoint: the methods it takes and the handler per method.
@@ -309,13 +346,14 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, allowExpir
 			"an Authorization: Bearer header with an API key or client secret is required", 0)
 		return 0, false
 	}
-	tok, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 9110 section 11.1).
+	scheme, tok, ok := strings.Cut(auth, " ")
+	tok = strings.TrimSpace(tok)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
 		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_authorization",
 			"the Authorization header must be \"Bearer <key>\"", 0)
 		return 0, false
 	}
-	tok = strings.TrimSpace(tok)
 	if strings.HasPrefix(tok, secretPrefix) {
 		if err := s.secrets.verify(tok, allowExpired); err != nil {
 			code := "invalid_client_secret"
@@ -336,12 +374,16 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, allowExpir
 	return 0, false
 }
 
-// allow applies the per-client rate limit.
+// allow applies the per-client rate limit. ip is the client as located
+// through trusted proxies, so clients behind one proxy do not share a
+// budget.
 func (s *Server) allow(w http.ResponseWriter, ip netip.Addr) bool {
 	now := s.cfg.Now()
 	s.limMu.Lock()
 	l := s.limiters[ip]
 	if l == nil {
+		// Bound the table: forget clients idle for a minute once it is
+		// large (a full bucket refills well within that).
 		if len(s.limiters) > 100_000 {
 			for a, x := range s.limiters {
 				if now.Sub(x.seen) > time.Minute {
@@ -356,46 +398,80 @@ func (s *Server) allow(w http.ResponseWriter, ip netip.Addr) bool {
 	ok := l.l.AllowN(now, 1)
 	s.limMu.Unlock()
 	if !ok {
+		s.m.rateLimited.Inc()
 		apierr.Write(w, http.StatusTooManyRequests, apierr.TypeRateLimit, "rate_limited", "too many requests; slow down", time.Second)
 	}
 	return ok
 }
 
-// readOffer reads an application/sdp body under the size cap.
+// precheck locates the client, rate-limits it and authenticates it, in
+// that order: rate limiting first makes guessing credentials cost the
+// guesser its budget.
+func (s *Server) precheck(w http.ResponseWriter, r *http.Request, allowExpired bool) (geo.Location, int, bool) {
+	loc := s.cfg.Locator.Locate(r)
+	if !s.allow(w, loc.IP) {
+		return loc, 0, false
+	}
+	kind, ok := s.authenticate(w, r, allowExpired)
+	return loc, kind, ok
+}
+
+// readBody reads a request body under the size cap. A body that stalls
+// until the server's read timeout gets 408; the connection is closed.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
-				fmt.Sprintf("request body over %d bytes", s.cfg.MaxBody), 0)
-			return nil, false
-		}
-		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "unreadable_body", "could not read the request body", 0)
+	tooLarge := func() ([]byte, bool) {
+		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
+			fmt.Sprintf("request body over %d bytes", s.cfg.MaxBody), 0)
 		return nil, false
 	}
-	return body, true
+	// A declared length over the cap is refused before reading a byte.
+	if r.ContentLength > s.cfg.MaxBody {
+		w.Header().Set("Connection", "close")
+		return tooLarge()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	if err == nil {
+		return body, true
+	}
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &mbe):
+		return tooLarge()
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		s.m.readTimeouts.Inc()
+		w.Header().Set("Connection", "close")
+		apierr.Write(w, http.StatusRequestTimeout, apierr.TypeInvalidRequest, "request_timeout",
+			"the request body did not arrive in time", 0)
+	default:
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "unreadable_body", "could not read the request body", 0)
+	}
+	return nil, false
+}
+
+func unsupportedMediaType(w http.ResponseWriter, msg string) {
+	apierr.Write(w, http.StatusUnsupportedMediaType, apierr.TypeInvalidRequest, "unsupported_media_type", msg, 0)
 }
 
 func (s *Server) handleSDP(w http.ResponseWriter, r *http.Request) {
-	if !s.precheck(w, r) {
+	loc, _, ok := s.precheck(w, r, false)
+	if !ok {
 		return
 	}
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if mt != "application/sdp" {
-		apierr.Write(w, http.StatusUnsupportedMediaType, apierr.TypeInvalidRequest, "unsupported_media_type",
-			"the offer must be sent as Content-Type: application/sdp", 0)
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/sdp" {
+		unsupportedMediaType(w, "the offer must be sent as Content-Type: application/sdp")
 		return
 	}
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}
-	s.placeCall(w, r, string(body), nil)
+	s.placeCall(w, r, loc, string(body), nil)
 }
 
 func (s *Server) handleCalls(w http.ResponseWriter, r *http.Request) {
-	if !s.precheck(w, r) {
+	loc, _, ok := s.precheck(w, r, false)
+	if !ok {
 		return
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -405,20 +481,22 @@ func (s *Server) handleCalls(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		s.placeCall(w, r, string(body), nil)
+		s.placeCall(w, r, loc, string(body), nil)
 	case "multipart/form-data":
 		offer, session, ok := s.readMultipart(w, r, params["boundary"])
 		if !ok {
 			return
 		}
-		s.placeCall(w, r, offer, session)
+		s.placeCall(w, r, loc, offer, session)
 	default:
-		apierr.Write(w, http.StatusUnsupportedMediaType, apierr.TypeInvalidRequest, "unsupported_media_type",
-			"send the offer as application/sdp, or multipart/form-data with sdp and session fields", 0)
+		unsupportedMediaType(w, "send the offer as application/sdp, or multipart/form-data with sdp and session fields")
 	}
 }
 
-// readMultipart reads the "sdp" and optional "session" (JSON) fields.
+// readMultipart reads the "sdp" and optional "session" (a JSON object)
+// fields of an OpenAI-style multipart offer. Either may be a plain field or
+// a file part (curl -F sdp=@offer.sdp); other parts are ignored. The body
+// is read under the size cap first, so parsing never touches the disk.
 func (s *Server) readMultipart(w http.ResponseWriter, r *http.Request, boundary string) (string, json.RawMessage, bool) {
 	body, ok := s.readBody(w, r)
 	if !ok {
@@ -429,55 +507,65 @@ func (s *Server) readMultipart(w http.ResponseWriter, r *http.Request, boundary 
 		return "", nil, false
 	}
 	if boundary == "" {
-		return bad("multipart body without a boundary")
+		return bad("multipart body without a boundary parameter")
 	}
-	req := &http.Request{Header: http.Header{"Content-Type": {r.Header.Get("Content-Type")}}, Body: io.NopCloser(bytes.NewReader(body))}
-	if err := req.ParseMultipartForm(s.cfg.MaxBody); err != nil {
-		return bad("multipart body does not parse: " + err.Error())
+	var offers, sessions [][]byte
+	mr := multipart.NewReader(bytes.NewReader(body), boundary)
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF { // the closing boundary: a well-formed end
+			break
+		}
+		if err != nil {
+			return bad("multipart body does not parse: " + err.Error())
+		}
+		data, err := io.ReadAll(part)
+		if err != nil {
+			return bad("multipart part does not parse: " + err.Error())
+		}
+		switch part.FormName() {
+		case "sdp":
+			offers = append(offers, data)
+		case "session":
+			sessions = append(sessions, data)
+		}
 	}
-	defer req.MultipartForm.RemoveAll()
-	offer := req.MultipartForm.Value["sdp"]
-	if len(offer) != 1 {
-		return bad("multipart body needs exactly one sdp field")
+	if len(offers) != 1 {
+		return bad(fmt.Sprintf("multipart body needs exactly one sdp field, has %d", len(offers)))
 	}
 	var session json.RawMessage
-	if v := req.MultipartForm.Value["session"]; len(v) > 0 {
-		if len(v) > 1 || !json.Valid([]byte(v[0])) {
-			return bad("the session field must be one JSON object")
+	switch len(sessions) {
+	case 0:
+	case 1:
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(sessions[0], &obj); err != nil || obj == nil {
+			return bad("the session field must be a JSON object")
 		}
-		session = json.RawMessage(v[0])
+		session = json.RawMessage(sessions[0])
+	default:
+		return bad("multipart body has more than one session field")
 	}
-	return offer[0], session, true
-}
-
-// precheck authenticates and rate-limits a session request.
-func (s *Server) precheck(w http.ResponseWriter, r *http.Request) bool {
-	if _, ok := s.authenticate(w, r, false); !ok {
-		return false
-	}
-	return s.allow(w, peerIP(r))
-}
-
-func peerIP(r *http.Request) netip.Addr {
-	ap, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
-		return netip.Addr{}
-	}
-	return ap.Addr().Unmap()
+	return string(offers[0]), session, true
 }
 
 // placeCall validates the offer, chooses where the call goes and asks the
-// clusters in order until one answers.
-func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, offer string, session json.RawMessage) {
+// clusters nearest first until one answers. Nothing is allocated anywhere
+// for an offer that fails validation.
+func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Location, offer string, session json.RawMessage) {
 	if err := sdpcheck.Offer(offer); err != nil {
-		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, sdpcheck.CodeOf(err), err.Error(), 0)
+		code := sdpcheck.CodeOf(err)
+		if code == "" {
+			code = sdpcheck.CodeInvalidSDP
+		}
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, code, err.Error(), 0)
 		return
 	}
-	loc := s.cfg.Locator.Locate(r)
+	s.m.located.WithLabelValues(loc.Source).Inc()
 	choice := s.cfg.Catalogue.Choose(loc.Point, s.cfg.Health)
 	pops := s.cfg.Catalogue.ChoosePOPs(loc.Point, 2, s.cfg.POPUp)
 	if len(choice.Clusters) == 0 || len(pops) == 0 {
 		s.m.noCapacity.Inc()
+		s.log.Warn("no usable cluster or POP", "clusters", len(choice.Clusters), "pops", len(pops), "client", loc.IP)
 		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
 			"no cluster can take a call right now", 2*time.Second)
 		return
@@ -491,20 +579,25 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, offer string,
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not encode the request", 0)
 		return
 	}
+	start := s.cfg.Now()
 	attempts := min(len(choice.Clusters), s.cfg.MaxAttempts)
-	for _, cc := range choice.Clusters[:attempts] {
+	for i, cc := range choice.Clusters[:attempts] {
+		if r.Context().Err() != nil {
+			return // the client left; a late answer would go nowhere
+		}
+		t0 := s.cfg.Now()
 		res, status, errBody, err := s.createOn(r.Context(), cc.Cluster, body)
-		s.m.attempts.WithLabelValues(strconv.Itoa(int(cc.Cluster.ID)), attemptResult(status, err)).Inc()
-		switch {
-		case err != nil:
-			s.log.Warn("cluster session API failed", "cluster", cc.Cluster.ID, "err", err)
-			continue
-		case status == http.StatusCreated:
+		result := attemptResult(status, err)
+		cluster := strconv.Itoa(int(cc.Cluster.ID))
+		s.m.attempts.WithLabelValues(cluster, result).Inc()
+		s.m.attemptSeconds.WithLabelValues(result).Observe(s.cfg.Now().Sub(t0).Seconds())
+		switch result {
+		case resultCreated:
 			h := w.Header()
 			h.Set("Content-Type", "application/sdp")
 			h.Set("Location", "/v1/realtime/sessions/"+res.ID)
 			h.Set(HeaderRegion, cc.Region)
-			h.Set(HeaderCluster, strconv.Itoa(int(cc.Cluster.ID)))
+			h.Set(HeaderCluster, cluster)
 			h.Set(HeaderPOP, pops[0].Name)
 			if len(pops) > 1 {
 				h.Set(HeaderBackupPOP, pops[1].Name)
@@ -512,38 +605,67 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, offer string,
 			h.Set("Cache-Control", "no-store")
 			w.WriteHeader(http.StatusCreated)
 			_, _ = io.WriteString(w, res.Answer)
-			s.log.Debug("call placed", "session", res.ID, "cluster", cc.Cluster.ID, "pop", pops[0].ID,
-				"client", loc.IP, "located_by", loc.Source)
+			s.log.Debug("call placed", "session", res.ID, "cluster", cc.Cluster.ID, "attempt", i+1,
+				"elapsed", s.cfg.Now().Sub(start), "pop", pops[0].ID, "client", loc.IP, "located_by", loc.Source)
 			return
-		case status >= 400 && status < 500:
-			// The pod judged the request itself bad: another cluster
-			// would say the same. Pass its error on.
+		case resultRejected:
+			// The pod judged the offer itself bad: another cluster would
+			// say the same. Pass its JSON error on.
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(status)
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusBadRequest)
 			_, _ = w.Write(errBody)
 			return
 		}
-		// 5xx, including 503 full or draining: try the next cluster.
+		// Down, slow, full, draining or confused: the next-nearest cluster
+		// gets the offer.
+		s.log.Warn("cluster did not take the session, trying the next", "cluster", cc.Cluster.ID,
+			"result", result, "status", status, "err", err, "elapsed", s.cfg.Now().Sub(t0))
 	}
 	s.m.noCapacity.Inc()
 	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
 		"no cluster could take the call; retry shortly", 2*time.Second)
 }
 
+// Results of one cluster attempt, the "result" label of the attempt metrics.
+const (
+	resultCreated     = "created"
+	resultRejected    = "rejected"    // 400 with a JSON error: the offer is bad
+	resultUnavailable = "unavailable" // 503: full or draining
+	resultServerError = "server_error"
+	resultBadAnswer   = "bad_answer" // any other status, or a 201 that does not decode
+	resultTimeout     = "timeout"
+	resultError       = "error" // refused, reset, unreachable
+)
+
+var attemptResults = []string{resultCreated, resultRejected, resultUnavailable, resultServerError, resultBadAnswer, resultTimeout, resultError}
+
 func attemptResult(status int, err error) string {
+	var bad *badAnswerError
 	switch {
+	case errors.As(err, &bad):
+		return resultBadAnswer
+	case errors.Is(err, context.DeadlineExceeded):
+		return resultTimeout
 	case err != nil:
-		return "error"
+		return resultError
 	case status == http.StatusCreated:
-		return "created"
+		return resultCreated
+	case status == http.StatusBadRequest:
+		return resultRejected
 	case status == http.StatusServiceUnavailable:
-		return "unavailable"
+		return resultUnavailable
 	case status >= 500:
-		return "server_error"
+		return resultServerError
 	default:
-		return "rejected"
+		return resultBadAnswer
 	}
 }
+
+// badAnswerError is a session API answer that cannot be used as it is.
+type badAnswerError struct{ msg string }
+
+func (e *badAnswerError) Error() string { return e.msg }
 
 type podPOP struct {
 	ID  uint16 `json:"id"`
@@ -562,50 +684,62 @@ type podCreateResponse struct {
 }
 
 // createOn posts a create to one cluster's session API within
-// ClusterTimeout. A non-nil error means the cluster did not answer usefully.
+// ClusterTimeout. It returns the decoded answer of a 201, or the status and
+// body of a 400 carrying a JSON error; every other outcome is an error
+// (a *badAnswerError when the cluster answered something unusable).
 func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (podCreateResponse, int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClusterTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.SessionAPI, "/")+podSessionsPath, bytes.NewReader(body))
 	if err != nil {
-		return podCreateResponse{}, 0, nil, err
+		return podCreateResponse{}, 0, nil, fmt.Errorf("cluster %d: build request: %w", c.ID, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := s.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return podCreateResponse{}, 0, nil, err
+		return podCreateResponse{}, 0, nil, fmt.Errorf("cluster %d: post session: %w", c.ID, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<10))
 	if err != nil {
-		return podCreateResponse{}, 0, nil, err
+		return podCreateResponse{}, 0, nil, fmt.Errorf("cluster %d: read answer: %w", c.ID, err)
 	}
-	if resp.StatusCode != http.StatusCreated {
-		if resp.StatusCode >= 400 && resp.StatusCode < 500 && !json.Valid(data) {
-			return podCreateResponse{}, 0, nil, fmt.Errorf("session API answered %d without a JSON body", resp.StatusCode)
+	switch {
+	case resp.StatusCode == http.StatusBadRequest:
+		if !json.Valid(data) {
+			return podCreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 400 without a JSON body", c.ID)}
 		}
 		return podCreateResponse{}, resp.StatusCode, data, nil
+	case resp.StatusCode != http.StatusCreated:
+		return podCreateResponse{}, resp.StatusCode, nil, nil
 	}
 	var out podCreateResponse
-	if err := json.Unmarshal(data, &out); err != nil || out.ID == "" || out.Answer == "" {
-		return podCreateResponse{}, 0, nil, fmt.Errorf("session API answered 201 with a bad body: %v", err)
+	if err := json.Unmarshal(data, &out); err != nil || out.Answer == "" {
+		return podCreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 201 with a bad body (%v)", c.ID, err)}
+	}
+	// The ID is what a DELETE is routed by: it must name this cluster.
+	if id, err := sessionid.Parse(out.ID); err != nil || id.Cluster != c.ID {
+		return podCreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 201 with session id %q that does not name it", c.ID, out.ID)}
 	}
 	return out, resp.StatusCode, nil, nil
 }
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.authenticate(w, r, true); !ok {
+	if _, _, ok := s.precheck(w, r, true); !ok {
 		return
+	}
+	notFound := func() {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 	}
 	raw := r.PathValue("id")
 	id, err := sessionid.Parse(raw)
 	if err != nil {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		notFound()
 		return
 	}
 	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
 	if !ok {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		notFound()
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
@@ -617,6 +751,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := s.cfg.HTTPClient.Do(req)
 	if err != nil {
+		s.log.Warn("delete: cluster session API failed", "cluster", c.ID, "err", err)
 		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
 		return
 	}
@@ -626,7 +761,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	case http.StatusNoContent, http.StatusOK:
 		w.WriteHeader(http.StatusNoContent)
 	case http.StatusNotFound:
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		notFound()
 	default:
 		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error",
 			fmt.Sprintf("the session's cluster answered %d", resp.StatusCode), 0)
@@ -651,7 +786,7 @@ type ClientSecret struct {
 }
 
 func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
-	kind, ok := s.authenticate(w, r, false)
+	_, kind, ok := s.precheck(w, r, false)
 	if !ok {
 		return
 	}
@@ -660,15 +795,16 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 			"client secrets are minted with an API key, not with another client secret", 0)
 		return
 	}
-	if !s.allow(w, peerIP(r)) {
-		return
-	}
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}
 	var req clientSecretRequest
 	if len(bytes.TrimSpace(body)) > 0 {
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+			unsupportedMediaType(w, "send the request as Content-Type: application/json")
+			return
+		}
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
@@ -677,19 +813,26 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ttl := s.cfg.ClientSecretTTL
-	if req.ExpiresAfter != nil {
-		if req.ExpiresAfter.Seconds < 10 || req.ExpiresAfter.Seconds > 7200 {
+	if ea := req.ExpiresAfter; ea != nil {
+		if ea.Anchor != "" && ea.Anchor != "created_at" {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
+				"expires_after.anchor must be created_at", 0)
+			return
+		}
+		if ea.Seconds < 10 || ea.Seconds > 7200 {
 			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
 				"expires_after.seconds must be between 10 and 7200", 0)
 			return
 		}
-		ttl = time.Duration(req.ExpiresAfter.Seconds) * time.Second
+		ttl = time.Duration(ea.Seconds) * time.Second
 	}
 	val, exp, err := s.secrets.mint(ttl)
 	if err != nil {
+		s.log.Error("mint client secret", "err", err)
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not mint a secret", 0)
 		return
 	}
+	s.m.secretsMinted.Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: req.Session})
@@ -752,13 +895,20 @@ func (s *Server) handleRegions(w http.ResponseWriter, _ *http.Request) {
 }
 
 type metrics struct {
-	requests   *prometheus.CounterVec
-	seconds    *prometheus.HistogramVec
-	attempts   *prometheus.CounterVec
-	noCapacity prometheus.Counter
+	requests       *prometheus.CounterVec
+	seconds        *prometheus.HistogramVec
+	attempts       *prometheus.CounterVec
+	attemptSeconds *prometheus.HistogramVec
+	located        *prometheus.CounterVec
+	noCapacity     prometheus.Counter
+	rateLimited    prometheus.Counter
+	readTimeouts   prometheus.Counter
+	secretsMinted  prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics builds the metrics and sets every label value known up front
+// to zero, so a dashboard sees a flat line rather than a missing series.
+func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_requests_total", Help: "HTTP requests, by endpoint and status code.",
@@ -770,12 +920,40 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_cluster_attempts_total", Help: "Session creates sent to clusters, by cluster and result.",
 		}, []string{"cluster", "result"}),
+		attemptSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtcedge_signaling_cluster_attempt_seconds", Help: "Duration of one session create at a cluster, by result.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 3},
+		}, []string{"result"}),
+		located: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_located_total", Help: "Valid offers by how the client was located (cf-headers, geoip, default).",
+		}, []string{"source"}),
 		noCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_no_capacity_total", Help: "Offers refused with 503 because no cluster took them.",
 		}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429 by the per-client rate limit.",
+		}),
+		readTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_body_timeouts_total", Help: "Requests whose body stalled past the read timeout (408).",
+		}),
+		secretsMinted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_client_secrets_total", Help: "Ephemeral client secrets minted.",
+		}),
+	}
+	for _, res := range attemptResults {
+		m.attemptSeconds.WithLabelValues(res)
+		for _, r := range cat.Regions {
+			for _, c := range r.Clusters {
+				m.attempts.WithLabelValues(strconv.Itoa(int(c.ID)), res)
+			}
+		}
+	}
+	for _, src := range []string{geo.SourceCFHeaders, geo.SourceGeoIP, geo.SourceDefault} {
+		m.located.WithLabelValues(src)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.noCapacity} {
+		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
+			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register signaling metrics: %w", err)
 			}
