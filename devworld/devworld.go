@@ -550,7 +550,7 @@ func (w *World) startSignaling(globalSeed *string) error {
 		return err
 	}
 	sig, err := signaling.New(signaling.Config{
-		Catalogue: w.Catalogue, Locator: loc, Health: health.Cluster, POPUp: health.POPUp,
+		Catalogue: w.Catalogue, Locator: loc, Health: health.Cluster, POPUp: health.POPUp, SessionAPIs: health.SessionAPIs,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: secretKey,
 		// Everything in the dev world comes from one address; a per-IP
 		// limit meant for the internet would throttle load tests.
@@ -676,4 +676,10 @@ func (w *World) Sessions() int {
 		}
 	}
 	return n
+}
+
+// SessionAPIs returns the cluster's live session API fronts as signaling
+// sees them through gossip.
+func (w *World) SessionAPIs(cluster uint16) []string {
+	return signaling.GossipHealth{Pool: w.SignalingPool}.SessionAPIs(cluster)
 }

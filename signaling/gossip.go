@@ -64,3 +64,16 @@ func (g GossipHealth) POPUp(pop uint16) bool {
 	}
 	return false
 }
+
+// SessionAPIs lists the session API fronts of a cluster's alive,
+// non-draining cluster relays.
+func (g GossipHealth) SessionAPIs(cluster uint16) []string {
+	var out []string
+	for _, m := range g.Pool.Members() {
+		if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay &&
+			m.Meta.Cluster == cluster && !m.Meta.Draining && m.Meta.API != "" {
+			out = append(out, m.Meta.API)
+		}
+	}
+	return out
+}

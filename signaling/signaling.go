@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,6 +61,11 @@ type Config struct {
 	Health geo.HealthFunc
 	// POPUp reports whether a POP has live global relays; nil: all up.
 	POPUp func(pop uint16) bool
+	// SessionAPIs lists the live session API endpoints of a cluster (its
+	// cluster relays' fronts, from gossip); nil or empty: the catalogue's
+	// session_api. Gossip lets signaling route around a dead replica
+	// before any load balancer notices.
+	SessionAPIs func(cluster uint16) []string
 
 	// APIKeys are the server-side credentials. When empty, session
 	// endpoints need no credentials (the dev world), but client secrets
@@ -154,6 +160,8 @@ type Server struct {
 
 	limMu    sync.Mutex
 	limiters map[netip.Addr]*limiter // guarded by limMu
+
+	apiTurn atomic.Uint32 // spreads requests over a cluster's live session API endpoints
 }
 
 type limiter struct {
@@ -683,6 +691,18 @@ type podCreateResponse struct {
 	Answer string `json:"answer"`
 }
 
+// sessionAPI returns the base URL to reach a cluster's session API: one of
+// the live endpoints gossip reports (spread over them), else the
+// catalogue's address.
+func (s *Server) sessionAPI(c geo.Cluster) string {
+	if s.cfg.SessionAPIs != nil {
+		if eps := s.cfg.SessionAPIs(c.ID); len(eps) > 0 {
+			return strings.TrimSuffix(eps[int(s.apiTurn.Add(1))%len(eps)], "/")
+		}
+	}
+	return strings.TrimSuffix(c.SessionAPI, "/")
+}
+
 // createOn posts a create to one cluster's session API within
 // ClusterTimeout. It returns the decoded answer of a 201, or the status and
 // body of a 400 carrying a JSON error; every other outcome is an error
@@ -690,7 +710,7 @@ type podCreateResponse struct {
 func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (podCreateResponse, int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClusterTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.SessionAPI, "/")+podSessionsPath, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.sessionAPI(c)+podSessionsPath, bytes.NewReader(body))
 	if err != nil {
 		return podCreateResponse{}, 0, nil, fmt.Errorf("cluster %d: build request: %w", c.ID, err)
 	}
@@ -744,7 +764,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, strings.TrimSuffix(c.SessionAPI, "/")+podSessionsPath+"/"+raw, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, s.sessionAPI(c)+podSessionsPath+"/"+raw, nil)
 	if err != nil {
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
 		return

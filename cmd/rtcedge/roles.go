@@ -515,7 +515,7 @@ func runSignaling(ctx context.Context, args []string) error {
 		defer pool.Close()
 		_ = reg.Register(pool.Collector("global"))
 		h := signaling.GossipHealth{Pool: pool}
-		scfg.Health, scfg.POPUp = h.Cluster, h.POPUp
+		scfg.Health, scfg.POPUp, scfg.SessionAPIs = h.Cluster, h.POPUp, h.SessionAPIs
 	}
 	sig, err := signaling.New(scfg)
 	if err != nil {
