@@ -59,6 +59,9 @@ type Config struct {
 	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
+	// Batch > 1 reads and writes up to that many datagrams per system
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	Batch int
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -175,7 +178,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	var errOnce sync.Once
 	loop := func(conn, dst *net.UDPConn, headroom int, decide udpio.Decide) {
 		defer wg.Done()
-		if err := udpio.Forward(conn, dst, headroom, decide, r.writeErr); err != nil {
+		var err error
+		if r.cfg.Batch > 1 {
+			err = udpio.ForwardBatch(conn, dst, headroom, r.cfg.Batch, decide, r.writeErr)
+		} else {
+			err = udpio.Forward(conn, dst, headroom, decide, r.writeErr)
+		}
+		if err != nil {
 			errOnce.Do(func() { firstErr = err })
 		}
 		r.Close()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -146,7 +147,13 @@ func hasLabel(m *dto.Metric, k, v string) bool {
 // cluster relay with the right header; the reply goes back to the client
 // from the public address, bare.
 func TestForwardingBothWays(t *testing.T) {
-	r := newRig(t, Config{})
+	for _, batch := range []int{0, 32} {
+		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, batch) })
+	}
+}
+
+func testForwardingBothWays(t *testing.T, batch int) {
+	r := newRig(t, Config{Batch: batch})
 	check := r.validCheck(t, 0x42)
 	if _, err := r.client.WriteToUDPAddrPort(check, r.pub); err != nil {
 		t.Fatal(err)

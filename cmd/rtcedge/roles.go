@@ -286,10 +286,13 @@ type GlobalRelayConfig struct {
 	// binds base+i; with a fixed base a replica restarted on the same
 	// address gets its in-flight replies and restores flows from them.
 	// Without a port the kernel picks them.
-	InternalAddr string        `yaml:"internal_addr"`
-	Workers      int           `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
-	FlowIdle     time.Duration `yaml:"flow_idle"`
-	MaxFlows     int           `yaml:"max_flows"`
+	InternalAddr string `yaml:"internal_addr"`
+	Workers      int    `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
+	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
+	// call; 0: one datagram per call (allocation-free; see docs/benchmarks.md).
+	Batch    int           `yaml:"batch"`
+	FlowIdle time.Duration `yaml:"flow_idle"`
+	MaxFlows int           `yaml:"max_flows"`
 	// RedisURL shares flows between replicas ("redis://host:6379/0");
 	// empty: no sharing (a restarted replica recovers from the next
 	// STUN check). Prefer $RTCEDGE_REDIS_URL for URLs with passwords.
@@ -371,7 +374,7 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 		defer cache.Close()
 	}
 	relay, err = globalrelay.New(globalrelay.Config{POP: cfg.POP, Keys: keys, Clusters: clusters,
-		FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows, Cache: cache, Logger: log, Registerer: reg}, workers)
+		FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows, Cache: cache, Batch: cfg.Batch, Logger: log, Registerer: reg}, workers)
 	if err != nil {
 		closeWorkers()
 		return err
