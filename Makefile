@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages whose benchmarks make up `make bench`.
 BENCH_PKGS := ./internal/... ./globalrelay/... ./clusterrelay/... ./transceiver/... ./netsim/...
 
-.PHONY: run build test test-deps bench lint clean
+.PHONY: run build test test-deps bench lint clean sim bench-capacity
 
 run: build
 	./$(BIN) dev
@@ -20,8 +20,19 @@ test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
+# The multi-region simulation, verbose, with more calls, Chromium when
+# installed, and its report in bin/sim/ (see docs/simulation.md).
+sim:
+	RTCEDGE_SIM_CALLS=10 RTCEDGE_SIM_BROWSER=1 RTCEDGE_SIM_REPORT_DIR=$(CURDIR)/bin/sim \
+		$(GO) test -count=1 -v -timeout 5m -run TestSimulation ./sim/
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 $(BENCH_PKGS)
+
+# Transceiver capacity (docs/benchmarks.md): the pod as its own process under
+# a stepped load of 50 pps voice sessions; a few minutes, prints a table.
+bench-capacity: build
+	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

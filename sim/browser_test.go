@@ -1,0 +1,178 @@
+package sim_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/rtcedge/rtcedge/sim"
+)
+
+// browserEnv turns on the Chromium client (`make sim` sets it); it also
+// needs a chromium binary.
+const browserEnv = "RTCEDGE_SIM_BROWSER"
+
+// browserCallJS places one call from the page the way a browser app does
+// (getUserMedia, offer, POST to the same origin — the site's signaling
+// link) and measures from the POST: the answer, ICE connected and the peer
+// connection connected (DTLS). It returns JSON, hangs up and closes.
+const browserCallJS = `(async () => {
+  const r = {};
+  const stream = await navigator.mediaDevices.getUserMedia({audio: true});
+  const pc = new RTCPeerConnection();
+  pc.addTransceiver(stream.getAudioTracks()[0], {direction: 'sendrecv', streams: [stream]});
+  pc.createDataChannel('oai-events');
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((done) => {
+    if (pc.iceGatheringState === 'complete') return done();
+    const t = setTimeout(done, 2000);
+    pc.addEventListener('icegatheringstatechange', () => { if (pc.iceGatheringState === 'complete') { clearTimeout(t); done(); } });
+  });
+  let t0 = 0;
+  const ice = new Promise((done) => pc.addEventListener('iceconnectionstatechange', () => {
+    if (pc.iceConnectionState === 'connected' && !r.ice) { r.ice = performance.now() - t0; done(); }
+  }));
+  const conn = new Promise((done, fail) => pc.addEventListener('connectionstatechange', () => {
+    if (pc.connectionState === 'connected') { r.dtls = performance.now() - t0; done(); }
+    if (pc.connectionState === 'failed') fail(new Error('connection failed'));
+  }));
+  t0 = performance.now();
+  const res = await fetch('/v1/realtime/sdp', {method: 'POST', body: pc.localDescription.sdp,
+    headers: Object.assign({'Content-Type': 'application/sdp'}, HEADERS)});
+  const answer = await res.text();
+  r.signaling = performance.now() - t0;
+  r.status = res.status;
+  r.region = res.headers.get('X-Rtcedge-Region');
+  r.pop = res.headers.get('X-Rtcedge-Pop');
+  if (res.status !== 201) { pc.close(); stream.getTracks().forEach((t) => t.stop()); return JSON.stringify(r); }
+  await pc.setRemoteDescription({type: 'answer', sdp: answer});
+  await Promise.race([Promise.all([ice, conn]), new Promise((_, fail) => setTimeout(() => fail(new Error('not connected within 10 s')), 10000))])
+    .catch((e) => { r.error = String(e); });
+  await fetch(res.headers.get('Location'), {method: 'DELETE'});
+  pc.close();
+  stream.getTracks().forEach((t) => t.stop());
+  return JSON.stringify(r);
+})()`
+
+// browserResult is what browserCallJS returns, in milliseconds.
+type browserResult struct {
+	Status    int     `json:"status"`
+	Region    string  `json:"region"`
+	POP       string  `json:"pop"`
+	Signaling float64 `json:"signaling"`
+	ICE       float64 `json:"ice"`
+	DTLS      float64 `json:"dtls"`
+	Error     string  `json:"error"`
+}
+
+// browserCalls places calls from headless Chromium at each site and
+// reports POST → connected next to the goal. Chromium nominates on its
+// first successful check, so its numbers carry no Pion check-tick.
+func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
+	exe, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("no chromium binary")
+	}
+	profile := t.TempDir()
+	// Quiet and offline: nothing resolves but the sites' signaling links.
+	rules := "MAP * ~NOTFOUND"
+	for _, site := range w.Sites {
+		rules += ", EXCLUDE " + site.Signaling.Addr().(*net.TCPAddr).IP.String()
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(exe), chromedp.UserDataDir(profile), chromedp.Headless, chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("use-fake-device-for-media-stream", true),
+		chromedp.Flag("use-fake-ui-for-media-stream", true),
+		// A host whose only interface is lo gathers no candidates without it.
+		chromedp.Flag("allow-loopback-in-peer-connection", true),
+		chromedp.Flag("no-proxy-server", true),
+		chromedp.Flag("host-resolver-rules", rules),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-background-timer-throttling", true),
+		chromedp.Flag("disable-renderer-backgrounding", true),
+	)
+	tctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(tctx, 10*time.Second)
+		if err := chromedp.Cancel(cctx); err != nil && !errors.Is(err, context.Canceled) {
+			t.Logf("closing chromium: %v", err)
+		}
+		cancel()
+		cancelTab()
+		cancelAlloc() // waits for the browser process
+	})
+	// Start the browser on the tab's own context: a first run on a derived
+	// context would tie the browser's life to that context.
+	if err := chromedp.Do(tctx); err != nil {
+		t.Fatalf("start chromium (%s): %v", exe, err)
+	}
+	var out []sim.Scenario
+	for _, site := range w.Sites {
+		near := w.Regions[site.NearRegion()]
+		hdr := map[string]string{}
+		for k, v := range site.Headers() {
+			hdr[k] = v[0]
+		}
+		hj, _ := json.Marshal(hdr)
+		js := "const HEADERS = " + string(hj) + ";\n"
+		ctx, cancel := context.WithTimeout(tctx, 30*time.Second)
+		if _, err := chromedp.Run(ctx, chromedp.Navigate(site.SignalingURL+"/")); err != nil {
+			cancel()
+			t.Fatalf("open %s: %v", site.SignalingURL, err)
+		}
+		var results []browserResult
+		for i := range calls {
+			raw, err := chromedp.Run(ctx, chromedp.Evaluate[string]("(() => { "+js+"return "+browserCallJS+"; })()", chromedp.EvalAwaitPromise))
+			if err != nil {
+				cancel()
+				t.Fatalf("browser call %d from site %s: %v", i, site.Spec.Name, err)
+			}
+			var r browserResult
+			if err := json.Unmarshal([]byte(raw), &r); err != nil {
+				cancel()
+				t.Fatalf("browser result %q: %v", raw, err)
+			}
+			if r.Status != 201 || r.Error != "" {
+				cancel()
+				t.Fatalf("browser call %d from site %s: %+v", i, site.Spec.Name, r)
+			}
+			if r.Region != near.Spec.Name || r.POP != site.NearPOP().Name {
+				t.Errorf("browser call from site %s placed in %s/%s, want %s/%s", site.Spec.Name, r.Region, r.POP, near.Spec.Name, site.NearPOP().Name)
+			}
+			t.Logf("browser call %d from site %s: signaling %.1f ms, ICE %.1f ms, DTLS connected %.1f ms", i, site.Spec.Name, r.Signaling, r.ICE, r.DTLS)
+			results = append(results, r)
+		}
+		cancel()
+		med := func(f func(browserResult) float64) float64 {
+			v := make([]time.Duration, len(results))
+			for i, r := range results {
+				v[i] = time.Duration(f(r) * float64(time.Millisecond))
+			}
+			return ms(sim.Median(v))
+		}
+		res := fmt.Sprintf("median of %d: signaling %.1f ms, ICE connected %.1f ms, DTLS connected %.1f ms (%.2f media RTTs after ICE); goal %.0f ms",
+			len(results), med(func(r browserResult) float64 { return r.Signaling }), med(func(r browserResult) float64 { return r.ICE }),
+			med(func(r browserResult) float64 { return r.DTLS }), med(func(r browserResult) float64 { return r.DTLS - r.ICE })/ms(w.MediaRTT()),
+			ms(w.SignalingRTT()+3*w.MediaRTT()+20*time.Millisecond))
+		t.Log("chromium site " + site.Spec.Name + ": " + res)
+		out = append(out, sim.Scenario{Name: "chromium, site " + site.Spec.Name,
+			Action: "headless Chromium POST → connected through the same links", Result: res})
+	}
+	return out
+}
+
+// browserWanted reports whether the browser client should run.
+func browserWanted() bool { return os.Getenv(browserEnv) != "" }

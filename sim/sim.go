@@ -1,0 +1,492 @@
+// Package sim runs rtcedge as a simulated multi-region network: the real
+// binary, one process per role, two regions and two client sites, each on
+// its own loopback addresses, with user-space delay links (package netsim)
+// standing in for the distance between them. Tests use it to check that
+// each client site is steered to its near region, to measure call setup in
+// units of the simulated round trip, and to inject faults (loss bursts,
+// partitions) on the same links. `make sim` runs the measurement verbosely;
+// docs/simulation.md shows the topology and the measured table.
+//
+// A signaling answer names one VIP per POP, but distance depends on the
+// pair (client site, POP). So every site has its own view of every POP: a
+// UDP link on a site address that forwards, after the site's delay to that
+// POP's region, to a global relay process of its own (a distinct POP ID, as
+// a transceiver binds each POP ID to one VIP). Each site reaches the
+// signaling front of its near region through a TCP link, and that front's
+// catalogue lists the site's view of the POPs; a front reaches the other
+// region's cluster session API through a TCP link with the inter-region
+// delay. Gossip is not delayed: it is control-plane background traffic.
+package sim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/proctest"
+	"github.com/rtcedge/rtcedge/netsim"
+)
+
+// Package is the import path of the binary the simulation runs.
+const Package = "github.com/rtcedge/rtcedge/cmd/rtcedge"
+
+// startLimit bounds each process's start (its "… up" log line).
+const startLimit = 15 * time.Second
+
+// convergeLimit bounds the wait for gossip to show every cluster healthy and
+// every POP up at both signaling fronts.
+const convergeLimit = 20 * time.Second
+
+// stopLimit bounds the graceful stop of all processes at the end.
+const stopLimit = 15 * time.Second
+
+// Config shapes the simulated network. The zero value is the default
+// topology: 10 ms one way between a site and its near region, 80 ms between
+// regions.
+type Config struct {
+	// Binary is the rtcedge binary; default: built once per test binary
+	// with proctest.Build.
+	Binary string
+	// Near is the one-way delay between a client site and its near region
+	// (signaling front and POP); default 10 ms.
+	Near time.Duration
+	// Far is the one-way delay between regions, and so between a site and
+	// the far region's POP; default 80 ms.
+	Far time.Duration
+	// Jitter spreads every link's delay by ± this much; default none.
+	Jitter time.Duration
+	// Seed seeds the links' loss and jitter draws.
+	Seed int64
+	// Logger receives the links' logs; default: discarded.
+	Logger *slog.Logger
+}
+
+// RegionSpec is one region of the topology.
+type RegionSpec struct {
+	Name     string  // e.g. "eu-central"
+	City     string  // where its cluster and POPs stand
+	Lat, Lon float64 // the region's location in the catalogue
+	Cluster  uint16  // its one cluster's ID
+	POPCode  string  // prefix of its POP names: "fra" → "fra-a" as seen from site a
+	Net      byte    // its processes listen on 127.0.Net.x
+}
+
+// SiteSpec is one client site of the topology.
+type SiteSpec struct {
+	Name     string  // e.g. "a"; suffixes the POP names of this site's view
+	City     string  // where its clients are
+	Lat, Lon float64 // sent as CF-IPLatitude/CF-IPLongitude, as Cloudflare would
+	Near     int     // index of its near region in Regions
+	Net      byte    // its links listen on 127.0.Net.x
+}
+
+// Regions and Sites are the default topology: a European and an American
+// region, and a client site near each.
+var (
+	Regions = []RegionSpec{
+		{Name: "eu-central", City: "Frankfurt", Lat: 50.11, Lon: 8.68, Cluster: 1, POPCode: "fra", Net: 10},
+		{Name: "us-east", City: "Ashburn", Lat: 39.04, Lon: -77.49, Cluster: 2, POPCode: "iad", Net: 20},
+	}
+	Sites = []SiteSpec{
+		{Name: "a", City: "Paris", Lat: 48.86, Lon: 2.35, Near: 0, Net: 1},
+		{Name: "b", City: "New York", Lat: 40.71, Lon: -74.01, Near: 1, Net: 2},
+	}
+)
+
+// Region is a running region: its pod, cluster relay and signaling front,
+// and the global relays of its POPs (one per site's view).
+type Region struct {
+	Spec         RegionSpec
+	Transceiver  *proctest.Proc
+	ClusterRelay *proctest.Proc
+	Signaling    *proctest.Proc
+	// SignalingURL is the front's own address (no delay), for checks.
+	SignalingURL string
+	// SessionAPI is the cluster's session API (no delay).
+	SessionAPI string
+	// RemoteAPI is the link from this region's front to the other
+	// region's session API (Far each way).
+	RemoteAPI *netsim.TCPLink
+}
+
+// POP is one site's view of one region's POP: a global relay process of its
+// own behind a UDP link with the site↔region delay.
+type POP struct {
+	ID     uint16
+	Name   string // e.g. "fra-a"
+	Region int    // index into World.Regions
+	Relay  *proctest.Proc
+	Link   *netsim.UDPLink // listens on the VIP that answers name
+	Delay  time.Duration   // one way
+}
+
+// VIP is the address the site's clients send to.
+func (p *POP) VIP() netip.AddrPort { return p.Link.Addr() }
+
+// Site is a running client site.
+type Site struct {
+	Spec SiteSpec
+	// Signaling is the TCP link from the site to its near region's
+	// signaling front (Near each way); SignalingURL names it.
+	Signaling    *netsim.TCPLink
+	SignalingURL string
+	// POPs are this site's view of every region's POP, by region index.
+	POPs []*POP
+	// HTTPClient dials from the site's own address and keeps connections
+	// alive, as a browser would between calls.
+	HTTPClient *http.Client
+}
+
+// NearRegion is the index of the site's near region.
+func (s *Site) NearRegion() int { return s.Spec.Near }
+
+// NearPOP is the site's view of its near region's POP.
+func (s *Site) NearPOP() *POP { return s.POPs[s.Spec.Near] }
+
+// Headers are the visitor-location headers a Cloudflare edge in front of
+// signaling would add for this site's clients.
+func (s *Site) Headers() http.Header {
+	h := http.Header{}
+	h.Set("CF-IPLatitude", strconv.FormatFloat(s.Spec.Lat, 'f', 2, 64))
+	h.Set("CF-IPLongitude", strconv.FormatFloat(s.Spec.Lon, 'f', 2, 64))
+	return h
+}
+
+// World is a running simulation. Start registers its teardown with the
+// test, so the caller never closes it.
+type World struct {
+	Config  Config
+	Regions []*Region
+	Sites   []*Site
+}
+
+// SignalingRTT is the round trip between a site and its signaling front.
+func (w *World) SignalingRTT() time.Duration { return 2 * w.Config.Near }
+
+// MediaRTT is the round trip between a site and its near POP.
+func (w *World) MediaRTT() time.Duration { return 2 * w.Config.Near }
+
+// addr is 127.0.net.host with port 0.
+func addr(net, host byte) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, net, host}), 0)
+}
+
+// Host numbers within a region's or a site's 127.0.Net.0/24.
+const (
+	hostTransceiver  = 1
+	hostClusterRelay = 2
+	hostSignaling    = 5
+	hostRemoteAPI    = 9  // the region's link to the other region's session API
+	hostRelayBase    = 11 // + site index: that site's view of this region's POP
+	hostSiteSig      = 1  // the site's link to its signaling front
+	hostSitePOPBase  = 2  // + region index: the site's VIP of that region's POP
+	hostSiteClient   = 100
+)
+
+// Start builds (once) and starts the whole topology and returns when every
+// process is up and gossip has converged: both signaling fronts see both
+// clusters healthy and all their POPs up. Everything is stopped in
+// t.Cleanup: the links first, then the processes with SIGTERM (which must
+// exit cleanly), killed if they do not.
+func Start(t testing.TB, cfg Config) *World {
+	t.Helper()
+	if cfg.Near == 0 {
+		cfg.Near = 10 * time.Millisecond
+	}
+	if cfg.Far == 0 {
+		cfg.Far = 80 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	if cfg.Binary == "" {
+		cfg.Binary = proctest.Build(t, Package)
+	}
+	w := &World{Config: cfg}
+	s := &starter{t: t, w: w, dir: t.TempDir()}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatalf("sim: token key: %v", err)
+	}
+	s.env = []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key)}
+	t.Cleanup(s.stopLinks)
+
+	// Pods first: each cluster relay joins its pod's cluster pool.
+	for _, spec := range Regions {
+		w.Regions = append(w.Regions, &Region{Spec: spec})
+	}
+	for _, r := range w.Regions {
+		a := addr(r.Spec.Net, hostTransceiver)
+		r.Transceiver = s.start("transceiver-"+r.Spec.Name, "transceiver", fmt.Sprintf(
+			"region: %s\ncluster: %d\npod: 1\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 2s\n%s",
+			r.Spec.Name, r.Spec.Cluster, a, a, gossip("gossip", r.Spec.Name+"-pod-1", a.Addr(), "")))
+	}
+	var seed string // the first cluster relay's global pool seeds everyone's
+	for _, r := range w.Regions {
+		podGossip := r.Transceiver.WaitLog(t, "transceiver up", startLimit)["gossip"]
+		a := addr(r.Spec.Net, hostClusterRelay)
+		r.ClusterRelay = s.start("clusterrelay-"+r.Spec.Name, "clusterrelay", fmt.Sprintf(
+			"region: %s\ncluster: %d\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 1s\n%s%s",
+			r.Spec.Name, r.Spec.Cluster, a, a,
+			gossip("cluster_gossip", r.Spec.Name+"-cr-1", a.Addr(), podGossip),
+			gossip("global_gossip", r.Spec.Name+"-cr-1", a.Addr(), seed)))
+		up := r.ClusterRelay.WaitLog(t, "cluster relay up", startLimit)
+		r.SessionAPI = up["api"]
+		if seed == "" {
+			seed = up["global_gossip"]
+		}
+	}
+
+	// One global relay per (site, region): a site's view of that POP.
+	for si, spec := range Sites {
+		site := &Site{Spec: spec}
+		w.Sites = append(w.Sites, site)
+		for ri, r := range w.Regions {
+			p := &POP{ID: uint16(si*len(Regions) + ri + 1), Name: r.Spec.POPCode + "-" + spec.Name, Region: ri, Delay: cfg.Far}
+			if ri == spec.Near {
+				p.Delay = cfg.Near
+			}
+			a := addr(r.Spec.Net, byte(hostRelayBase+si))
+			p.Relay = s.start("globalrelay-"+p.Name, "globalrelay", fmt.Sprintf(
+				"region: %s\npop: %d\npublic_addr: %q\ninternal_addr: %q\nworkers: 1\ndrain_timeout: 1s\n%s",
+				r.Spec.Name, p.ID, a, a.Addr(), gossip("gossip", "gr-"+p.Name, a.Addr(), seed)))
+			site.POPs = append(site.POPs, p)
+		}
+	}
+	for si, site := range w.Sites {
+		for ri, p := range site.POPs {
+			pub, err := netip.ParseAddrPort(p.Relay.WaitLog(t, "global relay up", startLimit)["public"])
+			if err != nil {
+				t.Fatalf("sim: %s public address: %v", p.Name, err)
+			}
+			p.Link = s.udpLink(addr(site.Spec.Net, byte(hostSitePOPBase+ri)), pub, p.Delay, int64(si*10+ri))
+		}
+	}
+
+	// Signaling fronts: one per region, with the catalogue of the site it
+	// serves; the other region's session API is Far away.
+	for ri, r := range w.Regions {
+		other := w.Regions[(ri+1)%len(w.Regions)]
+		r.RemoteAPI = s.tcpLink(addr(r.Spec.Net, hostRemoteAPI), strings.TrimPrefix(other.SessionAPI, "http://"), cfg.Far)
+	}
+	for _, site := range w.Sites {
+		r := w.Regions[site.Spec.Near]
+		cat := s.write("catalogue-"+r.Spec.Name+".yaml", w.catalogue(site, site.Spec.Near))
+		a := addr(r.Spec.Net, hostSignaling)
+		r.Signaling = s.start("signaling-"+r.Spec.Name, "signaling", fmt.Sprintf(
+			"listen_addr: %q\ncatalogue: %q\ndemo_page: true\ntrusted_proxies: [\"127.0.0.0/8\"]\nrate_per_second: 100\nrate_burst: 100\n%s",
+			a, cat, gossip("gossip", "sig-"+r.Spec.Name, a.Addr(), seed)))
+	}
+	for _, site := range w.Sites {
+		r := w.Regions[site.Spec.Near]
+		r.SignalingURL = r.Signaling.WaitLog(t, "signaling up", startLimit)["url"]
+		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(r.SignalingURL, "http://"), cfg.Near)
+		site.SignalingURL = "http://" + site.Signaling.Addr().String()
+		site.HTTPClient = siteClient(site.Spec.Net)
+		t.Cleanup(site.HTTPClient.CloseIdleConnections)
+	}
+	// Registered after every process's own kill-and-reap cleanup, so it
+	// runs first: a clean exit on SIGTERM is part of what is tested.
+	t.Cleanup(func() { proctest.StopAll(t, stopLimit, s.procs...) })
+	for _, site := range w.Sites {
+		w.awaitConverged(t, w.Regions[site.Spec.Near])
+	}
+	return w
+}
+
+// catalogue is the region catalogue of the signaling front that serves
+// site: every region with its cluster (the front's own directly, the other
+// through its RemoteAPI link) and the site's view of its POP.
+func (w *World) catalogue(site *Site, front int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "default_region: %s\nregions:\n", w.Regions[0].Spec.Name)
+	for ri, r := range w.Regions {
+		api := r.SessionAPI
+		if ri != front {
+			api = "http://" + w.Regions[front].RemoteAPI.Addr().String()
+		}
+		p := site.POPs[ri]
+		fmt.Fprintf(&b, "  - name: %s\n    location: {lat: %.2f, lon: %.2f}\n", r.Spec.Name, r.Spec.Lat, r.Spec.Lon)
+		fmt.Fprintf(&b, "    clusters:\n      - {id: %d, name: %s-1, session_api: %q}\n", r.Spec.Cluster, r.Spec.Name, api)
+		fmt.Fprintf(&b, "    pops:\n      - {id: %d, name: %s, vip: %q}\n", p.ID, p.Name, p.VIP())
+	}
+	return b.String()
+}
+
+// gossip renders one memberlist pool's config section.
+func gossip(key, name string, bind netip.Addr, join string) string {
+	s := fmt.Sprintf("%s:\n  name: %s\n  bind: %q\n  insecure: true\n  fast: true\n", key, name, netip.AddrPortFrom(bind, 0))
+	if join != "" {
+		s += fmt.Sprintf("  join: [%q]\n", join)
+	}
+	return s
+}
+
+// siteClient is an HTTP client whose connections leave from the site's
+// client address, with no proxy.
+func siteClient(net byte) *http.Client {
+	d := &netDialer{local: addr(net, hostSiteClient).Addr()}
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: d.dial}}
+}
+
+type netDialer struct{ local netip.Addr }
+
+func (d *netDialer) dial(ctx context.Context, network, address string) (net.Conn, error) {
+	nd := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(d.local, 0))}
+	return nd.DialContext(ctx, network, address)
+}
+
+// awaitConverged waits until the front sees every cluster known and
+// healthy and every POP up. Gossip offers no event to wait on from outside,
+// so this polls the front's regions API.
+func (w *World) awaitConverged(t testing.TB, r *Region) {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(convergeLimit)
+	var last string
+	for {
+		ok, state := converged(client, r.SignalingURL)
+		if ok {
+			return
+		}
+		last = state
+		if time.Now().After(deadline) {
+			t.Fatalf("sim: signaling %s did not converge within %v: %s", r.Spec.Name, convergeLimit, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func converged(client *http.Client, url string) (bool, string) {
+	resp, err := client.Get(url + "/v1/regions")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Regions []struct {
+			Name     string `json:"name"`
+			Clusters []struct {
+				ID             uint16 `json:"id"`
+				Known, Healthy bool
+			} `json:"clusters"`
+			POPs []struct {
+				Name string `json:"name"`
+				Up   bool   `json:"up"`
+			} `json:"pops"`
+		} `json:"regions"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return false, err.Error()
+	}
+	for _, rg := range body.Regions {
+		for _, c := range rg.Clusters {
+			if !c.Known || !c.Healthy {
+				return false, fmt.Sprintf("cluster %d known=%v healthy=%v", c.ID, c.Known, c.Healthy)
+			}
+		}
+		for _, p := range rg.POPs {
+			if !p.Up {
+				return false, fmt.Sprintf("POP %s down", p.Name)
+			}
+		}
+	}
+	return len(body.Regions) == len(Regions), fmt.Sprintf("%d regions", len(body.Regions))
+}
+
+// starter holds what Start needs while it builds the world.
+type starter struct {
+	t     testing.TB
+	w     *World
+	dir   string
+	env   []string
+	procs []*proctest.Proc
+	links []func() // stop functions, in start order
+}
+
+func (s *starter) write(name, content string) string {
+	return proctest.WriteFile(s.t, s.dir, name, content)
+}
+
+func (s *starter) start(name, role, config string) *proctest.Proc {
+	s.t.Helper()
+	p := proctest.Start(s.t, s.w.Config.Binary, proctest.Spec{
+		Name: name, Args: []string{role, "-config", s.write(name+".yaml", config)}, Env: s.env})
+	s.procs = append(s.procs, p)
+	return p
+}
+
+// run runs a link until the world stops.
+func (s *starter) run(name string, run func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := run(ctx); err != nil {
+			s.w.Config.Logger.Error("link stopped", "link", name, "err", err)
+		}
+	}()
+	s.links = append(s.links, func() { cancel(); <-done })
+}
+
+func (s *starter) stopLinks() {
+	for _, stop := range s.links {
+		stop()
+	}
+}
+
+func (s *starter) linkConfig(delay time.Duration, seed int64) netsim.LinkConfig {
+	return netsim.LinkConfig{Delay: delay, Jitter: s.w.Config.Jitter, Seed: s.w.Config.Seed + seed}
+}
+
+func (s *starter) udpLink(listen, target netip.AddrPort, delay time.Duration, seed int64) *netsim.UDPLink {
+	s.t.Helper()
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(listen))
+	if err != nil {
+		s.t.Fatalf("sim: listen %v: %v", listen, err)
+	}
+	l, err := netsim.NewUDPLink(conn, target, s.linkConfig(delay, 2*seed), s.linkConfig(delay, 2*seed+1), s.w.Config.Logger)
+	if err != nil {
+		conn.Close()
+		s.t.Fatalf("sim: link to %v: %v", target, err)
+	}
+	s.run("udp "+l.Addr().String(), l.Run)
+	return l
+}
+
+func (s *starter) tcpLink(listen netip.AddrPort, target string, delay time.Duration) *netsim.TCPLink {
+	s.t.Helper()
+	ln, err := net.Listen("tcp", listen.String())
+	if err != nil {
+		s.t.Fatalf("sim: listen %v: %v", listen, err)
+	}
+	l, err := netsim.NewTCPLink(ln, target, s.linkConfig(delay, 100), s.linkConfig(delay, 101), s.w.Config.Logger)
+	if err != nil {
+		ln.Close()
+		s.t.Fatalf("sim: link to %s: %v", target, err)
+	}
+	s.run("tcp "+l.Addr().String(), l.Run)
+	return l
+}
+
+// quietLogger discards, unless RTCEDGE_TEST_LOG=debug asks for the links'
+// logs on stderr.
+func quietLogger() *slog.Logger {
+	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}

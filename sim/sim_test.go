@@ -1,0 +1,282 @@
+package sim_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/internal/proctest"
+	"github.com/rtcedge/rtcedge/netsim"
+	"github.com/rtcedge/rtcedge/probe"
+	"github.com/rtcedge/rtcedge/sim"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(proctest.Main(m)) }
+
+// Environment knobs; `make sim` sets both.
+const (
+	// callsEnv sets the calls per site (default 3; 1 with -short).
+	callsEnv = "RTCEDGE_SIM_CALLS"
+	// reportEnv names a directory for sim-report.json and sim-report.txt.
+	reportEnv = "RTCEDGE_SIM_REPORT_DIR"
+)
+
+// hold is how long each measured call stays up after its first echo: long
+// enough for a few dozen echo round trips.
+const hold = 600 * time.Millisecond
+
+// switchMsg is what a transceiver logs when it moves a session to the POP
+// its checks now arrive through.
+const switchMsg = "switching session to another POP"
+
+// TestSimulation runs the two-region, two-site simulation: every call from
+// a site must be placed in its near region, on its near POP; setup times and
+// echo RTT are measured in units of the simulated round trip and logged,
+// never asserted. Then faults on site a's links: the near POP cut before a
+// call, a loss burst and a partition mid-call, and the heal.
+func TestSimulation(t *testing.T) {
+	w := sim.Start(t, sim.Config{})
+	calls := 3
+	if testing.Short() {
+		calls = 1
+	}
+	if v := os.Getenv(callsEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 50 {
+			t.Fatalf("%s=%q: want 1..50", callsEnv, v)
+		}
+		calls = n
+	}
+	rep := sim.Report{
+		NearOneWayMs: ms(w.Config.Near), FarOneWayMs: ms(w.Config.Far),
+		SignalingRTTMs: ms(w.SignalingRTT()), MediaRTTMs: ms(w.MediaRTT()),
+		GoalMs: ms(w.SignalingRTT() + 3*w.MediaRTT() + 20*time.Millisecond),
+	}
+	for _, site := range w.Sites {
+		t.Run("site-"+site.Spec.Name, func(t *testing.T) {
+			rep.Sites = append(rep.Sites, measureSite(t, w, site, calls))
+		})
+	}
+	if browserWanted() {
+		t.Run("chromium", func(t *testing.T) { rep.Browser = browserCalls(t, w, calls) })
+	}
+	if !testing.Short() {
+		site := w.Sites[0]
+		t.Run("fault-near-pop-cut-before-call", func(t *testing.T) { rep.Faults = append(rep.Faults, cutBeforeCall(t, w, site)) })
+		t.Run("fault-mid-call", func(t *testing.T) { rep.Faults = append(rep.Faults, midCallFaults(t, w, site)...) })
+	}
+	t.Logf("simulation report:\n%s", rep.Text())
+	if dir := os.Getenv(reportEnv); dir != "" {
+		if err := rep.WriteFiles(dir); err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("report written to %s/sim-report.{json,txt}", dir)
+		}
+	}
+}
+
+// measureSite places calls one after another from site and checks each is
+// placed in the site's near region, cluster and POP, through its near link.
+func measureSite(t *testing.T, w *sim.World, site *sim.Site, calls int) sim.SiteReport {
+	near := w.Regions[site.NearRegion()]
+	nearPOP := site.NearPOP()
+	out := sim.SiteReport{Site: site.Spec.Name, City: site.Spec.City, Calls: calls,
+		Region: near.Spec.Name, Cluster: strconv.Itoa(int(near.Spec.Cluster)), POP: nearPOP.Name}
+	var timings []probe.Timings
+	var rtts []time.Duration
+	for i := range calls {
+		before := nearPOP.Link.Stats()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		r, tm, err := placeCall(ctx, site)
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d from site %s: %v", i, site.Spec.Name, err)
+		}
+		if r.Region != out.Region || r.Cluster != out.Cluster || r.POP != out.POP {
+			t.Errorf("call %d from site %s (%s) placed in %s/%s/%s, want its near %s/%s/%s",
+				i, site.Spec.Name, site.Spec.City, r.Region, r.Cluster, r.POP, out.Region, out.Cluster, out.POP)
+		}
+		if after := nearPOP.Link.Stats(); after.Up.Forwarded == before.Up.Forwarded || after.Down.Forwarded == before.Down.Forwarded {
+			t.Errorf("call %d from site %s: nothing went through its near POP link %s", i, site.Spec.Name, nearPOP.Name)
+		}
+		t.Logf("call %d: signaling %.1f ms, ICE %.1f ms, DTLS %.1f ms, first echo %.1f ms, echo RTT p50 %.1f ms, loss %.1f%%",
+			i, r.SignalingMs, r.ICEMs, r.DTLSMs, r.FirstEchoMs, r.RTTP50Ms, 100*r.LossRatio)
+		timings = append(timings, tm)
+		rtts = append(rtts, time.Duration(r.RTTP50Ms*float64(time.Millisecond)))
+	}
+	out.Rows = sim.SiteRows(timings, rtts, w.SignalingRTT(), w.MediaRTT())
+	return out
+}
+
+// placeCall is probe.Once that also returns the raw timings.
+func placeCall(ctx context.Context, site *sim.Site) (probe.Report, probe.Timings, error) {
+	var tm probe.Timings
+	cfg := site.CallConfig()
+	r, err := probe.Once(ctx, cfg, hold)
+	if err != nil {
+		return r, tm, err
+	}
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	tm = probe.Timings{Signaling: ms(r.SignalingMs), ICEConnected: ms(r.ICEMs), DTLSConnected: ms(r.DTLSMs), FirstEcho: ms(r.FirstEchoMs)}
+	return r, tm, nil
+}
+
+// cutBeforeCall places a call while the site's near POP link is cut: the
+// client's checks to the near VIP go nowhere and it connects through the
+// backup (far) POP from the answer.
+func cutBeforeCall(t *testing.T, w *sim.World, site *sim.Site) sim.Scenario {
+	near, far := site.NearPOP(), site.POPs[1-site.NearRegion()]
+	near.Link.SetPartitioned(true)
+	defer near.Link.SetPartitioned(false)
+	before := far.Link.Stats()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, _, err := placeCall(ctx, site)
+	if err != nil {
+		t.Fatalf("call with the near POP cut: %v", err)
+	}
+	after := far.Link.Stats()
+	if after.Down.Forwarded == before.Down.Forwarded {
+		t.Errorf("the call with %s cut did not go through the backup POP %s", near.Name, far.Name)
+	}
+	farRTT := 2 * far.Delay
+	res := fmt.Sprintf("connected through backup %s (RTT %.0f ms): signaling %.1f ms, ICE %.1f ms, DTLS %.1f ms (%.2f far RTTs after ICE), first echo %.1f ms, echo RTT p50 %.1f ms",
+		far.Name, ms(farRTT), r.SignalingMs, r.ICEMs, r.DTLSMs, (r.DTLSMs-r.ICEMs)/ms(farRTT), r.FirstEchoMs, r.RTTP50Ms)
+	t.Log(res)
+	return sim.Scenario{Name: "near POP cut before the call", Action: "site " + site.Spec.Name + "'s link to " + near.Name + " partitioned from before the offer", Result: res}
+}
+
+// midCallFaults runs one call from site through a loss burst, then a
+// partition of its near POP link and the heal.
+func midCallFaults(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
+	const (
+		burstLoss    = 0.3
+		burstFor     = 2 * time.Second
+		partitionFor = 3 * time.Second
+		recoverLimit = 10 * time.Second
+	)
+	near, backup := site.NearPOP(), site.POPs[1-site.NearRegion()]
+	tr := w.Regions[site.NearRegion()].Transceiver
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	call, err := probe.Dial(ctx, site.CallConfig())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer func() {
+		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer hcancel()
+		if err := call.Hangup(hctx); err != nil {
+			t.Errorf("hang up: %v", err)
+		}
+		call.Close()
+	}()
+	if err := call.WaitEcho(ctx); err != nil {
+		t.Fatal(err)
+	}
+	received := func() int { return call.Stats().Received }
+	if _, ok := await(5*time.Second, atLeast(received, received()+25)); !ok {
+		t.Fatal("the call did not settle into echoing")
+	}
+	var out []sim.Scenario
+
+	// (1) A loss burst on the near link, both ways.
+	s0, l0 := call.Stats(), near.Link.Stats()
+	near.Link.SetLoss(burstLoss, burstLoss)
+	burst := time.NewTimer(burstFor) // the burst's length is the scenario
+	<-burst.C
+	near.Link.SetLoss(0, 0)
+	endedAt := time.Now()
+	s1, l1 := call.Stats(), near.Link.Stats()
+	if _, ok := await(5*time.Second, atLeast(received, s1.Received+25)); !ok {
+		t.Errorf("the call did not survive %.0f%% loss for %v", 100*burstLoss, burstFor)
+	}
+	// Stats count a packet lost once it is a second old and unanswered.
+	if wait := time.Second + 100*time.Millisecond - time.Since(endedAt); wait > 0 {
+		settle := time.NewTimer(wait)
+		<-settle.C
+	}
+	s2 := call.Stats()
+	sent := s1.Sent - s0.Sent
+	lost := s2.Lost - s0.Lost
+	dropUp := l1.Up.Dropped[netsim.DropLoss] - l0.Up.Dropped[netsim.DropLoss]
+	dropDown := l1.Down.Dropped[netsim.DropLoss] - l0.Down.Dropped[netsim.DropLoss]
+	fwdUp := l1.Up.Forwarded - l0.Up.Forwarded
+	fwdDown := l1.Down.Forwarded - l0.Down.Forwarded
+	res := fmt.Sprintf("call survived; %d of %d audio packets sent in the burst not echoed (%.0f%%; expected ≈ %.0f%% = 1 − 0.7²); link dropped %d of %d up, %d of %d down; ICE state %s",
+		lost, sent, 100*float64(lost)/float64(max(sent, 1)), 100*(1-(1-burstLoss)*(1-burstLoss)),
+		dropUp, dropUp+fwdUp, dropDown, dropDown+fwdDown, call.ConnectionState())
+	t.Log("loss burst: " + res)
+	out = append(out, sim.Scenario{Name: "loss burst",
+		Action: fmt.Sprintf("%.0f%% loss each way for %v on site %s's link to %s, mid-call", 100*burstLoss, burstFor, site.Spec.Name, near.Name),
+		Result: res})
+
+	// (2) Partition the near link: does the client move to the backup POP?
+	switches := tr.Count(switchMsg)
+	b0 := backup.Link.Stats()
+	near.Link.SetPartitioned(true)
+	cutAt := time.Now()
+	atCut := received()
+	_, moved := await(partitionFor, atLeast(received, atCut+5))
+	if !moved {
+		rest := time.NewTimer(partitionFor - time.Since(cutAt))
+		<-rest.C
+	}
+	b1 := backup.Link.Stats()
+	stateCut := call.ConnectionState()
+	// (3) Heal and measure how soon echoes come back.
+	near.Link.SetPartitioned(false)
+	healedAt := time.Now()
+	atHeal := received()
+	resume, ok := await(recoverLimit, atLeast(received, atHeal+1))
+	if !ok {
+		t.Errorf("no echo within %v after the partition healed", recoverLimit)
+	}
+	if _, ok := await(5*time.Second, atLeast(received, atHeal+25)); !ok {
+		t.Error("echo did not keep flowing after the heal")
+	}
+	gap, _ := call.Gaps()
+	backupUp := b1.Up.Forwarded - b0.Up.Forwarded
+	switched := tr.Count(switchMsg) - switches
+	var part string
+	if moved {
+		part = fmt.Sprintf("the client moved to backup %s during the partition (%d datagrams sent there, %d transceiver POP switches)", backup.Name, backupUp, switched)
+	} else {
+		part = fmt.Sprintf("no move to backup %s: the client sent %d datagrams there during the cut (Pion keeps its nominated pair; it renominates only with renomination enabled), %d transceiver POP switches; audio stopped; peer state %s at the heal",
+			backup.Name, backupUp, switched, stateCut)
+	}
+	t.Log("partition: " + part)
+	out = append(out, sim.Scenario{Name: "partition",
+		Action: fmt.Sprintf("site %s's link to %s cut both ways for %v, mid-call", site.Spec.Name, near.Name, partitionFor),
+		Result: part})
+	heal := fmt.Sprintf("first echo %.1f ms after the heal (media RTT %.0f ms); longest echo gap %.0f ms for a cut of %v",
+		ms(resume), ms(w.MediaRTT()), ms(gap), healedAt.Sub(cutAt).Round(time.Millisecond))
+	t.Log("heal: " + heal)
+	out = append(out, sim.Scenario{Name: "heal", Action: "the partition lifted", Result: heal})
+	return out
+}
+
+// await polls cond every 5 ms for up to limit and reports how long it took.
+// The probe's counters have no change notification, so polling is the way
+// to see them move; the interval bounds the timing error.
+func await(limit time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Since(start) > limit {
+			return time.Since(start), false
+		}
+		<-tick.C
+	}
+	return time.Since(start), true
+}
+
+func atLeast(get func() int, n int) func() bool { return func() bool { return get() >= n } }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
