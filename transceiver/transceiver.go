@@ -54,6 +54,12 @@ type Config struct {
 	// RouteTTL is how long a client's return route is kept without
 	// packets from it; default 2m.
 	RouteTTL time.Duration
+	// DTLSRole is the server's DTLS role: "client" answers a=setup:active
+	// (the server sends the ClientHello the moment ICE connects), "server"
+	// answers a=setup:passive and skips the HelloVerify cookie round trip
+	// (ICE has already proven the path with MESSAGE-INTEGRITY, so the
+	// cookie adds nothing). Default "client".
+	DTLSRole string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -94,6 +100,8 @@ func (c *Config) Validate() error {
 		return errors.New("transceiver config: backend is required")
 	case c.MaxSessions < 0:
 		return errors.New("transceiver config: max sessions must not be negative")
+	case c.DTLSRole != "" && c.DTLSRole != "client" && c.DTLSRole != "server":
+		return fmt.Errorf("transceiver config: dtls role %q: want client or server", c.DTLSRole)
 	}
 	return nil
 }
@@ -190,9 +198,12 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
 	se.SetIncludeLoopbackCandidate(true)
-	// The server is the DTLS client (a=setup:active): its ClientHello
-	// leaves the moment ICE connects, with no HelloVerify cookie round trip.
-	if err := se.SetAnsweringDTLSRole(webrtc.DTLSRoleClient); err != nil {
+	role := webrtc.DTLSRoleClient
+	if cfg.DTLSRole == "server" {
+		role = webrtc.DTLSRoleServer
+		se.SetDTLSInsecureSkipHelloVerify(true)
+	}
+	if err := se.SetAnsweringDTLSRole(role); err != nil {
 		return nil, err
 	}
 	se.SetICETimeouts(cfg.DisconnectedTimeout, cfg.FailedTimeout, 2*time.Second)

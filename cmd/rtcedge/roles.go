@@ -72,6 +72,7 @@ type TransceiverConfig struct {
 	MaxSessions    int           `yaml:"max_sessions"`
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`
+	DTLSRole       string        `yaml:"dtls_role"` // client (a=setup:active) or server (a=setup:passive)
 	Token          TokenKeys     `yaml:"token"`
 	Gossip         Gossip        `yaml:"gossip"` // the cluster pool
 }
@@ -110,7 +111,7 @@ func runTransceiver(ctx context.Context, args []string) error {
 	tr, err := transceiver.New(transceiver.Config{
 		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: echo.Backend{},
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
-		Logger: log, Registerer: reg,
+		DTLSRole: cfg.DTLSRole, Logger: log, Registerer: reg,
 	}, conn)
 	if err != nil {
 		conn.Close()
