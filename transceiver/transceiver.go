@@ -128,6 +128,9 @@ type CreateResult struct {
 	Answer string
 }
 
+// podReadBuffer is the receive buffer asked for the pod socket.
+const podReadBuffer = 4 << 20
+
 // maxPOPs bounds the candidates per answer; more adds nothing but checks.
 const maxPOPs = 4
 
@@ -191,6 +194,12 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 
 		stateChanged: make(chan struct{}, 1),
 	}
+	// Every session of the pod arrives on this one socket: at 50 pps per
+	// session, the kernel's default receive buffer (about 200 KiB, some 300
+	// small datagrams at kernel accounting) fills within a 10–20 ms stall
+	// of the reader at a few hundred sessions, and the kernel drops
+	// silently. Best effort: the kernel caps it at net.core.rmem_max.
+	_ = conn.SetReadBuffer(podReadBuffer)
 	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, m, cfg.Now)
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}

@@ -1,0 +1,88 @@
+package capacity
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/transceiver/echo"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startPod runs a transceiver in this process on a loopback socket and
+// returns its data address and session API URL.
+func startPod(t *testing.T) (*net.UDPConn, string) {
+	t.Helper()
+	keys, err := token.NewKeyring(1, map[uint8][]byte{1: make([]byte, 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := transceiver.New(transceiver.Config{
+		Cluster: 1, Pod: 1, Keys: keys, Backend: echo.Backend{},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx) }()
+	api := httptest.NewServer(tr.Handler())
+	t.Cleanup(func() {
+		api.Close()
+		cancel()
+		<-done
+	})
+	return conn, api.URL
+}
+
+// TestFleetEchoes checks the load generator itself: a few clients reach an
+// in-process pod through a Link, and their audio comes back.
+func TestFleetEchoes(t *testing.T) {
+	conn, api := startPod(t)
+	link, err := NewLink(LinkConfig{Pod: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Cluster: 1, PodID: 1, POP: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	fleet, err := NewFleet(FleetConfig{Link: link, API: api, POP: 1, DataChannel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for range 3 {
+		if err := fleet.Add(ctx); err != nil {
+			t.Fatalf("add client: %v", err)
+		}
+	}
+	fleet.SetAudio(true)
+	w := fleet.OpenWindow(500 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sent, recv, _ := w.Loss()
+		if time.Now().After(deadline) {
+			t.Fatalf("echo: %d of %d packets back", recv, sent)
+		}
+		if sent >= 60 && recv >= sent {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p50, p99 := fleet.RTT()
+	t.Logf("3 clients: rtt p50 %v p99 %v", p50, p99)
+}

@@ -1,0 +1,382 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// RunConfig configures a stepped measurement.
+type RunConfig struct {
+	// Bin is the rtcedge binary; the pod runs as `Bin transceiver`.
+	Bin string
+	// Dir holds the pod's config file.
+	Dir string
+	// Steps are the session counts to hold, ascending.
+	Steps []int
+	// Settle is the wait after reaching a step before measuring, so that
+	// setup work (DTLS handshakes) is out of the window; default 3s.
+	Settle time.Duration
+	// Window is how long each step's audio is measured; default 8s.
+	Window time.Duration
+	// IdleWindow, when non-zero, also measures the pod with the audio
+	// stopped, which splits the per-session cost into what the sessions
+	// cost just by existing and what the packets cost.
+	IdleWindow time.Duration
+	// SetupConcurrency is how many calls are set up at once; default 4.
+	SetupConcurrency int
+	// StopLoss ends the run after the first step whose loss exceeds it;
+	// default 0.05.
+	StopLoss float64
+	// DataChannel opens the oai-events channel in every session.
+	DataChannel bool
+	// Progress, when set, gets one line per event worth telling.
+	Progress io.Writer
+}
+
+// Step is what one session count measured.
+type Step struct {
+	Sessions      int
+	SetupFailures int
+	SetupSecs     float64 // time to add this step's sessions
+	Sent, Echoed  int64
+	Loss          float64
+	RTTP50        time.Duration
+	RTTP99        time.Duration
+
+	PodCPU     float64 // share of one core, audio on
+	PodIdleCPU float64 // share of one core, audio off (-1: not measured)
+	PodRSS     int64   // bytes, at the end of the window
+	PodHeap    int64   // go_memstats_heap_inuse_bytes
+	Goroutines int
+	PodPPSIn   float64 // client datagrams into the pod per second
+	PodPPSOut  float64
+	PodDrops   float64 // datagrams the pod dropped during the window
+	Rcvbuf     int64   // UDP receive-buffer overflows on the machine during the window
+
+	GenCPU  float64 // load generator's share of one core
+	BoxBusy float64 // whole machine, cores busy (2.0 = both cores)
+	Load1   float64 // /proc/loadavg at the end of the window
+}
+
+// Run starts a pod, holds each step's session count with 50 pps voice
+// both ways, and measures. It returns the steps measured so far even when
+// it stops early with an error.
+func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
+	if cfg.Settle == 0 {
+		cfg.Settle = 3 * time.Second
+	}
+	if cfg.Window == 0 {
+		cfg.Window = 8 * time.Second
+	}
+	if cfg.SetupConcurrency <= 0 {
+		cfg.SetupConcurrency = 4
+	}
+	if cfg.StopLoss == 0 {
+		cfg.StopLoss = 0.05
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	if len(cfg.Steps) == 0 {
+		return nil, errors.New("capacity: no steps")
+	}
+	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100)
+	if err != nil {
+		return nil, err
+	}
+	defer pod.Stop()
+	link, err := NewLink(LinkConfig{Pod: pod.Data, Cluster: 1, PodID: 1, POP: 1})
+	if err != nil {
+		return nil, err
+	}
+	defer link.Close()
+	fleet, err := NewFleet(FleetConfig{Link: link, API: pod.API, POP: 1, DataChannel: cfg.DataChannel})
+	if err != nil {
+		return nil, err
+	}
+	// Close the clients before the link and the pod (defers run last-in
+	// first-out), so the pod sees its sessions end rather than time out.
+	defer fleet.Close()
+	fleet.SetAudio(true)
+
+	var steps []Step
+	for _, n := range cfg.Steps {
+		st, err := runStep(ctx, cfg, pod, fleet, n)
+		if err != nil {
+			return steps, err
+		}
+		steps = append(steps, st)
+		fmt.Fprintln(cfg.Progress, st.line())
+		if st.Loss > cfg.StopLoss {
+			fmt.Fprintf(cfg.Progress, "loss %.2f%% over %.0f%%: stopping\n", 100*st.Loss, 100*cfg.StopLoss)
+			break
+		}
+		if st.SetupFailures > max(2, n/20) {
+			fmt.Fprintf(cfg.Progress, "%d setup failures: stopping\n", st.SetupFailures)
+			break
+		}
+	}
+	return steps, nil
+}
+
+// grow adds calls until the fleet holds n, with bounded concurrency and
+// a bounded number of failures.
+func grow(ctx context.Context, cfg RunConfig, fleet *Fleet, n int) (failures int, err error) {
+	need := n - fleet.Size()
+	if need <= 0 {
+		return 0, nil
+	}
+	var failed atomic.Int64
+	jobs := make(chan struct{})
+	var wg sync.WaitGroup
+	for range cfg.SetupConcurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+				if err := fleet.Add(actx); err != nil {
+					failed.Add(1)
+				}
+				cancel()
+			}
+		}()
+	}
+	limit := int64(max(2, need/20))
+	for i := 0; i < need && ctx.Err() == nil && failed.Load() <= limit; i++ {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	wg.Wait()
+	return int(failed.Load()), ctx.Err()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// snapshot is every counter a window needs, read at one moment.
+type snapshot struct {
+	at      time.Time
+	pod     ProcStat
+	gen     ProcStat
+	box     MachineStat
+	metrics map[string]float64
+	rcvbuf  int64
+}
+
+func takeSnapshot(ctx context.Context, pod *Pod) (snapshot, error) {
+	var s snapshot
+	var err error
+	s.at = time.Now()
+	s.rcvbuf = UDPRcvbufErrors()
+	if s.pod, err = pod.Stat(); err != nil {
+		return s, err
+	}
+	if s.gen, err = SelfStat(); err != nil {
+		return s, err
+	}
+	if s.box, err = ReadMachineStat(); err != nil {
+		return s, err
+	}
+	s.metrics, err = pod.Scrape(ctx)
+	return s, err
+}
+
+func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int) (Step, error) {
+	st := Step{PodIdleCPU: -1}
+	fmt.Fprintf(cfg.Progress, "step %d: setting up %d calls\n", n, n-fleet.Size())
+	t0 := time.Now()
+	fails, err := grow(ctx, cfg, fleet, n)
+	st.SetupSecs = time.Since(t0).Seconds()
+	st.SetupFailures = fails
+	st.Sessions = fleet.Size()
+	if err != nil {
+		return st, err
+	}
+	if err := sleepCtx(ctx, cfg.Settle); err != nil {
+		return st, err
+	}
+
+	w := fleet.OpenWindow(cfg.Window)
+	a, err := takeSnapshot(ctx, pod)
+	if err != nil {
+		return st, err
+	}
+	if err := sleepCtx(ctx, cfg.Window); err != nil {
+		return st, err
+	}
+	b, err := takeSnapshot(ctx, pod)
+	if err != nil {
+		return st, err
+	}
+	// Echoes of the window's last packets may still be on their way: give
+	// them the probe's one second.
+	if err := sleepCtx(ctx, time.Second); err != nil {
+		return st, err
+	}
+	st.Sent, st.Echoed, st.Loss = w.Loss()
+	st.RTTP50, st.RTTP99 = fleet.RTT()
+	secs := b.at.Sub(a.at).Seconds()
+	st.PodCPU = (b.pod.CPU - a.pod.CPU).Seconds() / secs
+	st.GenCPU = (b.gen.CPU - a.gen.CPU).Seconds() / secs
+	if dt := b.box.Total - a.box.Total; dt > 0 {
+		// Total counts every core's time, so busy/total is a share of the
+		// machine; scale by the wall time to get cores.
+		st.BoxBusy = (b.box.Busy - a.box.Busy).Seconds() / secs
+	}
+	st.PodRSS = b.pod.RSS
+	st.PodHeap = int64(b.metrics["go_memstats_heap_inuse_bytes"])
+	st.Goroutines = int(b.metrics["go_goroutines"])
+	st.PodPPSIn = (b.metrics["rtcedge_transceiver_packets_in_total"] - a.metrics["rtcedge_transceiver_packets_in_total"]) / secs
+	st.PodPPSOut = (b.metrics["rtcedge_transceiver_packets_out_total"] - a.metrics["rtcedge_transceiver_packets_out_total"]) / secs
+	st.PodDrops = b.metrics["rtcedge_transceiver_dropped_packets_total"] - a.metrics["rtcedge_transceiver_dropped_packets_total"]
+	st.Rcvbuf = b.rcvbuf - a.rcvbuf
+	st.Load1 = LoadAvg()
+
+	if cfg.IdleWindow > 0 {
+		fleet.SetAudio(false)
+		defer fleet.SetAudio(true)
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return st, err
+		}
+		a, err := pod.Stat()
+		if err != nil {
+			return st, err
+		}
+		t := time.Now()
+		if err := sleepCtx(ctx, cfg.IdleWindow); err != nil {
+			return st, err
+		}
+		b, err := pod.Stat()
+		if err != nil {
+			return st, err
+		}
+		st.PodIdleCPU = (b.CPU - a.CPU).Seconds() / time.Since(t).Seconds()
+	}
+	return st, nil
+}
+
+func (s Step) line() string {
+	idle := "   -"
+	if s.PodIdleCPU >= 0 {
+		idle = fmt.Sprintf("%4.0f", 100*s.PodIdleCPU)
+	}
+	return fmt.Sprintf("%5d  %6.3f  %6.2f %7.2f  %5.0f %5s  %6.1f %6.1f  %7.0f %7.0f %5.0f %6d  %5.0f  %4.2f  %4.1f  %4d",
+		s.Sessions, 100*s.Loss, ms(s.RTTP50), ms(s.RTTP99), 100*s.PodCPU, idle,
+		float64(s.PodRSS)/(1<<20), float64(s.PodHeap)/(1<<20), s.PodPPSIn, s.PodPPSOut, s.PodDrops, s.Rcvbuf,
+		100*s.GenCPU, s.BoxBusy, s.Load1, s.SetupFailures)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// tableHeader names the columns of Step.line.
+const tableHeader = "  ses  loss%  rtt50ms rtt99ms  pod%  idle%  rssMB heapMB   pps-in pps-out drops rcvbuf  gen%  box  load  fail"
+
+// Summary is the per-session cost fitted over the steps.
+type Summary struct {
+	Steps           int     // steps in the fit (loss under MaxLoss)
+	CPUPerSession   float64 // share of one core, audio on
+	CPUBase         float64 // intercept: the pod with no sessions
+	IdlePerSession  float64 // share of one core, audio off (0: not measured)
+	RSSPerSession   float64 // bytes
+	HeapPerSession  float64 // bytes
+	Projected       int     // sessions at Target of Cores
+	Cores           int     // cores the projection gives the pod
+	Target          float64 // share of those cores the projection allows
+	MaxHeldSessions int     // the largest step held under MaxLoss on this machine
+	MaxLoss         float64
+}
+
+// Summarize fits cost = base + slope × sessions (least squares) over the
+// steps whose loss stayed under maxLoss and whose machine was busy for less
+// than target of its cores (beyond that the pod and the load generator
+// starve each other, and the pod's CPU reads low), and projects how many
+// sessions fit in target (e.g. 0.8) of cores whole cores given to the pod
+// alone.
+func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary {
+	s := Summary{Cores: cores, Target: target, MaxLoss: maxLoss}
+	var xs, cpu, idle, rss, heap []float64
+	for _, st := range steps {
+		if st.Loss > maxLoss {
+			continue
+		}
+		s.MaxHeldSessions = max(s.MaxHeldSessions, st.Sessions)
+		if st.BoxBusy > target*float64(cores) {
+			continue
+		}
+		xs = append(xs, float64(st.Sessions))
+		cpu = append(cpu, st.PodCPU)
+		idle = append(idle, st.PodIdleCPU)
+		rss = append(rss, float64(st.PodRSS))
+		heap = append(heap, float64(st.PodHeap))
+	}
+	s.Steps = len(xs)
+	if len(xs) < 2 {
+		return s
+	}
+	s.CPUPerSession, s.CPUBase = fit(xs, cpu)
+	if idle[0] >= 0 {
+		s.IdlePerSession, _ = fit(xs, idle)
+	}
+	s.RSSPerSession, _ = fit(xs, rss)
+	s.HeapPerSession, _ = fit(xs, heap)
+	if s.CPUPerSession > 0 {
+		s.Projected = int((float64(cores)*target - max(0, s.CPUBase)) / s.CPUPerSession)
+	}
+	return s
+}
+
+// fit returns the least-squares slope and intercept of y over x.
+func fit(x, y []float64) (slope, intercept float64) {
+	var sx, sy, sxx, sxy float64
+	n := float64(len(x))
+	for i := range x {
+		sx += x[i]
+		sy += y[i]
+		sxx += x[i] * x[i]
+		sxy += x[i] * y[i]
+	}
+	d := n*sxx - sx*sx
+	if d == 0 {
+		return 0, sy / n
+	}
+	slope = (n*sxy - sx*sy) / d
+	return slope, (sy - slope*sx) / n
+}
+
+// Table renders the steps and the summary as text.
+func Table(steps []Step, sum Summary) string {
+	var b strings.Builder
+	b.WriteString(tableHeader + "\n")
+	for _, st := range steps {
+		b.WriteString(st.line() + "\n")
+	}
+	if sum.Steps < 2 {
+		b.WriteString("too few steps under the loss limit to fit a cost per session\n")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "fit over %d steps with loss <= %.1f%% and the machine under %.0f%% busy:\n", sum.Steps, 100*sum.MaxLoss, 100*sum.Target)
+	fmt.Fprintf(&b, "  pod CPU per session  %.3f %% of a core with audio (base %.1f %%)", 100*sum.CPUPerSession, 100*sum.CPUBase)
+	if sum.IdlePerSession != 0 {
+		fmt.Fprintf(&b, ", %.3f %% idle", 100*sum.IdlePerSession)
+	}
+	fmt.Fprintf(&b, "\n  pod memory per session  %.0f KiB RSS, %.0f KiB Go heap in use\n", sum.RSSPerSession/1024, sum.HeapPerSession/1024)
+	fmt.Fprintf(&b, "  projected sessions for a pod alone on %d cores at %.0f %% CPU: %d\n",
+		sum.Cores, 100*sum.Target, sum.Projected)
+	fmt.Fprintf(&b, "  held on this machine with the load generator beside the pod: %d sessions\n", sum.MaxHeldSessions)
+	return b.String()
+}
