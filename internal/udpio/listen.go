@@ -11,6 +11,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// SocketBuffer is the receive and send buffer the relays ask for. A
+// forwarder's reader stalls for a moment now and then (GC, scheduling); the
+// kernel's default buffer (about 200 KiB) then overflows and drops silently.
+// Best effort: the kernel caps it at net.core.rmem_max / wmem_max.
+const SocketBuffer = 4 << 20
+
+func setBuffers(c *net.UDPConn) {
+	_ = c.SetReadBuffer(SocketBuffer)
+	_ = c.SetWriteBuffer(SocketBuffer)
+}
+
 // ListenReusePort opens n UDP sockets on the same address with SO_REUSEPORT,
 // so the kernel spreads clients over them by 4-tuple hash: one reader per
 // socket, one socket per core. With port 0 the first socket picks the port
@@ -39,6 +50,7 @@ func ListenReusePort(addr netip.AddrPort, n int) ([]*net.UDPConn, error) {
 			return nil, fmt.Errorf("listen udp %s (reuseport socket %d): %w", addr, i, err)
 		}
 		c := pc.(*net.UDPConn)
+		setBuffers(c)
 		if i == 0 {
 			addr = c.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
@@ -47,12 +59,13 @@ func ListenReusePort(addr netip.AddrPort, n int) ([]*net.UDPConn, error) {
 	return conns, nil
 }
 
-// Listen opens one UDP socket.
+// Listen opens one UDP socket with SocketBuffer buffers.
 func Listen(addr netip.AddrPort) (*net.UDPConn, error) {
 	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
 	if err != nil {
 		return nil, fmt.Errorf("listen udp %s: %w", addr, err)
 	}
+	setBuffers(c)
 	return c, nil
 }
 
