@@ -35,8 +35,11 @@ const (
 
 // Config configures a Relay.
 type Config struct {
-	Cluster    uint16                // this relay's cluster (non-zero)
-	Pods       PodDirectory          // live pods of the cluster
+	Cluster uint16       // this relay's cluster (non-zero)
+	Pods    PodDirectory // live pods of the cluster
+	// Batch > 1 reads and writes up to that many datagrams per system
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	Batch      int
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
 }
@@ -78,7 +81,13 @@ func (r *Relay) Addr() netip.AddrPort { return r.conn.LocalAddr().(*net.UDPAddr)
 func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
-	err := udpio.Forward(r.conn, r.conn, 0, r.decide, func(error) { r.m.writeErrors.Inc() })
+	onErr := func(error) { r.m.writeErrors.Inc() }
+	var err error
+	if r.cfg.Batch > 1 {
+		err = udpio.ForwardBatch(r.conn, r.conn, 0, r.cfg.Batch, r.decide, onErr)
+	} else {
+		err = udpio.Forward(r.conn, r.conn, 0, r.decide, onErr)
+	}
 	r.Close()
 	if err != nil {
 		return fmt.Errorf("clusterrelay: %w", err)

@@ -380,7 +380,7 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSee
 		return nil, err
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "replica": strconv.Itoa(i)}, w.Registry)
-	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: cr.Directory, Logger: w.cfg.Logger, Registerer: reg}, conn)
+	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: cr.Directory, Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, conn)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -478,7 +478,7 @@ func (w *World) buildPOPReplica(rg *Region, rep *POPReplica, n *node, ctx contex
 	}
 	clusters := globalrelay.NewClusters(nil)
 	relay, err = globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
-		Cache: cache, Logger: w.cfg.Logger, Registerer: reg}, workers)
+		Cache: cache, Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, workers)
 	if err != nil {
 		closeAll()
 		return err

@@ -181,6 +181,7 @@ type ClusterRelayConfig struct {
 	DataAdvertise string `yaml:"data_advertise"`
 	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string `yaml:"api_advertise"`
+	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
 	ClusterGossip Gossip `yaml:"cluster_gossip"`
 	GlobalGossip  Gossip `yaml:"global_gossip"`
 }
@@ -208,7 +209,10 @@ func runClusterRelay(ctx context.Context, args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	dir := clusterrelay.NewDirectory()
-	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: cfg.Cluster, Pods: dir, Logger: log, Registerer: reg}, conn)
+	if cfg.Batch == 0 {
+		cfg.Batch = 32
+	}
+	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: cfg.Cluster, Pods: dir, Batch: cfg.Batch, Logger: log, Registerer: reg}, conn)
 	if err != nil {
 		conn.Close()
 		return err
@@ -327,6 +331,9 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 	n := cfg.Workers
 	if n == 0 {
 		n = numCPU()
+	}
+	if cfg.Batch == 0 {
+		cfg.Batch = 32
 	}
 	pubs, err := udpio.ListenReusePort(pub, n)
 	if err != nil {
