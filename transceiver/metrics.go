@@ -48,6 +48,7 @@ type metrics struct {
 	setupSeconds prometheus.Histogram
 	routes       prometheus.Gauge
 	popSwitches  prometheus.Counter
+	earlySelects prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -101,6 +102,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtcedge_transceiver_pop_switches_total",
 			Help: "Sessions moved to another POP because the selected one went silent while checks arrived through another.",
 		}),
+		earlySelects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_early_selects_total",
+			Help: "Sessions whose preferred POP pair was selected on the first check, before the client nominated.",
+		}),
 		routes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtcedge_transceiver_client_routes",
 			Help: "Client return routes (client address per POP) currently remembered.",
@@ -122,7 +127,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.drops, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
-		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches} {
+		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register transceiver metrics: %w", err)
 		}

@@ -38,6 +38,7 @@ type session struct {
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
 	popByVIP     map[netip.AddrPort]uint16 // static: the POPs this session advertises
+	preferredPOP uint16                    // static: the nearest POP, first in the request
 	selectedPOP  atomic.Uint32             // POP of the selected candidate pair; 0 before one is selected
 
 	// The outgoing audio stream: one RTP packet per Opus frame, header
@@ -78,6 +79,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	for _, p := range req.POPs {
 		s.popByVIP[p.VIP] = p.ID
 	}
+	s.preferredPOP = req.POPs[0].ID
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
@@ -165,9 +167,21 @@ func (s *session) popOf(addr string, port uint16) uint16 {
 // onBindingRequest runs for every ICE check. It switches the selected pair
 // to the POP the check came through when the current POP has gone silent
 // for this client: the client is reaching us only through the other POP.
+//
+// It also selects the preferred POP's pair on the first authenticated check
+// through it, before the client nominates: a lite server can do no checks of
+// its own, and browsers send their nominating check a ping interval (about
+// 50 ms) after the first one succeeds. Selecting at once lets the DTLS
+// handshake start with the first check's response. Only the preferred POP is
+// selected this way, so an early choice never pins a call to the backup; a
+// later nomination of the same pair changes nothing.
 func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
+	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination {
+		s.t.m.earlySelects.Inc()
+		return true
+	}
 	if cur == 0 || pop == 0 || pop == cur {
 		return false
 	}

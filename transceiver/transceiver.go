@@ -60,6 +60,12 @@ type Config struct {
 	// (ICE has already proven the path with MESSAGE-INTEGRITY, so the
 	// cookie adds nothing). Default "client".
 	DTLSRole string
+	// WaitForNomination makes the server select a candidate pair only when
+	// the client nominates it, as RFC 8445 describes for lite agents. By
+	// default the preferred POP's pair is selected on the first
+	// authenticated check (see session.onBindingRequest), which saves
+	// browsers about one ping interval of setup time.
+	WaitForNomination bool
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
