@@ -6,8 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,30 +16,9 @@ import (
 	"github.com/pion/webrtc/v4"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/probe"
 )
-
-// answerPriorities maps each candidate address of an SDP to its priority.
-func answerPriorities(t *testing.T, sdp string) map[netip.AddrPort]uint64 {
-	t.Helper()
-	out := map[netip.AddrPort]uint64{}
-	for _, l := range strings.Split(sdp, "\r\n") {
-		if !strings.HasPrefix(l, "a=candidate:") {
-			continue
-		}
-		f := strings.Fields(l)
-		if len(f) < 8 {
-			t.Fatalf("short candidate line %q", l)
-		}
-		prio, err1 := strconv.ParseUint(f[3], 10, 32)
-		ap, err2 := netip.ParseAddrPort(f[4] + ":" + f[5])
-		if err1 != nil || err2 != nil {
-			t.Fatalf("bad candidate line %q", l)
-		}
-		out[ap] = prio
-	}
-	return out
-}
 
 // TestBackupPOPWhenNearestDown closes the nearest POP's global relay
 // before dialing: the client, given both POPs in the answer, connects
@@ -80,7 +57,7 @@ func TestBackupPOPWhenNearestDown(t *testing.T) {
 	// A normal call: both POPs advertised, the backup at a lower priority,
 	// and the nearest one carries the call.
 	call, normal := dial("normal call")
-	prios := answerPriorities(t, call.Answer)
+	prios := testsdp.CandidatePriorities(t, call.Answer)
 	if prios[nearestVIP] == 0 || prios[backupVIP] == 0 {
 		t.Fatalf("answer candidates %v, want the nearest POP %v and the backup %v", prios, nearestVIP, backupVIP)
 	}
@@ -99,7 +76,7 @@ func TestBackupPOPWhenNearestDown(t *testing.T) {
 	call, viaBackup := dial("call via backup")
 	// Whether the dead POP is still advertised depends on how soon gossip
 	// reports it down; the call must connect either way.
-	t.Logf("answer with the nearest POP down advertises %v", answerPriorities(t, call.Answer))
+	t.Logf("answer with the nearest POP down advertises %v", testsdp.CandidatePriorities(t, call.Answer))
 	if n := backup.GlobalRelay.Flows(); n < 1 {
 		t.Errorf("backup POP holds %d flows, want the call's flow", n)
 	}

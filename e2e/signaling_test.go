@@ -14,12 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pion/ice/v4"
-	"github.com/pion/webrtc/v4"
-
 	"github.com/rtcedge/rtcedge/devworld"
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/probe"
 	"github.com/rtcedge/rtcedge/signaling"
 )
@@ -132,41 +130,6 @@ func TestCallsWithEphemeralToken(t *testing.T) {
 	}
 }
 
-// pionOffer returns a complete offer from a real Pion client, as a browser
-// would send it (Opus audio and the oai-events data channel).
-func pionOffer(t *testing.T) string {
-	t.Helper()
-	se := webrtc.SettingEngine{}
-	se.SetIncludeLoopbackCandidate(true)
-	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
-	pc, err := webrtc.NewAPI(webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pc.CreateDataChannel("oai-events", nil); err != nil {
-		t.Fatal(err)
-	}
-	offer, err := pc.CreateOffer(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gathered := webrtc.GatheringCompletePromise(pc)
-	if err := pc.SetLocalDescription(offer); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-gathered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("offer: ICE gathering did not complete")
-	}
-	return pc.LocalDescription().SDP
-}
-
 // withoutLines drops every SDP line starting with one of prefixes.
 func withoutLines(sdp string, prefixes ...string) string {
 	var keep []string
@@ -216,7 +179,7 @@ type badRequest struct {
 // allocates (or is even asked for) a session.
 func TestSignalingBadInput(t *testing.T) {
 	w := startWorld(t, devworld.Config{APIKeys: []string{e2eAPIKey}})
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 	key := "Bearer " + e2eAPIKey
 	tr := &http.Transport{Proxy: nil}
 	defer tr.CloseIdleConnections()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/signaling"
 )
 
@@ -67,7 +68,7 @@ func TestSignalingClientSecrets(t *testing.T) {
 	}})
 	other := newWorld(t, worldConfig{api: map[uint16]string{1: "http://127.0.0.1:1", 2: "http://127.0.0.1:1", 3: "http://127.0.0.1:1"},
 		tweak: func(c *signaling.Config) { c.APIKeys = []string{testAPIKey} }})
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 
 	cs := w.mint(t, "")
 	if !strings.HasPrefix(cs.Value, "ek_") || cs.ExpiresAt != clk.now().Add(10*time.Minute).Unix() {
@@ -206,7 +207,7 @@ func TestSignalingStalledClient(t *testing.T) {
 	const headerTimeout, readTimeout = 300 * time.Millisecond, 600 * time.Millisecond
 	base := serve(t, w.h, signaling.WithReadTimeouts(headerTimeout, readTimeout))
 	addr := strings.TrimPrefix(base, "http://")
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 
 	tests := []struct {
 		name   string

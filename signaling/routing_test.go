@@ -14,6 +14,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/signaling"
 )
 
@@ -61,7 +62,7 @@ func checkPlaced(t *testing.T, res *http.Response, body []byte, want placement) 
 	} else if got := id.Cluster; want.cluster != "" && itoa(got) != want.cluster {
 		t.Errorf("session ID names cluster %d, want %s", got, want.cluster)
 	}
-	prios := candidatePriorities(t, string(body))
+	prios := testsdp.CandidatePriorities(t, string(body))
 	nearest, backup := vipOf(want.pop), vipOf(want.backup)
 	if len(prios) != 2 || prios[nearest] == 0 || prios[backup] == 0 {
 		t.Fatalf("answer candidates %v, want %v and %v", prios, nearest, backup)
@@ -78,7 +79,7 @@ func itoa(v uint16) string { return strconv.Itoa(int(v)) }
 // cluster, the POP and the backup POP chosen.
 func TestSignalingGeoRouting(t *testing.T) {
 	w := newWorld(t, worldConfig{proxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 	const proxy = "10.1.2.3"
 	tests := []struct {
 		name string
@@ -125,7 +126,7 @@ func TestSignalingGeoRouting(t *testing.T) {
 // servers: with loopback as a trusted proxy the client is located by
 // X-Forwarded-For, without it by its own (loopback) address.
 func TestSignalingTrustedProxy(t *testing.T) {
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 	tests := []struct {
 		name    string
 		proxies []netip.Prefix
@@ -166,7 +167,7 @@ func TestSignalingTrustedProxy(t *testing.T) {
 // that is down is not advertised, and with nothing usable the answer is
 // 503 with Retry-After. GET /v1/regions shows the same states.
 func TestSignalingSkipsUnusableClusters(t *testing.T) {
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 	tests := []struct {
 		name   string
 		health map[uint16]geo.ClusterState
@@ -248,7 +249,7 @@ func TestSignalingSkipsUnusableClusters(t *testing.T) {
 // pod within the per-cluster bound; with every cluster failing the client
 // gets one 503 with Retry-After.
 func TestSignalingFallThrough(t *testing.T) {
-	offer := pionOffer(t)
+	offer := testsdp.Offer(t)
 	refused := func(t *testing.T) string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

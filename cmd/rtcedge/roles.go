@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -34,6 +35,27 @@ func init() {
 		command{"clusterrelay", "run a cluster relay replica and the cluster's session API front", runClusterRelay},
 		command{"globalrelay", "run a global relay replica (a POP's public UDP ingress)", runGlobalRelay},
 	)
+}
+
+// listenData opens a role's data-plane UDP socket and returns the address
+// others should send to: advertise when set, else the bound address.
+func listenData(bind, advertise string) (*net.UDPConn, netip.AddrPort, error) {
+	b, err := parseAddr("data_addr", bind)
+	if err != nil {
+		return nil, netip.AddrPort{}, err
+	}
+	conn, err := udpio.Listen(b)
+	if err != nil {
+		return nil, netip.AddrPort{}, err
+	}
+	data := udpio.LocalAddrPort(conn)
+	if advertise != "" {
+		if data, err = parseAddr("data_advertise", advertise); err != nil {
+			conn.Close()
+			return nil, netip.AddrPort{}, err
+		}
+	}
+	return conn, data, nil
 }
 
 // roleSetup parses -config into cfg and returns a logger.
@@ -92,20 +114,9 @@ func runTransceiver(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	dataBind, err := parseAddr("data_addr", cfg.DataAddr)
+	conn, data, err := listenData(cfg.DataAddr, cfg.DataAdvertise)
 	if err != nil {
 		return err
-	}
-	conn, err := udpio.Listen(dataBind)
-	if err != nil {
-		return err
-	}
-	data := udpio.LocalAddrPort(conn)
-	if cfg.DataAdvertise != "" {
-		if data, err = parseAddr("data_advertise", cfg.DataAdvertise); err != nil {
-			conn.Close()
-			return err
-		}
 	}
 	reg := prometheus.NewRegistry()
 	tr, err := transceiver.New(transceiver.Config{
@@ -192,20 +203,9 @@ func runClusterRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bind, err := parseAddr("data_addr", cfg.DataAddr)
+	conn, data, err := listenData(cfg.DataAddr, cfg.DataAdvertise)
 	if err != nil {
 		return err
-	}
-	conn, err := udpio.Listen(bind)
-	if err != nil {
-		return err
-	}
-	data := udpio.LocalAddrPort(conn)
-	if cfg.DataAdvertise != "" {
-		if data, err = parseAddr("data_advertise", cfg.DataAdvertise); err != nil {
-			conn.Close()
-			return err
-		}
 	}
 	reg := prometheus.NewRegistry()
 	dir := clusterrelay.NewDirectory()
