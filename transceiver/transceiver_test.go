@@ -1,0 +1,362 @@
+package transceiver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/testsdp"
+	"github.com/rtcedge/rtcedge/internal/token"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// loopBackend sends audio back; the echo package cannot be imported here
+// (it imports this package).
+type loopBackend struct{}
+
+func (loopBackend) Open(_ context.Context, _ SessionInfo, out Sink) (Handler, error) {
+	return loopHandler{out}, nil
+}
+
+type loopHandler struct{ out Sink }
+
+func (h loopHandler) Audio(p []byte, d time.Duration) { _ = h.out.WriteAudio(p, d) }
+func (h loopHandler) Event([]byte)                    {}
+func (h loopHandler) Close() error                    { return nil }
+
+type pod struct {
+	t    *Transceiver
+	reg  *prometheus.Registry
+	addr netip.AddrPort
+}
+
+// newPod runs a transceiver on a loopback socket until the test ends.
+func newPod(t *testing.T, cfg Config) *pod {
+	t.Helper()
+	keys, err := token.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{1}, token.KeyLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if cfg.Cluster == 0 {
+		cfg.Cluster = 7
+	}
+	cfg.Pod, cfg.Keys, cfg.Backend, cfg.Logger, cfg.Registerer = 3, keys, loopBackend{}, quiet, reg
+	tr, err := New(cfg, conn)
+	if err != nil {
+		conn.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return &pod{t: tr, reg: reg, addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
+}
+
+func (p *pod) counter(t *testing.T, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := p.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var popA = POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478")}
+var popB = POPAddr{ID: 2, VIP: netip.MustParseAddrPort("127.0.0.3:3478")}
+
+func TestShapeAnswer(t *testing.T) {
+	sdp := "v=0\r\n" +
+		"a=candidate:1 1 udp 2130706431 127.0.0.2 3478 typ host\r\n" +
+		"a=candidate:2 1 udp 2130706431 127.0.0.3 3478 typ host\r\n"
+	out, err := shapeAnswer(sdp, []POPAddr{popA, popB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"a=candidate:1 1 udp 2130706431 127.0.0.2 3478 typ host",
+		"a=candidate:2 1 udp 2130640895 127.0.0.3 3478 typ host",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("shaped answer lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := shapeAnswer(sdp, []POPAddr{popA}); err == nil {
+		t.Error("a candidate that is not a requested VIP was accepted")
+	}
+	if _, err := shapeAnswer("v=0\r\n", []POPAddr{popA}); err == nil {
+		t.Error("an answer without candidates was accepted")
+	}
+}
+
+func TestFrameDuration(t *testing.T) {
+	for _, tc := range []struct {
+		prev, cur uint32
+		want      time.Duration
+	}{
+		{0, 960, 20 * time.Millisecond},                 // first packet: default
+		{960, 1920, 20 * time.Millisecond},              // 20 ms at 48 kHz
+		{960, 1440, 10 * time.Millisecond},              // 10 ms frame
+		{960, 3840, 60 * time.Millisecond},              // 60 ms frame
+		{960, 960, 20 * time.Millisecond},               // duplicate timestamp
+		{960, 960 + 480000, 20 * time.Millisecond},      // jump: default
+		{0xFFFFFC40, 0x00000000, 20 * time.Millisecond}, // wrap-around
+	} {
+		if got := frameDuration(tc.prev, tc.cur); got != tc.want {
+			t.Errorf("frameDuration(%d, %d) = %v, want %v", tc.prev, tc.cur, got, tc.want)
+		}
+	}
+}
+
+// TestCreateSessionRefusals: every refusal frees its slot and says why.
+func TestCreateSessionRefusals(t *testing.T) {
+	p := newPod(t, Config{MaxSessions: 1})
+	ctx := context.Background()
+	offer := testsdp.Offer(t)
+	for _, tc := range []struct {
+		name string
+		req  CreateRequest
+		want error
+	}{
+		{"not SDP", CreateRequest{Offer: "hello", POPs: []POPAddr{popA}}, ErrBadOffer},
+		{"no POPs", CreateRequest{Offer: offer}, ErrBadPOP},
+		{"POP 0", CreateRequest{Offer: offer, POPs: []POPAddr{{ID: 0, VIP: popA.VIP}}}, ErrBadPOP},
+		{"repeated POP", CreateRequest{Offer: offer, POPs: []POPAddr{popA, popA}}, ErrBadPOP},
+		{"unspecified VIP", CreateRequest{Offer: offer, POPs: []POPAddr{{ID: 5, VIP: netip.MustParseAddrPort("0.0.0.0:3478")}}}, ErrBadPOP},
+		{"too many POPs", CreateRequest{Offer: offer, POPs: []POPAddr{popA, popB, {ID: 3, VIP: netip.MustParseAddrPort("127.0.0.4:1")}, {ID: 4, VIP: netip.MustParseAddrPort("127.0.0.5:1")}, {ID: 6, VIP: netip.MustParseAddrPort("127.0.0.6:1")}}}, ErrBadPOP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := p.t.CreateSession(ctx, tc.req); !errors.Is(err, tc.want) {
+				t.Fatalf("CreateSession = %v, want %v", err, tc.want)
+			}
+			if n := p.t.Sessions(); n != 0 {
+				t.Fatalf("%d sessions held after a refusal", n)
+			}
+		})
+	}
+	res, err := p.t.CreateSession(ctx, CreateRequest{Offer: offer, POPs: []POPAddr{popA, popB}})
+	if err != nil {
+		t.Fatalf("good offer refused: %v", err)
+	}
+	if !strings.Contains(res.Answer, "a=ice-lite") || !strings.Contains(res.Answer, "a=msid:rtcedge audio") {
+		t.Errorf("answer lacks a=ice-lite or the msid browsers need:\n%s", res.Answer)
+	}
+	// A POP ID already bound to another VIP is refused.
+	if _, err := p.t.CreateSession(ctx, CreateRequest{Offer: offer, POPs: []POPAddr{{ID: 1, VIP: popB.VIP}}}); !errors.Is(err, ErrBadPOP) && !errors.Is(err, ErrFull) {
+		t.Errorf("conflicting POP VIP: %v", err)
+	}
+	if _, err := p.t.CreateSession(ctx, CreateRequest{Offer: offer, POPs: []POPAddr{popA}}); !errors.Is(err, ErrFull) {
+		t.Errorf("second session on a pod of capacity 1: %v, want ErrFull", err)
+	}
+	drained := p.t.Drain()
+	if _, err := p.t.CreateSession(ctx, CreateRequest{Offer: offer, POPs: []POPAddr{popA}}); !errors.Is(err, ErrDraining) {
+		t.Errorf("create while draining: %v, want ErrDraining", err)
+	}
+	if err := p.t.EndSession(res.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain did not complete after the last session ended")
+	}
+	if err := p.t.EndSession(res.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second EndSession = %v, want ErrNotFound", err)
+	}
+}
+
+// TestConnectTimeoutFreesSession: a session whose client never connects is
+// freed after ConnectTimeout.
+func TestConnectTimeoutFreesSession(t *testing.T) {
+	p := newPod(t, Config{ConnectTimeout: 200 * time.Millisecond})
+	if _, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the unconnected session to be freed", func() bool { return p.t.Sessions() == 0 })
+	if v := p.counter(t, "rtcedge_transceiver_sessions_ended_total", "reason", endConnectTimeout); v != 1 {
+		t.Errorf("ended{connect_timeout} = %v, want 1", v)
+	}
+}
+
+// TestPodSocketDrops: datagrams that are not for this pod, or not toward
+// it, are dropped and counted by reason; none is answered.
+func TestPodSocketDrops(t *testing.T) {
+	p := newPod(t, Config{})
+	// Bind POP 1 by creating (and ending) a session on it.
+	res, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.t.EndSession(res.ID)
+	relay, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	client := netip.MustParseAddrPort("198.51.100.1:5000")
+	ingress := netip.MustParseAddrPort("127.0.0.1:9")
+	pkt := func(h encap.Header, payload string) []byte {
+		b, err := h.AppendTo(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(b, payload...)
+	}
+	good := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: ingress}
+	for _, tc := range []struct {
+		name   string
+		pkt    []byte
+		reason string
+	}{
+		{"garbage", []byte("garbage"), "encap_magic"},
+		{"to-client direction", pkt(encap.Header{ToClient: true, Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: ingress}, "x"), dropDirection},
+		{"other pod", pkt(encap.Header{Cluster: 7, Pod: 4, POP: 1, Client: client, Ingress: ingress}, "x"), dropWrongPod},
+		{"other cluster", pkt(encap.Header{Cluster: 8, Pod: 3, POP: 1, Client: client, Ingress: ingress}, "x"), dropWrongPod},
+		{"unknown POP", pkt(encap.Header{Cluster: 7, Pod: 3, POP: 9, Client: client, Ingress: ingress}, "x"), dropUnknownPOP},
+		{"empty payload", pkt(good, ""), dropEmpty},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := p.counter(t, "rtcedge_transceiver_dropped_packets_total", "reason", tc.reason)
+			if _, err := relay.WriteToUDPAddrPort(tc.pkt, p.addr); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the drop to be counted", func() bool {
+				return p.counter(t, "rtcedge_transceiver_dropped_packets_total", "reason", tc.reason) == before+1
+			})
+		})
+	}
+	// Nothing was answered: the relay socket has nothing to read.
+	_ = relay.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, _, err := relay.ReadFromUDPAddrPort(make([]byte, 1500)); err == nil {
+		t.Errorf("the pod answered a bad datagram (%d bytes)", n)
+	}
+}
+
+// TestSessionAPI: the internal HTTP API's errors are JSON with the right
+// status, and a refused request allocates nothing.
+func TestSessionAPI(t *testing.T) {
+	p := newPod(t, Config{})
+	srv := httptest.NewServer(p.t.Handler())
+	defer srv.Close()
+	post := func(body string) (*http.Response, map[string]any) {
+		resp, err := http.Post(srv.URL+SessionsPath, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp, out
+	}
+	offer, _ := json.Marshal(testsdp.Offer(t))
+	for _, tc := range []struct {
+		name   string
+		body   string
+		status int
+		code   string
+	}{
+		{"not JSON", "{", http.StatusBadRequest, "invalid_json"},
+		{"unknown field", `{"offer":"x","pop":[]}`, http.StatusBadRequest, "invalid_json"},
+		{"bad offer", `{"offer":"v=0","pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, "invalid_sdp"},
+		{"no POPs", `{"offer":` + string(offer) + `,"pops":[]}`, http.StatusBadRequest, "invalid_pops"},
+		{"too large", `{"offer":"` + strings.Repeat("a", maxAPIBody) + `"}`, http.StatusRequestEntityTooLarge, "body_too_large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, out := post(tc.body)
+			errObj, _ := out["error"].(map[string]any)
+			if resp.StatusCode != tc.status || errObj["code"] != tc.code {
+				t.Fatalf("got %d %v, want %d %q", resp.StatusCode, out, tc.status, tc.code)
+			}
+		})
+	}
+	if n := p.t.Sessions(); n != 0 {
+		t.Fatalf("%d sessions after refused requests", n)
+	}
+	resp, out := post(`{"offer":` + string(offer) + `,"pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`)
+	if resp.StatusCode != http.StatusCreated || out["id"] == "" || out["answer"] == "" {
+		t.Fatalf("create: %d %v", resp.StatusCode, out)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, srv.URL+SessionsPath+"/"+out["id"].(string), nil)
+	dresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dresp.Body.Close()
+	if dresp.StatusCode != http.StatusNoContent {
+		t.Errorf("DELETE = %d, want 204", dresp.StatusCode)
+	}
+	dresp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dresp.Body.Close()
+	if dresp.StatusCode != http.StatusNotFound {
+		t.Errorf("second DELETE = %d, want 404", dresp.StatusCode)
+	}
+	p.t.Drain()
+	if resp, _ := post(`{"offer":` + string(offer) + `,"pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("create while draining: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	rz, err := http.Get(srv.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rz.Body.Close()
+	if rz.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("readyz while draining = %d, want 503", rz.StatusCode)
+	}
+	http.DefaultClient.CloseIdleConnections()
+}
