@@ -16,7 +16,7 @@ func runDev(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http", "127.0.0.1:8080", "signaling and demo page listen address")
 	metricsAddr := fs.String("metrics", "127.0.0.1:9090", "Prometheus /metrics listen address (empty: none)")
 	popPort := fs.Uint("pop-port", 3478, "UDP port of every POP VIP (127.0.0.2, 127.0.0.3, ...); 0 = any")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logLevel := fs.String("log-level", "warn", "debug, info, warn or error (info shows gossip and session events)")
 	redisURL := fs.String("redis", "", "Redis URL for the global relays' route cache (default: an in-process store)")
 	if err := fs.Parse(args); err != nil {
 		return err
