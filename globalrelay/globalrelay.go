@@ -196,8 +196,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 		go loop(w.Internal, w.Public, 0, r.toClient)
 	}
+	// The coarse clock ticks often (it stamps flows); the expiry scan,
+	// which locks every shard in turn, runs a few times per FlowIdle.
 	tick := time.NewTicker(time.Second / 4)
 	defer tick.Stop()
+	scanEvery := min(max(r.cfg.FlowIdle/8, time.Second/4), 5*time.Second)
+	lastScan := time.Now()
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -207,7 +211,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			done = true
 		case now := <-tick.C:
 			r.now.Store(now.UnixNano())
-			r.expire()
+			if now.Sub(lastScan) >= scanEvery {
+				lastScan = now
+				r.expire()
+			}
 		}
 	}
 	wg.Wait()
