@@ -211,6 +211,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			done = true
 		case now := <-tick.C:
 			r.now.Store(now.UnixNano())
+			r.m.flows.Set(float64(r.flows.len()))
 			if now.Sub(lastScan) >= scanEvery {
 				lastScan = now
 				r.expire()
