@@ -1,0 +1,359 @@
+// Package cloudflare keeps Cloudflare's load balancer for the signaling
+// hostname in step with the region catalogue: one health monitor, one pool
+// per region whose origins are the region's signaling endpoints, and a geo-
+// or proximity-steered load balancer. Sync is one-shot and idempotent: it
+// creates what is missing, updates what drifted, writes nothing when all
+// matches, and only ever modifies or deletes objects carrying its ownership
+// tag (a description prefix), so hand-made or Terraform-made objects are
+// left alone. It talks to the API through cloudflare-go/v6.
+package cloudflare
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/rtcedge/rtcedge/geo"
+)
+
+// ErrInvalidConfig wraps every problem found in a sync config.
+var ErrInvalidConfig = errors.New("invalid cloudflare sync config")
+
+// Steering policies the load balancer may use.
+const (
+	SteeringGeo       = "geo"       // region_pools / country_pools from the config
+	SteeringProximity = "proximity" // nearest pool by pool latitude/longitude
+)
+
+// Config is the sync config file (YAML, decoded strictly). The API token is
+// not in it: it comes from $CLOUDFLARE_API_TOKEN.
+type Config struct {
+	AccountID string `yaml:"account_id"` // owns monitors and pools
+	ZoneID    string `yaml:"zone_id"`    // holds the load balancer
+	Hostname  string `yaml:"hostname"`   // signaling hostname, e.g. rt.example.com
+	// NamePrefix names pools <prefix>-<region> and scopes the ownership tag,
+	// so two deployments (say prod and staging) in one account never touch
+	// each other's objects. Default "rtcedge".
+	NamePrefix string `yaml:"name_prefix"`
+	// SteeringPolicy is "geo" (default) or "proximity".
+	SteeringPolicy string `yaml:"steering_policy"`
+	// FallbackRegion takes the traffic when every pool is unhealthy; default
+	// the catalogue's default_region.
+	FallbackRegion string `yaml:"fallback_region"`
+	// RegionOrder is the failover order (default_pools); regions not listed
+	// follow by name.
+	RegionOrder []string `yaml:"region_order"`
+	// Proxied puts the hostname behind Cloudflare's proxy (default true), so
+	// signaling gets CF-IPLatitude/CF-IPLongitude.
+	Proxied *bool `yaml:"proxied"`
+	// TTL of the DNS answer when not proxied, seconds (default 30).
+	TTL     int64         `yaml:"ttl"`
+	Monitor MonitorConfig `yaml:"monitor"`
+	// Regions by catalogue region name. Every catalogue region with a
+	// cluster needs an entry; regions with only POPs run no signaling.
+	Regions map[string]RegionConfig `yaml:"regions"`
+}
+
+// MonitorConfig is the HTTPS health check of the signaling origins.
+type MonitorConfig struct {
+	Path          string `yaml:"path"`           // default /readyz
+	ExpectedCodes string `yaml:"expected_codes"` // default 200
+	Port          int64  `yaml:"port"`           // 0 = 443
+	Interval      int64  `yaml:"interval"`       // seconds, default 60
+	Timeout       int64  `yaml:"timeout"`        // seconds, default 5
+	Retries       int64  `yaml:"retries"`        // default 2
+}
+
+// RegionConfig maps one catalogue region onto Cloudflare.
+type RegionConfig struct {
+	// Origins are the addresses (IPs or hostnames) of the region's public
+	// signaling endpoints.
+	Origins []string `yaml:"origins"`
+	// CloudflareRegions are Cloudflare region codes (WNAM, ENAM, WEU, EEU,
+	// SEAS, ...) that geo steering sends to this region first.
+	CloudflareRegions []string `yaml:"cloudflare_regions"`
+	// Countries are ISO 3166-1 alpha-2 codes geo steering sends here first.
+	Countries []string `yaml:"countries"`
+}
+
+// LoadConfig reads and decodes the config file at path strictly (unknown
+// keys are errors) and applies defaults; Desired validates it against a
+// catalogue.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load cloudflare sync config: %w", err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig decodes a YAML config strictly and applies defaults.
+func ParseConfig(data []byte) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty document", ErrInvalidConfig)
+		}
+		return nil, fmt.Errorf("%w: decode: %w", ErrInvalidConfig, err)
+	}
+	c.defaults()
+	return &c, nil
+}
+
+func (c *Config) defaults() {
+	if c.NamePrefix == "" {
+		c.NamePrefix = "rtcedge"
+	}
+	if c.SteeringPolicy == "" {
+		c.SteeringPolicy = SteeringGeo
+	}
+	if c.Proxied == nil {
+		t := true
+		c.Proxied = &t
+	}
+	if c.TTL == 0 {
+		c.TTL = 30
+	}
+	m := &c.Monitor
+	if m.Path == "" {
+		m.Path = "/readyz"
+	}
+	if m.ExpectedCodes == "" {
+		m.ExpectedCodes = "200"
+	}
+	if m.Interval == 0 {
+		m.Interval = 60
+	}
+	if m.Timeout == 0 {
+		m.Timeout = 5
+	}
+	if m.Retries == 0 {
+		m.Retries = 2
+	}
+}
+
+// ownerTag marks descriptions of the objects this prefix's sync owns.
+func (c *Config) ownerTag() string { return "rtcedge-sync:" + c.NamePrefix }
+
+// owns reports whether an object with this description was made by us.
+func (c *Config) owns(description string) bool {
+	return strings.HasPrefix(description, c.ownerTag()+" ")
+}
+
+func (c *Config) describe(what string) string { return c.ownerTag() + " " + what }
+
+// The desired state, in plain values; sync turns it into API parameters.
+type (
+	desiredState struct {
+		Monitor monitorSpec
+		Pools   []poolSpec // sorted by region
+		LB      lbSpec
+	}
+	monitorSpec struct {
+		Description, Path, ExpectedCodes, Host string
+		Port, Interval, Timeout, Retries       int64
+	}
+	poolSpec struct {
+		Region, Name, Description string
+		Latitude, Longitude       float64
+		Origins                   []originSpec // sorted by name
+	}
+	originSpec struct{ Name, Address string }
+	lbSpec     struct {
+		Name, Description string
+		Proxied           bool
+		TTL               int64
+		Steering          string
+		DefaultRegions    []string            // failover order
+		FallbackRegion    string              //
+		RegionPools       map[string][]string // Cloudflare region -> regions, in order
+		CountryPools      map[string][]string // country -> regions, in order
+	}
+)
+
+var (
+	poolNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+	cfRegionRe = regexp.MustCompile(`^[A-Z]{2,5}$`)
+	countryRe  = regexp.MustCompile(`^[A-Z]{2}$`)
+)
+
+// desired validates c against the catalogue and computes what Cloudflare
+// should hold. Every problem is reported at once.
+func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
+	}
+	if c.AccountID == "" {
+		bad("account_id is required")
+	}
+	if c.ZoneID == "" {
+		bad("zone_id is required")
+	}
+	if c.Hostname == "" {
+		bad("hostname is required")
+	}
+	if c.SteeringPolicy != SteeringGeo && c.SteeringPolicy != SteeringProximity {
+		bad("steering_policy %q: want %q or %q", c.SteeringPolicy, SteeringGeo, SteeringProximity)
+	}
+	if !strings.HasPrefix(c.Monitor.Path, "/") {
+		bad("monitor.path %q must start with /", c.Monitor.Path)
+	}
+
+	catRegions := map[string]geo.Region{}
+	var names []string
+	for _, r := range cat.Regions {
+		catRegions[r.Name] = r
+		if len(r.Clusters) == 0 {
+			continue // a POP-only region runs no signaling
+		}
+		names = append(names, r.Name)
+		if _, ok := c.Regions[r.Name]; !ok {
+			bad("region %q of the catalogue has no entry under regions", r.Name)
+		}
+	}
+	sort.Strings(names)
+	for name, rc := range c.Regions {
+		if r, ok := catRegions[name]; !ok {
+			bad("region %q is not in the catalogue", name)
+		} else if len(r.Clusters) == 0 {
+			bad("region %q has no cluster in the catalogue, so no signaling to steer to", name)
+		}
+		if len(rc.Origins) == 0 {
+			bad("region %q: no origins", name)
+		}
+		if !poolNameRe.MatchString(c.NamePrefix + "-" + name) {
+			bad("pool name %q: only letters, digits, - and _ are allowed", c.NamePrefix+"-"+name)
+		}
+	}
+
+	d := &desiredState{
+		Monitor: monitorSpec{
+			Description:   c.describe("signaling readiness for " + c.Hostname),
+			Path:          c.Monitor.Path,
+			ExpectedCodes: c.Monitor.ExpectedCodes,
+			Host:          c.Hostname,
+			Port:          c.Monitor.Port,
+			Interval:      c.Monitor.Interval,
+			Timeout:       c.Monitor.Timeout,
+			Retries:       c.Monitor.Retries,
+		},
+	}
+	for _, name := range names {
+		rc, ok := c.Regions[name]
+		if !ok {
+			continue
+		}
+		r := catRegions[name]
+		p := poolSpec{
+			Region:      name,
+			Name:        c.NamePrefix + "-" + name,
+			Description: c.describe("signaling pool of region " + name),
+			Latitude:    r.Location.Lat,
+			Longitude:   r.Location.Lon,
+		}
+		seen := map[string]bool{}
+		for i, addr := range rc.Origins {
+			if addr == "" || seen[addr] {
+				bad("region %q: origin %d empty or repeated", name, i+1)
+			}
+			seen[addr] = true
+			p.Origins = append(p.Origins, originSpec{Name: fmt.Sprintf("%s-%d", name, i+1), Address: addr})
+		}
+		d.Pools = append(d.Pools, p)
+	}
+
+	// Failover order: the listed regions, then the rest by name.
+	var order []string
+	for _, r := range c.RegionOrder {
+		if !slices.Contains(names, r) {
+			bad("region_order names %q, not a region with signaling", r)
+			continue
+		}
+		if !slices.Contains(order, r) {
+			order = append(order, r)
+		}
+	}
+	for _, r := range names {
+		if !slices.Contains(order, r) {
+			order = append(order, r)
+		}
+	}
+	fallback := c.FallbackRegion
+	if fallback == "" {
+		fallback = cat.DefaultRegion
+	}
+	if !slices.Contains(names, fallback) {
+		bad("fallback region %q is not a region with signaling", fallback)
+	}
+	// A steered region's own pool first, then the others in failover order.
+	failover := func(r string) []string {
+		out := []string{r}
+		for _, o := range order {
+			if o != r {
+				out = append(out, o)
+			}
+		}
+		return out
+	}
+	lb := lbSpec{
+		Name:           strings.ToLower(c.Hostname),
+		Description:    c.describe("signaling front steering"),
+		Proxied:        *c.Proxied,
+		TTL:            c.TTL,
+		Steering:       c.SteeringPolicy,
+		DefaultRegions: order,
+		FallbackRegion: fallback,
+		RegionPools:    map[string][]string{},
+		CountryPools:   map[string][]string{},
+	}
+	if c.SteeringPolicy == SteeringGeo {
+		claim := func(m map[string][]string, kind, code, region string, re *regexp.Regexp) {
+			if !re.MatchString(code) {
+				bad("region %q: %s %q is malformed", region, kind, code)
+				return
+			}
+			if prev, ok := m[code]; ok {
+				bad("%s %q is claimed by both %q and %q", kind, code, prev[0], region)
+				return
+			}
+			m[code] = failover(region)
+		}
+		for _, name := range sortedKeys(c.Regions) {
+			for _, code := range c.Regions[name].CloudflareRegions {
+				claim(lb.RegionPools, "Cloudflare region", strings.ToUpper(code), name, cfRegionRe)
+			}
+			for _, code := range c.Regions[name].Countries {
+				claim(lb.CountryPools, "country", strings.ToUpper(code), name, countryRe)
+			}
+		}
+	}
+	d.LB = lb
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return d, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,142 @@
+# Two regions (eu-central, us-east), one transceiver cluster and one global
+# relay POP each, and the Cloudflare steering for rt.example.com. Every
+# address is an example value: replace them with your own (see docs/deploy.md).
+
+locals {
+  hostname = "rt.example.com"
+
+  # Reserved public addresses of the POP VIPs (documentation range here).
+  pops = {
+    fra = { id = 1, region = "eu-central", address = "203.0.113.10" }
+    iad = { id = 2, region = "us-east", address = "203.0.113.20" }
+  }
+
+  regions = {
+    "eu-central" = {
+      cluster_id = 1
+      location   = { lat = 50.11, lon = 8.68 }
+      # Public addresses of the region's signaling front (its ingress).
+      origins            = ["198.51.100.10"]
+      cloudflare_regions = ["WEU", "EEU", "NAF", "ME"]
+    }
+    "us-east" = {
+      cluster_id         = 2
+      location           = { lat = 39.04, lon = -77.49 }
+      origins            = ["198.51.100.20"]
+      cloudflare_regions = ["ENAM", "WNAM", "SAM"]
+    }
+  }
+
+  # Seeds of the global pool: a DNS name resolving to cluster relays of every
+  # region (pod IPs must be routable between the regions).
+  global_gossip_join = ["gossip.global.example.net:7947"]
+
+  # The session API front of each cluster as signaling in every region
+  # reaches it (a routable internal name; in-cluster names only work for
+  # the local region).
+  session_apis = {
+    "eu-central" = "http://session-api.eu-central.internal.example.net:8080"
+    "us-east"    = "http://session-api.us-east.internal.example.net:8080"
+  }
+
+  # The region catalogue (geo/README.md), the same in every region.
+  catalogue_yaml = yamlencode({
+    default_region = "eu-central"
+    regions = [
+      for name, r in local.regions : {
+        name     = name
+        location = r.location
+        clusters = [{
+          id          = r.cluster_id
+          name        = "${name}-1"
+          session_api = local.session_apis[name]
+        }]
+        pops = [
+          for pop, p in local.pops : { id = p.id, name = pop, vip = "${p.address}:3478" } if p.region == name
+        ]
+      }
+    ]
+  })
+
+  # Cloudflare's published ranges (https://www.cloudflare.com/ips/): list
+  # them all so signaling believes CF-* headers only from Cloudflare.
+  trusted_proxies = ["173.245.48.0/20", "103.21.244.0/22"]
+}
+
+module "region_eu_central" {
+  source    = "../../modules/region"
+  providers = { kubernetes = kubernetes.eu_central }
+
+  region                 = "eu-central"
+  cluster_id             = local.regions["eu-central"].cluster_id
+  image                  = var.image
+  catalogue_yaml         = local.catalogue_yaml
+  global_gossip_join     = local.global_gossip_join
+  trusted_proxies        = local.trusted_proxies
+  cors_origins           = ["https://app.example.com"]
+  transceiver_replicas   = 3
+  signaling_service_type = "LoadBalancer"
+}
+
+module "region_us_east" {
+  source    = "../../modules/region"
+  providers = { kubernetes = kubernetes.us_east }
+
+  region                 = "us-east"
+  cluster_id             = local.regions["us-east"].cluster_id
+  image                  = var.image
+  catalogue_yaml         = local.catalogue_yaml
+  global_gossip_join     = local.global_gossip_join
+  trusted_proxies        = local.trusted_proxies
+  cors_origins           = ["https://app.example.com"]
+  signaling_service_type = "LoadBalancer"
+}
+
+module "pop_fra" {
+  source    = "../../modules/pop"
+  providers = { kubernetes = kubernetes.eu_central }
+
+  region             = local.pops.fra.region
+  pop_id             = local.pops.fra.id
+  name               = "fra"
+  image              = var.image
+  load_balancer_ip   = local.pops.fra.address
+  global_gossip_join = local.global_gossip_join
+}
+
+module "pop_iad" {
+  source    = "../../modules/pop"
+  providers = { kubernetes = kubernetes.us_east }
+
+  region             = local.pops.iad.region
+  pop_id             = local.pops.iad.id
+  name               = "iad"
+  image              = var.image
+  load_balancer_ip   = local.pops.iad.address
+  global_gossip_join = local.global_gossip_join
+}
+
+module "steering" {
+  source = "../../modules/cloudflare-steering"
+
+  account_id      = var.cloudflare_account_id
+  zone_id         = var.cloudflare_zone_id
+  hostname        = local.hostname
+  steering_policy = "geo"
+  fallback_region = "eu-central"
+  region_order    = ["eu-central", "us-east"]
+
+  regions = {
+    for name, r in local.regions : name => {
+      origins            = r.origins
+      latitude           = r.location.lat
+      longitude          = r.location.lon
+      cloudflare_regions = r.cloudflare_regions
+    }
+  }
+
+  relay_records = {
+    fra = { name = "fra.relay.example.com", address = module.pop_fra.vip_address }
+    iad = { name = "iad.relay.example.com", address = module.pop_iad.vip_address }
+  }
+}

@@ -1,0 +1,145 @@
+# Inputs of one region: a transceiver cluster (StatefulSet), its cluster
+# relays (session API front), and the region's signaling fronts.
+
+variable "region" {
+  description = "Region name as in the catalogue, e.g. eu-central."
+  type        = string
+}
+
+variable "cluster_id" {
+  description = "The cluster's ID in the catalogue (1..65535); carried in routing tokens."
+  type        = number
+
+  validation {
+    condition     = var.cluster_id >= 1 && var.cluster_id <= 65535 && floor(var.cluster_id) == var.cluster_id
+    error_message = "cluster_id must be an integer in 1..65535."
+  }
+}
+
+variable "namespace" {
+  description = "Namespace the region's workloads run in; null = rtcedge-<region>."
+  type        = string
+  default     = null
+}
+
+variable "create_namespace" {
+  description = "Create the namespace (false when it is managed elsewhere)."
+  type        = bool
+  default     = true
+}
+
+variable "image" {
+  description = "The rtcedge image (one binary, every role)."
+  type        = string
+}
+
+variable "init_image" {
+  description = "Small image with sh and sed that renders the pod IP into the role config at start."
+  type        = string
+  default     = "busybox:1.37"
+}
+
+variable "secret_name" {
+  description = "Secret holding RTCEDGE_TOKEN_KEYS, RTCEDGE_TOKEN_CURRENT (optional), RTCEDGE_GOSSIP_KEY, RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
+  type        = string
+  default     = "rtcedge-secrets"
+}
+
+variable "secrets" {
+  description = "When set, the module creates secret_name with these keys; leave null to use a Secret created out of band (keeps secrets out of Terraform state)."
+  type        = map(string)
+  default     = null
+  sensitive   = true
+}
+
+variable "log_level" {
+  description = "Log level of every role."
+  type        = string
+  default     = "info"
+}
+
+variable "catalogue_yaml" {
+  description = "The region catalogue (geo/README.md format), the same in every region."
+  type        = string
+}
+
+variable "global_gossip_join" {
+  description = "Seeds of the global gossip pool (host:port), e.g. [\"gossip.global.example.net:7947\"]."
+  type        = list(string)
+}
+
+variable "transceiver_replicas" {
+  description = "Transceiver pods in the cluster."
+  type        = number
+  default     = 2
+}
+
+variable "max_sessions" {
+  description = "Calls per transceiver pod."
+  type        = number
+  default     = 500
+}
+
+variable "drain_timeout_seconds" {
+  description = "How long a draining transceiver lets calls run; the pod's termination grace period is this plus a margin."
+  type        = number
+  default     = 600
+}
+
+variable "transceiver_resources" {
+  description = "Requests and limits of a transceiver container."
+  type = object({
+    requests = map(string)
+    limits   = map(string)
+  })
+  default = {
+    requests = { cpu = "2", memory = "1Gi" }
+    limits   = { memory = "2Gi" }
+  }
+}
+
+variable "clusterrelay_replicas" {
+  description = "Cluster relay replicas (stateless; 2+ so one can restart)."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.clusterrelay_replicas >= 2
+    error_message = "Run at least 2 cluster relay replicas."
+  }
+}
+
+variable "signaling_replicas" {
+  description = "Signaling replicas in the region."
+  type        = number
+  default     = 2
+}
+
+variable "signaling_service_type" {
+  description = "Type of the signaling Service; LoadBalancer when Cloudflare reaches it directly, ClusterIP behind an ingress."
+  type        = string
+  default     = "ClusterIP"
+}
+
+variable "signaling_service_annotations" {
+  description = "Annotations of the signaling Service (cloud load balancer settings)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "trusted_proxies" {
+  description = "CIDRs whose CF-* / X-Forwarded-For headers signaling believes: Cloudflare's published ranges, plus any in-cluster ingress."
+  type        = list(string)
+}
+
+variable "cors_origins" {
+  description = "Browser origins allowed to call signaling."
+  type        = list(string)
+  default     = []
+}
+
+variable "geoip_claim_name" {
+  description = "PersistentVolumeClaim holding GeoLite2-City.mmdb, mounted at /var/lib/geoip; null = no database (clients without CF location headers land in the default region)."
+  type        = string
+  default     = null
+}
