@@ -33,6 +33,7 @@ import (
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
 	"github.com/rtcedge/rtcedge/transceiver/echo"
+	"github.com/rtcedge/rtcedge/transceiver/netbackend"
 	"github.com/rtcedge/rtcedge/web"
 )
 
@@ -82,6 +83,9 @@ type Config struct {
 	// RedisURL makes the global relays share flows through Redis. Empty:
 	// an in-process store shared by all relays of the world plays Redis.
 	RedisURL string
+	// NetBackend runs the echo backend as a network service (the
+	// netbackend protocol over loopback TCP) instead of in process.
+	NetBackend bool
 	// NoRouteCache runs the global relays without any shared cache: a
 	// restarted relay then recovers flows only from the next STUN check
 	// (or a reply from the cluster side).
@@ -144,6 +148,7 @@ type World struct {
 	log        *slog.Logger
 	keys       *token.Keyring
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
+	backend    transceiver.Backend     // what every pod bridges to
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
 	globalSeed string
 	errMu      sync.Mutex
@@ -264,6 +269,14 @@ func (w *World) start() error {
 	}
 
 	w.memStore = routecache.NewMemoryStore()
+	w.backend = echo.Backend{}
+	if cfg.NetBackend {
+		addr, err := w.startNetBackend()
+		if err != nil {
+			return err
+		}
+		w.backend = &netbackend.Backend{Addr: addr, Logger: cfg.Logger}
+	}
 	globalSeed := &w.globalSeed
 	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
@@ -309,6 +322,18 @@ func (w *World) start() error {
 	return nil
 }
 
+// startNetBackend serves the echo backend over loopback TCP and returns its
+// address. It is the first node, so it stops last.
+func (w *World) startNetBackend() (string, error) {
+	n, ctx := w.newNode("backend")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	w.run(n, ctx, func(ctx context.Context) error { return netbackend.Serve(ctx, ln, w.log, netbackend.EchoHandler) })
+	return ln.Addr().String(), nil
+}
+
 func (w *World) newPool(name string, wan bool, meta membership.Meta, seed *string) (*membership.Pool, error) {
 	pool, err := membership.New(membership.Config{
 		Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"), WAN: wan,
@@ -345,7 +370,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed *string) (*Pod,
 	p.Data = udpio.LocalAddrPort(conn)
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "pod": strconv.Itoa(int(id))}, w.Registry)
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: echo.Backend{},
+		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: w.backend,
 		ConnectTimeout: w.cfg.ConnectTimeout, MaxSessions: w.cfg.MaxSessions, RouteTTL: w.cfg.RouteTTL,
 		Logger: w.cfg.Logger, Registerer: reg,
 	}, conn)

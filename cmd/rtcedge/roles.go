@@ -25,6 +25,7 @@ import (
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
 	"github.com/rtcedge/rtcedge/transceiver/echo"
+	"github.com/rtcedge/rtcedge/transceiver/netbackend"
 	"github.com/rtcedge/rtcedge/web"
 )
 
@@ -34,6 +35,7 @@ func init() {
 		command{"transceiver", "run a transceiver pod (WebRTC termination, echo backend)", runTransceiver},
 		command{"clusterrelay", "run a cluster relay replica and the cluster's session API front", runClusterRelay},
 		command{"globalrelay", "run a global relay replica (a POP's public UDP ingress)", runGlobalRelay},
+		command{"backend", "run the reference echo backend over the network backend protocol", runBackend},
 	)
 }
 
@@ -95,8 +97,11 @@ type TransceiverConfig struct {
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`
 	DTLSRole       string        `yaml:"dtls_role"` // client (a=setup:active) or server (a=setup:passive)
-	Token          TokenKeys     `yaml:"token"`
-	Gossip         Gossip        `yaml:"gossip"` // the cluster pool
+	// BackendAddr is the inference backend (host:port, docs/backend-protocol.md);
+	// empty: the in-process echo backend.
+	BackendAddr string    `yaml:"backend_addr"`
+	Token       TokenKeys `yaml:"token"`
+	Gossip      Gossip    `yaml:"gossip"` // the cluster pool
 }
 
 func runTransceiver(ctx context.Context, args []string) error {
@@ -119,8 +124,12 @@ func runTransceiver(ctx context.Context, args []string) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
+	var backend transceiver.Backend = echo.Backend{}
+	if cfg.BackendAddr != "" {
+		backend = &netbackend.Backend{Addr: cfg.BackendAddr, Logger: log}
+	}
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: echo.Backend{},
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
 		DTLSRole: cfg.DTLSRole, Logger: log, Registerer: reg,
 	}, conn)
@@ -548,4 +557,25 @@ func runSignaling(ctx context.Context, args []string) error {
 	}
 	shutdown(srv, metrics)
 	return nil
+}
+
+// runBackend serves the reference echo backend over the network protocol
+// that transceivers with backend_addr speak (docs/backend-protocol.md).
+func runBackend(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("backend", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:9500", "TCP address transceivers connect to")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	log.Info("echo backend up", "addr", ln.Addr().String())
+	return netbackend.Serve(ctx, ln, log, netbackend.EchoHandler)
 }

@@ -1,0 +1,171 @@
+package netbackend
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rtcedge/rtcedge/transceiver"
+)
+
+// Backend is a transceiver.Backend that reaches the inference backend at
+// Addr: one TCP connection per session.
+type Backend struct {
+	Addr        string        // host:port of the backend
+	DialTimeout time.Duration // default 2s
+	// QueueLen bounds the frames waiting to be written to the backend; a
+	// full queue drops audio (counted) rather than stall the media path.
+	QueueLen int // default 256 (about 5 s of 20 ms frames)
+	Logger   *slog.Logger
+
+	dropped atomic.Uint64
+}
+
+// Dropped returns how many frames were dropped because a session's queue
+// toward the backend was full.
+func (b *Backend) Dropped() uint64 { return b.dropped.Load() }
+
+// Open implements transceiver.Backend.
+func (b *Backend) Open(ctx context.Context, info transceiver.SessionInfo, out transceiver.Sink) (transceiver.Handler, error) {
+	timeout := b.DialTimeout
+	if timeout == 0 {
+		timeout = 2 * time.Second
+	}
+	qlen := b.QueueLen
+	if qlen == 0 {
+		qlen = 256
+	}
+	log := b.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	d := net.Dialer{Timeout: timeout}
+	conn, err := d.DialContext(ctx, "tcp", b.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial backend %s: %w", b.Addr, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true) // 20 ms frames must not wait for Nagle
+	}
+	hello, err := json.Marshal(Hello{Session: info.ID, Cluster: info.Cluster, Pod: info.Pod, Config: info.Config})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	frame, _ := appendFrame(nil, FrameHello, hello)
+	_ = conn.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := conn.Write(frame); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("backend hello: %w", err)
+	}
+	_ = conn.SetWriteDeadline(time.Time{})
+	h := &handler{b: b, conn: conn, out: out, queue: make(chan []byte, qlen), log: log.With("component", "netbackend", "session", info.ID)}
+	h.wg.Add(2)
+	go h.writeLoop()
+	go h.readLoop()
+	return h, nil
+}
+
+// handler is one session's connection. Audio and Event enqueue; one
+// goroutine writes, one reads replies and hands them to the Sink.
+type handler struct {
+	b     *Backend
+	conn  net.Conn
+	out   transceiver.Sink
+	log   *slog.Logger
+	queue chan []byte
+
+	closeOnce sync.Once
+	mu        sync.RWMutex // guards sends on queue against its close
+	closed    bool         // guarded by mu
+	wg        sync.WaitGroup
+}
+
+func (h *handler) enqueue(typ byte, parts ...[]byte) {
+	n := 4
+	for _, p := range parts {
+		n += len(p)
+	}
+	frame, err := appendFrame(make([]byte, 0, n), typ, parts...)
+	if err != nil {
+		h.b.dropped.Add(1)
+		return
+	}
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.closed {
+		return
+	}
+	select {
+	case h.queue <- frame:
+	default:
+		h.b.dropped.Add(1)
+	}
+}
+
+// Audio implements transceiver.Handler.
+func (h *handler) Audio(payload []byte, d time.Duration) {
+	var dur [4]byte
+	binary.BigEndian.PutUint32(dur[:], uint32(d/time.Microsecond))
+	h.enqueue(FrameAudio, dur[:], payload)
+}
+
+// Event implements transceiver.Handler.
+func (h *handler) Event(data []byte) { h.enqueue(FrameEvent, data) }
+
+func (h *handler) writeLoop() {
+	defer h.wg.Done()
+	for frame := range h.queue {
+		if _, err := h.conn.Write(frame); err != nil {
+			h.log.Debug("write to backend", "err", err)
+			_ = h.conn.Close()
+			for range h.queue { // drain until Close closes the queue
+			}
+			return
+		}
+	}
+}
+
+func (h *handler) readLoop() {
+	defer h.wg.Done()
+	var buf []byte
+	for {
+		typ, payload, nb, err := readFrame(h.conn, buf)
+		buf = nb
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				h.log.Debug("read from backend", "err", err)
+			}
+			return
+		}
+		switch typ {
+		case FrameAudio:
+			if us, opus, ok := audioPayload(payload); ok {
+				_ = h.out.WriteAudio(opus, time.Duration(us)*time.Microsecond)
+			}
+		case FrameEvent:
+			_ = h.out.SendEvent(payload)
+		}
+	}
+}
+
+// Close implements transceiver.Handler: it stops both loops and closes the
+// connection, which tells the backend the session is over.
+func (h *handler) Close() error {
+	h.closeOnce.Do(func() {
+		h.mu.Lock()
+		h.closed = true
+		close(h.queue)
+		h.mu.Unlock()
+		_ = h.conn.Close()
+		h.wg.Wait()
+	})
+	return nil
+}

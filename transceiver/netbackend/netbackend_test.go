@@ -1,0 +1,187 @@
+package netbackend
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/transceiver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// sink records what the backend sends toward the caller.
+type sink struct {
+	mu     sync.Mutex
+	audio  [][]byte
+	durs   []time.Duration
+	events [][]byte
+	got    chan struct{}
+}
+
+func newSink() *sink { return &sink{got: make(chan struct{}, 100)} }
+
+func (s *sink) WriteAudio(p []byte, d time.Duration) error {
+	s.mu.Lock()
+	s.audio = append(s.audio, bytes.Clone(p))
+	s.durs = append(s.durs, d)
+	s.mu.Unlock()
+	s.got <- struct{}{}
+	return nil
+}
+
+func (s *sink) SendEvent(b []byte) error {
+	s.mu.Lock()
+	s.events = append(s.events, bytes.Clone(b))
+	s.mu.Unlock()
+	s.got <- struct{}{}
+	return nil
+}
+
+func (s *sink) wait(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-s.got:
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing came back from the backend")
+		}
+	}
+}
+
+func startServer(t *testing.T, handle func(context.Context, *Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ln, nil, handle) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestEchoOverTheNetwork: audio and events make the round trip pod →
+// backend process → pod, with the hello naming the session.
+func TestEchoOverTheNetwork(t *testing.T) {
+	hellos := make(chan Hello, 1)
+	addr := startServer(t, func(ctx context.Context, c *Conn) {
+		hellos <- c.Hello
+		EchoHandler(ctx, c)
+	})
+	b := &Backend{Addr: addr}
+	out := newSink()
+	h, err := b.Open(context.Background(), transceiver.SessionInfo{ID: "rtc_a", Cluster: 1, Pod: 2, Config: []byte(`{"voice":"x"}`)}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	hello := <-hellos
+	if hello.Session != "rtc_a" || hello.Cluster != 1 || hello.Pod != 2 || string(hello.Config) != `{"voice":"x"}` {
+		t.Errorf("hello = %+v", hello)
+	}
+	h.Audio([]byte{9, 8, 7}, 20*time.Millisecond)
+	h.Event([]byte(`{"type":"ping"}`))
+	out.wait(t, 2)
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if len(out.audio) != 1 || !bytes.Equal(out.audio[0], []byte{9, 8, 7}) || out.durs[0] != 20*time.Millisecond {
+		t.Errorf("audio back = %v %v", out.audio, out.durs)
+	}
+	var reply struct {
+		Type string          `json:"type"`
+		Echo json.RawMessage `json:"echo"`
+	}
+	if len(out.events) != 1 || json.Unmarshal(out.events[0], &reply) != nil || reply.Type != "rtcedge.echo" || string(reply.Echo) != `{"type":"ping"}` {
+		t.Errorf("event reply = %q", out.events)
+	}
+}
+
+// TestCloseEndsBackendSession: closing the pod's handler closes the
+// connection, which ends the backend's handler.
+func TestCloseEndsBackendSession(t *testing.T) {
+	ended := make(chan struct{})
+	addr := startServer(t, func(ctx context.Context, c *Conn) {
+		defer close(ended)
+		for {
+			if _, _, _, err := c.Read(); err != nil {
+				return
+			}
+		}
+	})
+	h, err := (&Backend{Addr: addr}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_b"}, newSink())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend's session did not end when the pod closed it")
+	}
+}
+
+func TestOpenFailsFast(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	if _, err := (&Backend{Addr: addr}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_c"}, newSink()); err == nil {
+		t.Fatal("Open succeeded with no backend")
+	}
+}
+
+func TestFrames(t *testing.T) {
+	frame, err := appendFrame(nil, FrameEvent, []byte("abc"))
+	if err != nil || !bytes.Equal(frame, []byte{FrameEvent, 0, 0, 3, 'a', 'b', 'c'}) {
+		t.Fatalf("frame = %v, %v", frame, err)
+	}
+	if _, err := appendFrame(nil, FrameEvent, make([]byte, MaxPayload+1)); !errors.Is(err, ErrFrameTooLarge) {
+		t.Errorf("oversized frame: %v", err)
+	}
+	huge := []byte{FrameAudio, 0xff, 0xff, 0xff}
+	if _, _, _, err := readFrame(bytes.NewReader(huge), nil); !errors.Is(err, ErrFrameTooLarge) {
+		t.Errorf("oversized frame header: %v", err)
+	}
+	if _, _, ok := audioPayload([]byte{1, 2}); ok {
+		t.Error("short audio payload accepted")
+	}
+}
+
+// TestServerRefusesNonHello: a peer that does not start with a hello is
+// dropped before any handler runs.
+func TestServerRefusesNonHello(t *testing.T) {
+	called := make(chan struct{}, 1)
+	addr := startServer(t, func(context.Context, *Conn) { called <- struct{}{} })
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	frame, _ := appendFrame(nil, FrameAudio, []byte{0, 0, 0, 20})
+	c.Write(frame)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("server kept a connection that did not say hello")
+	}
+	select {
+	case <-called:
+		t.Fatal("handler ran for a connection without hello")
+	default:
+	}
+}

@@ -1,0 +1,92 @@
+// Package netbackend carries a session's audio and events between a
+// transceiver pod and an inference backend in another process, over one
+// TCP connection per session. It is rtcedge's internal backend protocol;
+// docs/backend-protocol.md specifies it for backends written in any
+// language.
+//
+// Frames, both ways:
+//
+//	type (1 byte) | length (3 bytes, big-endian) | payload (length bytes)
+//
+//	0x01 hello  (pod → backend, first frame): JSON {"session","cluster","pod","config"}
+//	0x02 audio  payload = duration in microseconds (4 bytes, big-endian) | one Opus frame
+//	0x03 event  payload = one oai-events message (JSON text)
+//
+// Closing the connection ends the session's backend half. Unknown frame
+// types are skipped, so either side can add types later.
+package netbackend
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Frame types.
+const (
+	FrameHello byte = 0x01
+	FrameAudio byte = 0x02
+	FrameEvent byte = 0x03
+)
+
+// MaxPayload bounds one frame: an Opus frame or an event is far smaller;
+// anything larger is a broken or hostile peer.
+const MaxPayload = 1 << 20
+
+// ErrFrameTooLarge is returned for a frame longer than MaxPayload.
+var ErrFrameTooLarge = errors.New("netbackend: frame too large")
+
+// Hello is the first frame of a connection.
+type Hello struct {
+	Session string `json:"session"`
+	Cluster uint16 `json:"cluster"`
+	Pod     uint16 `json:"pod"`
+	// Config is the client's session configuration, if any (raw JSON).
+	Config []byte `json:"config,omitempty"`
+}
+
+// appendFrame appends one frame to b.
+func appendFrame(b []byte, typ byte, parts ...[]byte) ([]byte, error) {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n > MaxPayload {
+		return b, ErrFrameTooLarge
+	}
+	b = append(b, typ, byte(n>>16), byte(n>>8), byte(n))
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b, nil
+}
+
+// readFrame reads one frame into buf (grown as needed) and returns its type
+// and payload (a subslice of the returned buffer).
+func readFrame(r io.Reader, buf []byte) (byte, []byte, []byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, buf, err
+	}
+	n := int(hdr[1])<<16 | int(hdr[2])<<8 | int(hdr[3])
+	if n > MaxPayload {
+		return 0, nil, buf, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
+	}
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, buf, err
+	}
+	return hdr[0], buf, buf, nil
+}
+
+// audioPayload splits an audio frame's payload.
+func audioPayload(p []byte) (durationMicros uint32, opus []byte, ok bool) {
+	if len(p) < 4 {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint32(p), p[4:], true
+}

@@ -1,0 +1,168 @@
+package netbackend
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Conn is the backend's side of one session.
+type Conn struct {
+	Hello Hello
+	conn  net.Conn
+	wmu   sync.Mutex
+	buf   []byte
+}
+
+// Read returns the next frame from the pod: FrameAudio (with the frame's
+// duration) or FrameEvent. The payload is only valid until the next Read.
+func (c *Conn) Read() (typ byte, payload []byte, d time.Duration, err error) {
+	for {
+		var p []byte
+		typ, p, c.buf, err = readFrame(c.conn, c.buf)
+		if err != nil {
+			return 0, nil, 0, err
+		}
+		switch typ {
+		case FrameAudio:
+			us, opus, ok := audioPayload(p)
+			if !ok {
+				continue
+			}
+			return typ, opus, time.Duration(us) * time.Microsecond, nil
+		case FrameEvent:
+			return typ, p, 0, nil
+		}
+		// Unknown types are skipped.
+	}
+}
+
+// WriteAudio sends one Opus frame toward the caller.
+func (c *Conn) WriteAudio(opus []byte, d time.Duration) error {
+	var dur [4]byte
+	binary.BigEndian.PutUint32(dur[:], uint32(d/time.Microsecond))
+	return c.write(FrameAudio, dur[:], opus)
+}
+
+// WriteEvent sends one oai-events message toward the caller.
+func (c *Conn) WriteEvent(data []byte) error { return c.write(FrameEvent, data) }
+
+func (c *Conn) write(typ byte, parts ...[]byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	frame, err := appendFrame(nil, typ, parts...)
+	if err != nil {
+		return err
+	}
+	_, err = c.conn.Write(frame)
+	return err
+}
+
+// Serve accepts pod connections on ln and runs handle for each session in
+// its own goroutine until ctx ends; it closes ln and waits for the
+// sessions' handlers (whose connections it closes) before returning.
+func Serve(ctx context.Context, ln net.Listener, log *slog.Logger, handle func(context.Context, *Conn)) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]struct{}{}
+	stop := context.AfterFunc(ctx, func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	defer stop()
+	var err error
+	for {
+		var c net.Conn
+		c, err = ln.Accept()
+		if err != nil {
+			break
+		}
+		mu.Lock()
+		conns[c] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				c.Close()
+				mu.Lock()
+				delete(conns, c)
+				mu.Unlock()
+			}()
+			bc, err := accept(c)
+			if err != nil {
+				log.Debug("backend session refused", "remote", c.RemoteAddr(), "err", err)
+				return
+			}
+			handle(ctx, bc)
+		}()
+	}
+	cancel()
+	wg.Wait()
+	if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// accept reads the hello frame.
+func accept(c net.Conn) (*Conn, error) {
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	typ, p, buf, err := readFrame(c, nil)
+	if err != nil {
+		return nil, err
+	}
+	if typ != FrameHello {
+		return nil, fmt.Errorf("first frame has type %#x, want hello", typ)
+	}
+	var h Hello
+	if err := json.Unmarshal(p, &h); err != nil {
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	return &Conn{Hello: h, conn: c, buf: buf}, nil
+}
+
+// EchoHandler is the reference backend over the network: audio comes back
+// unchanged, every event is answered with an event quoting it (the same
+// reply as the in-process echo backend).
+func EchoHandler(_ context.Context, c *Conn) {
+	for {
+		typ, p, d, err := c.Read()
+		if err != nil {
+			return
+		}
+		switch typ {
+		case FrameAudio:
+			if c.WriteAudio(p, d) != nil {
+				return
+			}
+		case FrameEvent:
+			reply := map[string]any{"type": "rtcedge.echo", "session": c.Hello.Session}
+			if json.Valid(p) {
+				reply["echo"] = json.RawMessage(p)
+			} else {
+				reply["text"] = string(p)
+			}
+			b, _ := json.Marshal(reply)
+			if c.WriteEvent(b) != nil {
+				return
+			}
+		}
+	}
+}
