@@ -31,6 +31,8 @@ const (
 	DropNotFromPod   = "not_from_pod"
 	DropPodMismatch  = "pod_mismatch"
 	DropEmpty        = "empty"
+	DropOversize     = "oversize"         // filled the receive buffer: possibly truncated
+	DropIngress      = "ingress_mismatch" // toward a pod, but not sent by the ingress the header names
 )
 
 // Config configures a Relay.
@@ -81,12 +83,15 @@ func (r *Relay) Addr() netip.AddrPort { return r.conn.LocalAddr().(*net.UDPAddr)
 func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
-	onErr := func(error) { r.m.writeErrors.Inc() }
+	hooks := udpio.Hooks{
+		WriteErr: func(error) { r.m.writeErrors.Inc() },
+		Oversize: func() { r.m.drops.Inc(DropOversize) },
+	}
 	var err error
 	if r.cfg.Batch > 1 {
-		err = udpio.ForwardBatch(r.conn, r.conn, 0, r.cfg.Batch, r.decide, onErr)
+		err = udpio.ForwardBatch(r.conn, r.conn, 0, r.cfg.Batch, r.decide, hooks)
 	} else {
-		err = udpio.Forward(r.conn, r.conn, 0, r.decide, onErr)
+		err = udpio.Forward(r.conn, r.conn, 0, r.decide, hooks)
 	}
 	r.Close()
 	if err != nil {
@@ -134,6 +139,13 @@ func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.Ad
 		r.m.toClientBytes.Add(float64(n))
 		return pkt, h.Ingress, true
 	}
+	// A global relay sends from the internal socket it names as ingress,
+	// and replies will go there: a header naming anyone else would make
+	// this relay and the pod send a call's media to a third party.
+	if h.Ingress != from {
+		r.m.drops.Inc(DropIngress)
+		return nil, netip.AddrPort{}, false
+	}
 	dst, ok := r.cfg.Pods.PodAddr(h.Pod)
 	if !ok {
 		r.m.drops.Inc(DropUnknownPod)
@@ -172,8 +184,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		toPod: packets.WithLabelValues("to_pod"), toClient: packets.WithLabelValues("to_client"),
 		toPodBytes: bytes.WithLabelValues("to_pod"), toClientBytes: bytes.WithLabelValues("to_client"),
 		writeErrors: writeErrors,
-		drops:       udpio.NewDropCounters(drops, DropWrongCluster, DropUnknownPod, DropNotFromPod, DropPodMismatch, DropEmpty),
-		encapDrops:  udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
+		drops: udpio.NewDropCounters(drops, DropWrongCluster, DropUnknownPod, DropNotFromPod, DropPodMismatch, DropEmpty,
+			DropOversize, DropIngress),
+		encapDrops: udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{packets, bytes, drops, writeErrors} {

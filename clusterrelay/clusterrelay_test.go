@@ -112,9 +112,10 @@ func testForwardAndDrop(t *testing.T, batch int) {
 	}{
 		{"garbage", stranger, []byte("garbage"), "encap_magic", pkt(toPod(2), "g1"), pod2},
 		{"truncated header", stranger, pkt(toPod(2), "")[:10], "encap_short", pkt(toPod(2), "g2"), pod2},
-		{"wrong cluster", stranger, pkt(encap.Header{Cluster: 6, Pod: 2, POP: 1, Client: client, Ingress: addrOf(ingress)}, "x"), DropWrongCluster, pkt(toPod(2), "g3"), pod2},
-		{"unknown pod", stranger, pkt(toPod(3), "x"), DropUnknownPod, pkt(toPod(2), "g4"), pod2},
-		{"empty payload", stranger, pkt(toPod(2), ""), DropEmpty, pkt(toPod(2), "g5"), pod2},
+		{"wrong cluster", ingress, pkt(encap.Header{Cluster: 6, Pod: 2, POP: 1, Client: client, Ingress: addrOf(ingress)}, "x"), DropWrongCluster, pkt(toPod(2), "g3"), pod2},
+		{"unknown pod", ingress, pkt(toPod(3), "x"), DropUnknownPod, pkt(toPod(2), "g4"), pod2},
+		{"empty payload", ingress, pkt(toPod(2), ""), DropEmpty, pkt(toPod(2), "g5"), pod2},
+		{"ingress is not the sender", stranger, pkt(toPod(2), "steer replies to a victim"), DropIngress, pkt(toPod(2), "g8"), pod2},
 		{"reply from a stranger", stranger, pkt(toClient(1), "reflect me"), DropNotFromPod, pkt(toClient(1), "g6"), ingress},
 		{"reply in another pod's name", pod2, pkt(toClient(1), "x"), DropPodMismatch, pkt(toClient(2), "g7"), ingress},
 	}
@@ -122,7 +123,7 @@ func testForwardAndDrop(t *testing.T, batch int) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := drops(t, reg, tc.reason)
 			tc.from.WriteToUDPAddrPort(tc.pkt, relay)
-			sender := stranger
+			sender := ingress // toward a pod, good datagrams come from the ingress they name
 			if tc.check == ingress {
 				// good replies must come from the pod they name
 				h, _, _ := encap.Decode(tc.good)
@@ -159,7 +160,7 @@ func TestNoPerFlowState(t *testing.T) {
 	h := encap.Header{Cluster: 5, Pod: 1, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:1"), Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
 	p, _ := h.AppendTo(nil)
 	p = append(p, 'x')
-	from := netip.MustParseAddrPort("127.0.0.1:5555")
+	from := h.Ingress // a global relay sends from the ingress it names
 	_, d1, ok1 := a.decide(p, len(p), from)
 	_, d2, ok2 := b.decide(p, len(p), from) // a replica that never saw the flow
 	if !ok1 || !ok2 || d1 != d2 {
@@ -179,7 +180,7 @@ func BenchmarkDecide(b *testing.B) {
 	h := encap.Header{Cluster: 5, Pod: 1, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:1"), Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
 	p, _ := h.AppendTo(nil)
 	p = append(p, make([]byte, 120)...)
-	from := netip.MustParseAddrPort("127.0.0.1:5555")
+	from := h.Ingress
 	b.ReportAllocs()
 	for b.Loop() {
 		r.decide(p, len(p), from)

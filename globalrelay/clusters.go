@@ -3,6 +3,7 @@ package globalrelay
 import (
 	"hash/maphash"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 )
 
@@ -38,9 +39,10 @@ type Clusters struct {
 }
 
 type clusterSnapshot struct {
-	gen    uint64
-	usable map[uint16][]netip.AddrPort
-	known  map[netip.AddrPort]uint16
+	gen      uint64
+	replicas []Replica // sorted; what Set was given, to detect no-op updates
+	usable   map[uint16][]netip.AddrPort
+	known    map[netip.AddrPort]uint16
 }
 
 var hashSeed = maphash.MakeSeed()
@@ -52,13 +54,44 @@ func NewClusters(replicas []Replica) *Clusters {
 	return c
 }
 
-// Set replaces the directory's content.
+// Set replaces the directory's content. Setting the same content again
+// (gossip reports every load change) keeps the generation, so flows do not
+// re-pick their relay for nothing. When every replica of a cluster is
+// draining, the draining ones stay usable: they still forward, and a
+// rollout without surge must not strand the cluster's calls.
 func (c *Clusters) Set(replicas []Replica) {
-	s := &clusterSnapshot{gen: c.gen.Add(1), usable: map[uint16][]netip.AddrPort{}, known: map[netip.AddrPort]uint16{}}
-	for _, r := range replicas {
+	sorted := slices.Clone(replicas)
+	slices.SortFunc(sorted, func(a, b Replica) int {
+		if a.Cluster != b.Cluster {
+			return int(a.Cluster) - int(b.Cluster)
+		}
+		if d := a.Addr.Compare(b.Addr); d != 0 {
+			return d
+		}
+		switch {
+		case a.Draining == b.Draining:
+			return 0
+		case a.Draining:
+			return 1
+		}
+		return -1
+	})
+	if old := c.snap.Load(); old != nil && slices.Equal(old.replicas, sorted) {
+		return
+	}
+	s := &clusterSnapshot{gen: c.gen.Add(1), replicas: sorted, usable: map[uint16][]netip.AddrPort{}, known: map[netip.AddrPort]uint16{}}
+	draining := map[uint16][]netip.AddrPort{}
+	for _, r := range sorted {
 		s.known[r.Addr] = r.Cluster
-		if !r.Draining {
+		if r.Draining {
+			draining[r.Cluster] = append(draining[r.Cluster], r.Addr)
+		} else {
 			s.usable[r.Cluster] = append(s.usable[r.Cluster], r.Addr)
+		}
+	}
+	for cl, rs := range draining {
+		if len(s.usable[cl]) == 0 {
+			s.usable[cl] = rs
 		}
 	}
 	c.snap.Store(s)

@@ -12,9 +12,23 @@ import (
 // the flow.
 type flow struct {
 	cluster, pod uint16
+	tok          tokenKey     // the token that created the flow; zero when restored
 	lastSeen     atomic.Int64 // coarse unix nanos of the last packet from the client
+	lastStored   atomic.Int64 // coarse unix nanos of the last write to the route cache
 	choice       atomic.Pointer[relayChoice]
 }
+
+// tokenKey identifies one minted token (one session's server ufrag).
+type tokenKey struct {
+	cluster, pod uint16
+	nonce        [6]byte
+}
+
+// maxFlowsPerToken bounds how many client addresses one token may open
+// flows from. A client checks from a few candidates (IPv4, IPv6, a NAT
+// rebinding); without a bound, one leaked ufrag could fill the table from
+// many source ports.
+const maxFlowsPerToken = 8
 
 // relayChoice caches RelayFor's answer for one directory generation.
 type relayChoice struct {
@@ -39,12 +53,26 @@ func (f *flow) relay(dir ClusterDirectory, client netip.AddrPort) (netip.AddrPor
 // different cores rarely contend.
 const flowShards = 64
 
-// flowTable maps client addresses to flows, with a global cap.
+// flowTable maps client addresses to flows, with a global cap and a cap
+// per token.
 type flowTable struct {
 	max    int
 	count  atomic.Int64
 	shards [flowShards]flowShard
+
+	tmu    sync.Mutex
+	tokens map[tokenKey]int // flows per token; guarded by tmu
 }
+
+// putResult says why put did not store a flow.
+type putResult int
+
+const (
+	putStored   putResult = iota
+	putFull               // the table is at its cap
+	putTokenCap           // the flow's token already has maxFlowsPerToken flows
+	putExists             // putIfAbsent found a flow there
+)
 
 type flowShard struct {
 	mu sync.RWMutex
@@ -52,7 +80,7 @@ type flowShard struct {
 }
 
 func newFlowTable(max int) *flowTable {
-	t := &flowTable{max: max}
+	t := &flowTable{max: max, tokens: map[tokenKey]int{}}
 	for i := range t.shards {
 		t.shards[i].m = map[netip.AddrPort]*flow{}
 	}
@@ -77,19 +105,54 @@ func (t *flowTable) get(a netip.AddrPort) *flow {
 }
 
 // put stores f for a, replacing any flow there. It fails when a is new and
-// the table is full.
-func (t *flowTable) put(a netip.AddrPort, f *flow) bool {
+// the table is full, or f's token has its share of flows already.
+func (t *flowTable) put(a netip.AddrPort, f *flow) putResult { return t.store(a, f, true) }
+
+// putIfAbsent stores f for a only if a has no flow: restores from the cache
+// or the return path must not overwrite a flow a fresh token just made.
+func (t *flowTable) putIfAbsent(a netip.AddrPort, f *flow) putResult { return t.store(a, f, false) }
+
+func (t *flowTable) store(a netip.AddrPort, f *flow, replace bool) putResult {
 	s := t.shard(a)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.m[a]; !ok {
-		if t.count.Load() >= int64(t.max) {
-			return false
+	old, exists := s.m[a]
+	if exists && !replace {
+		return putExists
+	}
+	if !exists && t.count.Load() >= int64(t.max) {
+		return putFull
+	}
+	if f.tok != (tokenKey{}) && (!exists || old.tok != f.tok) {
+		t.tmu.Lock()
+		if t.tokens[f.tok] >= maxFlowsPerToken {
+			t.tmu.Unlock()
+			return putTokenCap
 		}
+		t.tokens[f.tok]++
+		t.tmu.Unlock()
+	}
+	if exists {
+		t.release(old)
+	} else {
 		t.count.Add(1)
 	}
 	s.m[a] = f
-	return true
+	return putStored
+}
+
+// release forgets a removed or replaced flow's share of its token.
+func (t *flowTable) release(f *flow) {
+	if f.tok == (tokenKey{}) {
+		return
+	}
+	t.tmu.Lock()
+	if n := t.tokens[f.tok] - 1; n > 0 {
+		t.tokens[f.tok] = n
+	} else {
+		delete(t.tokens, f.tok)
+	}
+	t.tmu.Unlock()
 }
 
 // expire removes flows not seen since cutoff and returns how many it removed.
@@ -101,6 +164,7 @@ func (t *flowTable) expire(cutoff int64) int {
 		for a, f := range s.m {
 			if f.lastSeen.Load() < cutoff {
 				delete(s.m, a)
+				t.release(f)
 				removed++
 			}
 		}

@@ -39,10 +39,12 @@ const (
 	DropTableFull      = "table_full"       // flow table at its cap
 	DropWrongDirection = "wrong_direction"  // toward-transceiver header on the internal socket
 	DropWrongPOP       = "wrong_pop"        // to-client header for another POP
-	DropNoFlow         = "no_flow"          // to-client for an unknown client, not from a known cluster relay
 	DropFlowMismatch   = "flow_mismatch"    // to-client from a pod that does not own the client's flow
 	DropEmpty          = "empty"
-	DropDraining       = "draining" // a new flow refused while the replica drains
+	DropDraining       = "draining"         // a new flow refused while the replica drains
+	DropTokenReuse     = "token_reuse"      // the token already opened its share of flows from other addresses
+	DropOversize       = "oversize"         // filled the receive buffer: possibly truncated
+	DropNotFromCluster = "not_from_cluster" // a reply not sent by a cluster relay of the header's cluster
 )
 
 // Config configures a Relay.
@@ -54,6 +56,10 @@ type Config struct {
 	// client; default 30s. Consent checks every few seconds keep live calls.
 	FlowIdle time.Duration
 	MaxFlows int // cap on the flow table; default 262144
+	// CacheRefresh is how often a live flow is written to the cache again,
+	// so that it outlives the cache TTL for as long as the call runs;
+	// default 20s (a third of the cache's default TTL).
+	CacheRefresh time.Duration
 	// Cache shares flows between replicas (Redis in production): new flows
 	// are stored, and a datagram from an unknown client starts a lookup
 	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
@@ -115,6 +121,9 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	if cfg.MaxFlows == 0 {
 		cfg.MaxFlows = 1 << 18
+	}
+	if cfg.CacheRefresh == 0 {
+		cfg.CacheRefresh = 20 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -178,11 +187,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	var errOnce sync.Once
 	loop := func(conn, dst *net.UDPConn, headroom int, decide udpio.Decide) {
 		defer wg.Done()
+		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(DropOversize) }}
 		var err error
 		if r.cfg.Batch > 1 {
-			err = udpio.ForwardBatch(conn, dst, headroom, r.cfg.Batch, decide, r.writeErr)
+			err = udpio.ForwardBatch(conn, dst, headroom, r.cfg.Batch, decide, hooks)
 		} else {
-			err = udpio.Forward(conn, dst, headroom, decide, r.writeErr)
+			err = udpio.Forward(conn, dst, headroom, decide, hooks)
 		}
 		if err != nil {
 			errOnce.Do(func() { firstErr = err })
@@ -267,33 +277,45 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 				r.m.drops.Inc(DropDraining)
 				return nil, netip.AddrPort{}, false
 			}
-			nf := &flow{cluster: tok.Cluster, pod: tok.Pod}
+			nf := &flow{cluster: tok.Cluster, pod: tok.Pod, tok: tokenKey{tok.Cluster, tok.Pod, tok.Nonce}}
 			nf.lastSeen.Store(r.now.Load())
-			if !r.flows.put(from, nf) {
+			switch r.flows.put(from, nf) {
+			case putFull:
 				r.m.drops.Inc(DropTableFull)
+				return nil, netip.AddrPort{}, false
+			case putTokenCap:
+				r.m.drops.Inc(DropTokenReuse)
 				return nil, netip.AddrPort{}, false
 			}
 			r.m.flowsCreated.Inc()
-			if r.cfg.Cache != nil {
-				r.cfg.Cache.Store(from, routecache.Route{Cluster: tok.Cluster, Pod: tok.Pod})
-			}
 			f = nf
 		}
 	} else if f == nil {
 		// Maybe another replica (or this one before a restart) has it:
 		// look it up in the background; this datagram is lost either way.
-		if r.cfg.Cache != nil {
-			r.cfg.Cache.Lookup(from, nil)
+		// Only DTLS and RTP/RTCP can belong to a call; scans and junk must
+		// not spend the lookup budget a restart needs.
+		if r.cfg.Cache != nil && n >= 12 {
+			if c := stunmsg.DemuxClass(pkt); c == stunmsg.ClassDTLS || c == stunmsg.ClassRTP {
+				r.cfg.Cache.Lookup(from, nil)
+			}
 		}
 		r.m.drops.Inc(DropUnknownFlow)
 		return nil, netip.AddrPort{}, false
+	}
+	now := r.now.Load()
+	if r.cfg.Cache != nil && now-f.lastStored.Load() >= int64(r.cfg.CacheRefresh) {
+		// New flows, and live ones every CacheRefresh: the entry must
+		// outlive its TTL for as long as the call runs.
+		f.lastStored.Store(now)
+		r.cfg.Cache.Store(from, routecache.Route{Cluster: f.cluster, Pod: f.pod})
 	}
 	relay, ok := f.relay(r.cfg.Clusters, from)
 	if !ok {
 		r.m.drops.Inc(DropNoClusterRelay)
 		return nil, netip.AddrPort{}, false
 	}
-	f.lastSeen.Store(r.now.Load())
+	f.lastSeen.Store(now)
 	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Client: from, Ingress: ingress}
 	hl := h.Len()
 	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
@@ -309,16 +331,18 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 // the client has a flow by now. It is the cache's OnFound callback.
 func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
-	if route.Cluster == 0 || r.flows.get(client) != nil {
+	if route.Cluster == 0 {
 		return
 	}
 	nf := &flow{cluster: route.Cluster, pod: route.Pod}
 	nf.lastSeen.Store(r.now.Load())
-	if !r.flows.put(client, nf) {
+	nf.lastStored.Store(r.now.Load()) // it was just read from the cache
+	switch r.flows.putIfAbsent(client, nf) {
+	case putStored:
+		r.m.flowsRestoredCache.Inc()
+	case putFull:
 		r.m.drops.Inc(DropTableFull)
-		return
 	}
-	r.m.flowsRestoredCache.Inc()
 }
 
 // verify checks the routing token of a Binding Request from a new client.
@@ -358,24 +382,30 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 		r.m.drops.Inc(DropEmpty)
 		return nil, netip.AddrPort{}, false
 	}
+	// Only a cluster relay of the header's own cluster may send toward
+	// clients: anyone else reaching this socket could inject into calls.
+	if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
+		r.m.drops.Inc(DropNotFromCluster)
+		return nil, netip.AddrPort{}, false
+	}
 	f := r.flows.get(h.Client)
 	if f == nil {
-		// A restarted replica learns the flow back from the first reply,
-		// but only from a cluster relay of the header's own cluster.
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
-			r.m.drops.Inc(DropNoFlow)
-			return nil, netip.AddrPort{}, false
-		}
+		// A restarted replica learns the flow back from the first reply.
 		nf := &flow{cluster: h.Cluster, pod: h.Pod}
 		nf.lastSeen.Store(r.now.Load())
-		if !r.flows.put(h.Client, nf) {
+		switch r.flows.putIfAbsent(h.Client, nf) {
+		case putFull:
 			r.m.drops.Inc(DropTableFull)
 			return nil, netip.AddrPort{}, false
-		}
-		r.m.flowsRestoredReturn.Inc()
-		if r.cfg.Cache != nil {
-			r.cfg.Cache.Store(h.Client, routecache.Route{Cluster: h.Cluster, Pod: h.Pod})
+		case putExists:
+			if f = r.flows.get(h.Client); f == nil || f.cluster != h.Cluster || f.pod != h.Pod {
+				r.m.drops.Inc(DropFlowMismatch)
+				return nil, netip.AddrPort{}, false
+			}
+		case putStored:
+			r.m.flowsRestoredReturn.Inc()
+			// The next client datagram writes it to the cache
+			// (lastStored is zero).
 		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
 		r.m.drops.Inc(DropFlowMismatch)
@@ -430,7 +460,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
 		writeErrors: writeErrors,
 		drops: udpio.NewDropCounters(drops, DropUnknownFlow, DropNoClusterRelay, DropTableFull, DropWrongDirection,
-			DropWrongPOP, DropNoFlow, DropFlowMismatch, DropEmpty, DropDraining),
+			DropWrongPOP, DropFlowMismatch, DropEmpty, DropDraining, DropTokenReuse, DropOversize, DropNotFromCluster),
 		encapDrops: udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
 		stunDrops:  udpio.NewPrefixedDropCounters(drops, "stun_", stunmsg.Reasons...),
 		tokenDrops: udpio.NewPrefixedDropCounters(drops, "token_", token.Reasons...),

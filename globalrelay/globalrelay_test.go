@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
 
@@ -208,8 +209,8 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 		{"forged MAC", corruptUfrag(t, badMAC), "token_mac"},
 		{"empty", []byte{}, DropEmpty},
 	}
-	good := r.validCheck(t, 7)
 	for _, tt := range tests {
+		good := r.validCheck(t, 7) // a fresh token each: one token opens at most maxFlowsPerToken flows
 		t.Run(tt.name, func(t *testing.T) {
 			attacker := listen(t)
 			defer attacker.Close()
@@ -254,8 +255,8 @@ func TestReturnPathTrust(t *testing.T) {
 	if back, _ := read(t, victim); string(back) != "restored" {
 		t.Fatalf("victim got %q first: the stranger's datagram was reflected", back)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropNoFlow); v != 1 {
-		t.Errorf("no_flow drops = %v, want 1", v)
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropNotFromCluster); v != 1 {
+		t.Errorf("not_from_cluster drops = %v, want 1", v)
 	}
 	if v := counter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path"); v != 1 {
 		t.Errorf("flows restored from the return path = %v, want 1", v)
@@ -395,5 +396,101 @@ func TestDrain(t *testing.T) {
 	}
 	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropDraining); v != 1 {
 		t.Errorf("draining drops = %v, want 1", v)
+	}
+}
+
+// TestTokenFlowCap: one token opens flows from at most maxFlowsPerToken
+// addresses; further addresses are refused and counted, and the share is
+// given back when flows expire.
+func TestTokenFlowCap(t *testing.T) {
+	r := newRig(t, Config{FlowIdle: 300 * time.Millisecond})
+	check := r.validCheck(t, 1)
+	var socks []*net.UDPConn
+	for range maxFlowsPerToken + 1 {
+		c := listen(t)
+		defer c.Close()
+		socks = append(socks, c)
+	}
+	for _, c := range socks[:maxFlowsPerToken] {
+		c.WriteToUDPAddrPort(check, r.pub)
+		read(t, r.cluster)
+	}
+	// The next address with the same token is refused; a fresh token from
+	// it is fine, which shows the refusal was about the token.
+	socks[maxFlowsPerToken].WriteToUDPAddrPort(check, r.pub)
+	fresh := r.validCheck(t, 2)
+	socks[maxFlowsPerToken].WriteToUDPAddrPort(fresh, r.pub)
+	got, _ := read(t, r.cluster)
+	if _, n, _ := encap.Decode(got); !bytes.Equal(got[n:], fresh) {
+		t.Fatal("the reused token's check got through")
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropTokenReuse); v != 1 {
+		t.Errorf("token_reuse drops = %v, want 1", v)
+	}
+}
+
+// TestCacheRefresh: a live flow is written to the route cache again every
+// CacheRefresh, so the entry outlives the cache's TTL for a long call.
+func TestCacheRefresh(t *testing.T) {
+	store := routecache.NewMemoryStore()
+	cache, err := routecache.NewMemoryOn(store, routecache.Config{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cache.Run(ctx) }()
+	defer func() { cancel(); <-done; cache.Close() }()
+	r := newRig(t, Config{Cache: cache, CacheRefresh: 300 * time.Millisecond})
+	r.client.WriteToUDPAddrPort(r.validCheck(t, 1), r.pub)
+	read(t, r.cluster)
+	client := addrOf(r.client)
+	// expiry is when the entry would expire; a refresh moves it later.
+	expiry := func() (time.Time, bool) {
+		now := time.Now()
+		ttl, ok := store.TTL(client, now)
+		return now.Add(ttl), ok
+	}
+	first, ok := expiry()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		first, ok = expiry()
+	}
+	if !ok {
+		t.Fatal("the new flow was not stored")
+	}
+	// Keep the flow alive; its entry must be written again.
+	for time.Now().Before(deadline) {
+		r.client.WriteToUDPAddrPort([]byte{0x80, 111, 0, 1}, r.pub)
+		read(t, r.cluster)
+		if e, ok := expiry(); ok && e.Sub(first) > 200*time.Millisecond {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("a live flow's cache entry was never refreshed (cache stats %+v)", cache.Stats())
+}
+
+func TestClustersDirectory(t *testing.T) {
+	a := netip.MustParseAddrPort("127.0.0.1:1")
+	b := netip.MustParseAddrPort("127.0.0.1:2")
+	client := netip.MustParseAddrPort("192.0.2.1:1")
+	c := NewClusters([]Replica{{Cluster: 1, Addr: a}, {Cluster: 1, Addr: b}})
+	gen := c.Generation()
+	c.Set([]Replica{{Cluster: 1, Addr: b}, {Cluster: 1, Addr: a}})
+	if c.Generation() != gen {
+		t.Error("the same replicas in another order changed the generation")
+	}
+	c.Set([]Replica{{Cluster: 1, Addr: a, Draining: true}, {Cluster: 1, Addr: b}})
+	if got, _ := c.RelayFor(1, client); got != b {
+		t.Errorf("with a draining, got %v, want b", got)
+	}
+	c.Set([]Replica{{Cluster: 1, Addr: a, Draining: true}})
+	if got, ok := c.RelayFor(1, client); !ok || got != a {
+		t.Errorf("with every replica draining, got %v %v, want the draining one", got, ok)
+	}
+	if _, ok := c.RelayFor(2, client); ok {
+		t.Error("a relay for an unknown cluster")
 	}
 }

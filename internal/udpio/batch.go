@@ -29,7 +29,7 @@ func newBatchConn(c *net.UDPConn) batchConn {
 // batches are of one and it behaves like Forward. x/net allocates the
 // source address of every datagram read (two small allocations), which is
 // the price of the fewer syscalls. Semantics otherwise match Forward.
-func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, onWriteErr func(error)) error {
+func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, hooks Hooks) error {
 	if batch < 1 {
 		batch = 1
 	}
@@ -63,7 +63,11 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, on
 			if !ok {
 				continue
 			}
-			pkt, to, ok := decide(bufs[i], in[i].N, ua.AddrPort())
+			if in[i].N == MaxDatagram {
+				hooks.oversize()
+				continue
+			}
+			pkt, to, ok := decide(bufs[i], in[i].N, unmap(ua.AddrPort()))
 			if !ok {
 				continue
 			}
@@ -74,9 +78,7 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, on
 		for sent := 0; sent < k; {
 			m, err := wr.WriteBatch(out[sent:k], 0)
 			if err != nil {
-				if onWriteErr != nil {
-					onWriteErr(err)
-				}
+				hooks.writeErr(err)
 				if errors.Is(err, net.ErrClosed) {
 					return nil
 				}

@@ -9,8 +9,37 @@ import (
 )
 
 // MaxDatagram is the receive buffer size. WebRTC keeps datagrams below the
-// path MTU; anything that fills the buffer is truncated and so discarded.
+// path MTU; a datagram that fills the buffer may have been truncated by the
+// kernel, so it is dropped (Hooks.Oversize), never forwarded.
 const MaxDatagram = 2048
+
+// Hooks reports what the forwarding loop drops on its own. Nil fields are
+// ignored.
+type Hooks struct {
+	WriteErr func(error) // a send failed; the loop goes on
+	Oversize func()      // a datagram filled the buffer and was dropped
+}
+
+func (h Hooks) writeErr(err error) {
+	if h.WriteErr != nil {
+		h.WriteErr(err)
+	}
+}
+
+func (h Hooks) oversize() {
+	if h.Oversize != nil {
+		h.Oversize()
+	}
+}
+
+// unmap turns an IPv4-mapped IPv6 source (what a dual-stack socket bound to
+// 0.0.0.0 or :: reports) into plain IPv4, the form every directory uses.
+func unmap(a netip.AddrPort) netip.AddrPort {
+	if a.Addr().Is4In6() {
+		return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+	}
+	return a
+}
 
 // Decide inspects one datagram and returns where to send which bytes, or
 // ok=false to drop it. out may be a subslice of buf (the usual case) and is
@@ -21,10 +50,10 @@ type Decide func(buf []byte, n int, from netip.AddrPort) (out []byte, to netip.A
 // and writing what it returns to dst (which may be conn itself). headroom
 // bytes are left free in front of every datagram so that a decider can
 // prepend a header without copying: the datagram is buf[headroom:headroom+n].
-// A closed conn ends the loop with nil; a write error is reported to
-// onWriteErr and the loop goes on, as one unreachable peer must not stop a
-// relay.
-func Forward(conn, dst *net.UDPConn, headroom int, decide Decide, onWriteErr func(error)) error {
+// Sources are unmapped (IPv4-mapped IPv6 becomes IPv4). A closed conn ends
+// the loop with nil; a write error is reported to hooks and the loop goes
+// on, as one unreachable peer must not stop a relay.
+func Forward(conn, dst *net.UDPConn, headroom int, decide Decide, hooks Hooks) error {
 	buf := make([]byte, headroom+MaxDatagram)
 	for {
 		n, from, err := conn.ReadFromUDPAddrPort(buf[headroom:])
@@ -38,12 +67,16 @@ func Forward(conn, dst *net.UDPConn, headroom int, decide Decide, onWriteErr fun
 			}
 			return err
 		}
-		out, to, ok := decide(buf, n, from)
+		if n == MaxDatagram {
+			hooks.oversize()
+			continue
+		}
+		out, to, ok := decide(buf, n, unmap(from))
 		if !ok {
 			continue
 		}
-		if _, err := dst.WriteToUDPAddrPort(out, to); err != nil && onWriteErr != nil {
-			onWriteErr(err)
+		if _, err := dst.WriteToUDPAddrPort(out, to); err != nil {
+			hooks.writeErr(err)
 		}
 	}
 }
