@@ -186,3 +186,43 @@ func BenchmarkDecide(b *testing.B) {
 		r.decide(p, len(p), from)
 	}
 }
+
+func TestAggregateIgnoresFullAndDrainingPods(t *testing.T) {
+	d := NewDirectory()
+	d.SetPods([]PodInfo{
+		{ID: 1, API: "http://a", Load: 500, Capacity: 500},                 // full
+		{ID: 2, API: "http://b", Load: 10, Capacity: 500},                  // ready
+		{ID: 3, API: "http://c", Load: 100, Capacity: 500, Draining: true}, // draining
+	})
+	load, capacity, ready := d.Aggregate()
+	if load != 10 || capacity != 500 || ready != 1 {
+		t.Fatalf("Aggregate = %d/%d with %d ready, want 10/500 with 1", load, capacity, ready)
+	}
+}
+
+func TestPickPods(t *testing.T) {
+	pods := []PodInfo{
+		{ID: 1, API: "a", Load: 90, Capacity: 100},
+		{ID: 2, API: "b", Load: 10, Capacity: 100},
+		{ID: 3, API: "c", Load: 100, Capacity: 100}, // full
+		{ID: 4, API: "d", Draining: true, Capacity: 100},
+	}
+	first := map[uint16]int{}
+	for range 200 {
+		got := pickPods(pods, 2)
+		if len(got) != 2 {
+			t.Fatalf("picked %d pods, want 2", len(got))
+		}
+		for _, p := range got {
+			if p.ID == 3 || p.ID == 4 {
+				t.Fatalf("picked pod %d, which is not ready", p.ID)
+			}
+		}
+		first[got[0].ID]++
+	}
+	// With two ready pods, both are always picked and the less loaded
+	// goes first.
+	if first[2] != 200 {
+		t.Errorf("less loaded pod first %d of 200 times", first[2])
+	}
+}

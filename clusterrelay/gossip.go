@@ -54,12 +54,13 @@ func (d *Directory) SetPods(infos []PodInfo) {
 // PodInfos returns the pods (do not modify the slice).
 func (d *Directory) PodInfos() []PodInfo { return *d.infos.Load() }
 
-// Aggregate sums the cluster's load and the capacity of pods taking new
-// sessions; ready is how many of those pods there are.
+// Aggregate sums the load and capacity of the pods taking new sessions, and
+// counts them. Full and draining pods are left out of both sums: a full pod
+// beside an idle one must not make the cluster look full.
 func (d *Directory) Aggregate() (load, capacity, ready int) {
 	for _, p := range d.PodInfos() {
-		load += p.Load
 		if p.Ready() {
+			load += p.Load
 			capacity += p.Capacity
 			ready++
 		}

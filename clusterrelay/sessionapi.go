@@ -7,8 +7,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -31,10 +31,12 @@ const (
 
 // FrontConfig configures the session API front.
 type FrontConfig struct {
-	Cluster    uint16
-	Pods       *Directory
-	Timeout    time.Duration // per pod attempt; default 3s
-	HTTPClient *http.Client  // default: no proxy, short idle timeout
+	Cluster uint16
+	Pods    *Directory
+	// Timeout bounds one pod attempt; default 800ms, so that two attempts
+	// fit in signaling's 2 s budget for the whole cluster.
+	Timeout    time.Duration
+	HTTPClient *http.Client // default: no proxy, short idle timeout
 	Logger     *slog.Logger
 }
 
@@ -47,7 +49,7 @@ type Front struct {
 // NewFront returns the session API front.
 func NewFront(cfg FrontConfig) *Front {
 	if cfg.Timeout == 0 {
-		cfg.Timeout = 3 * time.Second
+		cfg.Timeout = 800 * time.Millisecond
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}}
@@ -91,27 +93,15 @@ func (f *Front) Handler() http.Handler {
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCreateBody))
 	if err != nil {
-		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large", "request body too large", 0)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large", "request body too large", 0)
+		} else {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "unreadable_body", "could not read the request body", 0)
+		}
 		return
 	}
-	var ready []PodInfo
-	for _, p := range f.cfg.Pods.PodInfos() {
-		if p.Ready() {
-			ready = append(ready, p)
-		}
-	}
-	// Least loaded first, by share of capacity.
-	slices.SortStableFunc(ready, func(a, b PodInfo) int {
-		la, lb := float64(a.Load)/float64(max(a.Capacity, 1)), float64(b.Load)/float64(max(b.Capacity, 1))
-		switch {
-		case la < lb:
-			return -1
-		case la > lb:
-			return 1
-		}
-		return 0
-	})
-	for _, p := range ready[:min(len(ready), podAttempts)] {
+	for _, p := range pickPods(f.cfg.Pods.PodInfos(), podAttempts) {
 		status, hdr, resp, err := f.forward(r.Context(), http.MethodPost, p.API+sessionsPath, body)
 		if err != nil {
 			f.log.Warn("pod session API failed", "pod", p.ID, "err", err)
@@ -125,6 +115,26 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	}
 	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity", "no pod of this cluster can take a session", time.Second)
 }
+
+// pickPods orders up to n ready pods to try. The first is the less loaded
+// of two picked at random ("power of two choices"): every front replica
+// sorting by the same second-old gossip would send a burst of calls to the
+// same pod, while two random choices spread it and still favour free pods.
+func pickPods(pods []PodInfo, n int) []PodInfo {
+	ready := make([]PodInfo, 0, len(pods))
+	for _, p := range pods {
+		if p.Ready() {
+			ready = append(ready, p)
+		}
+	}
+	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
+	if len(ready) >= 2 && share(ready[1]) < share(ready[0]) {
+		ready[0], ready[1] = ready[1], ready[0]
+	}
+	return ready[:min(len(ready), n)]
+}
+
+func share(p PodInfo) float64 { return float64(p.Load) / float64(max(p.Capacity, 1)) }
 
 func (f *Front) delete(w http.ResponseWriter, r *http.Request) {
 	raw := r.PathValue("id")

@@ -106,23 +106,15 @@ func TestDrainingAndDeadPodsGetNoSessions(t *testing.T) {
 	defer cancel()
 	rg := w.Regions[0]
 
-	// Place calls until one lands on pod 1 (the front balances by load).
-	var onPod1 *probe.Call
-	for range 4 {
-		c := dial(t, ctx, w)
-		if podOf(t, c) == 1 {
-			onPod1 = c
-			break
-		}
-	}
-	if onPod1 == nil {
-		t.Fatal("no call landed on pod 1 in 4 tries")
-	}
-	drained := rg.Pods[0].Transceiver.Drain()
-	eventually(t, 5*time.Second, "the cluster to see pod 1 draining", func() bool {
+	// The first call lands on some pod; that pod drains.
+	first := dial(t, ctx, w)
+	busy := podOf(t, first)
+	other := 3 - busy // pods 1 and 2
+	drained := rg.Pods[busy-1].Transceiver.Drain()
+	eventually(t, 5*time.Second, "the cluster to see the pod draining", func() bool {
 		for _, cr := range rg.ClusterRelays {
 			for _, p := range cr.Directory.PodInfos() {
-				if p.ID == 1 && !p.Draining {
+				if p.ID == busy && !p.Draining {
 					return false
 				}
 			}
@@ -131,31 +123,31 @@ func TestDrainingAndDeadPodsGetNoSessions(t *testing.T) {
 	})
 	for range 3 {
 		c := dial(t, ctx, w)
-		if p := podOf(t, c); p != 2 {
-			t.Errorf("new call landed on pod %d while pod 1 drains", p)
+		if p := podOf(t, c); p != other {
+			t.Errorf("new call landed on pod %d while pod %d drains", p, busy)
 		}
 	}
 	// The draining pod's call goes on.
-	before := onPod1.Stats().Received
-	eventually(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return onPod1.Stats().Received >= before+25 })
-	if err := onPod1.Hangup(ctx); err != nil {
+	before := first.Stats().Received
+	eventually(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return first.Stats().Received >= before+25 })
+	if err := first.Hangup(ctx); err != nil {
 		t.Fatalf("hang up: %v", err)
 	}
 	select {
 	case <-drained:
 	case <-ctx.Done():
-		t.Fatal("pod 1 did not finish draining after its last call ended")
+		t.Fatal("the pod did not finish draining after its last call ended")
 	}
-	if v := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_ended_total", map[string]string{"pod": "1", "reason": "ice_failed"}); v != 0 {
-		t.Errorf("pod 1 dropped %v calls while draining", v)
+	if v := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_ended_total", map[string]string{"pod": strconv.Itoa(int(busy)), "reason": "ice_failed"}); v != 0 {
+		t.Errorf("the draining pod dropped %v calls", v)
 	}
 
-	// A dead pod: kill pod 2; new calls must go to... nobody in this
-	// cluster (pod 1 drains), so the other region takes them.
-	rg.Pods[1].Kill()
-	eventually(t, 5*time.Second, "the cluster to forget pod 2", func() bool {
+	// A dead pod: kill the other one; new calls must go to... nobody in
+	// this cluster (the first pod drains), so the other region takes them.
+	rg.Pods[other-1].Kill()
+	eventually(t, 5*time.Second, "the cluster to forget the dead pod", func() bool {
 		for _, p := range rg.ClusterRelays[0].Directory.PodInfos() {
-			if p.ID == 2 {
+			if p.ID == other {
 				return false
 			}
 		}
