@@ -71,12 +71,24 @@ func loadConfig(path string, v any) error {
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
 	}
+	data = expandEnv(data)
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	return nil
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expandEnv replaces ${VAR} in a config file with the environment's value,
+// so a Kubernetes pod can advertise "${POD_IP}:7000" from the downward API.
+// Only the braced form is expanded: a bare "$" stays as written.
+func expandEnv(data []byte) []byte {
+	return envRef.ReplaceAllFunc(data, func(m []byte) []byte {
+		return []byte(os.Getenv(string(m[2 : len(m)-1])))
+	})
 }
 
 func (c *Common) defaults() {
@@ -218,12 +230,18 @@ func serve(addr string, h http.Handler, log *slog.Logger) (*http.Server, error) 
 }
 
 // advertisedURL is "http://" + adv, or the server's bound address when adv
-// is empty (so port 0 works).
-func advertisedURL(adv string, srv *http.Server) string {
-	if adv != "" {
-		return "http://" + adv
+// is empty (so port 0 works). A wildcard address is refused: gossiped to
+// others, "0.0.0.0" would send their requests to themselves.
+func advertisedURL(adv string, srv *http.Server) (string, error) {
+	hostport := adv
+	if hostport == "" {
+		hostport = srv.Addr
 	}
-	return "http://" + srv.Addr
+	ap, err := netip.ParseAddrPort(hostport)
+	if err == nil && ap.Addr().IsUnspecified() {
+		return "", fmt.Errorf("API address %s is not one others can reach: set api_advertise (e.g. \"${POD_IP}:%d\")", hostport, ap.Port())
+	}
+	return "http://" + hostport, nil
 }
 
 func shutdown(srvs ...*http.Server) {

@@ -35,3 +35,32 @@ func TestConfigRejectsUnknownKeys(t *testing.T) {
 		t.Fatal("unknown key accepted")
 	}
 }
+
+func TestConfigExpandsEnv(t *testing.T) {
+	t.Setenv("RTCEDGE_TEST_POD_IP", "10.1.2.3")
+	path := filepath.Join(t.TempDir(), "t.yaml")
+	if err := os.WriteFile(path, []byte("cluster: 1\ndata_advertise: \"${RTCEDGE_TEST_POD_IP}:7000\"\napi_advertise: \"$NOT_EXPANDED\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg TransceiverConfig
+	if err := loadConfig(path, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DataAdvertise != "10.1.2.3:7000" || cfg.APIAdvertise != "$NOT_EXPANDED" {
+		t.Errorf("data_advertise %q, api_advertise %q", cfg.DataAdvertise, cfg.APIAdvertise)
+	}
+}
+
+func TestWildcardAdvertiseRefused(t *testing.T) {
+	if _, _, err := listenData("0.0.0.0:0", ""); err == nil {
+		t.Error("a data socket on 0.0.0.0 without data_advertise was accepted")
+	}
+	c, ap, err := listenData("0.0.0.0:0", "127.0.0.1:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if ap.String() != "127.0.0.1:7000" {
+		t.Errorf("advertised %v", ap)
+	}
+}

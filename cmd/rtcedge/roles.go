@@ -57,6 +57,10 @@ func listenData(bind, advertise string) (*net.UDPConn, netip.AddrPort, error) {
 			return nil, netip.AddrPort{}, err
 		}
 	}
+	if data.Addr().IsUnspecified() {
+		conn.Close()
+		return nil, netip.AddrPort{}, fmt.Errorf("data address %v is not one others can send to: set data_advertise (e.g. \"${POD_IP}:%d\")", data, data.Port())
+	}
 	return conn, data, nil
 }
 
@@ -147,7 +151,12 @@ func runTransceiver(ctx context.Context, args []string) error {
 		tr.Close()
 		return err
 	}
-	apiURL := advertisedURL(cfg.APIAdvertise, api)
+	apiURL, err := advertisedURL(cfg.APIAdvertise, api)
+	if err != nil {
+		shutdown(api)
+		tr.Close()
+		return err
+	}
 	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, tr.Draining)
 	if err != nil {
 		shutdown(api)
@@ -236,7 +245,12 @@ func runClusterRelay(ctx context.Context, args []string) error {
 		relay.Close()
 		return err
 	}
-	apiURL := advertisedURL(cfg.APIAdvertise, api)
+	apiURL, err := advertisedURL(cfg.APIAdvertise, api)
+	if err != nil {
+		shutdown(api)
+		relay.Close()
+		return err
+	}
 	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, nil)
 	if err != nil {
 		shutdown(api)
@@ -550,7 +564,7 @@ func runSignaling(ctx context.Context, args []string) error {
 		shutdown(srv)
 		return err
 	}
-	log.Info("signaling up", "url", advertisedURL("", srv))
+	log.Info("signaling up", "url", "http://"+srv.Addr)
 	<-ctx.Done()
 	if pool != nil {
 		_ = pool.Leave(time.Second)
