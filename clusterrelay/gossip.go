@@ -96,17 +96,21 @@ func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir 
 
 // PublishAggregate keeps this replica's metadata in the global pool current
 // with the cluster's aggregate load and capacity, so that global relays
-// and signaling can skip a full or empty cluster. A cluster with no ready
-// pod publishes capacity 0 and load > 0 or 0: either way "full".
-func PublishAggregate(ctx context.Context, global *membership.Pool, dir *Directory) {
+// and signaling can skip a full or empty cluster. The replica also reports
+// itself draining while it knows no ready pod — a relay that has just
+// started and not yet heard from its cluster pool must not be handed flows
+// it cannot deliver — and once stopping reports true.
+func PublishAggregate(ctx context.Context, global *membership.Pool, dir *Directory, stopping func() bool) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	lastLoad, lastCap := -1, -1
+	first := true
+	var last membership.Meta
 	for {
-		load, capacity, _ := dir.Aggregate()
-		if load != lastLoad || capacity != lastCap {
-			_ = global.UpdateMeta(func(m *membership.Meta) { m.Load, m.Capacity = load, capacity })
-			lastLoad, lastCap = load, capacity
+		load, capacity, ready := dir.Aggregate()
+		draining := ready == 0 || (stopping != nil && stopping())
+		if first || load != last.Load || capacity != last.Capacity || draining != last.Draining {
+			_ = global.UpdateMeta(func(m *membership.Meta) { m.Load, m.Capacity, m.Draining = load, capacity, draining })
+			last.Load, last.Capacity, last.Draining, first = load, capacity, draining, false
 		}
 		select {
 		case <-ctx.Done():

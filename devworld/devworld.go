@@ -425,12 +425,13 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSee
 	cr.closers = append(cr.closers, cr.ClusterPool.Close)
 	if cr.GlobalPool, err = w.newPool(name+"@global", true, membership.Meta{
 		Role: membership.RoleClusterRelay, Region: spec.Name, Cluster: spec.Cluster, Data: relay.Addr(), API: cr.Front,
+		Draining: true, // until it hears of a ready pod
 	}, globalSeed); err != nil {
 		return nil, err
 	}
 	cr.closers = append(cr.closers, cr.GlobalPool.Close)
 	goLoop(&cr.node, func() { clusterrelay.FollowPods(ctx, cr.ClusterPool, spec.Cluster, cr.Directory) })
-	goLoop(&cr.node, func() { clusterrelay.PublishAggregate(ctx, cr.GlobalPool, cr.Directory) })
+	goLoop(&cr.node, func() { clusterrelay.PublishAggregate(ctx, cr.GlobalPool, cr.Directory, nil) })
 	return cr, nil
 }
 
@@ -618,7 +619,7 @@ func (w *World) awaitConverged(limit time.Duration) error {
 		for _, pool := range w.globalPools() {
 			n := 0
 			for _, m := range pool.Members() {
-				if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Capacity > 0 {
+				if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Capacity > 0 && !m.Meta.Draining {
 					n++
 				}
 			}

@@ -160,8 +160,10 @@ type Server struct {
 
 	limMu    sync.Mutex
 	limiters map[netip.Addr]*limiter // guarded by limMu
+	limSwept time.Time               // last sweep of idle limiters; guarded by limMu
 
-	apiTurn atomic.Uint32 // spreads requests over a cluster's live session API endpoints
+	apiTurn  atomic.Uint32 // spreads requests over a cluster's live session API endpoints
+	draining atomic.Bool
 }
 
 type limiter struct {
@@ -258,7 +260,7 @@ func (s *Server) routes() http.Handler {
 	handle("/v1/realtime/client_secrets", "client_secrets", route{http.MethodPost: s.handleClientSecret})
 	handle("/v1/regions", "regions", route{http.MethodGet: s.handleRegions})
 	handle("/livez", "livez", route{http.MethodGet: okHandler})
-	handle("/readyz", "readyz", route{http.MethodGet: okHandler})
+	handle("/readyz", "readyz", route{http.MethodGet: s.readyz})
 	if s.cfg.Web != nil {
 		files := http.FileServerFS(s.cfg.Web)
 		mux.Handle("GET /{$}", files)
@@ -271,6 +273,19 @@ func (s *Server) routes() http.Handler {
 }
 
 func okHandler(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "draining", "this signaling replica is draining", time.Second)
+		return
+	}
+	okHandler(w, r)
+}
+
+// Drain makes /readyz answer 503 so load balancers (Cloudflare's monitor,
+// Kubernetes) stop sending new requests here, while requests keep being
+// served until the HTTP server shuts down.
+func (s *Server) Drain() { s.draining.Store(true) }
 
 // instrument adds method checks (405 as JSON), CORS and metrics.
 func (s *Server) instrument(name string, r route) http.Handler {
@@ -387,20 +402,30 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, allowExpir
 // budget.
 func (s *Server) allow(w http.ResponseWriter, ip netip.Addr) bool {
 	now := s.cfg.Now()
+	key := limitKey(ip)
 	s.limMu.Lock()
-	l := s.limiters[ip]
-	if l == nil {
-		// Bound the table: forget clients idle for a minute once it is
-		// large (a full bucket refills well within that).
-		if len(s.limiters) > 100_000 {
-			for a, x := range s.limiters {
-				if now.Sub(x.seen) > time.Minute {
-					delete(s.limiters, a)
-				}
+	// Forget clients idle for a minute (a full bucket refills well within
+	// that), at most once every 10 s: never a scan per request.
+	if now.Sub(s.limSwept) > 10*time.Second {
+		s.limSwept = now
+		for a, x := range s.limiters {
+			if now.Sub(x.seen) > time.Minute {
+				delete(s.limiters, a)
 			}
 		}
-		l = &limiter{l: rate.NewLimiter(rate.Limit(s.cfg.RatePerSecond), s.cfg.RateBurst)}
-		s.limiters[ip] = l
+	}
+	l := s.limiters[key]
+	if l == nil {
+		if len(s.limiters) >= maxLimiters {
+			// Full of active clients: new ones share one bucket rather
+			// than grow the table (or stall every request on a scan).
+			key = netip.Addr{}
+			l = s.limiters[key]
+		}
+		if l == nil {
+			l = &limiter{l: rate.NewLimiter(rate.Limit(s.cfg.RatePerSecond), s.cfg.RateBurst)}
+			s.limiters[key] = l
+		}
 	}
 	l.seen = now
 	ok := l.l.AllowN(now, 1)
@@ -410,6 +435,23 @@ func (s *Server) allow(w http.ResponseWriter, ip netip.Addr) bool {
 		apierr.Write(w, http.StatusTooManyRequests, apierr.TypeRateLimit, "rate_limited", "too many requests; slow down", time.Second)
 	}
 	return ok
+}
+
+// maxLimiters bounds the rate limiter's table.
+const maxLimiters = 200_000
+
+// limitKey is what a client is rate-limited by: its IPv4 address, or the
+// /64 of its IPv6 address (one subscriber holds a whole /64, and keying by
+// /128 would let one client mint unlimited budgets).
+func limitKey(ip netip.Addr) netip.Addr {
+	if ip.Is4() || ip.Is4In6() {
+		return ip.Unmap()
+	}
+	p, err := ip.Prefix(64)
+	if err != nil {
+		return ip
+	}
+	return p.Addr()
 }
 
 // precheck locates the client, rate-limits it and authenticates it, in

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -264,8 +265,9 @@ func runClusterRelay(ctx context.Context, args []string) error {
 		relay.Close()
 		return err
 	}
+	// Draining until it has heard of a ready pod (PublishAggregate).
 	gpool, err := cfg.GlobalGossip.pool(runCtx, "@global", true, membership.Meta{
-		Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data, API: apiURL}, log)
+		Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data, API: apiURL, Draining: true}, log)
 	if err != nil {
 		cpool.Close()
 		shutdown(api, metrics)
@@ -275,7 +277,8 @@ func runClusterRelay(ctx context.Context, args []string) error {
 	_ = reg.Register(cpool.Collector("cluster"))
 	_ = reg.Register(gpool.Collector("global"))
 	go clusterrelay.FollowPods(runCtx, cpool, cfg.Cluster, dir)
-	go clusterrelay.PublishAggregate(runCtx, gpool, dir)
+	var stopping atomic.Bool
+	go clusterrelay.PublishAggregate(runCtx, gpool, dir, stopping.Load)
 	log.Info("cluster relay up", "cluster", cfg.Cluster, "data", data, "api", apiURL,
 		"cluster_gossip", cpool.LocalAddr(), "global_gossip", gpool.LocalAddr())
 
@@ -290,6 +293,7 @@ func runClusterRelay(ctx context.Context, args []string) error {
 	// A cluster relay holds no flow state: announce draining so global
 	// relays move their flows, give gossip a moment, then go.
 	log.Info("draining")
+	stopping.Store(true)
 	_ = gpool.UpdateMeta(func(m *membership.Meta) { m.Draining = true })
 	select {
 	case <-time.After(min(cfg.DrainTimeout, 3*time.Second)):
@@ -481,8 +485,12 @@ type SignalingConfig struct {
 	ClientSecretKey string        `yaml:"client_secret_key"`
 	ClientSecretTTL time.Duration `yaml:"client_secret_ttl"`
 	RatePerSecond   float64       `yaml:"rate_per_second"`
-	RateBurst       int           `yaml:"rate_burst"`
-	Gossip          Gossip        `yaml:"gossip"` // the global pool; empty bind = no gossip
+	// DrainDelay is how long a stopping replica keeps serving after its
+	// readiness turns 503, so load balancers stop sending to it first;
+	// default 5s.
+	DrainDelay time.Duration `yaml:"drain_delay"`
+	RateBurst  int           `yaml:"rate_burst"`
+	Gossip     Gossip        `yaml:"gossip"` // the global pool; empty bind = no gossip
 }
 
 func runSignaling(ctx context.Context, args []string) error {
@@ -490,6 +498,9 @@ func runSignaling(ctx context.Context, args []string) error {
 	log, err := roleSetup("signaling", args, &cfg, func() *Common { return &cfg.Common })
 	if err != nil {
 		return err
+	}
+	if cfg.DrainDelay == 0 {
+		cfg.DrainDelay = 5 * time.Second
 	}
 	cat, err := geo.LoadCatalogue(cfg.Catalogue)
 	if err != nil {
@@ -514,7 +525,15 @@ func runSignaling(ctx context.Context, args []string) error {
 
 	apiKeys := cfg.APIKeys
 	if env := os.Getenv(envAPIKeys); env != "" {
-		apiKeys = strings.Split(env, ",")
+		apiKeys = nil
+		for _, k := range strings.Split(env, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				apiKeys = append(apiKeys, k)
+			}
+		}
+	}
+	if len(apiKeys) == 0 {
+		log.Warn("no API keys configured: anyone can place calls and mint client secrets (set RTCEDGE_API_KEYS)")
 	}
 	secretB64 := cfg.ClientSecretKey
 	if env := os.Getenv(envSecretKey); env != "" {
@@ -555,21 +574,41 @@ func runSignaling(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := serve(cfg.ListenAddr, sig.Handler(), log)
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
 		return err
 	}
-	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, nil)
+	// The hardened server: header and body read timeouts, header cap.
+	srv := signaling.NewHTTPServer(sig.Handler(), log)
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Serve(ln) }()
+	var draining atomic.Bool
+	metrics, err := metricsServer(cfg.MetricsAddr, reg, log, draining.Load)
 	if err != nil {
-		shutdown(srv)
+		_ = srv.Close()
 		return err
 	}
-	log.Info("signaling up", "url", "http://"+srv.Addr)
-	<-ctx.Done()
+	log.Info("signaling up", "url", "http://"+ln.Addr().String())
+	select {
+	case <-ctx.Done():
+	case err := <-srvDone:
+		shutdown(metrics)
+		return err
+	}
+	// Drain: readiness fails at once so load balancers stop sending new
+	// requests; keep serving for drain_delay while they notice; then let
+	// in-flight offers finish (they may try several clusters).
+	log.Info("draining", "delay", cfg.DrainDelay)
+	sig.Drain()
+	draining.Store(true)
 	if pool != nil {
 		_ = pool.Leave(time.Second)
 	}
-	shutdown(srv, metrics)
+	time.Sleep(cfg.DrainDelay)
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	shutdown(metrics)
 	return nil
 }
 
