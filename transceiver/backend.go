@@ -47,3 +47,10 @@ type SessionInfo struct {
 	// "session" field of an OpenAI-style call), or nil.
 	Config []byte
 }
+
+// Ender is implemented by the Sink a session gives its backend: a backend
+// whose own side of the session fails (a model server closed the
+// connection) ends the call instead of leaving the caller with dead air.
+type Ender interface {
+	End(reason string)
+}

@@ -19,6 +19,7 @@ const (
 	dropQueueFull  = "queue_full"
 	dropNoRoute    = "no_route"
 	dropOversize   = "oversize"
+	dropRouteTable = "route_table_full"
 )
 
 // Session end reasons, the "reason" label of sessions_ended_total.
@@ -30,6 +31,7 @@ const (
 	endShutdown       = "shutdown"
 	endDrainDeadline  = "drain_deadline"
 	endRemoteClosed   = "closed"
+	endBackend        = "backend_closed"
 )
 
 func encapReason(err error) string { return "encap_" + encap.Reason(err) }
@@ -111,7 +113,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Client return routes (client address per POP) currently remembered.",
 		}),
 	}
-	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropQueueFull, dropNoRoute, dropOversize} {
+	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropQueueFull, dropNoRoute, dropOversize, dropRouteTable} {
 		m.drops.WithLabelValues(r)
 	}
 	for _, r := range encap.Reasons {
@@ -120,7 +122,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{rejectDraining, rejectFull, rejectBadOffer, rejectBadPOP, rejectInternal} {
 		m.rejected.WithLabelValues(r)
 	}
-	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed} {
+	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed, endBackend} {
 		m.ended.WithLabelValues(r)
 	}
 	if reg == nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/pion/logging"
+	"golang.org/x/time/rate"
 )
 
 // pionLoggers routes Pion's scoped loggers into slog. Pion's Info level is
@@ -17,10 +18,15 @@ import (
 type pionLoggers struct{ log *slog.Logger }
 
 func (f pionLoggers) NewLogger(scope string) logging.LeveledLogger {
-	return pionLogger{f.log.With("pion", scope)}
+	return pionLogger{log: f.log.With("pion", scope), lim: rate.NewLimiter(5, 20)}
 }
 
-type pionLogger struct{ log *slog.Logger }
+// pionLogger rate-limits what it logs: Pion warns once per bad packet, and
+// packets come from outside.
+type pionLogger struct {
+	log *slog.Logger
+	lim *rate.Limiter
+}
 
 // warnLevel demotes Pion's warnings about I/O on closed conns: every
 // session teardown produces a few, and at warn level they would bury the
@@ -38,7 +44,7 @@ func warnLevel(format string, args []any) slog.Level {
 }
 
 func (l pionLogger) logf(level slog.Level, format string, args ...any) {
-	if !l.log.Enabled(context.Background(), level) {
+	if !l.log.Enabled(context.Background(), level) || !l.lim.Allow() {
 		return
 	}
 	l.log.Log(context.Background(), level, fmt.Sprintf(format, args...))

@@ -117,6 +117,13 @@ func (s *podSocket) readLoop() error {
 			}
 			return err
 		}
+		if n == len(buf) {
+			// Filled the buffer: maybe truncated, never a WebRTC datagram.
+			s.m.drop(dropOversize)
+			bufPool.Put(buf)
+			continue
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 		if !s.handle(buf, n, from) {
 			bufPool.Put(buf)
 		}
@@ -147,7 +154,10 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 		s.m.drop(dropUnknownPOP)
 		return false
 	}
-	pc.learn(h, from, s.now())
+	if !pc.learn(h, from, s.now()) {
+		s.m.drop(dropRouteTable)
+		return false
+	}
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
@@ -229,22 +239,32 @@ type popConn struct {
 	routes map[netip.AddrPort]*route // guarded by mu
 }
 
+// maxRoutesPerPOP bounds the return routes of one POP conn: a route is
+// made by any datagram with a well-formed header, before Pion has looked
+// at it, so without a bound forged headers could grow the map.
+const maxRoutesPerPOP = 1 << 16
+
 // learn records the return route for a client. The common case (same
-// ingress, same relay) only refreshes a timestamp under a read lock.
-func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now time.Time) {
+// ingress, same relay) only refreshes a timestamp under a read lock. It
+// reports false when the table is full and the client is new.
+func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now time.Time) bool {
 	h.ToClient = true
 	c.mu.RLock()
 	r := c.routes[h.Client]
 	c.mu.RUnlock()
 	if r != nil && r.hdr == h && r.relay == relay {
 		r.lastSeen.Store(now.UnixNano())
-		return
+		return true
 	}
 	nr := &route{hdr: h, relay: relay}
 	nr.lastSeen.Store(now.UnixNano())
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.routes[h.Client]; !ok && len(c.routes) >= maxRoutesPerPOP {
+		return false
+	}
 	c.routes[h.Client] = nr
-	c.mu.Unlock()
+	return true
 }
 
 // ReadFromAddrPort implements ice.AddrPortReaderWriter.

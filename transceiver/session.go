@@ -37,9 +37,10 @@ type session struct {
 
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
-	popByVIP     map[netip.AddrPort]uint16 // static: the POPs this session advertises
-	preferredPOP uint16                    // static: the nearest POP, first in the request
-	selectedPOP  atomic.Uint32             // POP of the selected candidate pair; 0 before one is selected
+	popByVIP     map[netip.AddrPort]uint16      // static: the POPs this session advertises
+	preferredPOP uint16                         // static: the nearest POP, first in the request
+	selectedPOP  atomic.Uint32                  // POP of the selected candidate pair; 0 before one is selected
+	selectedPeer atomic.Pointer[netip.AddrPort] // the client address of the selected pair
 
 	// The outgoing audio stream: one RTP packet per Opus frame, header
 	// state reused across frames.
@@ -91,6 +92,10 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	}
 	s.pc = pc
 	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
+		if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
+			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
+			s.selectedPeer.Store(&peer)
+		}
 		s.selectedPOP.Store(uint32(s.popOf(p.Local.Address, p.Local.Port)))
 	})
 	pc.OnConnectionStateChange(s.onState)
@@ -175,7 +180,7 @@ func (s *session) popOf(addr string, port uint16) uint16 {
 // handshake start with the first check's response. Only the preferred POP is
 // selected this way, so an early choice never pins a call to the backup; a
 // later nomination of the same pair changes nothing.
-func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
+func (s *session) onBindingRequest(_ *stun.Message, local, _ ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination {
@@ -185,11 +190,14 @@ func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate,
 	if cur == 0 || pop == 0 || pop == cur {
 		return false
 	}
-	ip, err := netip.ParseAddr(remote.Address())
-	if err != nil {
+	// Silence is judged on the selected pair's own client address: behind
+	// a NAT that maps each destination to its own port, the address this
+	// check came from never appears on the other POP.
+	peer := s.selectedPeer.Load()
+	if peer == nil {
 		return false
 	}
-	last, ok := s.t.sock.lastSeen(cur, netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port())))
+	last, ok := s.t.sock.lastSeen(cur, *peer)
 	if ok && s.t.cfg.Now().Sub(last) < popSwitchSilence {
 		return false
 	}
@@ -273,6 +281,12 @@ func (s *session) onDataChannel(dc *webrtc.DataChannel) {
 		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
 		s.handler.Event(msg.Data)
 	})
+}
+
+// End implements Ender: the backend side is gone, so the call ends.
+func (s *session) End(reason string) {
+	s.t.log.Info("backend ended the session", "session", s.id, "reason", reason)
+	s.end(endBackend)
 }
 
 // WriteAudio implements Sink. One frame is one RTP packet; the timestamp

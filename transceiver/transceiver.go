@@ -160,6 +160,7 @@ type Transceiver struct {
 	drained  chan struct{}                 // closed when draining and no sessions remain; guarded by mu
 
 	wg           sync.WaitGroup // session teardown goroutines
+	creates      sync.WaitGroup // CreateSession calls past reserve; Close waits for them
 	closeOnce    sync.Once
 	runDone      chan struct{} // closed by Close to stop Run
 	stateChanged chan struct{} // wakes Publish (buffered 1)
@@ -345,6 +346,7 @@ func (t *Transceiver) Close() error {
 		t.closed = true
 		t.mu.Unlock()
 		close(t.runDone)
+		t.creates.Wait() // a create in flight must not open a mux after they close
 		t.endAll(endShutdown)
 		t.mu.Lock()
 		for _, mux := range t.muxes {
@@ -384,6 +386,7 @@ func (t *Transceiver) reserve() error {
 		return ErrFull
 	}
 	t.reserved++
+	t.creates.Add(1) // under mu, and only while not closed: Close's Wait cannot race it
 	return nil
 }
 
@@ -429,7 +432,14 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 	if err := t.reserve(); err != nil {
 		return CreateResult{}, err
 	}
+	defer t.creates.Done()
 	s, answer, err := t.newSession(ctx, req)
+	if err == nil && ctx.Err() != nil {
+		// The caller gave up (its timeout passed): nobody will get this
+		// answer, so the session must not hold a slot until its connect
+		// timeout.
+		err = fmt.Errorf("create session: %w", ctx.Err())
+	}
 	t.mu.Lock()
 	t.reserved--
 	if err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -140,8 +139,16 @@ func (h *handler) readLoop() {
 		typ, payload, nb, err := readFrame(h.conn, buf)
 		buf = nb
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				h.log.Debug("read from backend", "err", err)
+			h.mu.RLock()
+			closing := h.closed
+			h.mu.RUnlock()
+			if !closing {
+				// The backend went away: end the call rather than leave
+				// the caller talking to nobody.
+				h.log.Info("backend closed the session", "err", err)
+				if e, ok := h.out.(transceiver.Ender); ok {
+					go e.End("backend_closed") // End tears down this handler; not from its own loop
+				}
 			}
 			return
 		}

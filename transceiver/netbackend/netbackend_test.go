@@ -185,3 +185,44 @@ func TestServerRefusesNonHello(t *testing.T) {
 	default:
 	}
 }
+
+// endingSink also records End, which the session implements.
+type endingSink struct {
+	*sink
+	ended chan string
+}
+
+func (s endingSink) End(reason string) { s.ended <- reason }
+
+// TestBackendGoneEndsSession: when the backend closes the connection, the
+// session is told to end; when the pod closes it, it is not.
+func TestBackendGoneEndsSession(t *testing.T) {
+	addr := startServer(t, func(ctx context.Context, c *Conn) {}) // hangs up at once
+	out := endingSink{sink: newSink(), ended: make(chan string, 1)}
+	h, err := (&Backend{Addr: addr}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_d"}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	select {
+	case reason := <-out.ended:
+		if reason != "backend_closed" {
+			t.Errorf("End(%q)", reason)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session was not ended when the backend hung up")
+	}
+
+	addr2 := startServer(t, EchoHandler)
+	out2 := endingSink{sink: newSink(), ended: make(chan string, 1)}
+	h2, err := (&Backend{Addr: addr2}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_e"}, out2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.Close()
+	select {
+	case <-out2.ended:
+		t.Error("closing from the pod's side asked the session to end again")
+	default:
+	}
+}
