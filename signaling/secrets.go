@@ -21,6 +21,10 @@ import (
 // They are stateless: any signaling replica with the same key verifies them.
 const secretPrefix = "ek_"
 
+// maxCallAfterExpiry is how long after its expiry a client secret may still
+// hang up a call it started (calls outlive their short-lived secrets).
+const maxCallAfterExpiry = 12 * time.Hour
+
 var (
 	errSecretMalformed = errors.New("malformed client secret")
 	errSecretMAC       = errors.New("client secret does not verify")
@@ -69,6 +73,11 @@ func (m secretMinter) verify(s string, allowExpired bool) error {
 	}
 	exp := time.Unix(int64(binary.BigEndian.Uint64(payload[:8])), 0)
 	if !allowExpired && !m.now().Before(exp) {
+		return errSecretExpired
+	}
+	// A DELETE may come after the secret that started the call expired,
+	// but not forever: a leaked old secret must not end calls for good.
+	if allowExpired && !m.now().Before(exp.Add(maxCallAfterExpiry)) {
 		return errSecretExpired
 	}
 	return nil

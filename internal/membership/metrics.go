@@ -8,6 +8,7 @@ import "github.com/prometheus/client_golang/prometheus"
 //
 //	rtcedge_membership_members{pool,role,state}       gauge, members by role and state
 //	rtcedge_membership_meta_decode_errors_total{pool} counter, undecodable member metadata seen
+//	rtcedge_membership_deaths_total{pool}             counter, members declared dead (not left)
 //
 // Every known role × state series is exported, at zero when empty, so
 // dashboards and alerts see the series before the first member arrives.
@@ -22,6 +23,9 @@ func (p *Pool) Collector(pool string) prometheus.Collector {
 		badMeta: prometheus.NewDesc("rtcedge_membership_meta_decode_errors_total",
 			"Member metadata updates that could not be decoded; such members are ignored.",
 			nil, labels),
+		deaths: prometheus.NewDesc("rtcedge_membership_deaths_total",
+			"Members declared dead by failure detection (a graceful leave is not a death). Dead members drop out of members after a minute; this counter keeps the history for alerts.",
+			nil, labels),
 	}
 }
 
@@ -29,12 +33,14 @@ type collector struct {
 	p       *Pool
 	members *prometheus.Desc
 	badMeta *prometheus.Desc
+	deaths  *prometheus.Desc
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.members
 	ch <- c.badMeta
+	ch <- c.deaths
 }
 
 // Collect implements prometheus.Collector.
@@ -60,6 +66,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.members, prometheus.GaugeValue, float64(n), string(k.role), k.state.String())
 	}
 	ch <- prometheus.MustNewConstMetric(c.badMeta, prometheus.CounterValue, float64(c.p.badMeta.Load()))
+	ch <- prometheus.MustNewConstMetric(c.deaths, prometheus.CounterValue, float64(c.p.deaths.Load()))
 }
 
 // roleOther labels members whose role this build does not know.

@@ -53,6 +53,7 @@ type Pool struct {
 	leaving bool // Leave was called: meta carries flagLeaving from now on
 
 	badMeta   atomic.Uint64 // member metadata that failed to decode
+	deaths    atomic.Uint64 // members declared dead, for alerts after they are forgotten
 	closeOnce sync.Once
 }
 
@@ -394,6 +395,9 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	defer p.mu.Unlock()
 	p.observeLocked(n, state)
 	p.notifyLocked()
+	if n.Name != p.name && p.members[n.Name].member.State == StateDead {
+		p.deaths.Add(1)
+	}
 	if n.Name != p.name {
 		p.log.Info("member gone", "member", n.Name, "state", p.members[n.Name].member.State.String())
 	}

@@ -206,6 +206,9 @@ func TestHardKillDetectedDead(t *testing.T) {
 		d := time.Since(start)
 		worst = max(worst, d)
 		t.Logf("%s saw %s dead after %v", p.Name(), c.Name(), d)
+		if n := p.deaths.Load(); n != 1 {
+			t.Errorf("%s counted %d deaths, want 1", p.Name(), n)
+		}
 	}
 	t.Logf("dead-member detection: %v (FastDetectionBound %v)", worst, FastDetectionBound)
 	if worst > FastDetectionBound {
@@ -354,6 +357,7 @@ func TestCollector(t *testing.T) {
 		"rtcedge_membership_members{pool=cluster,role=globalrelay,state=alive}": 0,
 		"rtcedge_membership_members{pool=cluster,role=other,state=suspect}":     0,
 		"rtcedge_membership_meta_decode_errors_total{pool=cluster}":             0,
+		"rtcedge_membership_deaths_total{pool=cluster}":                         0,
 	}
 	for k, v := range want {
 		g, ok := got[k]
@@ -361,8 +365,8 @@ func TestCollector(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
 		}
 	}
-	if n := len(got); n != (len(Roles)+1)*len(States)+1 {
-		t.Errorf("%d series, want every role×state plus the counter: %v", n, got)
+	if n := len(got); n != (len(Roles)+1)*len(States)+2 {
+		t.Errorf("%d series, want every role×state plus the two counters: %v", n, got)
 	}
 }
 

@@ -319,7 +319,9 @@ func (e *engine) lookup(client netip.AddrPort, done func(Route)) {
 			e.lookupCount[lookupDropped].Add(1)
 			return
 		}
-		w.more = append(w.more, done)
+		if done != nil { // nothing to call back: no allocation
+			w.more = append(w.more, done)
+		}
 		e.inflight[client] = w
 		e.mu.Unlock()
 		e.lookupCount[lookupCoalesced].Add(1)
