@@ -86,13 +86,33 @@ func Serve(ctx context.Context, ln net.Listener, log *slog.Logger, handle func(c
 	})
 	defer stop()
 	var err error
+	backoff := 5 * time.Millisecond
 	for {
 		var c net.Conn
 		c, err = ln.Accept()
 		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				break
+			}
+			// Out of file descriptors and the like: wait, do not stop
+			// serving every pod.
+			log.Warn("backend accept", "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		mu.Lock()
+		if ctx.Err() != nil {
+			// Accepted while shutting down, after the connections were
+			// closed: close this one too.
+			mu.Unlock()
+			c.Close()
 			break
 		}
-		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()
 		wg.Add(1)
