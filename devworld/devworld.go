@@ -101,6 +101,7 @@ type Pod struct {
 	API         string // base URL of the pod's session API
 	Data        netip.AddrPort
 	Pool        *membership.Pool
+	Relays      *transceiver.RelaySet // the cluster relays it accepts datagrams from
 	node
 }
 
@@ -369,8 +370,10 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed *string) (*Pod,
 	}
 	p.Data = udpio.LocalAddrPort(conn)
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "pod": strconv.Itoa(int(id))}, w.Registry)
+	relays := &transceiver.RelaySet{}
+	p.Relays = relays
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: w.backend,
+		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: w.backend, Relays: relays,
 		ConnectTimeout: w.cfg.ConnectTimeout, MaxSessions: w.cfg.MaxSessions, RouteTTL: w.cfg.RouteTTL,
 		Logger: w.cfg.Logger, Registerer: reg,
 	}, conn)
@@ -393,6 +396,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed *string) (*Pod,
 	}
 	p.closers = append(p.closers, p.Pool.Close)
 	goLoop(&p.node, func() { tr.Publish(ctx, p.Pool) })
+	goLoop(&p.node, func() { transceiver.FollowRelays(ctx, p.Pool, spec.Cluster, relays) })
 	return p, nil
 }
 

@@ -100,6 +100,23 @@ func TestCallThroughRelays(t *testing.T) {
 		}
 	}
 
+	// The pods accepted only their cluster relays, and knew them.
+	for _, rg := range w.Regions {
+		for _, p := range rg.Pods {
+			for _, cr := range rg.ClusterRelays {
+				if !p.Relays.Trusted(cr.Relay.Addr()) {
+					t.Errorf("pod %d of %s does not trust its cluster relay %v", p.ID, rg.Spec.Name, cr.Relay.Addr())
+				}
+			}
+			if p.Relays.Trusted(netip.MustParseAddrPort("127.0.0.1:1")) {
+				t.Errorf("pod %d of %s trusts any sender: its relay set is empty", p.ID, rg.Spec.Name)
+			}
+		}
+	}
+	if v := metricSum(t, w.Registry, "rtcedge_transceiver_dropped_packets_total", map[string]string{"reason": "unknown_relay"}); v != 0 {
+		t.Errorf("pods dropped %v datagrams from unknown relays in a normal call", v)
+	}
+
 	// Hang up: the session, its return routes and the relay flows go.
 	if err := call.Hangup(ctx); err != nil {
 		t.Fatalf("hangup: %v", err)

@@ -2,6 +2,7 @@ package transceiver
 
 import (
 	"context"
+	"net/netip"
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
@@ -45,5 +46,28 @@ func (t *Transceiver) notifyState() {
 	select {
 	case t.stateChanged <- struct{}{}:
 	default:
+	}
+}
+
+// FollowRelays keeps relays in step with the alive cluster relays of the
+// pod's cluster in its cluster pool, until ctx ends.
+func FollowRelays(ctx context.Context, pool *membership.Pool, cluster uint16, relays *RelaySet) {
+	changes := pool.Subscribe()
+	for {
+		var addrs []netip.AddrPort
+		for _, m := range pool.Members() {
+			if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Cluster == cluster && m.Meta.Data.IsValid() {
+				addrs = append(addrs, m.Meta.Data)
+			}
+		}
+		relays.Set(addrs)
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-changes:
+			if !ok {
+				return
+			}
+		}
 	}
 }

@@ -12,14 +12,15 @@ import (
 // the "reason" label and are all set to zero at start-up, so a dashboard sees
 // a flat line rather than a missing series.
 const (
-	dropDirection  = "wrong_direction"
-	dropWrongPod   = "wrong_pod"
-	dropEmpty      = "empty"
-	dropUnknownPOP = "unknown_pop"
-	dropQueueFull  = "queue_full"
-	dropNoRoute    = "no_route"
-	dropOversize   = "oversize"
-	dropRouteTable = "route_table_full"
+	dropDirection    = "wrong_direction"
+	dropWrongPod     = "wrong_pod"
+	dropEmpty        = "empty"
+	dropUnknownPOP   = "unknown_pop"
+	dropQueueFull    = "queue_full"
+	dropNoRoute      = "no_route"
+	dropOversize     = "oversize"
+	dropRouteTable   = "route_table_full"
+	dropUnknownRelay = "unknown_relay"
 )
 
 // Session end reasons, the "reason" label of sessions_ended_total.
@@ -113,7 +114,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Client return routes (client address per POP) currently remembered.",
 		}),
 	}
-	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropQueueFull, dropNoRoute, dropOversize, dropRouteTable} {
+	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropQueueFull, dropNoRoute, dropOversize, dropRouteTable, dropUnknownRelay} {
 		m.drops.WithLabelValues(r)
 	}
 	for _, r := range encap.Reasons {

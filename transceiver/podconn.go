@@ -52,6 +52,7 @@ type podSocket struct {
 	conn    *net.UDPConn
 	cluster uint16
 	pod     uint16
+	relays  *RelaySet // nil: every sender trusted
 	m       *metrics
 	now     func() time.Time
 
@@ -59,8 +60,8 @@ type podSocket struct {
 	pops map[uint16]*popConn // guarded by mu
 }
 
-func newPodSocket(conn *net.UDPConn, cluster, pod uint16, m *metrics, now func() time.Time) *podSocket {
-	return &podSocket{conn: conn, cluster: cluster, pod: pod, m: m, now: now, pops: map[uint16]*popConn{}}
+func newPodSocket(conn *net.UDPConn, cluster, pod uint16, relays *RelaySet, m *metrics, now func() time.Time) *podSocket {
+	return &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{}}
 }
 
 // popConn returns the virtual conn for a POP, creating it on first use. It
@@ -134,6 +135,10 @@ func (s *podSocket) readLoop() error {
 // reports whether buf was handed on (and must not be reused by the caller).
 func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from netip.AddrPort) bool {
 	pkt := buf[:n]
+	if !s.relays.Trusted(from) {
+		s.m.drop(dropUnknownRelay)
+		return false
+	}
 	h, hl, err := encap.Decode(pkt)
 	switch {
 	case err != nil:
@@ -361,3 +366,35 @@ func (c *popConn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
 func (c *popConn) SetWriteDeadline(time.Time) error { return nil }
+
+// RelaySet is the set of cluster relays whose datagrams the pod accepts
+// (their data addresses, from the cluster pool). A datagram's header sets
+// the return route of its client, so only the cluster's own relays may
+// send them. Lookups are lock-free; Set replaces the whole set.
+type RelaySet struct {
+	addrs atomic.Pointer[map[netip.AddrPort]struct{}]
+}
+
+// Set replaces the trusted relays.
+func (r *RelaySet) Set(addrs []netip.AddrPort) {
+	m := make(map[netip.AddrPort]struct{}, len(addrs))
+	for _, a := range addrs {
+		m[a] = struct{}{}
+	}
+	r.addrs.Store(&m)
+}
+
+// Trusted reports whether a datagram from addr is accepted. A nil set, or
+// one not yet filled by gossip, trusts everyone: a pod must not drop its
+// first calls while the cluster pool is still joining.
+func (r *RelaySet) Trusted(addr netip.AddrPort) bool {
+	if r == nil {
+		return true
+	}
+	m := r.addrs.Load()
+	if m == nil || len(*m) == 0 {
+		return true
+	}
+	_, ok := (*m)[addr]
+	return ok
+}

@@ -66,6 +66,9 @@ type Config struct {
 	// authenticated check (see session.onBindingRequest), which saves
 	// browsers about one ping interval of setup time.
 	WaitForNomination bool
+	// Relays, when set, limits the datagrams the pod accepts to those from
+	// the cluster's relays (FollowRelays keeps it in step with gossip).
+	Relays *RelaySet
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -207,7 +210,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	// of the reader at a few hundred sessions, and the kernel drops
 	// silently. Best effort: the kernel caps it at net.core.rmem_max.
 	_ = conn.SetReadBuffer(podReadBuffer)
-	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, m, cfg.Now)
+	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.Relays, m, cfg.Now)
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)

@@ -412,3 +412,27 @@ func TestOtherMediaRejected(t *testing.T) {
 		t.Errorf("the rejected section is still bundled:\n%s", res.Answer)
 	}
 }
+
+// TestUnknownRelayDropped: with a relay set, datagrams from other senders
+// are dropped before their header can set a return route.
+func TestUnknownRelayDropped(t *testing.T) {
+	relays := &RelaySet{}
+	relays.Set([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:9")})
+	p := newPod(t, Config{Relays: relays})
+	stranger, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	h := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: netip.MustParseAddrPort("198.51.100.1:5000"), Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
+	b, _ := h.AppendTo(nil)
+	if _, err := stranger.WriteToUDPAddrPort(append(b, 'x'), p.addr); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the drop to be counted", func() bool {
+		return p.counter(t, "rtcedge_transceiver_dropped_packets_total", "reason", dropUnknownRelay) == 1
+	})
+	if (&RelaySet{}).Trusted(netip.MustParseAddrPort("127.0.0.1:1")) != true {
+		t.Error("an empty relay set (gossip not joined yet) must trust everyone")
+	}
+}

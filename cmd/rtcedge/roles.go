@@ -133,8 +133,9 @@ func runTransceiver(ctx context.Context, args []string) error {
 	if cfg.BackendAddr != "" {
 		backend = &netbackend.Backend{Addr: cfg.BackendAddr, Logger: log}
 	}
+	relays := &transceiver.RelaySet{}
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend,
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend, Relays: relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
 		DTLSRole: cfg.DTLSRole, Logger: log, Registerer: reg,
 	}, conn)
@@ -175,6 +176,7 @@ func runTransceiver(ctx context.Context, args []string) error {
 	}
 	_ = reg.Register(pool.Collector("cluster"))
 	go tr.Publish(runCtx, pool)
+	go transceiver.FollowRelays(runCtx, pool, cfg.Cluster, relays)
 	log.Info("transceiver up", "cluster", cfg.Cluster, "pod", cfg.Pod, "data", data, "api", apiURL, "gossip", pool.LocalAddr())
 
 	select {
