@@ -581,7 +581,8 @@ func (w *World) startSignaling(globalSeed *string) error {
 	}
 	sig, err := signaling.New(signaling.Config{
 		Catalogue: w.Catalogue, Locator: loc, Health: health.Cluster, POPUp: health.POPUp, SessionAPIs: health.SessionAPIs,
-		APIKeys: w.cfg.APIKeys, ClientSecretKey: secretKey,
+		GossipAuthoritative: health.Authoritative,
+		APIKeys:             w.cfg.APIKeys, ClientSecretKey: secretKey,
 		// Everything in the dev world comes from one address; a per-IP
 		// limit meant for the internet would throttle load tests.
 		RatePerSecond: 10000, RateBurst: 10000,

@@ -16,6 +16,15 @@ type GossipHealth struct {
 	Pool *membership.Pool
 }
 
+// Authoritative reports whether gossip currently decides health (it knows
+// at least one relay). Exported as rtcedge_signaling_gossip_authoritative:
+// a replica cut off from the pool falls back to "everything healthy" once
+// the dead relays are forgotten, and on-call should see that.
+func (g GossipHealth) Authoritative() bool {
+	_, ok := g.members()
+	return ok
+}
+
 func (g GossipHealth) members() ([]membership.Member, bool) {
 	ms := g.Pool.Members()
 	for _, m := range ms {

@@ -66,6 +66,9 @@ type Config struct {
 	// session_api. Gossip lets signaling route around a dead replica
 	// before any load balancer notices.
 	SessionAPIs func(cluster uint16) []string
+	// GossipAuthoritative, when set, is exported as a gauge (1 while
+	// gossip decides health, 0 while signaling assumes all healthy).
+	GossipAuthoritative func() bool
 
 	// APIKeys are the server-side credentials. When empty, session
 	// endpoints need no credentials (the dev world), but client secrets
@@ -180,6 +183,20 @@ func New(cfg Config) (*Server, error) {
 	m, err := newMetrics(cfg.Registerer, cfg.Catalogue)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.GossipAuthoritative != nil && cfg.Registerer != nil {
+		auth := cfg.GossipAuthoritative
+		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rtcedge_signaling_gossip_authoritative",
+			Help: "1 while gossip knows relays and decides cluster and POP health; 0 while signaling assumes everything healthy.",
+		}, func() float64 {
+			if auth() {
+				return 1
+			}
+			return 0
+		})); err != nil {
+			return nil, fmt.Errorf("register signaling metrics: %w", err)
+		}
 	}
 	s := &Server{
 		cfg:      cfg,
@@ -309,6 +326,9 @@ func (s *Server) instrument(name string, r route) http.Handler {
 		default:
 			h(rec, req)
 		}
+		if !rec.wrote && req.Context().Err() != nil {
+			rec.status = clientClosed
+		}
 		s.m.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
 		s.m.seconds.WithLabelValues(name).Observe(s.cfg.Now().Sub(start).Seconds())
 	})
@@ -341,12 +361,23 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request, allowed string) {
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+	wrote  bool
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
-	r.status = code
+	r.status, r.wrote = code, true
 	r.ResponseWriter.WriteHeader(code)
 }
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.ResponseWriter.Write(b)
+}
+
+// clientClosed is the status recorded for a request whose client went away
+// before an answer was written (nginx's 499), so a dashboard does not count
+// abandoned offers as successes.
+const clientClosed = 499
 
 // credential kinds returned by authenticate.
 const (

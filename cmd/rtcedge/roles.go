@@ -570,7 +570,7 @@ func runSignaling(ctx context.Context, args []string) error {
 		defer pool.Close()
 		_ = reg.Register(pool.Collector("global"))
 		h := signaling.GossipHealth{Pool: pool}
-		scfg.Health, scfg.POPUp, scfg.SessionAPIs = h.Cluster, h.POPUp, h.SessionAPIs
+		scfg.Health, scfg.POPUp, scfg.SessionAPIs, scfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
 	}
 	sig, err := signaling.New(scfg)
 	if err != nil {
