@@ -465,23 +465,13 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 
 func (w *World) buildPOPReplica(rg *Region, rep *POPReplica, n *node, ctx context.Context, public netip.AddrPort) error {
 	spec := rg.Spec
-	pubs, err := udpio.ListenReusePort(public, w.cfg.WorkersPerPOP)
+	pubs, ins, err := udpio.ListenWorkerPairs(public, netip.MustParseAddrPort("127.0.0.1:0"), w.cfg.WorkersPerPOP)
 	if err != nil {
 		return fmt.Errorf("POP %s: %w", spec.POPName, err)
 	}
-	var workers []globalrelay.Worker
-	for _, pub := range pubs {
-		in, err := udpio.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
-		if err != nil {
-			for _, c := range pubs {
-				c.Close()
-			}
-			for _, wk := range workers {
-				wk.Internal.Close()
-			}
-			return err
-		}
-		workers = append(workers, globalrelay.Worker{Public: pub, Internal: in})
+	workers := make([]globalrelay.Worker, len(pubs))
+	for i := range pubs {
+		workers[i] = globalrelay.Worker{Public: pubs[i], Internal: ins[i]}
 	}
 	closeAll := func() {
 		for _, wk := range workers {

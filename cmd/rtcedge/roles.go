@@ -364,27 +364,13 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 	if cfg.Batch == 0 {
 		cfg.Batch = 32
 	}
-	pubs, err := udpio.ListenReusePort(pub, n)
+	pubs, ins, err := udpio.ListenWorkerPairs(pub, internal, n)
 	if err != nil {
 		return err
 	}
-	var workers []globalrelay.Worker
-	for i, p := range pubs {
-		port := internal.Port()
-		if port != 0 {
-			port += uint16(i)
-		}
-		in, err := udpio.Listen(netip.AddrPortFrom(internal.Addr(), port))
-		if err != nil {
-			for _, c := range pubs {
-				c.Close()
-			}
-			for _, w := range workers {
-				w.Internal.Close()
-			}
-			return err
-		}
-		workers = append(workers, globalrelay.Worker{Public: p, Internal: in})
+	workers := make([]globalrelay.Worker, len(pubs))
+	for i := range pubs {
+		workers[i] = globalrelay.Worker{Public: pubs[i], Internal: ins[i]}
 	}
 	reg := prometheus.NewRegistry()
 	clusters := globalrelay.NewClusters(nil)

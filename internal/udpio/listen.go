@@ -74,3 +74,31 @@ func LocalAddrPort(c *net.UDPConn) netip.AddrPort {
 	ap := c.LocalAddr().(*net.UDPAddr).AddrPort()
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
+
+// ListenWorkerPairs opens n SO_REUSEPORT sockets on public and, for each,
+// a socket of its own on internal's IP: the public/internal pair a relay
+// worker owns. With internal port 0 the kernel picks every internal port;
+// otherwise worker i binds internal port + i, so a replica restarted on
+// the same address gets the same ingress addresses back. On error every
+// socket opened so far is closed.
+func ListenWorkerPairs(public, internal netip.AddrPort, n int) (pubs, ins []*net.UDPConn, err error) {
+	pubs, err = ListenReusePort(public, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range pubs {
+		port := internal.Port()
+		if port != 0 {
+			port += uint16(i)
+		}
+		in, err := Listen(netip.AddrPortFrom(internal.Addr(), port))
+		if err != nil {
+			for _, c := range append(pubs, ins...) {
+				c.Close()
+			}
+			return nil, nil, err
+		}
+		ins = append(ins, in)
+	}
+	return pubs, ins, nil
+}
