@@ -71,10 +71,9 @@ func (d *Directory) Aggregate() (load, capacity, ready int) {
 // FollowPods rebuilds dir from the cluster pool on every membership change
 // until ctx ends: alive transceivers of the cluster, draining or not.
 func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir *Directory) {
-	changes := pool.Subscribe()
-	for {
+	pool.Watch(ctx, func(members []membership.Member) {
 		var infos []PodInfo
-		for _, m := range pool.Members() {
+		for _, m := range members {
 			if m.State != membership.StateAlive || m.Meta.Role != membership.RoleTransceiver || m.Meta.Cluster != cluster || !m.Meta.Data.IsValid() {
 				continue
 			}
@@ -83,15 +82,7 @@ func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir 
 		}
 		slices.SortFunc(infos, func(a, b PodInfo) int { return int(a.ID) - int(b.ID) })
 		dir.SetPods(infos)
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-changes:
-			if !ok {
-				return
-			}
-		}
-	}
+	})
 }
 
 // PublishAggregate keeps this replica's metadata in the global pool current

@@ -11,23 +11,14 @@ import (
 // suspect or dead ones get none, so their flows move to another replica of
 // the same cluster at the next packet (cluster relays hold no flow state).
 func FollowClusters(ctx context.Context, pool *membership.Pool, clusters *Clusters) {
-	changes := pool.Subscribe()
-	for {
+	pool.Watch(ctx, func(members []membership.Member) {
 		var rs []Replica
-		for _, m := range pool.Members() {
+		for _, m := range members {
 			if m.State != membership.StateAlive || m.Meta.Role != membership.RoleClusterRelay || !m.Meta.Data.IsValid() || m.Meta.Cluster == 0 {
 				continue
 			}
 			rs = append(rs, Replica{Cluster: m.Meta.Cluster, Addr: m.Meta.Data, Draining: m.Meta.Draining})
 		}
 		clusters.Set(rs)
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-changes:
-			if !ok {
-				return
-			}
-		}
-	}
+	})
 }

@@ -52,22 +52,13 @@ func (t *Transceiver) notifyState() {
 // FollowRelays keeps relays in step with the alive cluster relays of the
 // pod's cluster in its cluster pool, until ctx ends.
 func FollowRelays(ctx context.Context, pool *membership.Pool, cluster uint16, relays *RelaySet) {
-	changes := pool.Subscribe()
-	for {
+	pool.Watch(ctx, func(members []membership.Member) {
 		var addrs []netip.AddrPort
-		for _, m := range pool.Members() {
+		for _, m := range members {
 			if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Cluster == cluster && m.Meta.Data.IsValid() {
 				addrs = append(addrs, m.Meta.Data)
 			}
 		}
 		relays.Set(addrs)
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-changes:
-			if !ok {
-				return
-			}
-		}
-	}
+	})
 }

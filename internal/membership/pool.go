@@ -11,6 +11,7 @@
 package membership
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -400,5 +401,24 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	}
 	if n.Name != p.name {
 		p.log.Info("member gone", "member", n.Name, "state", p.members[n.Name].member.State.String())
+	}
+}
+
+// Watch calls fn with the pool's members now and after every membership or
+// metadata change, until ctx ends or the pool closes. Consumers rebuild
+// their view from the whole list each time, so a missed or coalesced
+// notification loses nothing.
+func (p *Pool) Watch(ctx context.Context, fn func([]Member)) {
+	changes := p.Subscribe()
+	for {
+		fn(p.Members())
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-changes:
+			if !ok {
+				return
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -392,5 +393,44 @@ func TestClosedPool(t *testing.T) {
 	}
 	if _, err := p.Join([]string{"127.0.0.1:1"}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Join after Close = %v", err)
+	}
+}
+
+// TestWatch: fn sees the members at once and again after a change; Watch
+// returns when its context ends.
+func TestWatch(t *testing.T) {
+	p := newTestPool(t, "watcher", Meta{Role: RoleClusterRelay})
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := make(chan []Member, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Watch(ctx, func(ms []Member) { calls <- ms })
+	}()
+	select {
+	case ms := <-calls:
+		if len(ms) != 1 {
+			t.Fatalf("first call saw %d members, want 1 (self)", len(ms))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no first call")
+	}
+	if err := p.UpdateMeta(func(m *Meta) { m.Load = 7 }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(5 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case ms := <-calls:
+			seen = len(ms) == 1 && ms[0].Meta.Load == 7
+		case <-deadline:
+			t.Fatal("the meta change did not reach the watcher")
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Watch did not return when its context ended")
 	}
 }
