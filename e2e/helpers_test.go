@@ -2,24 +2,17 @@ package e2e
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/testlog"
 )
 
-// testLogger is quiet unless RTCEDGE_TEST_LOG=debug.
-func testLogger() *slog.Logger {
-	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testlog.Logger() }
 
 func startWorld(t *testing.T, cfg devworld.Config) *devworld.World {
 	t.Helper()

@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,17 +15,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/netsim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testlog.Logger() }
 
 var loopback = netip.MustParseAddr("127.0.0.1")
 

@@ -1,16 +1,15 @@
 package probe_test
 
 import (
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/probe"
 )
 
@@ -19,13 +18,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testLogger is quiet unless RTCEDGE_TEST_LOG=debug.
-func testLogger() *slog.Logger {
-	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testlog.Logger() }
 
 // startWorld starts a dev world that the test closes.
 func startWorld(t *testing.T, cfg devworld.Config) *devworld.World {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
@@ -49,12 +49,7 @@ var testRegions = []struct {
 	{"ap-southeast", geo.Point{Lat: 1.35, Lon: 103.82}, 3, 3, "sin", netip.MustParseAddrPort("127.0.0.4:3478")},
 }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func testLogger() *slog.Logger { return testlog.Logger() }
 
 // pod is a real transceiver pod with its session API on loopback.
 type pod struct {

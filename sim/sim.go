@@ -24,18 +24,17 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/proctest"
+	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/netsim"
 )
 
@@ -482,11 +481,4 @@ func (s *starter) tcpLink(listen netip.AddrPort, target string, delay time.Durat
 	return l
 }
 
-// quietLogger discards, unless RTCEDGE_TEST_LOG=debug asks for the links'
-// logs on stderr.
-func quietLogger() *slog.Logger {
-	if os.Getenv("RTCEDGE_TEST_LOG") == "debug" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func quietLogger() *slog.Logger { return testlog.Logger() }
