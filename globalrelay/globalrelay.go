@@ -259,8 +259,8 @@ func (r *Relay) Close() error {
 
 // fromClient handles a datagram on the public socket. The datagram is at
 // buf[encap.MaxLen:][:n]; the header is written into the headroom before it.
+// from is already unmapped (udpio does it for every datagram).
 func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 	pkt := buf[encap.MaxLen : encap.MaxLen+n]
 	if n == 0 {
 		r.m.drops.Inc(DropEmpty)
