@@ -30,7 +30,7 @@ locals {
     public_addr   = "0.0.0.0:${var.public_port}"
     # Cluster relays in every region send replies here: the pod IP must be
     # routable from the clusters.
-    internal_addr = "__POD_IP__:${var.internal_port_base}"
+    internal_addr = "$${POD_IP}:${var.internal_port_base}"
     workers       = var.workers
     batch         = 32
     flow_idle     = "30s"
@@ -38,7 +38,7 @@ locals {
     redis_url     = local.redis_url
     gossip = {
       bind      = "0.0.0.0:7947"
-      advertise = "__POD_IP__:7947"
+      advertise = "$${POD_IP}:7947"
       join      = var.global_gossip_join
     }
   }
@@ -117,10 +117,11 @@ resource "kubernetes_deployment_v1" "globalrelay" {
           }
         }
 
-        init_container {
-          name    = "render-config"
-          image   = var.init_image
-          command = ["sh", "-c", "sed \"s/__POD_IP__/$POD_IP/g\" /etc/rtcedge-template/config.yaml > /etc/rtcedge/config.yaml"]
+        container {
+          name  = "globalrelay"
+          image = var.image
+          args  = ["globalrelay", "-config", "/etc/rtcedge/config.yaml"]
+
           env {
             name = "POD_IP"
             value_from {
@@ -129,20 +130,6 @@ resource "kubernetes_deployment_v1" "globalrelay" {
               }
             }
           }
-          volume_mount {
-            name       = "template"
-            mount_path = "/etc/rtcedge-template"
-          }
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-          }
-        }
-
-        container {
-          name  = "globalrelay"
-          image = var.image
-          args  = ["globalrelay", "-config", "/etc/rtcedge/config.yaml"]
 
           dynamic "env" {
             for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GOSSIP_KEY"]
@@ -212,14 +199,10 @@ resource "kubernetes_deployment_v1" "globalrelay" {
         }
 
         volume {
-          name = "template"
+          name = "config"
           config_map {
             name = kubernetes_config_map_v1.globalrelay.metadata[0].name
           }
-        }
-        volume {
-          name = "config"
-          empty_dir {}
         }
       }
     }

@@ -37,12 +37,6 @@ variable "image" {
   type        = string
 }
 
-variable "init_image" {
-  description = "Small image with sh and sed that renders the pod IP into the config at start."
-  type        = string
-  default     = "busybox:1.37"
-}
-
 variable "secret_name" {
   description = "Secret holding RTCEDGE_TOKEN_KEYS and RTCEDGE_GOSSIP_KEY (and RTCEDGE_REDIS_URL when redis_url is not managed here)."
   type        = string

@@ -3,9 +3,8 @@
 # the cluster gossip Service, and the signaling fronts, each role configured by
 # a ConfigMap in the format of deploy/examples.
 #
-# Role configs are plain files and the binary does not expand variables, so
-# an init container copies each template into an emptyDir, replacing
-# __POD_IP__ with the pod IP from the downward API (IPv4 pod networks).
+# Role configs advertise "${POD_IP}:port": rtcedge expands ${VAR} in its
+# config files, and each container gets POD_IP from the downward API.
 
 locals {
   namespace = var.create_namespace ? kubernetes_namespace_v1.region[0].metadata[0].name : coalesce(var.namespace, "rtcedge-${var.region}")
@@ -38,16 +37,16 @@ locals {
     cluster         = var.cluster_id
     pod             = 0 # from the StatefulSet ordinal: transceiver-3 -> 4
     data_addr       = "0.0.0.0:7000"
-    data_advertise  = "__POD_IP__:7000"
+    data_advertise  = "$${POD_IP}:7000"
     api_addr        = "0.0.0.0:8081"
-    api_advertise   = "__POD_IP__:8081"
+    api_advertise   = "$${POD_IP}:8081"
     max_sessions    = var.max_sessions
     connect_timeout = "30s"
     idle_timeout    = "60s"
     dtls_role       = "client"
     gossip = {
       bind      = "0.0.0.0:7946"
-      advertise = "__POD_IP__:7946"
+      advertise = "$${POD_IP}:7946"
       join      = [local.cluster_gossip_join]
     }
   }
@@ -58,18 +57,18 @@ locals {
     region         = var.region
     cluster        = var.cluster_id
     data_addr      = "0.0.0.0:7100"
-    data_advertise = "__POD_IP__:7100"
+    data_advertise = "$${POD_IP}:7100"
     api_addr       = "0.0.0.0:8080"
-    api_advertise  = "__POD_IP__:8080"
+    api_advertise  = "$${POD_IP}:8080"
     batch          = 32
     cluster_gossip = {
       bind      = "0.0.0.0:7946"
-      advertise = "__POD_IP__:7946"
+      advertise = "$${POD_IP}:7946"
       join      = [local.cluster_gossip_join]
     }
     global_gossip = {
       bind      = "0.0.0.0:7947"
-      advertise = "__POD_IP__:7947"
+      advertise = "$${POD_IP}:7947"
       join      = var.global_gossip_join
     }
   }
@@ -88,7 +87,7 @@ locals {
     rate_burst        = 20
     gossip = {
       bind      = "0.0.0.0:7947"
-      advertise = "__POD_IP__:7947"
+      advertise = "$${POD_IP}:7947"
       join      = var.global_gossip_join
     }
   }
@@ -99,8 +98,6 @@ locals {
   signaling_secret_keys    = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GOSSIP_KEY"]
   # Absent keys are tolerated only where the role has a default.
   optional_secret_keys = ["RTCEDGE_TOKEN_CURRENT"]
-
-  render_command = ["sh", "-c", "sed \"s/__POD_IP__/$POD_IP/g\" /etc/rtcedge-template/config.yaml > /etc/rtcedge/config.yaml"]
 }
 
 resource "kubernetes_namespace_v1" "region" {
@@ -216,10 +213,11 @@ resource "kubernetes_stateful_set_v1" "transceiver" {
       spec {
         termination_grace_period_seconds = local.termination_grace_seconds
 
-        init_container {
-          name    = "render-config"
-          image   = var.init_image
-          command = local.render_command
+        container {
+          name  = "transceiver"
+          image = var.image
+          args  = ["transceiver", "-config", "/etc/rtcedge/config.yaml"]
+
           env {
             name = "POD_IP"
             value_from {
@@ -228,20 +226,6 @@ resource "kubernetes_stateful_set_v1" "transceiver" {
               }
             }
           }
-          volume_mount {
-            name       = "template"
-            mount_path = "/etc/rtcedge-template"
-          }
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-          }
-        }
-
-        container {
-          name  = "transceiver"
-          image = var.image
-          args  = ["transceiver", "-config", "/etc/rtcedge/config.yaml"]
 
           dynamic "env" {
             for_each = local.transceiver_secret_keys
@@ -313,14 +297,10 @@ resource "kubernetes_stateful_set_v1" "transceiver" {
         }
 
         volume {
-          name = "template"
+          name = "config"
           config_map {
             name = kubernetes_config_map_v1.transceiver.metadata[0].name
           }
-        }
-        volume {
-          name = "config"
-          empty_dir {}
         }
       }
     }
@@ -357,10 +337,11 @@ resource "kubernetes_deployment_v1" "clusterrelay" {
       spec {
         termination_grace_period_seconds = 30
 
-        init_container {
-          name    = "render-config"
-          image   = var.init_image
-          command = local.render_command
+        container {
+          name  = "clusterrelay"
+          image = var.image
+          args  = ["clusterrelay", "-config", "/etc/rtcedge/config.yaml"]
+
           env {
             name = "POD_IP"
             value_from {
@@ -369,20 +350,6 @@ resource "kubernetes_deployment_v1" "clusterrelay" {
               }
             }
           }
-          volume_mount {
-            name       = "template"
-            mount_path = "/etc/rtcedge-template"
-          }
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-          }
-        }
-
-        container {
-          name  = "clusterrelay"
-          image = var.image
-          args  = ["clusterrelay", "-config", "/etc/rtcedge/config.yaml"]
 
           dynamic "env" {
             for_each = local.clusterrelay_secret_keys
@@ -456,14 +423,10 @@ resource "kubernetes_deployment_v1" "clusterrelay" {
         }
 
         volume {
-          name = "template"
+          name = "config"
           config_map {
             name = kubernetes_config_map_v1.clusterrelay.metadata[0].name
           }
-        }
-        volume {
-          name = "config"
-          empty_dir {}
         }
       }
     }
@@ -512,10 +475,11 @@ resource "kubernetes_deployment_v1" "signaling" {
       spec {
         termination_grace_period_seconds = 30
 
-        init_container {
-          name    = "render-config"
-          image   = var.init_image
-          command = local.render_command
+        container {
+          name  = "signaling"
+          image = var.image
+          args  = ["signaling", "-config", "/etc/rtcedge/config.yaml"]
+
           env {
             name = "POD_IP"
             value_from {
@@ -524,20 +488,6 @@ resource "kubernetes_deployment_v1" "signaling" {
               }
             }
           }
-          volume_mount {
-            name       = "template"
-            mount_path = "/etc/rtcedge-template"
-          }
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-          }
-        }
-
-        container {
-          name  = "signaling"
-          image = var.image
-          args  = ["signaling", "-config", "/etc/rtcedge/config.yaml"]
 
           dynamic "env" {
             for_each = local.signaling_secret_keys
@@ -609,14 +559,10 @@ resource "kubernetes_deployment_v1" "signaling" {
         }
 
         volume {
-          name = "template"
+          name = "config"
           config_map {
             name = kubernetes_config_map_v1.signaling.metadata[0].name
           }
-        }
-        volume {
-          name = "config"
-          empty_dir {}
         }
         volume {
           name = "catalogue"

@@ -33,12 +33,6 @@ variable "image" {
   type        = string
 }
 
-variable "init_image" {
-  description = "Small image with sh and sed that renders the pod IP into the role config at start."
-  type        = string
-  default     = "busybox:1.37"
-}
-
 variable "secret_name" {
   description = "Secret holding RTCEDGE_TOKEN_KEYS, RTCEDGE_TOKEN_CURRENT (optional), RTCEDGE_GOSSIP_KEY, RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
   type        = string
