@@ -15,8 +15,9 @@ import (
 )
 
 // Offer returns a complete offer from a real Pion client: Opus audio and
-// the oai-events data channel, as a browser sends.
-func Offer(t testing.TB) string {
+// the oai-events data channel, as a browser sends, plus one media section
+// of each extra kind (a video section, to see it rejected).
+func Offer(t testing.TB, extra ...webrtc.RTPCodecType) string {
 	t.Helper()
 	se := webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
@@ -27,8 +28,10 @@ func Offer(t testing.TB) string {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
+	for _, k := range append([]webrtc.RTPCodecType{webrtc.RTPCodecTypeAudio}, extra...) {
+		if _, err := pc.AddTransceiverFromKind(k); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := pc.CreateDataChannel("oai-events", nil); err != nil {
 		t.Fatal(err)
