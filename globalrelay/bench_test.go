@@ -19,7 +19,7 @@ import (
 func BenchmarkFromClient(b *testing.B) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(b), listen(b)
-	relay, err := New(Config{POP: 9, Keys: testKeys(b), Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
+	relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
 		[]Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		b.Fatal(err)
@@ -76,7 +76,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		keys := testKeys(b)
 		cl := NewClusters([]Replica{{Cluster: 0x12, Addr: echo}})
 		pub, in := listen(b), listen(b)
-		relay, err := New(Config{POP: 9, Keys: keys, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
+		relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
 			[]Worker{{Public: pub, Internal: in}})
 		if err != nil {
 			b.Fatal(err)
@@ -137,7 +137,8 @@ func startEcho(b *testing.B, encapMode bool) netip.AddrPort {
 					continue
 				}
 				h.ToClient = true
-				_, _ = h.Put(buf)
+				hl, _ := h.Put(buf)
+				testHop.For(h.Cluster).Seal(buf[:n], hl)
 				to = h.Ingress
 			}
 			_, _ = c.WriteToUDPAddrPort(buf[:n], to)
@@ -240,7 +241,7 @@ func BenchmarkThroughput(b *testing.B) {
 			defer sink.Close()
 			keys := testKeys(b)
 			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: keys, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
+			relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
 				Batch: batch, Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)

@@ -30,6 +30,29 @@ type tiers struct {
 	stop            func()
 }
 
+// testHop is the inter-tier key of cluster 7, the tests' cluster.
+var testHop = func() *encap.Keyring {
+	k, err := encap.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{7}, encap.KeyLen)})
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// sealed returns h and payload sealed with testHop, as a cluster relay
+// forwards it.
+func sealed(t testing.TB, h encap.Header, payload string) []byte {
+	t.Helper()
+	b, err := h.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := len(b)
+	b = append(b, payload...)
+	testHop.Seal(b, hl)
+	return b
+}
+
 func udp4(t testing.TB) *net.UDPConn {
 	t.Helper()
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -51,17 +74,18 @@ func startTiers(t *testing.T) *tiers {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := newPodSocket(podConn, 7, 3, nil, m, time.Now)
+	sock := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
 	tr.vip = netip.MustParseAddrPort("127.0.0.2:3478")
 	if tr.pc, _, err = sock.popConn(1, tr.vip); err != nil {
 		t.Fatal(err)
 	}
-	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, Registerer: tr.crReg, Logger: quiet,
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet,
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet,
+		HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
 		Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
 		[]globalrelay.Worker{{Public: pub, Internal: in}})
 	if err != nil {
