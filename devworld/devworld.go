@@ -26,6 +26,7 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
@@ -148,9 +149,10 @@ type World struct {
 	cfg        Config
 	log        *slog.Logger
 	keys       *token.Keyring
-	memStore   *routecache.MemoryStore // the dev stand-in for Redis
-	backend    transceiver.Backend     // what every pod bridges to
-	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
+	hop        map[uint16]*encap.Keyring // inter-tier keys by cluster
+	memStore   *routecache.MemoryStore   // the dev stand-in for Redis
+	backend    transceiver.Backend       // what every pod bridges to
+	httpClient *http.Client              // control-plane calls between components; idle conns closed by Close
 	globalSeed string
 	errMu      sync.Mutex
 	errs       []error
@@ -268,6 +270,17 @@ func (w *World) start() error {
 	if w.keys, err = token.NewKeyring(1, map[uint8][]byte{1: key}); err != nil {
 		return err
 	}
+	// One inter-tier key per cluster, as production has.
+	w.hop = map[uint16]*encap.Keyring{}
+	for _, spec := range cfg.Regions {
+		k := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(k); err != nil {
+			return err
+		}
+		if w.hop[spec.Cluster], err = encap.NewKeyring(1, map[uint8][]byte{1: k}); err != nil {
+			return err
+		}
+	}
 
 	w.memStore = routecache.NewMemoryStore()
 	w.backend = echo.Backend{}
@@ -373,7 +386,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed *string) (*Pod,
 	relays := &transceiver.RelaySet{}
 	p.Relays = relays
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: w.backend, Relays: relays,
+		Cluster: spec.Cluster, Pod: id, Keys: w.keys, HopKeys: w.hop[spec.Cluster], Backend: w.backend, Relays: relays,
 		ConnectTimeout: w.cfg.ConnectTimeout, MaxSessions: w.cfg.MaxSessions, RouteTTL: w.cfg.RouteTTL,
 		Logger: w.cfg.Logger, Registerer: reg,
 	}, conn)
@@ -409,7 +422,7 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSee
 		return nil, err
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "replica": strconv.Itoa(i)}, w.Registry)
-	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: cr.Directory, Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, conn)
+	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: cr.Directory, HopKeys: w.hop[spec.Cluster], Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, conn)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -497,7 +510,7 @@ func (w *World) buildPOPReplica(rg *Region, rep *POPReplica, n *node, ctx contex
 		n.closers = append(n.closers, cache.Close)
 	}
 	clusters := globalrelay.NewClusters(nil)
-	relay, err = globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
+	relay, err = globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, HopKeys: encap.NewClusterKeys(w.hop), Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
 		Cache: cache, Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, workers)
 	if err != nil {
 		closeAll()

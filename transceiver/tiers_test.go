@@ -23,6 +23,7 @@ type tiers struct {
 	client          *net.UDPConn
 	pub             netip.AddrPort
 	pc              *popConn
+	sock            *podSocket
 	grReg, crReg    *prometheus.Registry
 	podReg          *prometheus.Registry
 	keys            *token.Keyring
@@ -75,6 +76,7 @@ func startTiers(t *testing.T) *tiers {
 		t.Fatal(err)
 	}
 	sock := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
+	tr.sock = sock
 	tr.vip = netip.MustParseAddrPort("127.0.0.2:3478")
 	if tr.pc, _, err = sock.popConn(1, tr.vip); err != nil {
 		t.Fatal(err)
@@ -131,6 +133,8 @@ func (tr *tiers) check(t *testing.T) {
 	if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, m.Raw) {
 		t.Fatal("the check did not reach the pod")
 	}
+	// As Pion does once the check's MESSAGE-INTEGRITY verifies.
+	tr.sock.confirm(1, tr.clientAddr)
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.

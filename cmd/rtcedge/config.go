@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
@@ -30,9 +31,14 @@ import (
 const (
 	envTokenKeys    = "RTCEDGE_TOKEN_KEYS"    // "ID:BASE64[,ID:BASE64...]"
 	envTokenCurrent = "RTCEDGE_TOKEN_CURRENT" // key ID that mints
-	envGossipKey    = "RTCEDGE_GOSSIP_KEY"    // base64, 16/24/32 bytes
-	envAPIKeys      = "RTCEDGE_API_KEYS"      // comma-separated
-	envSecretKey    = "RTCEDGE_CLIENT_SECRET_KEY"
+	// envHopKeys holds the inter-tier MAC keys, "CLUSTER/ID:BASE64[,...]":
+	// a global relay needs every cluster it serves, a transceiver or
+	// cluster relay uses its own cluster's (and should be given only
+	// those). Per cluster the first key listed signs; all are accepted.
+	envHopKeys   = "RTCEDGE_HOP_KEYS"
+	envGossipKey = "RTCEDGE_GOSSIP_KEY" // base64, 16/24/32 bytes
+	envAPIKeys   = "RTCEDGE_API_KEYS"   // comma-separated
+	envSecretKey = "RTCEDGE_CLIENT_SECRET_KEY"
 )
 
 // Common holds settings every role has.
@@ -60,6 +66,47 @@ type TokenKeys struct {
 	// Keys are "ID:BASE64" specs; prefer $RTCEDGE_TOKEN_KEYS.
 	Keys    []string `yaml:"keys"`
 	Current *uint8   `yaml:"current"` // minting key ID; default the highest
+}
+
+// HopKeys configures the inter-tier datagram MAC keys (docs/wire.md).
+type HopKeys struct {
+	// Keys are key specs (see envHopKeys); prefer $RTCEDGE_HOP_KEYS.
+	Keys []string `yaml:"keys"`
+}
+
+func (k HopKeys) specs() ([]string, error) {
+	specs := k.Keys
+	if env := os.Getenv(envHopKeys); env != "" {
+		specs = strings.Split(env, ",")
+	}
+	for i := range specs {
+		specs[i] = strings.TrimSpace(specs[i])
+	}
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys or $%s", envHopKeys)
+	}
+	return specs, nil
+}
+
+// keyring returns one cluster's hop keyring (transceiver, cluster relay).
+func (k HopKeys) keyring(cluster uint16) (*encap.Keyring, error) {
+	all, err := k.clusterKeys()
+	if err != nil {
+		return nil, err
+	}
+	if r := all.For(cluster); r != nil {
+		return r, nil
+	}
+	return nil, fmt.Errorf("no inter-tier hop key for cluster %d in hop_keys.keys or $%s", cluster, envHopKeys)
+}
+
+// clusterKeys builds the hop keyrings of every cluster (global relay).
+func (k HopKeys) clusterKeys() (*encap.ClusterKeys, error) {
+	specs, err := k.specs()
+	if err != nil {
+		return nil, err
+	}
+	return encap.ParseClusterKeys(specs)
 }
 
 // loadConfig reads a YAML file strictly (unknown keys are errors) into v.
@@ -273,11 +320,13 @@ func podFromHostname() (uint16, error) {
 	return uint16(n + 1), nil
 }
 
-// parseAddr parses "host:port" for a UDP or TCP bind address.
+// parseAddr parses "host:port" for a UDP or TCP bind or advertised
+// address. An IPv4-mapped IPv6 address is unmapped: packet sources are
+// always plain IPv4, and an advertised mapped address would match none.
 func parseAddr(what, s string) (netip.AddrPort, error) {
 	ap, err := netip.ParseAddrPort(s)
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("%s %q: %w", what, s, err)
 	}
-	return ap, nil
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }

@@ -106,7 +106,8 @@ type TransceiverConfig struct {
 	// empty: the in-process echo backend.
 	BackendAddr string    `yaml:"backend_addr"`
 	Token       TokenKeys `yaml:"token"`
-	Gossip      Gossip    `yaml:"gossip"` // the cluster pool
+	HopKeys     HopKeys   `yaml:"hop_keys"` // this cluster's inter-tier keys
+	Gossip      Gossip    `yaml:"gossip"`   // the cluster pool
 }
 
 func runTransceiver(ctx context.Context, args []string) error {
@@ -124,6 +125,10 @@ func runTransceiver(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	hop, err := cfg.HopKeys.keyring(cfg.Cluster)
+	if err != nil {
+		return err
+	}
 	conn, data, err := listenData(cfg.DataAddr, cfg.DataAdvertise)
 	if err != nil {
 		return err
@@ -135,7 +140,7 @@ func runTransceiver(ctx context.Context, args []string) error {
 	}
 	relays := &transceiver.RelaySet{}
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend, Relays: relays,
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, HopKeys: hop, Backend: backend, Relays: relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
 		DTLSRole: cfg.DTLSRole, Logger: log, Registerer: reg,
 	}, conn)
@@ -207,20 +212,25 @@ func runTransceiver(ctx context.Context, args []string) error {
 // ClusterRelayConfig is the cluster relay role's config file.
 type ClusterRelayConfig struct {
 	Common        `yaml:",inline"`
-	Region        string `yaml:"region"`
-	Cluster       uint16 `yaml:"cluster"`
-	DataAddr      string `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
-	DataAdvertise string `yaml:"data_advertise"`
-	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
-	APIAdvertise  string `yaml:"api_advertise"`
-	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
-	ClusterGossip Gossip `yaml:"cluster_gossip"`
-	GlobalGossip  Gossip `yaml:"global_gossip"`
+	Region        string  `yaml:"region"`
+	Cluster       uint16  `yaml:"cluster"`
+	DataAddr      string  `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
+	DataAdvertise string  `yaml:"data_advertise"`
+	APIAddr       string  `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
+	APIAdvertise  string  `yaml:"api_advertise"`
+	Batch         int     `yaml:"batch"`    // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	HopKeys       HopKeys `yaml:"hop_keys"` // this cluster's inter-tier keys
+	ClusterGossip Gossip  `yaml:"cluster_gossip"`
+	GlobalGossip  Gossip  `yaml:"global_gossip"`
 }
 
 func runClusterRelay(ctx context.Context, args []string) error {
 	var cfg ClusterRelayConfig
 	log, err := roleSetup("clusterrelay", args, &cfg, func() *Common { return &cfg.Common })
+	if err != nil {
+		return err
+	}
+	hop, err := cfg.HopKeys.keyring(cfg.Cluster)
 	if err != nil {
 		return err
 	}
@@ -233,7 +243,7 @@ func runClusterRelay(ctx context.Context, args []string) error {
 	if cfg.Batch == 0 {
 		cfg.Batch = 32
 	}
-	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: cfg.Cluster, Pods: dir, Batch: cfg.Batch, Logger: log, Registerer: reg}, conn)
+	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: cfg.Cluster, Pods: dir, HopKeys: hop, Batch: cfg.Batch, Logger: log, Registerer: reg}, conn)
 	if err != nil {
 		conn.Close()
 		return err
@@ -332,7 +342,10 @@ type GlobalRelayConfig struct {
 	// STUN check). Prefer $RTCEDGE_REDIS_URL for URLs with passwords.
 	RedisURL string    `yaml:"redis_url"`
 	Token    TokenKeys `yaml:"token"`
-	Gossip   Gossip    `yaml:"gossip"` // the global pool
+	// TokenLifetime: older tokens open no new flow; default 24h.
+	TokenLifetime time.Duration `yaml:"token_lifetime"`
+	HopKeys       HopKeys       `yaml:"hop_keys"` // every served cluster's inter-tier keys
+	Gossip        Gossip        `yaml:"gossip"`   // the global pool
 }
 
 func runGlobalRelay(ctx context.Context, args []string) error {
@@ -342,6 +355,10 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	keys, err := cfg.Token.keyring()
+	if err != nil {
+		return err
+	}
+	hop, err := cfg.HopKeys.clusterKeys()
 	if err != nil {
 		return err
 	}
@@ -396,7 +413,7 @@ func runGlobalRelay(ctx context.Context, args []string) error {
 		}
 		defer cache.Close()
 	}
-	relay, err = globalrelay.New(globalrelay.Config{POP: cfg.POP, Keys: keys, Clusters: clusters,
+	relay, err = globalrelay.New(globalrelay.Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: clusters,
 		FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows, Cache: cache, Batch: cfg.Batch, Logger: log, Registerer: reg}, workers)
 	if err != nil {
 		closeWorkers()
