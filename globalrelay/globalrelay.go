@@ -234,8 +234,7 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		}
 	}
 	if r.cfg.AllowSource == nil {
-		loopback := r.own[0].Addr().IsLoopback()
-		r.cfg.AllowSource = func(a netip.Addr) bool { return a.IsGlobalUnicast() || (loopback && a.IsLoopback()) }
+		r.cfg.AllowSource = defaultAllowSource(r.own[0].Addr())
 	}
 	r.hopKeys.Store(cfg.HopKeys)
 	r.now.Store(cfg.Now().UnixNano())
@@ -269,6 +268,16 @@ func (r *Relay) sourceOK(a netip.AddrPort) bool {
 		}
 	}
 	return r.cfg.AllowSource(ip)
+}
+
+// defaultAllowSource is the source filter derived from the relay's own
+// public address: global unicast (netip's definition: not loopback,
+// multicast, link-local, unspecified or broadcast; private ranges are
+// global unicast), plus loopback when the relay itself is on loopback, as
+// in the dev world and tests.
+func defaultAllowSource(public netip.Addr) func(netip.Addr) bool {
+	loopback := public.Unmap().IsLoopback()
+	return func(a netip.Addr) bool { return a.IsGlobalUnicast() || (loopback && a.IsLoopback()) }
 }
 
 // PublicAddr returns the address clients send to.
