@@ -27,7 +27,6 @@ type benchPod struct {
 	pod   *net.UDPAddr
 }
 
-
 // benchHop is the inter-tier key the pod and the link share.
 var benchHop = func() *encap.Keyring {
 	k, err := encap.NewKeyring(1, map[uint8][]byte{1: make([]byte, encap.KeyLen)})
