@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
 
 // BenchmarkFromClient is the per-packet decision for a known flow's media
@@ -38,6 +39,23 @@ func BenchmarkFromClient(b *testing.B) {
 		for b.Loop() {
 			copy(buf[encap.MaxLen:], media)
 			relay.fromClient(buf, len(media), client, ingress)
+		}
+	})
+	// The same run's baseline: the media decision as it was before
+	// inter-tier authentication (flow lookup, classification, relay pick,
+	// header write, counters) without the hop-key lookup and the tag.
+	b.Run("media-baseline-unauthenticated", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			copy(buf[encap.MaxLen:], media)
+			pkt := buf[encap.MaxLen : encap.MaxLen+len(media)]
+			f := relay.flows.get(client)
+			if f == nil || stunmsg.DemuxClass(pkt) == stunmsg.ClassSTUN {
+				b.Fatal("not a known flow's media")
+			}
+			if _, _, _, ok := relay.encapsulate(buf, len(media), f, client, ingress, relay.now.Load()); !ok {
+				b.Fatal("dropped")
+			}
 		}
 	})
 	b.Run("consent-check", func(b *testing.B) {

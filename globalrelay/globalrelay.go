@@ -442,23 +442,33 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce)
 		r.cfg.Cache.Store(from, rt)
 	}
+	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
+	if !ok {
+		return nil, netip.AddrPort{}, false
+	}
+	keys.Seal(out, hl)
+	return out, relay, true
+}
+
+// encapsulate picks the flow's cluster relay and writes the header (with
+// a zero tag) in front of the datagram at buf[encap.MaxLen:][:n]; the
+// caller seals it.
+func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.AddrPort, now int64) ([]byte, int, netip.AddrPort, bool) {
 	relay, ok := f.relay(r.cfg.Clusters, from)
 	if !ok {
 		r.m.drops.Inc(dropNoClusterRelay)
-		return nil, netip.AddrPort{}, false
+		return nil, 0, netip.AddrPort{}, false
 	}
 	f.lastSeen.Store(now)
 	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Token: f.tok.nonce, Client: from, Ingress: ingress}
 	hl := h.Len()
 	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
 		r.m.encapDrops.Inc(encap.ReasonOf(err))
-		return nil, netip.AddrPort{}, false
+		return nil, 0, netip.AddrPort{}, false
 	}
-	out := buf[encap.MaxLen-hl : encap.MaxLen+n]
-	keys.Seal(out, hl)
 	r.m.toCluster.Inc()
 	r.m.toClusterBytes.Add(float64(n))
-	return out, relay, true
+	return buf[encap.MaxLen-hl : encap.MaxLen+n], hl, relay, true
 }
 
 // openFlow creates the flow of a verified token for a client address, in
