@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
@@ -115,11 +115,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// POPAddr names a POP whose VIP a session advertises.
-type POPAddr struct {
-	ID  uint16         `json:"id"`
-	VIP netip.AddrPort `json:"vip"`
-}
+// POPAddr names a POP whose VIP a session advertises; the same type as the
+// session API's wire form.
+type POPAddr = sessionapi.POP
 
 // CreateRequest asks for a new session.
 type CreateRequest struct {
