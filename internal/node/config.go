@@ -262,7 +262,10 @@ func DataSocket(conn *net.UDPConn, bind, advertise string) (*net.UDPConn, netip.
 	return conn, data, nil
 }
 
-// Advertised is advertise when set, else bound; a wildcard is refused.
+// Advertised is advertise when set, else bound; a wildcard is refused. The
+// result is unmapped (::ffff:a.b.c.d becomes a.b.c.d): packet sources are
+// always unmapped, so a mapped advertised address would match none of them
+// and every reply would be dropped.
 func Advertised(what string, bound netip.AddrPort, advertise string) (netip.AddrPort, error) {
 	ap := bound
 	if advertise != "" {
@@ -271,6 +274,7 @@ func Advertised(what string, bound netip.AddrPort, advertise string) (netip.Addr
 			return netip.AddrPort{}, fmt.Errorf("%s_advertise %q: %w", what, advertise, err)
 		}
 	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if ap.Addr().IsUnspecified() {
 		return netip.AddrPort{}, fmt.Errorf("%s address %v is not one others can reach: set %s_advertise (e.g. \"${POD_IP}:%d\")", what, ap, what, ap.Port())
 	}

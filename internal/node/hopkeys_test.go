@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -60,5 +61,14 @@ func TestWatchHopKeysRotates(t *testing.T) {
 	}
 	if err := WatchHopKeys(ctx, HopKeys{}, time.Millisecond, nil, nil); err != nil {
 		t.Fatalf("without a file: %v", err)
+	}
+}
+
+// TestAdvertisedUnmapped: an advertised address written as ::ffff:a.b.c.d
+// is used (and gossiped) as plain IPv4, the form every packet source has.
+func TestAdvertisedUnmapped(t *testing.T) {
+	ap, err := Advertised("data", netip.MustParseAddrPort("127.0.0.1:1"), "[::ffff:10.1.2.3]:7000")
+	if err != nil || ap != netip.MustParseAddrPort("10.1.2.3:7000") {
+		t.Fatalf("Advertised = %v, %v; want 10.1.2.3:7000", ap, err)
 	}
 }
