@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/membership"
@@ -129,7 +128,7 @@ func (n *Node) Run(ctx context.Context) error {
 		n.srv.Drain()
 		n.draining.Store(true)
 		if n.pool != nil {
-			_ = n.pool.Leave(time.Second)
+			node.Leave(n.pool, log)
 		}
 		node.Sleep(failed, n.cfg.DrainDelay)
 	})
