@@ -1,11 +1,7 @@
 package globalrelay
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -15,27 +11,15 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
-	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/node/nodetest"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 )
 
 // fakeClusterRelay joins the global pool as a cluster relay of cluster
-// announces (what clusterrelay.Node gossips): real memberlist, no relay.
+// (what clusterrelay.Node announces): real memberlist, no relay.
 func fakeClusterRelay(t *testing.T, name string, cluster uint16, draining bool, seed string) *membership.Pool {
-	t.Helper()
-	p, err := membership.New(membership.Config{Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"), WAN: true,
-		AllowInsecure: true, Fast: true, Logger: quiet}, membership.Meta{
-		Role: membership.RoleClusterRelay, Cluster: cluster, Data: netip.MustParseAddrPort("127.0.0.1:9"),
-		API: "http://127.0.0.1:9", Capacity: 10, Draining: draining})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	if seed != "" {
-		if _, err := p.Join([]string{seed}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return p
+	return nodetest.Member(t, name, true, membership.Meta{Role: membership.RoleClusterRelay, Cluster: cluster,
+		Data: netip.MustParseAddrPort("127.0.0.1:9"), API: "http://127.0.0.1:9", Capacity: 10, Draining: draining}, seed)
 }
 
 // startReplica builds a replica of POP 1 serving clusters 1 and 2 on
@@ -48,47 +32,12 @@ func startReplica(t *testing.T, public, seed string, keys node.TokenKeys) (*Node
 		t.Fatal(err)
 	}
 	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
-		Token: keys, Gossip: node.Gossip{Bind: "127.0.0.1:0", Join: []string{seed}, Insecure: true, Fast: true, Name: "gr"}},
-		Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+		Token: keys, Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	run := func() func() {
-		go func() { done <- n.Run(context.Background()) }()
-		return func() {
-			n.Close()
-			if err := <-done; err != nil {
-				t.Errorf("replica: %v", err)
-			}
-		}
 	}
 	t.Cleanup(func() { n.Close() })
-	return n, "http://" + metrics.Addr().String() + "/readyz", run
-}
-
-func readyz(t *testing.T, url string) int {
-	t.Helper()
-	c := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 5 * time.Second}
-	defer c.CloseIdleConnections()
-	resp, err := c.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
-}
-
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return n, "http://" + metrics.Addr().String() + "/readyz", func() func() { return nodetest.Run(t, n) }
 }
 
 // TestRestartedReplicaNotReadyUntilItKnowsClusterRelays: a replica that
@@ -97,9 +46,7 @@ func await(t *testing.T, what string, cond func() bool) {
 // does not count. A replica restarted on the same public address starts
 // over: not ready until it has heard of them again.
 func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
-	key := make([]byte, token.KeyLen)
-	_, _ = rand.Read(key)
-	keys := node.TokenKeys{Keys: []string{"1:" + base64.StdEncoding.EncodeToString(key)}}
+	keys := nodetest.Keys(t)
 	c1 := fakeClusterRelay(t, "cr-1", 1, false, "")
 	seed := c1.LocalAddr().String()
 	c2 := fakeClusterRelay(t, "cr-2", 2, true, seed) // draining: knows no ready pod yet
@@ -111,7 +58,7 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 	stop := run()
 	public := first.Relay().PublicAddr().String()
 	// It learns cluster 1's relay; cluster 2's is draining, so not ready.
-	await(t, "the replica to know cluster 1", func() bool { return first.clusters.live(1) == 1 })
+	nodetest.Await(t, "the replica to know cluster 1", func() bool { return first.clusters.live(1) == 1 })
 	notReadyFor2 := func(n *Node, url string) {
 		t.Helper()
 		if err := n.Ready(); !errors.Is(err, ErrNoClusterRelay) || !strings.Contains(err.Error(), "cluster 2") {
@@ -120,7 +67,7 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 		if n.Relay().Draining() {
 			t.Fatal("replica draining")
 		}
-		if code := readyz(t, url); code != http.StatusServiceUnavailable {
+		if code := nodetest.Readyz(t, url); code != http.StatusServiceUnavailable {
 			t.Fatalf("/readyz = %d while cluster 2 has no live relay", code)
 		}
 	}
@@ -131,8 +78,8 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 		}
 	}
 	setDraining(false)
-	await(t, "the replica to be ready", func() bool { return first.Ready() == nil })
-	if code := readyz(t, url); code != http.StatusOK {
+	nodetest.Await(t, "the replica to be ready", func() bool { return first.Ready() == nil })
+	if code := nodetest.Readyz(t, url); code != http.StatusOK {
 		t.Fatalf("/readyz = %d once both clusters have a live relay", code)
 	}
 
@@ -140,7 +87,7 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 	// and restarts on the same public address: it knows nothing, then
 	// cluster 1 only, and is not ready until cluster 2's relay is live.
 	setDraining(true)
-	await(t, "the seed to see cluster 2's relay draining", func() bool {
+	nodetest.Await(t, "the seed to see cluster 2's relay draining", func() bool {
 		for _, m := range c1.Members() {
 			if m.Meta.Cluster == 2 && m.Meta.Draining {
 				return true
@@ -148,6 +95,7 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 		}
 		return false
 	})
+	first.Close() // a crash: no drain, no goodbye
 	stop()
 	restarted, url, run := startReplica(t, public, seed, keys)
 	if got := restarted.Relay().PublicAddr().String(); got != public {
@@ -157,11 +105,53 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 		t.Fatalf("restarted replica ready before it has gossiped: %v", err)
 	}
 	defer run()()
-	await(t, "the restarted replica to know cluster 1", func() bool { return restarted.clusters.live(1) == 1 })
+	nodetest.Await(t, "the restarted replica to know cluster 1", func() bool { return restarted.clusters.live(1) == 1 })
 	notReadyFor2(restarted, url)
 	setDraining(false)
-	await(t, "the restarted replica to be ready", func() bool { return restarted.Ready() == nil })
-	if code := readyz(t, url); code != http.StatusOK {
+	nodetest.Await(t, "the restarted replica to be ready", func() bool { return restarted.Ready() == nil })
+	if code := nodetest.Readyz(t, url); code != http.StatusOK {
 		t.Fatalf("restarted replica's /readyz = %d once ready", code)
 	}
+}
+
+// TestNodeDrainsUntilFlowsEnd: a stopping replica announces draining,
+// keeps its flows until they go idle, then leaves the pool and returns —
+// well before drain_timeout.
+func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
+	watcher := fakeClusterRelay(t, "cr-1", 1, false, "")
+	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1,
+		FlowIdle: 500 * time.Millisecond, Common: node.Common{DrainTimeout: time.Minute},
+		Token: nodetest.Keys(t), Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := nodetest.Run(t, n)
+	nodetest.Await(t, "the replica to be ready", func() bool { return n.Ready() == nil })
+	n.Relay().RestoreFlow(netip.MustParseAddrPort("192.0.2.1:5000"), routecache.Route{Cluster: 1, Pod: 1})
+	if n.Relay().Flows() != 1 {
+		t.Fatalf("%d flows", n.Relay().Flows())
+	}
+	start := time.Now()
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	nodetest.Await(t, "the replica to announce draining", func() bool {
+		for _, m := range watcher.Members() {
+			if m.Meta.Role == membership.RoleGlobalRelay && m.Meta.Draining {
+				return true
+			}
+		}
+		return false
+	})
+	if err := n.Ready(); err == nil {
+		t.Error("ready while draining")
+	}
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the drain did not end when the flow went idle")
+	}
+	if n.Relay().Flows() != 0 {
+		t.Errorf("stopped with %d flows", n.Relay().Flows())
+	}
+	t.Logf("drained in %v", time.Since(start))
 }
