@@ -540,6 +540,12 @@ func runSignaling(ctx context.Context, args []string) error {
 		log.Warn("no client secret key configured: secrets minted here verify only on this replica")
 	}
 	reg := prometheus.NewRegistry()
+	// Warns once when Cloudflare proxies requests without the visitor
+	// location headers (the zone's managed transform is off).
+	cfCheck, err := geo.NewCFHeaderCheck(geo.CFHeaderCheckConfig{Proxies: trusted, Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
 	scfg := signaling.Config{
 		Catalogue: cat, Locator: loc, APIKeys: apiKeys, ClientSecretKey: secret, ClientSecretTTL: cfg.ClientSecretTTL,
 		RatePerSecond: cfg.RatePerSecond, RateBurst: cfg.RateBurst, CORSOrigins: cfg.CORSOrigins,
@@ -567,7 +573,7 @@ func runSignaling(ctx context.Context, args []string) error {
 		return err
 	}
 	// The hardened server: header and body read timeouts, header cap.
-	srv := signaling.NewHTTPServer(sig.Handler(), log)
+	srv := signaling.NewHTTPServer(cfCheck.Wrap(sig.Handler()), log)
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 	var draining atomic.Bool
