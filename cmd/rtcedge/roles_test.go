@@ -144,3 +144,36 @@ func waitCondition(t *testing.T, limit time.Duration, what string, cond func() b
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestSecondSignalForces: the first SIGTERM starts the graceful stop
+// (signaling keeps serving for drain_delay, here far longer than the
+// test); the second exits at once, with a failure status.
+func TestSecondSignalForces(t *testing.T) {
+	bin := proctest.Build(t, ".")
+	dir := t.TempDir()
+	catalogue := proctest.WriteFile(t, dir, "catalogue.yaml",
+		"default_region: eu-central\nregions:\n  - name: eu-central\n    location: {lat: 50.11, lon: 8.68}\n"+
+			"    clusters:\n      - {id: 1, name: eu-central-1, session_api: \"http://127.0.0.1:9\"}\n"+
+			"    pops:\n      - {id: 1, name: fra, vip: \"127.0.0.1:3478\"}\n")
+	sig := startRole(t, bin, "signaling", proctest.WriteFile(t, dir, "signaling.yaml",
+		"listen_addr: 127.0.0.1:0\ndrain_delay: 10m\ncatalogue: "+catalogue+"\n"), nil)
+	sig.WaitLog(t, "signaling up", 10*time.Second)
+	if err := sig.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	sig.WaitLog(t, "draining", 5*time.Second)
+	if sig.Exited() {
+		t.Fatal("exited on the first signal despite drain_delay")
+	}
+	if err := sig.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sig.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second signal did not stop the process")
+	}
+	if sig.Err() == nil {
+		t.Error("forced exit reported success")
+	}
+}
