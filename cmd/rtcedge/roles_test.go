@@ -91,7 +91,7 @@ func TestRolesAsProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr.WaitLog(t, "draining", 5*time.Second)
-	waitCondition(t, 10*time.Second, "signaling to refuse new calls", func() bool {
+	proctest.Await(t, 10*time.Second, "signaling to refuse new calls", func() bool {
 		c, err := probe.Dial(ctx, probe.Config{SignalingURL: url, Logger: quiet})
 		if err == nil {
 			c.Close() // placed before the drain reached signaling
@@ -101,7 +101,7 @@ func TestRolesAsProcesses(t *testing.T) {
 		return errors.As(err, &he) && he.Status == http.StatusServiceUnavailable
 	})
 	before := call.Stats().Received
-	waitCondition(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return call.Stats().Received >= before+25 })
+	proctest.Await(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return call.Stats().Received >= before+25 })
 	if err := call.Hangup(ctx); err != nil {
 		t.Fatalf("hang up: %v", err)
 	}
@@ -113,7 +113,7 @@ func TestRolesAsProcesses(t *testing.T) {
 
 func waitRegions(t *testing.T, url string, limit time.Duration) {
 	t.Helper()
-	waitCondition(t, limit, "signaling to see cluster 1 healthy through gossip", func() bool {
+	proctest.Await(t, limit, "signaling to see cluster 1 healthy through gossip", func() bool {
 		resp, err := http.Get(url + "/v1/regions")
 		if err != nil {
 			return false
@@ -132,48 +132,4 @@ func waitRegions(t *testing.T, url string, limit time.Duration) {
 		c := body.Regions[0].Clusters[0]
 		return c.Known && c.Healthy
 	})
-}
-
-func waitCondition(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// TestSecondSignalForces: the first SIGTERM starts the graceful stop
-// (signaling keeps serving for drain_delay, here far longer than the
-// test); the second exits at once, with a failure status.
-func TestSecondSignalForces(t *testing.T) {
-	bin := proctest.Build(t, ".")
-	dir := t.TempDir()
-	catalogue := proctest.WriteFile(t, dir, "catalogue.yaml",
-		"default_region: eu-central\nregions:\n  - name: eu-central\n    location: {lat: 50.11, lon: 8.68}\n"+
-			"    clusters:\n      - {id: 1, name: eu-central-1, session_api: \"http://127.0.0.1:9\"}\n"+
-			"    pops:\n      - {id: 1, name: fra, vip: \"127.0.0.1:3478\"}\n")
-	sig := startRole(t, bin, "signaling", proctest.WriteFile(t, dir, "signaling.yaml",
-		"listen_addr: 127.0.0.1:0\ndrain_delay: 10m\ncatalogue: "+catalogue+"\n"), nil)
-	sig.WaitLog(t, "signaling up", 10*time.Second)
-	if err := sig.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	sig.WaitLog(t, "draining", 5*time.Second)
-	if sig.Exited() {
-		t.Fatal("exited on the first signal despite drain_delay")
-	}
-	if err := sig.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-sig.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second signal did not stop the process")
-	}
-	if sig.Err() == nil {
-		t.Error("forced exit reported success")
-	}
 }
