@@ -306,6 +306,21 @@ func AdvertisedURL(ln net.Listener, advertise string) (string, error) {
 // loads any of them can reach the common settings.
 func (c *Common) Settings() *Common { return c }
 
+// Leave leaves pool gracefully (others see the node as left, not dead),
+// logging a failure: a stop goes on either way.
+func Leave(pool *membership.Pool, log *slog.Logger) {
+	if err := pool.Leave(time.Second); err != nil {
+		log.Warn("gossip leave failed; peers will detect the node as dead", "pool", pool.Name(), "err", err)
+	}
+}
+
+// SetDraining announces draining in pool, logging a failure.
+func SetDraining(pool *membership.Pool, log *slog.Logger) {
+	if err := pool.UpdateMeta(func(m *membership.Meta) { m.Draining = true }); err != nil {
+		log.Warn("gossip draining announcement failed", "pool", pool.Name(), "err", err)
+	}
+}
+
 // EnvHopKeys holds the inter-tier MAC keys (docs/wire.md §2) as
 // "CLUSTER/ID:BASE64[,...]": a global relay needs every cluster it serves,
 // a transceiver or cluster relay uses its own cluster's (and should be
