@@ -446,3 +446,20 @@ func onlyDropChanged(t *testing.T, before, after map[string]float64, reason stri
 		}
 	}
 }
+
+// TestNoHopKeyOpensNoFlow: a valid token for a cluster this POP holds no
+// hop key for is refused before any flow exists (a config error shows as
+// no_hop_key, not as a flow that forwards nothing).
+func TestNoHopKeyOpensNoFlow(t *testing.T) {
+	u := newUnit(t, Config{})
+	u.at(0)
+	if _, ok := u.send(t, netip.MustParseAddrPort("198.51.100.50:1"), u.check(t, 0x14, 1, 0)); ok {
+		t.Fatal("forwarded toward a cluster without a hop key")
+	}
+	if n := u.r.Flows(); n != 0 {
+		t.Fatalf("%d flows", n)
+	}
+	if v := u.drops(t, DropNoHopKey); v != 1 {
+		t.Errorf("no_hop_key drops = %v, want 1", v)
+	}
+}
