@@ -16,7 +16,7 @@ type metrics struct {
 	attemptSeconds *prometheus.HistogramVec
 	located        *prometheus.CounterVec
 	noCapacity     prometheus.Counter
-	rateLimited    prometheus.Counter
+	rateLimited    *prometheus.CounterVec
 	readTimeouts   prometheus.Counter
 	secretsMinted  prometheus.Counter
 }
@@ -45,9 +45,9 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 		noCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_no_capacity_total", Help: "Offers refused with 503 because no cluster took them.",
 		}),
-		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429 by the per-client rate limit.",
-		}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429, by the limit that refused them (address, api_key, client_secret).",
+		}, []string{"limit"}),
 		readTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_body_timeouts_total", Help: "Requests whose body stalled past the read timeout (408).",
 		}),
@@ -62,6 +62,9 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 				m.attempts.WithLabelValues(strconv.Itoa(int(c.ID)), res)
 			}
 		}
+	}
+	for _, l := range limitLabels {
+		m.rateLimited.WithLabelValues(l)
 	}
 	for _, src := range []string{geo.SourceCFHeaders, geo.SourceGeoIP, geo.SourceDefault} {
 		m.located.WithLabelValues(src)

@@ -69,6 +69,10 @@ type Config struct {
 	// Relays, when set, limits the datagrams the pod accepts to those from
 	// the cluster's relays (FollowRelays keeps it in step with gossip).
 	Relays *RelaySet
+	// SessionAPISecret is the cluster's bearer secret: Handler refuses
+	// session API requests without it (health probes excepted). Empty: no
+	// credentials needed (dev worlds and tests).
+	SessionAPISecret string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
