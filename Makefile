@@ -5,13 +5,23 @@ PKGS    := ./...
 # Packages whose benchmarks make up `make bench`.
 BENCH_PKGS := ./internal/... ./globalrelay/... ./clusterrelay/... ./transceiver/... ./netsim/...
 
-.PHONY: run build test test-deps bench lint clean sim bench-capacity
+# The container image (Containerfile): rtcedge:$(VERSION), the tag scheme the
+# Terraform modules' image variables follow (docs/deploy.md).
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REPO ?= rtcedge
+IMAGE      ?= $(IMAGE_REPO):$(VERSION)
+
+.PHONY: run build test test-deps bench lint clean sim bench-capacity image
 
 run: build
 	./$(BIN) dev
 
 build:
 	$(GO) build -o $(BIN) ./cmd/rtcedge
+
+# Builds with podman, or docker when podman is not installed.
+image:
+	VERSION=$(VERSION) IMAGE=$(IMAGE) GO=$(GO) ./scripts/build-image.sh
 
 test-deps:
 	./scripts/test-deps.sh

@@ -13,9 +13,10 @@ import (
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
-// maxDatagram is the largest client datagram the pod accepts. WebRTC keeps
-// its packets below the path MTU, so anything longer is not ours.
-const maxDatagram = 1500
+// podBuf is one datagram buffer of the pod socket: the largest datagram
+// between tiers (encap.MaxDatagram, the one size limit of every tier) plus
+// one byte, so that a longer datagram is seen as such and dropped.
+type podBuf = [encap.MaxDatagram + 1]byte
 
 // inQueueLen bounds how many datagrams wait for Pion's mux reader per POP.
 // A full queue drops new datagrams (counted) instead of blocking the socket
@@ -28,12 +29,12 @@ var errNoRoute = errors.New("transceiver: no relay route to client")
 
 // datagram is one client datagram waiting for Pion, in a pooled buffer.
 type datagram struct {
-	buf  *[maxDatagram + encap.MaxLen]byte
+	buf  *podBuf
 	n    int
 	from netip.AddrPort
 }
 
-var bufPool = sync.Pool{New: func() any { return new([maxDatagram + encap.MaxLen]byte) }}
+var bufPool = sync.Pool{New: func() any { return new(podBuf) }}
 
 // route is how to reach one client through one POP: the to-client header
 // (built from the last header the client's packets carried) and the cluster
@@ -105,7 +106,7 @@ func (s *podSocket) lookup(id uint16) *popConn {
 // full POP queue drops the datagram.
 func (s *podSocket) readLoop() error {
 	for {
-		buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+		buf := bufPool.Get().(*podBuf)
 		n, from, err := s.conn.ReadFromUDPAddrPort(buf[:])
 		if err != nil {
 			bufPool.Put(buf)
@@ -118,8 +119,8 @@ func (s *podSocket) readLoop() error {
 			}
 			return err
 		}
-		if n == len(buf) {
-			// Filled the buffer: maybe truncated, never a WebRTC datagram.
+		if n > encap.MaxDatagram {
+			// Longer than any tier forwards: never a WebRTC datagram.
 			s.m.drop(dropOversize)
 			bufPool.Put(buf)
 			continue
@@ -133,7 +134,7 @@ func (s *podSocket) readLoop() error {
 
 // handle routes one datagram from a cluster relay to its POP conn. It
 // reports whether buf was handed on (and must not be reused by the caller).
-func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from netip.AddrPort) bool {
+func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	pkt := buf[:n]
 	if !s.relays.Trusted(from) {
 		s.m.drop(dropUnknownRelay)
@@ -142,7 +143,7 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 	h, hl, err := encap.Decode(pkt)
 	switch {
 	case err != nil:
-		s.m.drop(encapReason(err))
+		s.m.encapDrops.Inc(encap.ReasonOf(err))
 		return false
 	case h.ToClient:
 		s.m.drop(dropDirection)
@@ -152,6 +153,9 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 		return false
 	case n-hl == 0:
 		s.m.drop(dropEmpty)
+		return false
+	case n-hl > encap.MaxPayload:
+		s.m.drop(dropOversize)
 		return false
 	}
 	pc := s.lookup(h.POP)
@@ -320,10 +324,10 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
-	buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
 	hl, err := r.hdr.Put(buf[:])
-	if err != nil || hl+len(b) > len(buf) {
+	if err != nil || len(b) > encap.MaxPayload {
 		c.sock.m.drop(dropOversize)
 		return 0, errors.New("transceiver: datagram too large")
 	}
