@@ -19,6 +19,9 @@ type metrics struct {
 	rateLimited    *prometheus.CounterVec
 	readTimeouts   prometheus.Counter
 	secretsMinted  prometheus.Counter
+	// refusedEndpoints counts gossiped session API endpoints the catalogue
+	// does not allow, skipped when placing a call.
+	refusedEndpoints prometheus.Counter
 }
 
 // newMetrics builds the metrics and sets every label value known up front
@@ -54,6 +57,10 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 		secretsMinted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_client_secrets_total", Help: "Ephemeral client secrets minted.",
 		}),
+		refusedEndpoints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_refused_endpoints_total",
+			Help: "Gossiped session API endpoints skipped because the catalogue does not allow them (host off session_api and session_api_nets).",
+		}),
 	}
 	for _, res := range attemptResults {
 		m.attemptSeconds.WithLabelValues(res)
@@ -71,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
-			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted} {
+			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register signaling metrics: %w", err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
@@ -35,11 +36,21 @@ func (e *podFaultError) Error() string {
 }
 
 // sessionAPI returns the base URL to reach a cluster's session API: one of
-// the live endpoints gossip reports (spread over them), else the
-// catalogue's address.
+// the live endpoints gossip reports that the catalogue allows (spread over
+// them), else the catalogue's address. An endpoint off the cluster's
+// session_api host and session_api_nets is never sent an offer, whoever
+// advertised it.
 func (s *Server) sessionAPI(c geo.Cluster) string {
 	if s.cfg.SessionAPIs != nil {
-		if eps := s.cfg.SessionAPIs(c.ID); len(eps) > 0 {
+		var eps []string
+		for _, ep := range s.cfg.SessionAPIs(c.ID) {
+			if metacheck.APIAllowed(c, ep) {
+				eps = append(eps, ep)
+			} else {
+				s.m.refusedEndpoints.Inc()
+			}
+		}
+		if len(eps) > 0 {
 			return strings.TrimSuffix(eps[int(s.apiTurn.Add(1))%len(eps)], "/")
 		}
 	}

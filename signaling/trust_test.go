@@ -5,8 +5,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"mime/multipart"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -328,6 +332,60 @@ func TestSignalingSessionAPISecret(t *testing.T) {
 			for id, p := range w.pods {
 				if n := p.created(t); n != 0 {
 					t.Errorf("pod of cluster %d created %v sessions for an unauthenticated caller", id, n)
+				}
+			}
+		})
+	}
+}
+
+// TestSignalingIgnoresRogueEndpoints is the gossip reproduction at the
+// signaling end: a member advertising its own session API for a cluster
+// gets no offer unless the catalogue allows its address (the cluster's
+// session_api host or session_api_nets).
+func TestSignalingIgnoresRogueEndpoints(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.2:0") // not the catalogue's 127.0.0.1
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offers atomic.Int32
+	rogue := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		offers.Add(1)
+		http.Error(w, "rogue", http.StatusTeapot)
+	}))
+	rogue.Listener.Close()
+	rogue.Listener = ln
+	rogue.Start()
+	defer rogue.Close()
+	for _, tc := range []struct {
+		name   string
+		nets   []netip.Prefix
+		offers int32
+	}{
+		{"not allowed", nil, 0},
+		{"allowed by session_api_nets", []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			offers.Store(0)
+			var w *world
+			w = newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
+				c.SessionAPIs = func(cluster uint16) []string { return []string{rogue.URL} }
+				for i := range c.Catalogue.Regions {
+					c.Catalogue.Regions[i].Clusters[0].SessionAPINets = tc.nets
+				}
+			}})
+			rec := w.do(t, http.MethodPost, "/v1/realtime/calls", ipAshburn, "application/sdp", testsdp.Offer(t), nil)
+			if tc.offers == 0 {
+				if rec.Code != http.StatusCreated {
+					t.Fatalf("status %d: %s", rec.Code, rec.Body)
+				}
+				w.hangup(t, rec, nil)
+			}
+			if got := offers.Load(); got < tc.offers || (tc.offers == 0 && got != 0) {
+				t.Fatalf("rogue endpoint got %d offers, want %d", got, tc.offers)
+			}
+			if tc.offers == 0 {
+				if v := metricValue(t, w, "rtcedge_signaling_refused_endpoints_total", nil); v == 0 {
+					t.Error("refused endpoints not counted")
 				}
 			}
 		})
