@@ -54,8 +54,8 @@ type Config struct {
 	// bounded capacity). A member it refuses is left out of Members and
 	// counted like undecodable meta, so nothing routes to it.
 	CheckMeta func(Meta) error
-	Fast          bool           // loopback timings, see the Fast* constants
-	Logger        *slog.Logger   // nil means slog.Default()
+	Fast      bool         // loopback timings, see the Fast* constants
+	Logger    *slog.Logger // nil means slog.Default()
 }
 
 // validate checks cfg before anything is opened, so New fails without side
