@@ -21,15 +21,18 @@ const (
 // NodeConfig is the cluster relay role's config file (docs/operations.md).
 type NodeConfig struct {
 	node.Common   `yaml:",inline"`
-	Region        string      `yaml:"region"`
-	Cluster       uint16      `yaml:"cluster"`
-	DataAddr      string      `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
-	DataAdvertise string      `yaml:"data_advertise"`
-	APIAddr       string      `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
-	APIAdvertise  string      `yaml:"api_advertise"`
-	Batch         int         `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
-	ClusterGossip node.Gossip `yaml:"cluster_gossip"`
-	GlobalGossip  node.Gossip `yaml:"global_gossip"`
+	Region        string `yaml:"region"`
+	Cluster       uint16 `yaml:"cluster"`
+	DataAddr      string `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
+	DataAdvertise string `yaml:"data_advertise"`
+	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
+	APIAdvertise  string `yaml:"api_advertise"`
+	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	// SessionAPISecret is the cluster's session API bearer secret, required
+	// from signaling and presented to the pods; empty: none.
+	SessionAPISecret string      `yaml:"session_api_secret"`
+	ClusterGossip    node.Gossip `yaml:"cluster_gossip"`
+	GlobalGossip     node.Gossip `yaml:"global_gossip"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).

@@ -67,7 +67,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 			return nil, err
 		}
 	}
-	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, HTTPClient: env.HTTPClient, Logger: env.Logger})
+	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: env.HTTPClient, Logger: env.Logger})
 	n.life.Serve("session API", s.API, node.NewHTTPServer(front.Handler(), env.Logger))
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err

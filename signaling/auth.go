@@ -15,15 +15,15 @@ import (
 // APIKey is one server-side credential.
 type APIKey struct {
 	// Key is the bearer token, at least 16 characters, not starting ek_.
-	Key string
+	Key string `yaml:"key"`
 	// Tenant groups keys: a call may be hung up by the credential that
 	// placed it or by any API key of its tenant. Default DefaultTenant.
-	Tenant string
+	Tenant string `yaml:"tenant"`
 	// RatePerSecond and RateBurst are the key's quota over every endpoint
 	// (client secrets it mints get their own, Config.SecretRatePerSecond);
 	// zero: Config.KeyRatePerSecond and KeyRateBurst.
-	RatePerSecond float64
-	RateBurst     int
+	RatePerSecond float64 `yaml:"rate_per_second"`
+	RateBurst     int     `yaml:"rate_burst"`
 }
 
 // DefaultTenant is the tenant of keys that name none (all of

@@ -76,9 +76,6 @@ type Config struct {
 	// session APIs, by cluster ID; a cluster without one is called without
 	// credentials (see docs/operations.md).
 	SessionAPISecrets map[uint16]string
-	// MaxClusterCapacity bounds the capacity a cluster relay may advertise
-	// in gossip (GossipHealth); default 100000.
-	MaxClusterCapacity int
 
 	MaxBody        int64         // request body cap; default 64 KiB
 	ClusterTimeout time.Duration // one cluster attempt; default 2s
@@ -147,9 +144,6 @@ func (c *Config) applyDefaults() {
 	if c.MaxLimiters == 0 {
 		c.MaxLimiters = 200_000
 	}
-	if c.MaxClusterCapacity == 0 {
-		c.MaxClusterCapacity = 100_000
-	}
 	if c.ClientSessionFields == nil {
 		c.ClientSessionFields = DefaultClientSessionFields
 	}
@@ -185,9 +179,9 @@ func (c *Config) Validate() error {
 			return errors.New("signaling config: rates must not be negative")
 		}
 	}
-	for _, v := range []int{c.RateBurst, c.KeyRateBurst, c.SecretRateBurst, c.MaxLimiters, c.MaxAttempts, c.MaxClusterCapacity} {
+	for _, v := range []int{c.RateBurst, c.KeyRateBurst, c.SecretRateBurst, c.MaxLimiters, c.MaxAttempts} {
 		if v < 0 {
-			return errors.New("signaling config: bursts, table sizes, attempts and capacities must not be negative")
+			return errors.New("signaling config: bursts, table sizes and attempts must not be negative")
 		}
 	}
 	if c.MaxBody < 0 || c.ClusterTimeout < 0 {

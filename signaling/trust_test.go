@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/signaling"
 )
@@ -387,6 +388,36 @@ func TestSignalingIgnoresRogueEndpoints(t *testing.T) {
 				if v := metricValue(t, w, "rtcedge_signaling_refused_endpoints_total", nil); v == 0 {
 					t.Error("refused endpoints not counted")
 				}
+			}
+		})
+	}
+}
+
+// TestNodeConfigNeedsKeys: the role config refuses to start signaling
+// without API keys unless allow_anonymous is set, and parses the proxy
+// lists (with the "cloudflare" entry).
+func TestNodeConfigNeedsKeys(t *testing.T) {
+	t.Setenv(signaling.EnvAPIKeys, "")
+	for _, tc := range []struct {
+		name string
+		cfg  signaling.NodeConfig
+		want string
+	}{
+		{"no keys", signaling.NodeConfig{}, "allow_anonymous"},
+		{"anonymous", signaling.NodeConfig{AllowAnonymous: true}, ""},
+		{"api keys", signaling.NodeConfig{APIKeys: []string{testAPIKey}}, ""},
+		{"tenant keys", signaling.NodeConfig{Keys: []signaling.APIKey{{Key: testAPIKey, Tenant: "a"}}}, ""},
+		{"proxy lists", signaling.NodeConfig{AllowAnonymous: true, CloudflareRanges: []string{"cloudflare"}, InternalProxies: []string{"10.0.0.0/8"}}, ""},
+		{"bad proxy", signaling.NodeConfig{AllowAnonymous: true, InternalProxies: []string{"ingress"}}, "internal_proxies"},
+		{"negative key rate", signaling.NodeConfig{AllowAnonymous: true, KeyRatePerSecond: -1}, "key_rate_per_second"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.cfg
+			c.ListenAddr, c.CatalogueData = "127.0.0.1:0", &geo.Catalogue{}
+			c.Defaults()
+			err := c.Validate()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate = %v, want an error naming %q", err, tc.want)
 			}
 		})
 	}

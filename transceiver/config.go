@@ -30,9 +30,12 @@ type NodeConfig struct {
 	// BackendAddr is the inference backend (host:port,
 	// docs/backend-protocol.md); empty: the in-process echo backend.
 	// netbackend.ForAddr turns it into the node's Backend.
-	BackendAddr string         `yaml:"backend_addr"`
-	Token       node.TokenKeys `yaml:"token"`
-	Gossip      node.Gossip    `yaml:"gossip"` // the cluster pool
+	BackendAddr string `yaml:"backend_addr"`
+	// SessionAPISecret is the cluster's session API bearer secret (e.g.
+	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
+	SessionAPISecret string         `yaml:"session_api_secret"`
+	Token            node.TokenKeys `yaml:"token"`
+	Gossip           node.Gossip    `yaml:"gossip"` // the cluster pool
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).

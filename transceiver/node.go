@@ -71,7 +71,8 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	n.tr, err = New(Config{
 		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend, Relays: n.relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
-		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
+		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, SessionAPISecret: cfg.SessionAPISecret,
+		Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
 	}, s.Data)
 	if err != nil {
 		return nil, err
