@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/probe"
 )
 
@@ -109,5 +114,73 @@ func TestSecretBindsSessionConfig(t *testing.T) {
 				t.Fatalf("hang-up with the call's own secret: %v", err)
 			}
 		})
+	}
+}
+
+// TestRogueGossipMemberGetsNoOffers is the gossip reproduction in
+// the dev world: members join the global pool as cluster relays of cluster
+// 1 and advertise their own session API, one with a plausible capacity but
+// an address the catalogue does not allow, one with a huge capacity. Before,
+// 2 of 6 offers reached such a member; now none does.
+func TestRogueGossipMemberGetsNoOffers(t *testing.T) {
+	w := startWorld(t, devworld.Config{})
+	ln, err := net.Listen("tcp", "127.0.0.2:0") // the dev world's APIs live on 127.0.0.1
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offers atomic.Int32
+	rogueAPI := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		offers.Add(1)
+		http.Error(w, "rogue", http.StatusInternalServerError)
+	}))
+	rogueAPI.Listener.Close()
+	rogueAPI.Listener = ln
+	rogueAPI.Start()
+	defer rogueAPI.Close()
+	join := func(name string, meta membership.Meta) {
+		p, err := membership.New(membership.Config{Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"),
+			WAN: true, AllowInsecure: true, Fast: true, Logger: testLogger()}, meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		if _, err := p.Join([]string{w.SignalingPool.LocalAddr().String()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join("rogue-api", membership.Meta{Role: membership.RoleClusterRelay, Region: "eu-central", Cluster: 1,
+		API: rogueAPI.URL, Capacity: 500})
+	join("rogue-capacity", membership.Meta{Role: membership.RoleClusterRelay, Region: "eu-central", Cluster: 1,
+		API: "http://127.0.0.1:1", Capacity: 5_000_000})
+	// Signaling has heard of both: the plausible one is listed (and its
+	// endpoint will be refused at use), the other is refused outright.
+	eventually(t, 10*time.Second, "signaling to see the rogue members", func() bool {
+		listed := false
+		for _, m := range w.SignalingPool.Members() {
+			if m.Name == "rogue-api" {
+				listed = true
+			}
+			if m.Name == "rogue-capacity" {
+				t.Fatal("a member advertising 5,000,000 sessions is listed")
+			}
+		}
+		return listed && metricSum(t, w.Registry, "rtcedge_membership_meta_decode_errors_total", nil) > 0
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 6 {
+		call, err := probe.Dial(ctx, probe.Config{SignalingURL: w.SignalingURL, Logger: testLogger()})
+		if err != nil {
+			t.Fatalf("offer %d: %v", i, err)
+		}
+		_ = call.Hangup(ctx)
+		call.Close()
+	}
+	if n := offers.Load(); n != 0 {
+		t.Fatalf("%d of 6 offers reached the rogue member's session API", n)
+	}
+	if v := metricSum(t, w.Registry, "rtcedge_signaling_refused_endpoints_total", nil); v == 0 {
+		t.Error("the rogue endpoint was never counted as refused")
 	}
 }
