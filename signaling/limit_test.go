@@ -127,3 +127,29 @@ func TestSecretLimit(t *testing.T) {
 		t.Fatal("secret a did not refill")
 	}
 }
+
+// BenchmarkAllowAddr is the per-request cost of the address limit with a
+// full table (the flood case), where aggregation lookups happen.
+func BenchmarkAllowAddr(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		fill int
+	}{{"empty table", 0}, {"full table", 100_000}} {
+		b.Run(tc.name, func(b *testing.B) {
+			l := testLimits(100_000)
+			now := time.Unix(1_700_000_000, 0)
+			for i := range tc.fill {
+				l.allowAddr(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, byte(i >> 16), byte(i >> 8), byte(i), 15: 1}), now)
+			}
+			ips := make([]netip.Addr, 1024)
+			for i := range ips {
+				ips[i] = netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)})
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				l.allowAddr(ips[i%len(ips)], now)
+			}
+		})
+	}
+}
