@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 )
 
@@ -79,6 +80,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	meta := membership.Meta{Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}
+	// Members are believed only within bounds (internal/metacheck).
+	cfg.ClusterGossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{})
+	cfg.GlobalGossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{})
 	if n.clusterPool, err = cfg.ClusterGossip.Open("", false, meta, env.Logger); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 )
 
@@ -94,6 +95,7 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 		}
 	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	cfg.Gossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{}) // believed only within bounds
 	if n.pool, err = cfg.Gossip.Open("", false, membership.Meta{
 		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
 		Data: n.data, API: n.apiURL, Capacity: n.tr.Capacity(),

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/rtcedge/rtcedge/geo"
@@ -104,4 +105,51 @@ func APIAllowed(c geo.Cluster, endpoint string) bool {
 		}
 	}
 	return false
+}
+
+// OfCluster returns a CheckMeta for a cluster's own pool, where no
+// catalogue is at hand: every member must be a transceiver or cluster
+// relay of that cluster, with a pod's capacity and load within bounds (a
+// pod advertising a huge capacity would win every pick of the front).
+func OfCluster(cluster uint16, b Bounds) func(membership.Meta) error {
+	if b.MaxPodCapacity <= 0 {
+		b.MaxPodCapacity = DefaultMaxPodCapacity
+	}
+	if b.MaxClusterCapacity <= 0 {
+		b.MaxClusterCapacity = DefaultMaxClusterCapacity
+	}
+	return func(m membership.Meta) error {
+		max := b.MaxPodCapacity
+		switch m.Role {
+		case membership.RoleTransceiver:
+		case membership.RoleClusterRelay:
+			max = b.MaxClusterCapacity
+		default:
+			return refuse("role %q in a cluster pool", m.Role)
+		}
+		switch {
+		case m.Cluster != cluster:
+			return refuse("member of cluster %d in cluster %d's pool", m.Cluster, cluster)
+		case m.Load < 0 || m.Capacity < 0 || m.Capacity > max || m.Load > max:
+			return refuse("capacity %d / load %d out of [0, %d]", m.Capacity, m.Load, max)
+		}
+		return nil
+	}
+}
+
+// Bounded returns a CheckMeta for a global pool member that holds no
+// catalogue: known roles only, capacities and loads within bounds.
+func Bounded(b Bounds) func(membership.Meta) error {
+	if b.MaxClusterCapacity <= 0 {
+		b.MaxClusterCapacity = DefaultMaxClusterCapacity
+	}
+	return func(m membership.Meta) error {
+		switch {
+		case !slices.Contains(membership.Roles, m.Role):
+			return refuse("unknown role %q", m.Role)
+		case m.Load < 0 || m.Capacity < 0 || m.Capacity > b.MaxClusterCapacity || m.Load > b.MaxClusterCapacity:
+			return refuse("capacity %d / load %d out of [0, %d]", m.Capacity, m.Load, b.MaxClusterCapacity)
+		}
+		return nil
+	}
 }

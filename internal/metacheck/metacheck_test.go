@@ -87,3 +87,29 @@ func TestAPIAllowed(t *testing.T) {
 		})
 	}
 }
+
+func TestOfClusterAndBounded(t *testing.T) {
+	own, global := OfCluster(3, Bounds{}), Bounded(Bounds{})
+	tests := []struct {
+		name  string
+		check func(membership.Meta) error
+		meta  membership.Meta
+		ok    bool
+	}{
+		{"pod of the cluster", own, membership.Meta{Role: membership.RoleTransceiver, Cluster: 3, Capacity: 500}, true},
+		{"relay of the cluster", own, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3, Capacity: 5000}, true},
+		{"pod of another cluster", own, membership.Meta{Role: membership.RoleTransceiver, Cluster: 4, Capacity: 500}, false},
+		{"pod with a huge capacity", own, membership.Meta{Role: membership.RoleTransceiver, Cluster: 3, Capacity: 1_000_000}, false},
+		{"global relay in a cluster pool", own, membership.Meta{Role: membership.RoleGlobalRelay, Cluster: 3}, false},
+		{"global pool relay", global, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 9, Capacity: 5000}, true},
+		{"global pool huge capacity", global, membership.Meta{Role: membership.RoleClusterRelay, Capacity: 5_000_000}, false},
+		{"global pool unknown role", global, membership.Meta{Role: "x"}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.check(tc.meta); (err == nil) != tc.ok {
+				t.Fatalf("check = %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}
