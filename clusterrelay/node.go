@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
-	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
@@ -122,10 +121,10 @@ func (n *Node) Run(ctx context.Context) error {
 	return n.life.Run(ctx, log, func(failed context.Context) {
 		log.Info("draining")
 		n.stopping.Store(true)
-		_ = n.globalPool.UpdateMeta(func(m *membership.Meta) { m.Draining = true })
+		node.SetDraining(n.globalPool, log)
 		node.Sleep(failed, min(n.cfg.DrainTimeout, DrainAnnounce))
-		_ = n.globalPool.Leave(time.Second)
-		_ = n.clusterPool.Leave(time.Second)
+		node.Leave(n.globalPool, log)
+		node.Leave(n.clusterPool, log)
 	})
 }
 

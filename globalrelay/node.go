@@ -152,7 +152,7 @@ func (n *Node) Run(ctx context.Context) error {
 	return n.life.Run(ctx, log, func(failed context.Context) {
 		log.Info("draining", "flows", n.relay.Flows(), "deadline", n.cfg.DrainTimeout)
 		n.relay.Drain()
-		_ = n.pool.UpdateMeta(func(m *membership.Meta) { m.Draining = true })
+		node.SetDraining(n.pool, log)
 		deadline := time.NewTimer(n.cfg.DrainTimeout)
 		defer deadline.Stop()
 		tick := time.NewTicker(250 * time.Millisecond)
@@ -168,7 +168,7 @@ func (n *Node) Run(ctx context.Context) error {
 			case <-tick.C:
 			}
 		}
-		_ = n.pool.Leave(time.Second)
+		node.Leave(n.pool, log)
 	})
 }
 

@@ -6,8 +6,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"net"
+	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/membership"
@@ -65,6 +65,12 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.OnClose(loc.Close)
 	n.life.Go("geoip reload", loc.Run)
+	// Warns once when Cloudflare proxies requests without the visitor
+	// location headers (the zone's managed transform is off).
+	cfCheck, err := geo.NewCFHeaderCheck(geo.CFHeaderCheckConfig{Proxies: slices.Concat(cloudflare, internal), Logger: log, Registerer: env.Registerer})
+	if err != nil {
+		return nil, err
+	}
 	if cfg.AllowAnonymous {
 		log.Warn("allow_anonymous: anyone can place calls and mint client secrets (dev only)")
 	}
@@ -115,7 +121,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.url = "http://" + s.HTTP.Addr().String()
 	// The hardened server: header and body read timeouts, header cap.
-	n.life.Serve("http", s.HTTP, NewHTTPServer(n.srv.Handler(), log))
+	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err
@@ -137,7 +143,7 @@ func (n *Node) Run(ctx context.Context) error {
 		n.srv.Drain()
 		n.draining.Store(true)
 		if n.pool != nil {
-			_ = n.pool.Leave(time.Second)
+			node.Leave(n.pool, log)
 		}
 		node.Sleep(failed, n.cfg.DrainDelay)
 	})

@@ -135,7 +135,7 @@ func (n *Node) Run(ctx context.Context) error {
 		case <-failed.Done():
 		}
 		t.Stop()
-		_ = n.pool.Leave(time.Second)
+		node.Leave(n.pool, log)
 	})
 }
 

@@ -324,3 +324,18 @@ func AdvertisedURL(ln net.Listener, advertise string) (string, error) {
 // Settings returns c; a role's config embeds Common, so the command that
 // loads any of them can reach the common settings.
 func (c *Common) Settings() *Common { return c }
+
+// Leave leaves pool gracefully (others see the node as left, not dead),
+// logging a failure: a stop goes on either way.
+func Leave(pool *membership.Pool, log *slog.Logger) {
+	if err := pool.Leave(time.Second); err != nil {
+		log.Warn("gossip leave failed; peers will detect the node as dead", "pool", pool.Name(), "err", err)
+	}
+}
+
+// SetDraining announces draining in pool, logging a failure.
+func SetDraining(pool *membership.Pool, log *slog.Logger) {
+	if err := pool.UpdateMeta(func(m *membership.Meta) { m.Draining = true }); err != nil {
+		log.Warn("gossip draining announcement failed", "pool", pool.Name(), "err", err)
+	}
+}
