@@ -50,7 +50,7 @@ func TestNodeReady(t *testing.T) {
 // TestNodeConfigNeedsKeys: a pod without routing-token keys is refused
 // before it opens anything.
 func TestNodeConfigNeedsKeys(t *testing.T) {
-	_, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+	_, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", HopKeys: nodetest.HopKeys(t, 9),
 		Gossip: nodetest.Gossip("pod-1", "")}, transceiver.Sockets{}, nil, node.Env{Logger: nodetest.Quiet})
 	if err == nil || !strings.Contains(err.Error(), "token") {
 		t.Fatalf("NewNode without keys = %v", err)
