@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
-	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -46,6 +45,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	env = env.WithDefaults()
+	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
 	n := &Node{cfg: cfg, env: env, dir: NewDirectory()}
 	defer func() {
 		if err != nil {
@@ -57,7 +57,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
@@ -118,10 +118,10 @@ func (n *Node) Run(ctx context.Context) error {
 	return n.life.Run(ctx, log, func(failed context.Context) {
 		log.Info("draining")
 		n.stopping.Store(true)
-		_ = n.globalPool.UpdateMeta(func(m *membership.Meta) { m.Draining = true })
+		node.SetDraining(n.globalPool, log)
 		node.Sleep(failed, min(n.cfg.DrainTimeout, DrainAnnounce))
-		_ = n.globalPool.Leave(time.Second)
-		_ = n.clusterPool.Leave(time.Second)
+		node.Leave(n.globalPool, log)
+		node.Leave(n.clusterPool, log)
 	})
 }
 

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/membership"
@@ -64,6 +63,12 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.OnClose(loc.Close)
 	n.life.Go("geoip reload", loc.Run)
+	// Warns once when Cloudflare proxies requests without the visitor
+	// location headers (the zone's managed transform is off).
+	cfCheck, err := geo.NewCFHeaderCheck(geo.CFHeaderCheckConfig{Proxies: trusted, Logger: log, Registerer: env.Registerer})
+	if err != nil {
+		return nil, err
+	}
 	if len(cfg.APIKeys) == 0 {
 		log.Warn("no API keys configured: anyone can place calls and mint client secrets (set " + EnvAPIKeys + ")")
 	}
@@ -107,7 +112,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.url = "http://" + s.HTTP.Addr().String()
 	// The hardened server: header and body read timeouts, header cap.
-	n.life.Serve("http", s.HTTP, NewHTTPServer(n.srv.Handler(), log))
+	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err
@@ -129,7 +134,7 @@ func (n *Node) Run(ctx context.Context) error {
 		n.srv.Drain()
 		n.draining.Store(true)
 		if n.pool != nil {
-			_ = n.pool.Leave(time.Second)
+			node.Leave(n.pool, log)
 		}
 		node.Sleep(failed, n.cfg.DrainDelay)
 	})
