@@ -11,7 +11,7 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo d
 IMAGE_REPO ?= rtcedge
 IMAGE      ?= $(IMAGE_REPO):$(VERSION)
 
-.PHONY: run build test test-deps bench lint clean sim bench-capacity image
+.PHONY: run build test test-deps bench lint clean sim bench-capacity bench-relay image
 
 run: build
 	./$(BIN) dev
@@ -43,6 +43,14 @@ bench:
 # a stepped load of 50 pps voice sessions; a few minutes, prints a table.
 bench-capacity: build
 	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN)
+
+# Relays against a minimal C forwarder (docs/benchmarks.md, "Relays at the
+# limit of one hop"): direct, C, naive Go, global relay, and the two-tier
+# chain against two chained C forwarders, voice and flood, each process
+# pinned; a few minutes, prints a table and writes bin/bench-relay.json.
+# Needs gcc; run as root for SCHED_FIFO (see the doc).
+bench-relay:
+	$(GO) run ./bench/relay/cmd/relaybench -json bin/bench-relay.json $(BENCH_RELAY_FLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
