@@ -63,7 +63,8 @@ type Config struct {
 	Cluster uint16       // this relay's cluster (non-zero)
 	Pods    PodDirectory // live pods of the cluster
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
 	Batch      int
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered

@@ -94,7 +94,8 @@ type Config struct {
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
 	Batch int
 
 	Logger     *slog.Logger          // default slog.Default()

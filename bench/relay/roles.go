@@ -93,7 +93,7 @@ func runRole(role, target string) error {
 		}
 		announce(ready{Addr: udpio.LocalAddrPort(c).String()})
 		go func() { <-ctx.Done(); c.Close() }()
-		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, 32, reflect, udpio.Hooks{})
+		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, globalrelay.DefaultBatch, reflect, udpio.Hooks{})
 	case roleNaive:
 		return runNaive(ctx, to)
 	case roleClusterRelay:
@@ -102,7 +102,7 @@ func runRole(role, target string) error {
 			return err
 		}
 		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
-			Batch: 32, Logger: quiet}, c)
+			Batch: clusterrelay.DefaultBatch, Logger: quiet}, c)
 		if err != nil {
 			c.Close()
 			return err
@@ -119,8 +119,8 @@ func runRole(role, target string) error {
 			return err
 		}
 		// Production defaults of `rtcedge globalrelay`: one worker per
-		// CPU (one when pinned to one core), batches of 32.
-		pubs, ins, err := udpio.ListenWorkerPairs(loop, loop, runtime.NumCPU())
+		// CPU (GOMAXPROCS: one when pinned to one core), batches of 32.
+		pubs, ins, err := udpio.ListenWorkerPairs(loop, loop, runtime.GOMAXPROCS(0))
 		if err != nil {
 			return err
 		}
@@ -130,7 +130,7 @@ func runRole(role, target string) error {
 		}
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
 			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Batch:    32, Logger: quiet}, ws)
+			Batch:    globalrelay.DefaultBatch, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()
