@@ -27,7 +27,9 @@ type NodeConfig struct {
 	DataAdvertise string      `yaml:"data_advertise"`
 	APIAddr       string      `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string      `yaml:"api_advertise"`
-	Batch         int         `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	Batch         int         `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	LockThreads   bool        `yaml:"lock_threads"` // Config.LockThreads
+	CPUs          []int       `yaml:"cpus"`         // Config.CPUs
 	ClusterGossip node.Gossip `yaml:"cluster_gossip"`
 	GlobalGossip  node.Gossip `yaml:"global_gossip"`
 }
@@ -55,6 +57,9 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("batch", c.Batch),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
+	}
+	for _, cpu := range c.CPUs {
+		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if c.Cluster == 0 {
 		errs = append(errs, errors.New("cluster must be non-zero"))
