@@ -185,3 +185,38 @@ func BenchmarkForwardBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(8*b.N), "ns/datagram")
 }
+
+// TestBatchConnAfterDrain: datagrams that arrive between two reads (no
+// reader waiting) or while a read waits are all read. (A read that skips
+// its first recvmmsg after a drained batch, to save the EAGAIN, fails
+// this: the runtime forgets readiness at the start of every raw read.)
+func TestBatchConnAfterDrain(t *testing.T) {
+	rx, tx := listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0")
+	r := NewBatchConn(rx, 8)
+	in := make([]Msg, 8)
+	for i := range in {
+		in[i].Buf = make([]byte, 16)
+	}
+	to := LocalAddrPort(rx)
+	_ = rx.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for round := range 3 {
+		if _, err := tx.WriteToUDPAddrPort([]byte{byte(round)}, to); err != nil {
+			t.Fatal(err)
+		}
+		if round == 1 {
+			time.Sleep(5 * time.Millisecond) // arrives before the read starts
+		} else if round == 2 {
+			go func() { // arrives while the read waits
+				time.Sleep(5 * time.Millisecond)
+				_, _ = tx.WriteToUDPAddrPort([]byte{9}, to)
+			}()
+		}
+		n, err := r.ReadBatch(in)
+		if err != nil || n != 1 || in[0].Buf[0] != byte(round) {
+			t.Fatalf("round %d: %d datagrams, %v", round, n, err)
+		}
+	}
+	if n, err := r.ReadBatch(in); err != nil || n != 1 || in[0].Buf[0] != 9 {
+		t.Fatalf("datagram sent while waiting: %d, %v", n, err)
+	}
+}
