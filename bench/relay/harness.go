@@ -92,8 +92,10 @@ type Config struct {
 	// too): negative values (root only) let them win the CPU over the
 	// rest of a shared machine. [0]
 	Nice int
-	// RT > 0 runs every process of a trial under SCHED_FIFO (root
-	// only): the generator and the echo at priority RT, the hops at RT+1.
+	// RT > 0 runs every process of a trial under SCHED_FIFO at priority
+	// RT (root only), all at the same one: none preempts another (a
+	// higher one for the hops starved the generator and the echo that
+	// share a core with a chain's second hop, which then lost datagrams).
 	// On a shared machine, where other users' processes sit in other
 	// cgroups that nice values do not reach, this is what gives each
 	// process its core for the length of a trial; the kernel's RT
@@ -408,7 +410,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	}
 	hopRT := 0
 	if cfg.RT > 0 {
-		hopRT = cfg.RT + 1
+		hopRT = cfg.RT
 	}
 	hopCPUs := []int{cfg.HopCPU}
 	if cfg.GenCPUs == nil {
