@@ -3,6 +3,7 @@ package cloudflare
 import (
 	"bytes"
 	"errors"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -299,5 +300,78 @@ func TestFakeRejectsWhatTheAPIRejects(t *testing.T) {
 		t.Errorf("Enterprise account, pool without check_regions: %v %v", res, err)
 	} else {
 		res.Body.Close()
+	}
+}
+
+// drift returns v changed the way a hand edit might change it.
+func drift(v any) any {
+	switch v := v.(type) {
+	case string:
+		return v + "-drift"
+	case bool:
+		return !v
+	case float64:
+		return v + 1
+	case []any:
+		if len(v) == 0 {
+			return []any{"drift"}
+		}
+		return v[:len(v)-1]
+	case map[string]any:
+		out := map[string]any{}
+		for k, x := range v {
+			out[k] = x
+		}
+		if len(out) == 0 {
+			out["drift"] = []any{"drift"}
+			return out
+		}
+		for _, k := range slices.Sorted(maps.Keys(out)) {
+			out[k] = drift(out[k])
+			break
+		}
+		return out
+	}
+	return "drift"
+}
+
+// TestDiffCoversEveryWrittenField: every top-level field an update writes
+// is one the diff looks at, so drift in any of them is corrected rather
+// than left until some other change rewrites it.
+func TestDiffCoversEveryWrittenField(t *testing.T) {
+	// Learn what each kind's update writes.
+	e := newEnv(t)
+	e.sync(false)
+	all := func(map[string]any) bool { return true }
+	e.f.edit(t, "lb", all, func(o map[string]any) { o["steering_policy"] = "random" })
+	e.f.edit(t, "pool", func(o map[string]any) bool { return o["name"] == "rtcedge-us-east" }, func(o map[string]any) { o["minimum_origins"] = 2.0 })
+	e.f.edit(t, "monitor", all, func(o map[string]any) { o["retries"] = 0.0 })
+	e.sync(false)
+	e.f.mu.Lock()
+	written := maps.Clone(e.f.patched)
+	e.f.mu.Unlock()
+	objects := map[string]string{"lb": "load balancer", "pool": "pool rtcedge-us-east", "monitor": "monitor"}
+	for kind, keys := range written {
+		if len(keys) < 5 {
+			t.Fatalf("%s update wrote only %v", kind, keys)
+		}
+		for _, key := range keys {
+			t.Run(kind+"/"+key, func(t *testing.T) {
+				e := newEnv(t)
+				e.sync(false)
+				find := all
+				if kind == "pool" {
+					find = func(o map[string]any) bool { return o["name"] == "rtcedge-us-east" }
+				}
+				e.f.edit(t, kind, find, func(o map[string]any) { o[key] = drift(o[key]) })
+				plan := e.sync(false)
+				if len(plan) != 1 || !strings.Contains(plan[0].Object, objects[kind]) || !strings.Contains(plan[0].String(), key) {
+					t.Fatalf("drift in %s.%s: plan %v, want an update of the %s naming %s", kind, key, plan, objects[kind], key)
+				}
+				if plan := e.sync(false); len(plan) != 0 {
+					t.Errorf("after the correction: %v", verbs(plan))
+				}
+			})
+		}
 	}
 }

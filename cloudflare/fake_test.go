@@ -43,6 +43,7 @@ type fakeCloudflare struct {
 	lbs        map[string]map[string]any
 	nextID     int
 	writes     []string            // "METHOD path" of every successful write
+	patched    map[string][]string // kind -> top-level keys of its last PATCH body
 	failures   map[string]apiFault // "METHOD kind" -> injected failure, used once
 }
 
@@ -61,6 +62,7 @@ func newFakeCloudflare(t *testing.T, token, account, zone string) *fakeCloudflar
 		pools:    map[string]map[string]any{},
 		lbs:      map[string]map[string]any{},
 		failures: map[string]apiFault{},
+		patched:  map[string][]string{},
 		transforms: map[string]map[string]bool{
 			"request":  {"add_visitor_location_headers": false, "remove_visitor_ip_headers": false, "add_true_client_ip_headers": false, "add_client_certificate_headers": false},
 			"response": {"add_security_headers": false, "remove_x-powered-by_header": false},
@@ -279,6 +281,7 @@ func (f *fakeCloudflare) item(kind string) http.HandlerFunc {
 			writeResult(w, http.StatusOK, old)
 		case http.MethodPut, http.MethodPatch:
 			if r.Method == http.MethodPatch {
+				f.patched[kind] = slices.Sorted(maps.Keys(body))
 				merged := deepCopy(old)
 				maps.Copy(merged, body)
 				body = merged

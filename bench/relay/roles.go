@@ -31,7 +31,8 @@ import (
 // of the harness: see MaybeRunRole.
 const RoleEnv = "RTCEDGE_RELAYBENCH_ROLE"
 
-// keyEnv carries the token key (hex) to the global relay child.
+// keyEnv carries the token key (hex) to the children; the hop key (the
+// inter-tier MAC key of the bench's cluster) is derived from it.
 const keyEnv = "RTCEDGE_RELAYBENCH_KEY"
 
 // Roles a child process can play. Each prints one JSON line (ready) on
@@ -85,6 +86,14 @@ func runRole(role, target string) error {
 	}
 	loop := netip.MustParseAddrPort("127.0.0.1:0")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	key, err := hex.DecodeString(os.Getenv(keyEnv))
+	if err != nil {
+		return fmt.Errorf("%s: %w", keyEnv, err)
+	}
+	hop, err := hopKeyring(key)
+	if err != nil {
+		return err
+	}
 	switch role {
 	case roleEcho:
 		c, err := udpio.Listen(loop)
@@ -93,7 +102,7 @@ func runRole(role, target string) error {
 		}
 		announce(ready{Addr: udpio.LocalAddrPort(c).String()})
 		go func() { <-ctx.Done(); c.Close() }()
-		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, globalrelay.DefaultBatch, reflect, udpio.Hooks{})
+		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, globalrelay.DefaultBatch, reflector(hop), udpio.Hooks{})
 	case roleNaive:
 		return runNaive(ctx, to)
 	case roleClusterRelay:
@@ -101,7 +110,7 @@ func runRole(role, target string) error {
 		if err != nil {
 			return err
 		}
-		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
+		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, HopKeys: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
 			Batch: clusterrelay.DefaultBatch, Logger: quiet}, c)
 		if err != nil {
 			c.Close()
@@ -110,10 +119,6 @@ func runRole(role, target string) error {
 		announce(ready{Addr: r.Addr().String()})
 		return r.Run(ctx)
 	case roleGlobalRelay:
-		key, err := hex.DecodeString(os.Getenv(keyEnv))
-		if err != nil {
-			return fmt.Errorf("%s: %w", keyEnv, err)
-		}
 		keys, err := token.NewKeyring(1, map[uint8][]byte{1: key})
 		if err != nil {
 			return err
@@ -129,6 +134,7 @@ func runRole(role, target string) error {
 			ws[i] = globalrelay.Worker{Public: pubs[i], Internal: ins[i]}
 		}
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
+			HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
 			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
 			Batch:    globalrelay.DefaultBatch, Logger: quiet}, ws)
 		if err != nil {
@@ -160,23 +166,36 @@ func announce(r ready) {
 	fmt.Println(string(b))
 }
 
-// reflect is the echo's decision: a datagram goes back to its sender; an
-// encapsulated one toward the transceiver comes back toward the client,
-// which is what a pod (behind a cluster relay) or a cluster relay with
-// its pod (behind a global relay alone) would send.
-func reflect(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-	pkt := buf[:n]
-	if toClient, ok := encap.PeekDirection(pkt); ok && !toClient {
-		h, _, err := encap.Decode(pkt)
-		if err != nil {
-			return nil, netip.AddrPort{}, false
-		}
-		h.ToClient = true
-		if _, err := h.Put(pkt); err != nil {
-			return nil, netip.AddrPort{}, false
-		}
+// hopKeyring is the bench cluster's hop keyring, derived from the token
+// key so that one secret reaches every child.
+func hopKeyring(tokenKey []byte) (*encap.Keyring, error) {
+	k := make([]byte, encap.KeyLen)
+	for i := range k {
+		k[i] = tokenKey[i%len(tokenKey)] ^ 0x5a
 	}
-	return pkt, from, true
+	return encap.NewKeyring(1, map[uint8][]byte{1: k})
+}
+
+// reflector is the echo's decision: a datagram goes back to its sender;
+// an encapsulated one toward the transceiver comes back toward the client,
+// re-signed, which is what a pod (behind a cluster relay) or a cluster
+// relay with its pod (behind a global relay alone) would send.
+func reflector(hop *encap.Keyring) udpio.Decide {
+	return func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		pkt := buf[:n]
+		if toClient, ok := encap.PeekDirection(pkt); ok && !toClient {
+			h, hl, err := encap.Decode(pkt)
+			if err != nil || hop.Verify(pkt, hl) != nil {
+				return nil, netip.AddrPort{}, false
+			}
+			h.ToClient = true
+			if _, err := h.Put(pkt); err != nil {
+				return nil, netip.AddrPort{}, false
+			}
+			hop.Seal(pkt, hl)
+		}
+		return pkt, from, true
+	}
 }
 
 // hdrLen and hdrMagic are the C forwarder's header (fwd.c), which the

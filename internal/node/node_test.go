@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -102,9 +103,13 @@ func TestLifeCloseStopsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	notReady := errors.New("still joining")
-	ready := notReady
-	l.ServeHealth(ln, Env{Logger: discard()}, func() error { return ready })
+	var ready atomic.Bool
+	l.ServeHealth(ln, Env{Logger: discard()}, func() error {
+		if !ready.Load() {
+			return errors.New("still joining")
+		}
+		return nil
+	})
 	done := make(chan error, 1)
 	drained := false
 	go func() { done <- l.Run(context.Background(), discard(), func(context.Context) { drained = true }) }()
@@ -122,7 +127,7 @@ func TestLifeCloseStopsRun(t *testing.T) {
 	if code, body := get(); code != http.StatusServiceUnavailable || !strings.Contains(body, "still joining") {
 		t.Errorf("not ready: %d %q", code, body)
 	}
-	ready = nil
+	ready.Store(true)
 	if code, _ := get(); code != http.StatusOK {
 		t.Errorf("ready: %d", code)
 	}

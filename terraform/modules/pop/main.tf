@@ -132,6 +132,9 @@ resource "kubernetes_deployment_v1" "globalrelay" {
             capabilities {
               drop = ["ALL"]
             }
+            seccomp_profile {
+              type = "RuntimeDefault"
+            }
           }
 
           env {

@@ -228,6 +228,9 @@ resource "kubernetes_stateful_set_v1" "transceiver" {
             capabilities {
               drop = ["ALL"]
             }
+            seccomp_profile {
+              type = "RuntimeDefault"
+            }
           }
 
           env {
@@ -363,6 +366,9 @@ resource "kubernetes_deployment_v1" "clusterrelay" {
             allow_privilege_escalation = false
             capabilities {
               drop = ["ALL"]
+            }
+            seccomp_profile {
+              type = "RuntimeDefault"
             }
           }
 
@@ -513,6 +519,9 @@ resource "kubernetes_deployment_v1" "signaling" {
             allow_privilege_escalation = false
             capabilities {
               drop = ["ALL"]
+            }
+            seccomp_profile {
+              type = "RuntimeDefault"
             }
           }
 
