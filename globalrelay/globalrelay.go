@@ -132,8 +132,17 @@ type Config struct {
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
 	Batch int
+	// LockThreads runs each worker's two read loops on OS threads of
+	// their own (runtime.LockOSThread) instead of the Go scheduler's
+	// shared ones. See docs/benchmarks.md for what it costs.
+	LockThreads bool
+	// CPUs, when set, pins worker i's read loops to CPU CPUs[i mod
+	// len(CPUs)] (sched_setaffinity on their locked threads; implies
+	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
+	CPUs []int
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -192,6 +201,11 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		return nil, errors.New("globalrelay config: flow quiet time must not be negative")
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
+	}
+	for _, c := range cfg.CPUs {
+		if c < 0 {
+			return nil, fmt.Errorf("globalrelay config: CPU %d is negative", c)
+		}
 	}
 	if cfg.FlowIdle == 0 {
 		cfg.FlowIdle = 30 * time.Second
@@ -328,8 +342,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	loop := func(conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
+	loop := func(cpu int, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
+		if cpu >= 0 || r.cfg.LockThreads {
+			// Never unlocked: the thread ends with the loop.
+			if err := udpio.LockThread(cpu); err != nil {
+				r.log.Warn("read loop not pinned", "err", err)
+			}
+		}
 		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
 		var err error
 		if r.cfg.Batch > 1 {
@@ -342,12 +362,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.Close()
 	}
-	for _, w := range r.workers {
+	for i, w := range r.workers {
+		cpu := -1
+		if len(r.cfg.CPUs) > 0 {
+			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
+		}
 		wg.Add(2)
-		go loop(w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		go loop(cpu, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		})
-		go loop(w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
+		go loop(cpu, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
 	// The coarse clock ticks often (it stamps flows and times the
 	// failure detection); the expiry scan, which locks every shard in
