@@ -25,6 +25,8 @@ type echoCall struct {
 	out      *webrtc.TrackLocalStaticRTP
 	start    time.Time
 	location string // the session resource signaling returned
+	offer    string // the client's offer as posted
+	answer   string // signaling's answer
 
 	mu       sync.Mutex
 	arrivals []echoArrival // guarded by mu
@@ -132,7 +134,7 @@ func dialEchoCall(ctx context.Context, t *testing.T, signalingURL string, config
 	if res.StatusCode != http.StatusCreated {
 		t.Fatalf("offer: %d %s", res.StatusCode, answer)
 	}
-	c.location = res.Header.Get("Location")
+	c.location, c.offer, c.answer = res.Header.Get("Location"), pc.LocalDescription().SDP, string(answer)
 	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
 		t.Fatal(err)
 	}

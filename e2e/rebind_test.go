@@ -2,14 +2,19 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"net/netip"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pion/ice/v4"
+	"github.com/pion/stun/v4"
 	"github.com/pion/webrtc/v4"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/netsim"
 )
 
@@ -146,4 +151,164 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// iceCredentials returns the ufrag and password of an SDP.
+func iceCredentials(t *testing.T, sdp string) (ufrag, pwd string) {
+	t.Helper()
+	for _, line := range strings.Split(sdp, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "a=ice-ufrag:"); ok && ufrag == "" {
+			ufrag = v
+		}
+		if v, ok := strings.CutPrefix(line, "a=ice-pwd:"); ok && pwd == "" {
+			pwd = v
+		}
+	}
+	if ufrag == "" || pwd == "" {
+		t.Fatalf("no ICE credentials in\n%s", sdp)
+	}
+	return ufrag, pwd
+}
+
+// spoofer sends ICE checks from one address the victim never used and
+// records what comes back to it.
+type spoofer struct {
+	conn           *net.UDPConn
+	username, pwd  string // the check's USERNAME and the key it is signed with
+	stunIn, dataIn atomic.Int64
+	done           chan struct{}
+}
+
+func startSpoofer(t *testing.T, ip netip.Addr, username, pwd string) *spoofer {
+	t.Helper()
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &spoofer{conn: conn, username: username, pwd: pwd, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if stun.IsMessage(buf[:n]) {
+				s.stunIn.Add(1)
+			} else {
+				s.dataIn.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() { conn.Close(); <-s.done })
+	return s
+}
+
+// check sends one Binding Request as a controlling ICE agent would.
+func (s *spoofer) check(t *testing.T, to netip.AddrPort) {
+	// No USE-CANDIDATE: a nomination moves a session by ICE's own rules,
+	// whoever holds its credentials (docs/operations.md); what is tested
+	// here is that the server's own following adds no way in.
+	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(s.username),
+		ice.PriorityAttr(1<<24), ice.AttrControlling(12345),
+		stun.NewShortTermIntegrity(s.pwd), stun.Fingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.conn.WriteToUDPAddrPort(msg.Raw, to); err != nil {
+		t.Errorf("spoofer write: %v", err)
+	}
+}
+
+// TestSpoofedRebindGainsNothing is the hijack attack on address following:
+// while a victim's NAT rebinds (its old address silent, the moment a
+// follow is allowed), a host the victim never used sends 100 checks a
+// second through every POP of the victim's answer: half carry the
+// victim's ufrags (from its SDP) signed with a guessed password, half are
+// valid checks of another live session (the attacker's own). The victim
+// follows only its own new address; the forged checks are never answered;
+// the attacker's session stays where its client is; no media reaches the
+// attacker's address.
+func TestSpoofedRebindGainsNothing(t *testing.T) {
+	w := startWorld(t, devworld.Config{})
+	nat := startNAT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+
+	other := dialEchoCall(ctx, t, w.SignalingURL, nil) // the attacker's own session
+	otherServerUfrag, otherServerPwd := iceCredentials(t, other.answer)
+	otherClientUfrag, _ := iceCredentials(t, other.offer)
+	host, settings := behindNAT(t, nat)
+	victim := dialEchoCall(ctx, t, w.SignalingURL, settings)
+	victimServerUfrag, _ := iceCredentials(t, victim.answer)
+	victimClientUfrag, _ := iceCredentials(t, victim.offer)
+	eventually(t, 10*time.Second, "two seconds of echo on both calls", func() bool {
+		a, _ := victim.echoesSentAfter(0)
+		b, _ := other.echoesSentAfter(0)
+		return len(a) >= 100 && len(b) >= 100
+	})
+
+	attacker := netip.MustParseAddr("127.0.10.9")
+	forged := startSpoofer(t, attacker, victimServerUfrag+":"+victimClientUfrag, "guessed-password-of-24ch")
+	valid := startSpoofer(t, attacker, otherServerUfrag+":"+otherClientUfrag, otherServerPwd)
+	var vips []netip.AddrPort
+	for vip := range testsdp.CandidatePriorities(t, victim.answer) {
+		vips = append(vips, vip)
+	}
+	stop := make(chan struct{})
+	attackDone := make(chan struct{})
+	go func() {
+		defer close(attackDone)
+		tick := time.NewTicker(20 * time.Millisecond) // 50 of each per second
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			for _, vip := range vips {
+				forged.check(t, vip)
+				valid.check(t, vip)
+			}
+		}
+	}()
+	attackStart := other.since(time.Now())
+	m, err := host.Rebind(netsim.RebindPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebound := victim.since(time.Now())
+	<-m.STUNSeen
+	eventually(t, 15*time.Second, "the victim's echo through its new address", func() bool {
+		after, _ := victim.echoesSentAfter(rebound)
+		return len(after) >= 150 // three seconds of audio under attack
+	})
+	close(stop)
+	<-attackDone
+	attackEnd := other.since(time.Now())
+
+	after, _ := victim.echoesSentAfter(rebound)
+	window := after[0].received + 2*time.Second
+	if sent, echoed := victim.lossBetween(after[0].received, window); sent == 0 || float64(sent-echoed) > 0.01*float64(sent) {
+		t.Errorf("victim: %d of %d echoed after following its own rebind under attack", echoed, sent)
+	}
+	if sent, echoed := other.lossBetween(attackStart, attackEnd-500*time.Millisecond); sent == 0 || float64(sent-echoed) > 0.01*float64(sent) {
+		t.Errorf("attacker's own session: %d of %d echoed to its real client during the spoofed checks", echoed, sent)
+	}
+	if n := forged.stunIn.Load() + forged.dataIn.Load(); n != 0 {
+		t.Errorf("checks with a guessed password were answered %d times", n)
+	}
+	if n := valid.dataIn.Load() + forged.dataIn.Load(); n != 0 {
+		t.Errorf("%d DTLS/media datagrams reached the spoofing address", n)
+	}
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_address_changes_total", nil); n != 1 {
+		t.Errorf("%v address changes followed, want only the victim's own", n)
+	}
+	if got := host.Mapping().Received; got == 0 {
+		t.Error("the victim's new mapping received nothing")
+	}
+	t.Logf("spoofed checks answered: forged %d, attacker's own session %d (STUN only)", forged.stunIn.Load(), valid.stunIn.Load())
 }
