@@ -29,7 +29,7 @@ type echoCall struct {
 	answer   string // signaling's answer
 
 	mu       sync.Mutex
-	arrivals []echoArrival // guarded by mu
+	arrivals []echoArrival   // guarded by mu
 	sent     []time.Duration // send times, guarded by mu
 
 	stop chan struct{}
