@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,8 @@ type echoCall struct {
 	mu       sync.Mutex
 	arrivals []echoArrival   // guarded by mu
 	sent     []time.Duration // send times, guarded by mu
+
+	remoteSSRC atomic.Uint32 // the SSRC of the server's audio to this client
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -91,6 +94,7 @@ func dialEchoCall(ctx context.Context, t *testing.T, signalingURL string, config
 		}
 	})
 	pc.OnTrack(func(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+		c.remoteSSRC.Store(uint32(tr.SSRC()))
 		var pkt rtp.Packet
 		buf := make([]byte, 1500)
 		for {

@@ -72,20 +72,11 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if _, _, ok := s.precheck(w, r, true); !ok {
 		return
 	}
-	notFound := func() {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
-	}
-	raw := r.PathValue("id")
-	id, err := sessionid.Parse(raw)
-	if err != nil {
-		notFound()
-		return
-	}
-	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
+	raw, c, ok := s.sessionCluster(w, r)
 	if !ok {
-		notFound()
 		return
 	}
+	notFound := func() { sessionNotFound(w) }
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, s.sessionAPI(c)+sessionapi.SessionsPath+"/"+raw, nil)

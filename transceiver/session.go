@@ -52,7 +52,8 @@ type session struct {
 	dc           *webrtc.DataChannel // guarded by mu
 	connectTimer *time.Timer         // guarded by mu
 
-	follow follower // a path change waiting for the old address to go silent (follow.go)
+	follow      follower     // a path change waiting for the old address to go silent (follow.go)
+	restartedAt atomic.Int64 // unix nanos of the last ICE restart not yet followed by a check (restart.go)
 
 	endOnce      sync.Once
 	teardownOnce sync.Once
@@ -397,6 +398,7 @@ func (s *session) end(reason string) {
 func (s *session) teardown() {
 	s.teardownOnce.Do(func() {
 		s.stopFollow()
+		s.t.restarts.forget(s)
 		s.mu.Lock()
 		if s.connectTimer != nil {
 			s.connectTimer.Stop()
