@@ -168,6 +168,9 @@ func TestICERestartOverPATCH(t *testing.T) {
 	if n := metricSum(t, w.Registry, "rtcedge_transceiver_ice_restarts_total", map[string]string{"result": "ok"}); n != 1 {
 		t.Errorf("%v ICE restarts counted, want 1", n)
 	}
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_path_change_gap_seconds", map[string]string{"cause": "ice_restart"}); n != 1 {
+		t.Errorf("%v restart gaps observed, want 1", n)
+	}
 }
 
 // TestICERestartPATCHErrors: malformed restarts get JSON errors from
