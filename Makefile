@@ -11,7 +11,15 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo d
 IMAGE_REPO ?= rtcedge
 IMAGE      ?= $(IMAGE_REPO):$(VERSION)
 
-.PHONY: run build test test-deps bench lint clean sim bench-capacity image
+# The no-allocation guards: every test that calls testing.AllocsPerRun and
+# the packages that have one, found afresh on each run. -race makes
+# allocation counts meaningless (and some of these tests skip under it),
+# so `make test` runs them once more without it.
+ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --exclude-dir=.git .)
+ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
+ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
+
+.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity image
 
 run: build
 	./$(BIN) dev
@@ -29,6 +37,11 @@ test-deps:
 test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(MAKE) test-allocs
+
+test-allocs:
+	@test -n "$(ALLOC_TESTS)" || { echo "no allocation tests found"; exit 1; }
+	$(GO) test -count=1 -run '^($(ALLOC_TESTS))$$' $(ALLOC_PKGS)
 
 # The multi-region simulation, verbose, with more calls, Chromium when
 # installed, and its report in bin/sim/ (see docs/simulation.md).

@@ -173,9 +173,9 @@ func iceCredentials(t *testing.T, sdp string) (ufrag, pwd string) {
 	return ufrag, pwd
 }
 
-// spoofer sends ICE checks from one address the victim never used and
+// checkSpoofer sends ICE checks from one address the victim never used and
 // records what comes back to it.
-type spoofer struct {
+type checkSpoofer struct {
 	conn           *net.UDPConn
 	username, pwd  string // the check's USERNAME and the key it is signed with
 	stunIn, dataIn atomic.Int64
@@ -184,13 +184,13 @@ type spoofer struct {
 	done           chan struct{}
 }
 
-func startSpoofer(t *testing.T, ip netip.Addr, username, pwd string) *spoofer {
+func startCheckSpoofer(t *testing.T, ip netip.Addr, username, pwd string) *checkSpoofer {
 	t.Helper()
 	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, 0)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &spoofer{conn: conn, username: username, pwd: pwd, done: make(chan struct{}), ssrcs: map[uint32]bool{}}
+	s := &checkSpoofer{conn: conn, username: username, pwd: pwd, done: make(chan struct{}), ssrcs: map[uint32]bool{}}
 	go func() {
 		defer close(s.done)
 		buf := make([]byte, 2048)
@@ -227,14 +227,14 @@ func rtpSSRC(b []byte) (uint32, bool) {
 	return binary.BigEndian.Uint32(b[8:12]), true
 }
 
-func (s *spoofer) saw(ssrc uint32) bool {
+func (s *checkSpoofer) saw(ssrc uint32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ssrcs[ssrc]
 }
 
 // check sends one Binding Request as a controlling ICE agent would.
-func (s *spoofer) check(t *testing.T, to netip.AddrPort) {
+func (s *checkSpoofer) check(t *testing.T, to netip.AddrPort) {
 	// No USE-CANDIDATE: a nomination moves a session by ICE's own rules,
 	// whoever holds its credentials (docs/operations.md); what is tested
 	// here is that the server's own following adds no way in.
@@ -245,7 +245,7 @@ func (s *spoofer) check(t *testing.T, to netip.AddrPort) {
 		t.Fatal(err)
 	}
 	if _, err := s.conn.WriteToUDPAddrPort(msg.Raw, to); err != nil {
-		t.Errorf("spoofer write: %v", err)
+		t.Errorf("checkSpoofer write: %v", err)
 	}
 }
 
@@ -278,8 +278,8 @@ func TestSpoofedRebindGainsNothing(t *testing.T) {
 	})
 
 	attacker := netip.MustParseAddr("127.0.10.9")
-	forged := startSpoofer(t, attacker, victimServerUfrag+":"+victimClientUfrag, "guessed-password-of-24ch")
-	valid := startSpoofer(t, attacker, otherServerUfrag+":"+otherClientUfrag, otherServerPwd)
+	forged := startCheckSpoofer(t, attacker, victimServerUfrag+":"+victimClientUfrag, "guessed-password-of-24ch")
+	valid := startCheckSpoofer(t, attacker, otherServerUfrag+":"+otherClientUfrag, otherServerPwd)
 	var vips []netip.AddrPort
 	for vip := range testsdp.CandidatePriorities(t, victim.answer) {
 		vips = append(vips, vip)

@@ -195,27 +195,36 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(ip.Unmap(), uint16(c.Port())), true
 }
 
-// onBindingRequest runs for every ICE check, after Pion has verified its
-// USERNAME and MESSAGE-INTEGRITY against this session's credentials: a
-// check that reaches it was sent by someone holding the session's ICE
-// password. It moves the selected pair to the check's pair when the client
-// is reaching us only that way: the check came from another client address
-// (a NAT rebinding, a network change) or through another POP, and the
-// selected pair's own address has delivered nothing for addressSwitchSilence
-// (popSwitchSilence for another POP).
-// While the selected address is live nothing moves, whatever the check.
+// onBindingRequest runs for every ICE check that Pion has authenticated
+// (USERNAME and MESSAGE-INTEGRITY of this session): a check that reaches it
+// was sent by someone holding the session's ICE password. It confirms the
+// client's return route: only now may the pod send DTLS or media to that
+// address (until then the route carries STUN responses only).
 //
-// It also selects the preferred POP's pair on the first authenticated check
-// through it, before the client nominates: a lite server can do no checks of
-// its own, and browsers send their nominating check a ping interval (about
-// 50 ms) after the first one succeeds. Selecting at once lets the DTLS
-// handshake start with the first check's response. Only the preferred POP is
-// selected this way, so an early choice never pins a call to the backup; a
-// later nomination of the same pair changes nothing.
+// It moves the selected pair to the check's pair when the client is
+// reaching us only that way: the check came from another client address (a
+// NAT rebinding, a network change) or through another POP, and the selected
+// pair's own address has delivered nothing for addressSwitchSilence
+// (popSwitchSilence for another POP). While the selected address is live
+// nothing moves, whatever the check; a check that comes too early is
+// looked at again once the silence is reached (follow.go).
+//
+// It also selects the preferred POP's pair early, before the client
+// nominates: a lite server can do no checks of its own, and browsers send
+// their nominating check a ping interval (about 50 ms) after the first one
+// succeeds. The early choice waits for the second authenticated check from
+// the address, so one check from a spoofed source (with the spoofer's own
+// credentials) never starts DTLS flights toward it. Only the preferred POP
+// is selected this way, so an early choice never pins a call to the
+// backup; a later nomination of the same pair changes nothing.
 func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
-	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination {
+	checks := 0
+	if ip, err := netip.ParseAddr(remote.Address()); err == nil && pop != 0 {
+		checks = s.t.sock.confirm(pop, netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port())))
+	}
+	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination && checks >= earlySelectChecks {
 		s.t.m.earlySelects.Inc()
 		return true
 	}
@@ -257,6 +266,10 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 		"from_pop", cur, "to_pop", pop, "from", peer.String(), "to", from.String())
 	return true
 }
+
+// earlySelectChecks is how many authenticated checks an address must have
+// sent before its pair is selected ahead of nomination.
+const earlySelectChecks = 2
 
 func (s *session) armConnectTimer(d time.Duration) {
 	s.mu.Lock()

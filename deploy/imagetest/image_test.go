@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,8 +33,29 @@ import (
 const runLabel = "rtcedge.imagetest"
 
 func TestMain(m *testing.M) {
-	removeContainers("label=" + runLabel)
+	removeStale()
 	goleak.VerifyTestMain(runner{m})
+}
+
+// removeStale removes the containers of earlier test binaries that died
+// before their cleanups ran; those of test binaries still running (another
+// run on the same machine) are left alone.
+func removeStale() {
+	out, err := exec.Command("podman", "ps", "--all", "--filter", "label="+runLabel,
+		"--format", `{{.ID}} {{index .Labels "`+runLabel+`"}}`).Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		id, owner, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		if pid, err := strconv.Atoi(owner); err == nil && syscall.Kill(pid, 0) == nil {
+			continue // its test binary is alive
+		}
+		_ = exec.Command("podman", "rm", "--force", "--ignore", "--time", "0", id).Run()
+	}
 }
 
 // runner removes the image the tests built once they are done.
@@ -181,6 +203,7 @@ func newWorld(t *testing.T) *world {
 	}
 	w.env = []string{
 		"RTCEDGE_TOKEN_KEYS=1:" + random(32),
+		"RTCEDGE_HOP_KEYS=1/1:" + random(16), // the examples' cluster 1
 		"RTCEDGE_GOSSIP_KEY=" + random(32),
 		"RTCEDGE_API_KEYS=sk-imagetest-" + random(12),
 		"RTCEDGE_CLIENT_SECRET_KEY=" + random(32),
