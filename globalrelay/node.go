@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -111,6 +112,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	// The UDP load balancer's health check reads /readyz: a replica gets
 	// clients once it knows where to send them, and none while draining.
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	cfg.Gossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{}) // believed only within bounds
 	if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{
 		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env.Logger); err != nil {
 		return nil, err

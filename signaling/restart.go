@@ -12,7 +12,6 @@ import (
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
-	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
 // ContentTypeSDPFrag is the media type of ICE restarts and trickled
@@ -23,11 +22,12 @@ const ContentTypeSDPFrag = "application/trickle-ice-sdpfrag"
 // restarting ICE (RFC 9725 section 4.4.1): the body is an SDP fragment with
 // the client's new ICE credentials; the answer (200) is a fragment with the
 // server's new credentials and an ETag. Like a DELETE it needs no state
-// here: the session ID names the cluster, whose session API forwards to
-// the pod. A fragment with the credentials already in use (trickled
+// here: the call ID names the cluster, whose session API forwards to the
+// pod, and only the call's owner may restart it (as for DELETE). A fragment with the credentials already in use (trickled
 // candidates, which an ICE-lite server does not need) gets 204.
 func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
-	if _, _, ok := s.precheck(w, r, true); !ok {
+	_, cred, ok := s.precheck(w, r, true)
+	if !ok {
 		return
 	}
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != ContentTypeSDPFrag {
@@ -38,7 +38,7 @@ func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	raw, c, ok := s.sessionCluster(w, r)
+	raw, c, ok := s.sessionCluster(w, r, cred)
 	if !ok {
 		return
 	}
@@ -55,6 +55,7 @@ func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
+	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
 	resp, err := s.cfg.HTTPClient.Do(req)
 	if err != nil {
 		s.log.Warn("ICE restart: cluster session API failed", "cluster", c.ID, "err", err)
@@ -100,12 +101,13 @@ func sessionNotFound(w http.ResponseWriter) {
 	apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 }
 
-// sessionCluster returns the session ID in the request's path and the
-// cluster it names, or answers 404.
-func (s *Server) sessionCluster(w http.ResponseWriter, r *http.Request) (string, geo.Cluster, bool) {
-	raw := r.PathValue("id")
-	id, err := sessionid.Parse(raw)
-	if err != nil {
+// sessionCluster returns the session ID inside the call ID of the
+// request's path and the cluster it names, or answers 404. Only the
+// credential that placed the call, or an API key of its tenant, owns it
+// (callMinter.owner); to anyone else the call does not exist.
+func (s *Server) sessionCluster(w http.ResponseWriter, r *http.Request, cred credential) (string, geo.Cluster, bool) {
+	raw, id, ok := s.calls.owner(r.PathValue("id"), cred)
+	if !ok {
 		sessionNotFound(w)
 		return "", geo.Cluster{}, false
 	}

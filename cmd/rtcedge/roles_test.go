@@ -68,7 +68,7 @@ func TestRolesAsProcesses(t *testing.T) {
 			"    clusters:\n      - {id: 1, name: eu-central-1, session_api: %q}\n"+
 			"    pops:\n      - {id: 1, name: fra, vip: %q}\n", crUp["api"], grUp["public"]))
 	sig := startRole(t, bin, "signaling", proctest.WriteFile(t, dir, "signaling.yaml",
-		"listen_addr: 127.0.0.1:0\ndrain_delay: 200ms\ncatalogue: "+catalogue+"\ndemo_page: true\n"+
+		"listen_addr: 127.0.0.1:0\ndrain_delay: 200ms\ncatalogue: "+catalogue+"\ndemo_page: true\nallow_anonymous: true\n"+
 			"gossip:\n  name: sig-1\n"+gossip(crUp["global_gossip"])), env)
 	url := sig.WaitLog(t, "signaling up", 10*time.Second)["url"]
 

@@ -101,15 +101,26 @@ type Gossip struct {
 	Bind      string   `yaml:"bind"`      // e.g. 0.0.0.0:7946
 	Advertise string   `yaml:"advertise"` // address others reach us at; default: bind
 	Join      []string `yaml:"join"`      // seeds, e.g. a headless Service name
-	// Key is the base64 gossip encryption key; prefer $RTCEDGE_GOSSIP_KEY.
-	Key      string `yaml:"key"`
-	Insecure bool   `yaml:"insecure"` // allow no key (dev only)
-	Fast     bool   `yaml:"fast"`     // loopback-tight timings (tests, dev)
+	// Key is the pool's base64 encryption key (the primary: it
+	// encrypts). Give every pool its own, e.g. key: ${RTCEDGE_GLOBAL_GOSSIP_KEY}
+	// and key: ${RTCEDGE_CLUSTER_GOSSIP_KEY}, so that a transceiver never
+	// holds the global pool's key; $RTCEDGE_GOSSIP_KEY is used only for a
+	// pool whose key is unset.
+	Key string `yaml:"key"`
+	// Keys are further base64 keys accepted during a rotation
+	// (docs/operations.md: install, use, remove).
+	Keys     []string `yaml:"keys"`
+	Insecure bool     `yaml:"insecure"` // allow no key (dev only)
+	Fast     bool     `yaml:"fast"`     // loopback-tight timings (tests, dev)
+	// CheckMeta vets members' metadata (membership.Config.CheckMeta); set
+	// by the role from its catalogue, not from the file.
+	CheckMeta func(membership.Meta) error `yaml:"-"`
 }
 
-// ApplyEnv takes the key from $RTCEDGE_GOSSIP_KEY when set.
+// ApplyEnv takes the key from $RTCEDGE_GOSSIP_KEY when the pool's own key
+// is unset.
 func (g *Gossip) ApplyEnv() {
-	if env := os.Getenv(EnvGossipKey); env != "" {
+	if env := os.Getenv(EnvGossipKey); env != "" && g.Key == "" {
 		g.Key = env
 	}
 }
@@ -129,7 +140,12 @@ func (g *Gossip) Validate(what string) error {
 			return fmt.Errorf("%s.key: %w", what, err)
 		}
 	} else if !g.Insecure {
-		return fmt.Errorf("%s: no gossip key: set $%s (or insecure: true, dev only)", what, EnvGossipKey)
+		return fmt.Errorf("%s: no gossip key: set %s.key (or $%s; insecure: true, dev only)", what, what, EnvGossipKey)
+	}
+	for i, k := range g.Keys {
+		if _, err := base64.StdEncoding.DecodeString(k); err != nil {
+			return fmt.Errorf("%s.keys[%d]: %w", what, i, err)
+		}
 	}
 	return nil
 }
@@ -161,9 +177,17 @@ func (g *Gossip) Open(suffix string, wan bool, meta membership.Meta, log *slog.L
 			return nil, fmt.Errorf("gossip key: %w", err)
 		}
 	}
+	var keys [][]byte
+	for _, k := range g.Keys {
+		b, err := base64.StdEncoding.DecodeString(k)
+		if err != nil {
+			return nil, fmt.Errorf("gossip keys: %w", err)
+		}
+		keys = append(keys, b)
+	}
 	return membership.New(membership.Config{
-		Name: name + suffix, Bind: bind, Advertise: adv, WAN: wan, SecretKey: key,
-		AllowInsecure: g.Insecure, Fast: g.Fast, Logger: log,
+		Name: name + suffix, Bind: bind, Advertise: adv, WAN: wan, SecretKey: key, Keys: keys,
+		AllowInsecure: g.Insecure, Fast: g.Fast, CheckMeta: g.CheckMeta, Logger: log,
 	}, meta)
 }
 
