@@ -60,11 +60,16 @@ type rebindOutcome struct {
 	firstOut, firstCheck time.Duration // the client's first datagram and first check from the new address
 	lastBefore, resumed  time.Duration // last echo before the rebind, first echo of audio sent after it
 	sent, echoed         int           // audio sent in the 3 s after resumption, and echoed
+	oldFlowGone          time.Duration // the POPs hold only the new address's flow
 }
 
 // rebindMidCall runs one call through a NAT, rebinds the client two seconds
 // into it, and measures how the call comes back.
-func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim.RebindKind) rebindOutcome {
+//
+// With afterCheck the rebind waits for the client's next consent check to
+// leave: its following check then comes a whole consent interval (2 s)
+// after the rebind, the worst case for a check-driven follow.
+func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim.RebindKind, afterCheck bool) rebindOutcome {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
@@ -76,6 +81,13 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 		return len(after) >= 100
 	})
 	old := host.Mapping().Outside
+	if afterCheck {
+		select {
+		case <-host.NextSTUN():
+		case <-ctx.Done():
+			t.Fatal("the client sent no consent check")
+		}
+	}
 	m, err := host.Rebind(kind)
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +119,24 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 		return len(after) > 0
 	})
 	o.sent, o.echoed = c.lossBetween(o.resumed, window)
+	// The POP forgets the abandoned address soon after (its flows expire
+	// after FlowIdle otherwise, 30 s here). The client reaches the nearest
+	// POP, the first region's (the backup POP may still hold the flow of
+	// the client's setup checks).
+	eventually(t, 10*time.Second, "the POP to expire the flow of the abandoned address", func() bool {
+		return popFlows(w.Regions[0]) == 1
+	})
+	o.oldFlowGone = c.since(time.Now())
 	return o
+}
+
+// popFlows counts the flows of every replica of a region's POP.
+func popFlows(rg *devworld.Region) int {
+	n := 0
+	for _, rep := range rg.POPReplicas {
+		n += rep.Relay.Flows()
+	}
+	return n
 }
 
 // TestCallSurvivesNATRebind moves a standard Pion client's NAT mapping to a
@@ -124,21 +153,23 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 // the new address before it cannot be routed (docs/operations.md).
 func TestCallSurvivesNATRebind(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		kind netsim.RebindKind
+		name       string
+		kind       netsim.RebindKind
+		afterCheck bool
 	}{
-		{"new port", netsim.RebindPort},
-		{"new IP", netsim.RebindIP},
+		{"new port", netsim.RebindPort, false},
+		{"new IP", netsim.RebindIP, false},
+		{"new port just after a consent check", netsim.RebindPort, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := startWorld(t, devworld.Config{})
 			nat := startNAT(t)
-			o := rebindMidCall(t, w, nat, tc.kind)
+			o := rebindMidCall(t, w, nat, tc.kind, tc.afterCheck)
 			t.Logf("first datagram from the new address at %v, first check at %v; last echo before %v, echo resumed at %v: "+
-				"%v after the first check, %v after the first datagram; %d of %d echoed in the 3 s after",
+				"%v after the first check, %v after the first datagram; %d of %d echoed in the 3 s after; old flow gone at %v",
 				o.firstOut.Round(time.Millisecond), o.firstCheck.Round(time.Millisecond), o.lastBefore.Round(time.Millisecond),
 				o.resumed.Round(time.Millisecond), (o.resumed - o.firstCheck).Round(time.Millisecond),
-				(o.resumed - o.firstOut).Round(time.Millisecond), o.echoed, o.sent)
+				(o.resumed - o.firstOut).Round(time.Millisecond), o.echoed, o.sent, o.oldFlowGone.Round(time.Millisecond))
 			if d := o.resumed - o.firstCheck; d > time.Second {
 				t.Errorf("echo resumed %v after the client's first check from the new address, want ≤ 1 s", d)
 			}

@@ -391,6 +391,21 @@ type NATHost struct {
 	closeOnce    sync.Once
 	readDeadline atomic.Pointer[time.Time]
 	staleDrops   atomic.Uint64
+
+	stunMu   sync.Mutex
+	nextSTUN chan struct{} // closed when the host next sends a STUN message; guarded by stunMu
+}
+
+// NextSTUN returns a channel closed when the host next sends a STUN message
+// (an ICE check), through whichever mapping: tests use it to rebind at a
+// chosen moment of the client's consent schedule.
+func (h *NATHost) NextSTUN() <-chan struct{} {
+	h.stunMu.Lock()
+	defer h.stunMu.Unlock()
+	if h.nextSTUN == nil {
+		h.nextSTUN = make(chan struct{})
+	}
+	return h.nextSTUN
 }
 
 // Mapping describes the host's current mapping.
@@ -482,6 +497,14 @@ func (h *NATHost) WriteTo(b []byte, addr net.Addr) (int, error) {
 	to = netip.AddrPortFrom(to.Addr().Unmap(), to.Port())
 	m := h.cur.Load()
 	m.noteSent(b, to)
+	if isSTUN(b) {
+		h.stunMu.Lock()
+		if h.nextSTUN != nil {
+			close(h.nextSTUN)
+			h.nextSTUN = nil
+		}
+		h.stunMu.Unlock()
+	}
 	k, err := m.conn.WriteToUDPAddrPort(b, to)
 	if err != nil {
 		h.nat.drop(NATDropWriteError)

@@ -193,7 +193,9 @@ func TestNATRebind(t *testing.T) {
 				t.Errorf("stale drops %d, want 1", got)
 			}
 
+			next := h.NextSTUN()
 			hostSend(t, h, addrOf(peer.conn), stunLike)
+			<-next
 			if got := peer.next(t); got != m.Outside {
 				t.Fatalf("after the rebind the peer saw %v, want %v", got, m.Outside)
 			}

@@ -24,8 +24,10 @@ import (
 // again (USERNAME, MESSAGE-INTEGRITY) and calls the hook, which judges
 // silence afresh: nothing moves that the client did not ask for with the
 // session's credentials, and nothing moves while the current address is
-// live. Each stored check is presented at most once, so a client that keeps
-// two addresses alive costs one extra STUN answer per check, not a loop.
+// live. Each stored check is presented at most maxFollowRetries times (a
+// late packet from the old address, delayed in a queue, can make it look
+// live once more), so a client that keeps two addresses alive costs a few
+// extra STUN answers per check, not a loop.
 type follower struct {
 	mu      sync.Mutex
 	timer   *time.Timer // guarded by mu; nil when nothing is pending
@@ -33,9 +35,13 @@ type follower struct {
 	txID    [stun.TransactionIDSize]byte
 	from    netip.AddrPort // where it came from, guarded by mu
 	pop     uint16         // the POP it came through, guarded by mu
-	retried bool           // the stored check has been presented again, guarded by mu
+	retries int            // times the stored check has been presented again, guarded by mu
+	retried bool           // it is being presented again now, guarded by mu
 	closed  bool           // guarded by mu
 }
+
+// maxFollowRetries bounds how often one stored check is presented again.
+const maxFollowRetries = 3
 
 // deferFollow stores an authenticated check that asked for a path change
 // too early and arranges for it to be presented again after wait.
@@ -47,10 +53,17 @@ func (s *session) deferFollow(msg *stun.Message, pop uint16, from netip.AddrPort
 		return
 	}
 	if f.retried && f.txID == msg.TransactionID && f.from == from {
-		return // this is the stored check coming back: once is enough
+		// The stored check came back and the old address still looked
+		// live: look once more, a bounded number of times.
+		if f.retries >= maxFollowRetries {
+			return
+		}
+		f.retried = false
+		f.timer.Reset(wait)
+		return
 	}
 	f.check = append(f.check[:0], msg.Raw...)
-	f.txID, f.from, f.pop, f.retried = msg.TransactionID, from, pop, false
+	f.txID, f.from, f.pop, f.retried, f.retries = msg.TransactionID, from, pop, false, 0
 	if f.timer == nil {
 		f.timer = time.AfterFunc(wait, s.retryFollow)
 	} else {
@@ -67,6 +80,7 @@ func (s *session) retryFollow() {
 		return
 	}
 	f.retried = true
+	f.retries++
 	pc := s.t.sock.lookup(f.pop)
 	ok := pc != nil && pc.inject(f.check, f.from)
 	f.mu.Unlock()
@@ -83,7 +97,7 @@ func (s *session) clearFollow() {
 	if f.timer != nil {
 		f.timer.Stop()
 	}
-	f.check, f.retried = f.check[:0], false
+	f.check, f.retried, f.retries = f.check[:0], false, 0
 }
 
 // stopFollow stops the follower for good (session teardown).
