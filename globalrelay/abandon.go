@@ -41,20 +41,9 @@ func (t *flowTable) expireAbandoned(now int64) int {
 		s.mu.RUnlock()
 	}
 	// Pass 2: remove the flows left behind.
-	removed := 0
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.mu.Lock()
-		for a, f := range s.m {
-			latest, ok := multi[f.tok]
-			if seen := f.lastSeen.Load(); ok && seen < now-quiet && seen < latest-quiet {
-				delete(s.m, a)
-				t.release(f)
-				removed++
-			}
-		}
-		s.mu.Unlock()
-	}
-	t.count.Add(int64(-removed))
-	return removed
+	return t.removeIf(func(f *flow) bool {
+		latest, ok := multi[f.tok]
+		seen := f.lastSeen.Load()
+		return ok && seen < now-quiet && seen < latest-quiet
+	})
 }
