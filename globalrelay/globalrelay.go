@@ -407,7 +407,7 @@ func (r *Relay) writeErr(error) { r.m.writeErrors.Inc() }
 
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
-	if n := r.flows.expire(cutoff); n > 0 {
+	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
 	}
 	r.m.flows.Set(float64(r.flows.len()))
@@ -701,7 +701,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
 	})
 	expired := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets.",
+		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
 	})
 	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
