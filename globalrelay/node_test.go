@@ -140,7 +140,8 @@ func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.KeyID, rt.Tag = keys.For(1).SealRoute(client, 1, 1, rt.Token)
+	rt.Stored = uint32(time.Now().Unix())
+	rt.KeyID, rt.Tag = keys.For(1).SealRoute(client, 1, 1, rt.Token, rt.Stored)
 	n.Relay().RestoreFlow(client, rt)
 	if n.Relay().Flows() != 1 {
 		t.Fatalf("%d flows", n.Relay().Flows())
