@@ -177,6 +177,25 @@ func TestSignalingKeyQuota(t *testing.T) {
 	if code := mint(keyB); code != http.StatusOK {
 		t.Fatalf("valid key after the guesses: %d", code)
 	}
+	// Users behind one CGNAT address, each with their own client secret,
+	// do not share the address's budget (20): 100 of them are all served
+	// (their offers are bad, which is checked after the limit: 400, not
+	// 429).
+	secrets := make([]string, 100)
+	for i := range secrets {
+		res, data := recorded(w.do(t, http.MethodPost, "/v1/realtime/client_secrets", "127.0.0.1", "", "", bearer(keyB)))
+		var cs signaling.ClientSecret
+		if res.StatusCode != http.StatusOK || json.Unmarshal(data, &cs) != nil {
+			t.Fatalf("mint %d: %d %s", i, res.StatusCode, data)
+		}
+		secrets[i] = cs.Value
+		clk.advance(20 * time.Millisecond)
+	}
+	for i, sec := range secrets {
+		if code := w.do(t, http.MethodPost, "/v1/realtime/sdp", ipAshburn, "application/sdp", "v=0", bearer(sec)).Code; code != http.StatusBadRequest {
+			t.Fatalf("CGNAT user %d: %d, want 400 (served, not rate-limited)", i, code)
+		}
+	}
 	if v := metricValue(t, w, "rtcedge_signaling_rate_limited_total", map[string]string{"limit": "address"}); v != 1 {
 		t.Errorf("address refusals %v, want 1", v)
 	}
