@@ -12,6 +12,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // Environment variables that carry signaling's secrets.
@@ -68,6 +69,9 @@ type NodeConfig struct {
 	// SessionAPISecrets are the clusters' session API bearer secrets, by
 	// cluster ID (e.g. 1: "${RTCEDGE_SESSION_API_SECRET_1}").
 	SessionAPISecrets map[uint16]string `yaml:"session_api_secrets"`
+	// SessionAPITLS.CA is the CA bundle signaling verifies https
+	// session_api URLs with (the clusters' CA); empty: system roots.
+	SessionAPITLS sessionapi.TLS `yaml:"session_api_tls"`
 	// MaxClusterCapacity bounds what a cluster relay may advertise in
 	// gossip; default 100000.
 	MaxClusterCapacity int `yaml:"max_cluster_capacity"`
@@ -133,6 +137,7 @@ func (c *NodeConfig) Validate() error {
 	if c.GeoIPDB != "" && c.GeoIPData != nil {
 		errs = append(errs, errors.New("geoip_db and an in-memory database are both set"))
 	}
+	errs = append(errs, c.SessionAPITLS.Validate("session_api_tls"))
 	if _, _, err := c.proxies(); err != nil {
 		errs = append(errs, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // NodeConfig is the transceiver role's config file (docs/operations.md).
@@ -33,9 +34,12 @@ type NodeConfig struct {
 	BackendAddr string `yaml:"backend_addr"`
 	// SessionAPISecret is the cluster's session API bearer secret (e.g.
 	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
-	SessionAPISecret string         `yaml:"session_api_secret"`
-	Token            node.TokenKeys `yaml:"token"`
-	Gossip           node.Gossip    `yaml:"gossip"` // the cluster pool
+	SessionAPISecret string `yaml:"session_api_secret"`
+	// APITLS serves the session API over TLS (cert, key); the front
+	// verifies it with the cluster CA.
+	APITLS sessionapi.TLS `yaml:"api_tls"`
+	Token  node.TokenKeys `yaml:"token"`
+	Gossip node.Gossip    `yaml:"gossip"` // the cluster pool
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
@@ -53,6 +57,7 @@ func (c *NodeConfig) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
+		c.APITLS.Validate("api_tls"),
 		node.CheckHostPort("backend_addr", c.BackendAddr, true),
 		node.NotNegative("max_sessions", c.MaxSessions),
 		node.NotNegative("connect_timeout", c.ConnectTimeout),
