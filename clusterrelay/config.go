@@ -29,20 +29,23 @@ type NodeConfig struct {
 	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string `yaml:"api_advertise"`
 	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
+	HopKeys       node.HopKeys `yaml:"hop_keys"`
+	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
+	GlobalGossip  node.Gossip  `yaml:"global_gossip"`
 	// SessionAPISecret is the cluster's session API bearer secret, required
 	// from signaling and presented to the pods; empty: none.
 	SessionAPISecret string `yaml:"session_api_secret"`
 	// APITLS serves the front over TLS (cert, key) and verifies the pods'
 	// session APIs with ca, the cluster CA.
-	APITLS        sessionapi.TLS `yaml:"api_tls"`
-	ClusterGossip node.Gossip    `yaml:"cluster_gossip"`
-	GlobalGossip  node.Gossip    `yaml:"global_gossip"`
+	APITLS sessionapi.TLS `yaml:"api_tls"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
 func (c *NodeConfig) ApplyEnv() error {
 	c.ClusterGossip.ApplyEnv()
 	c.GlobalGossip.ApplyEnv()
+	c.HopKeys.ApplyEnv()
 	return nil
 }
 
@@ -63,6 +66,9 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("batch", c.Batch),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
+	}
+	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Cluster == 0 {
 		errs = append(errs, errors.New("cluster must be non-zero"))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
@@ -96,9 +97,13 @@ func startPod(t *testing.T, cluster uint16, backend transceiver.Backend, apiSecr
 	if err != nil {
 		t.Fatal(err)
 	}
+	hop, err := encap.NewKeyring(1, map[uint8][]byte{1: key[:encap.KeyLen]})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cluster, Pod: 1, Keys: keys, Backend: backend, SessionAPISecret: apiSecret,
+		Cluster: cluster, Pod: 1, Keys: keys, HopKeys: hop, Backend: backend, SessionAPISecret: apiSecret,
 		Logger: testLogger(), Registerer: reg,
 	}, conn)
 	if err != nil {
