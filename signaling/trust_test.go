@@ -90,6 +90,8 @@ func TestSignalingSecretBindsSession(t *testing.T) {
 		{"allowed additions, server keys win", `{"audio":{"output":{"voice":"client-voice","speed":1.2},"input":{"format":"pcm"}},"temperature":0.7}`, http.StatusCreated, "",
 			`{"audio":{"input":{"format":"pcm"},"output":{"speed":1.2,"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","model":"cheap","temperature":0.7}`},
 		{"session not an object", `["x"]`, http.StatusBadRequest, "session", ""},
+		{"numbers kept as written", `{"max_output_tokens":9007199254740993}`, http.StatusCreated, "",
+			`{"audio":{"output":{"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","max_output_tokens":9007199254740993,"model":"cheap"}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
