@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -441,5 +442,47 @@ func TestNodeConfigNeedsKeys(t *testing.T) {
 				t.Fatalf("Validate = %v, want an error naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSignalingIngressTrust is the proxy reproduction at the HTTP front:
+// with the ingress listed as an internal proxy and Cloudflare's ranges as
+// Cloudflare, a client reaching the ingress directly with forged CF-*
+// headers is located (and rate-limited) by its own address, while the same
+// headers through a Cloudflare hop are believed.
+func TestSignalingIngressTrust(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	w := newWorld(t, worldConfig{
+		proxies:  geo.CloudflareRanges(),
+		internal: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		tweak: func(c *signaling.Config) {
+			c.RatePerSecond, c.RateBurst, c.Now = 1, 2, clk.now
+		},
+	})
+	offer := testsdp.Offer(t)
+	forged := func(xff string) http.Header {
+		return http.Header{"X-Forwarded-For": {xff}, "Cf-Connecting-Ip": {ipSingapore},
+			"Cf-Iplatitude": {"1.35"}, "Cf-Iplongitude": {"103.82"}}
+	}
+	// Straight to the ingress: the ingress appends the attacker's address.
+	rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", "10.0.0.1", "application/sdp", offer, forged(ipAshburn))
+	res, body := recorded(rec)
+	checkPlaced(t, res, body, inAshburn)
+	w.hangup(t, rec, nil)
+	// Through Cloudflare (an edge address) and the ingress: believed.
+	rec = w.do(t, http.MethodPost, "/v1/realtime/sdp", "10.0.0.1", "application/sdp", offer, forged(ipAshburn+", 172.64.1.1"))
+	res, body = recorded(rec)
+	checkPlaced(t, res, body, inSingapore)
+	w.hangup(t, rec, nil)
+	// The forged CF-Connecting-IP does not move the attacker's rate-limit
+	// key either: its own address's budget (2) runs out however it varies.
+	codes := map[int]int{}
+	for i := range 3 {
+		h := forged(ipAshburn)
+		h.Set("Cf-Connecting-Ip", "203.0.113."+strconv.Itoa(100+i))
+		codes[w.do(t, http.MethodPost, "/v1/realtime/sdp", "10.0.0.1", "application/sdp", "v=0", h).Code]++
+	}
+	if codes[http.StatusTooManyRequests] == 0 {
+		t.Fatalf("forged CF-Connecting-IPs escaped the attacker's budget: %v", codes)
 	}
 }
