@@ -482,7 +482,7 @@ func (w *World) startSignaling() error {
 		return err
 	}
 	scfg := signaling.NodeConfig{
-		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, TrustedProxies: trusted,
+		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, CloudflareRanges: trusted,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
 		// Without keys the dev world is open: the demo page mints its own
 		// client secrets.
