@@ -157,7 +157,7 @@ type worldConfig struct {
 	// internal are the operator's ingress addresses
 	// (LocatorConfig.InternalProxies).
 	internal []netip.Prefix
-	tweak   func(*signaling.Config)
+	tweak    func(*signaling.Config)
 	// apiSecret, when set, is every pod's session API secret (and what
 	// signaling is configured with, unless tweak changes it).
 	apiSecret string
