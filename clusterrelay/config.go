@@ -30,6 +30,7 @@ type NodeConfig struct {
 	Batch         int         `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
 	LockThreads   bool        `yaml:"lock_threads"` // Config.LockThreads
 	CPUs          []int       `yaml:"cpus"`         // Config.CPUs
+	Bundle        bool        `yaml:"bundle"`       // Config.Bundle; off by default
 	ClusterGossip node.Gossip `yaml:"cluster_gossip"`
 	GlobalGossip  node.Gossip `yaml:"global_gossip"`
 }

@@ -225,7 +225,7 @@ func TestPeekDirection(t *testing.T) {
 }
 
 func TestReason(t *testing.T) {
-	errs := []error{ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr}
+	errs := []error{ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr, ErrBundle}
 	seen := map[string]bool{}
 	for _, err := range errs {
 		r := reasonLabel(err)

@@ -35,6 +35,7 @@ const (
 	ReasonVersion
 	ReasonReserved
 	ReasonAddr
+	ReasonBundle // ErrBundle: a malformed bundle (bundle.go)
 	numReasons
 )
 
@@ -42,7 +43,7 @@ const (
 // counters can be created (at zero) at start-up.
 var Reasons = [numReasons]string{
 	ReasonOther: "other", ReasonShort: "short", ReasonMagic: "magic", ReasonVersion: "version",
-	ReasonReserved: "reserved", ReasonAddr: "addr",
+	ReasonReserved: "reserved", ReasonAddr: "addr", ReasonBundle: "bundle",
 }
 
 // String returns the reason's metric label.
@@ -67,6 +68,8 @@ func ReasonOf(err error) Reason {
 		return ReasonReserved
 	case err == ErrAddr || errors.Is(err, ErrAddr):
 		return ReasonAddr
+	case err == ErrBundle || errors.Is(err, ErrBundle):
+		return ReasonBundle
 	default:
 		return ReasonOther
 	}
