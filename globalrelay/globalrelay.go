@@ -115,6 +115,13 @@ type Config struct {
 	// client; default 30s. Consent checks every few seconds keep live calls.
 	FlowIdle time.Duration
 	MaxFlows int // cap on the flow table; default 262144
+	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
+	// detection (failover.go): a flow leaves its cluster relay when
+	// replies stop for SilenceAfter (or 3× their usual interval) or a
+	// check goes unanswered for CheckTimeout (or 4× the flow's check
+	// round trip), and avoids it for AvoidFor. Defaults
+	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
+	SilenceAfter, CheckTimeout, AvoidFor time.Duration
 	// CacheRefresh is how often a live flow is written to the cache again,
 	// so that it outlives the cache TTL for as long as the call runs;
 	// default 20s (a third of the cache's default TTL).
@@ -171,6 +178,7 @@ type Relay struct {
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 
 	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
+	suspects  suspects     // cluster relays avoided on data-plane evidence (failover.go)
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
@@ -219,6 +227,15 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	if cfg.FlowQuiet == 0 {
 		cfg.FlowQuiet = 3 * time.Second
+	}
+	if cfg.SilenceAfter <= 0 {
+		cfg.SilenceAfter = DefaultSilenceAfter
+	}
+	if cfg.CheckTimeout <= 0 {
+		cfg.CheckTimeout = DefaultCheckTimeout
+	}
+	if cfg.AvoidFor <= 0 {
+		cfg.AvoidFor = DefaultAvoidFor
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -368,9 +385,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 		go loop(cpu, false, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
-	// The coarse clock ticks often (it stamps flows); the expiry scan,
-	// which locks every shard in turn, runs a few times per FlowIdle.
-	tick := time.NewTicker(time.Second / 4)
+	// The coarse clock ticks often (it stamps flows and times the
+	// failure detection); the expiry scan, which locks every shard in
+	// turn, runs a few times per FlowIdle.
+	tick := time.NewTicker(clockTick)
 	defer tick.Stop()
 	scanEvery := min(max(r.cfg.FlowIdle/8, time.Second/4), 5*time.Second)
 	lastScan := time.Now()
@@ -406,7 +424,7 @@ func (r *Relay) bundled(bundles, datagrams int) {
 
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
-	if n := r.flows.expire(cutoff); n > 0 {
+	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
 	}
 	r.m.flows.Set(float64(r.flows.len()))
@@ -487,6 +505,9 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 	if !ok {
 		return nil, netip.AddrPort{}, false
 	}
+	if stunErr == nil {
+		watchCheck(f, now) // a verified Binding Request: the pod must answer it
+	}
 	keys.Seal(out, hl)
 	return out, relay, true
 }
@@ -495,7 +516,7 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 // a zero tag) in front of the datagram at buf[encap.MaxLen:][:n]; the
 // caller seals it.
 func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.AddrPort, now int64) ([]byte, int, netip.AddrPort, bool) {
-	relay, ok := f.relay(r.cfg.Clusters, from)
+	relay, ok := r.relayFor(f, from, now)
 	if !ok {
 		r.m.drops.Inc(dropNoClusterRelay)
 		return nil, 0, netip.AddrPort{}, false
@@ -521,6 +542,10 @@ func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now in
 	switch {
 	case !r.sourceOK(from):
 		r.m.drops.Inc(dropBadSource)
+		return nil
+	case r.hopKeys.Load().For(tok.Cluster) == nil:
+		// A flow we could not seal for: refuse it before it exists.
+		r.m.drops.Inc(dropNoHopKey)
 		return nil
 	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
 		r.m.drops.Inc(dropTokenExpired)
@@ -657,11 +682,13 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			r.m.flowsRestoredReturn.Inc()
 			// The next client datagram writes it to the cache
 			// (lastStored is zero).
+			f = nf
 		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
 		r.m.drops.Inc(dropFlowMismatch)
 		return nil, netip.AddrPort{}, false
 	}
+	r.watchReply(f, from, r.now.Load())
 	r.m.toClient.Inc()
 	r.m.toClientBytes.Add(float64(n - hl))
 	return pkt[hl:], h.Client, true
@@ -676,6 +703,8 @@ type metrics struct {
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
 	bundles, bundledPackets                 prometheus.Counter
+	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
+	suspects                                prometheus.Gauge
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
@@ -690,7 +719,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
 	})
 	expired := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets.",
+		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
 	})
 	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
@@ -721,7 +750,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_bundled_packets_total", Help: "Datagrams sent to cluster relays inside bundles.",
 	})
+	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_relay_repicks_total",
+		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; avoided: another flow's evidence).",
+	}, []string{"reason"})
+	suspects := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "rtcedge_globalrelay_relay_suspects",
+		Help: "Cluster relays every flow avoids because one left a check unanswered (until they answer or the avoidance ends).",
+	})
 	m := &metrics{
+		repicks: map[string]prometheus.Counter{}, suspects: suspects,
 		takeovers: takeovers, cacheRejected: cacheRejected,
 		flows: flows, flowsCreated: created, flowsExpired: expired,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
@@ -734,8 +772,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stunDrops:  udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
 		tokenDrops: udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
+	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided} {
+		m.repicks[reason] = repicks.WithLabelValues(reason)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets} {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

@@ -81,6 +81,9 @@ type podSocket struct {
 	m       *metrics
 	now     func() time.Time
 	keys    atomic.Pointer[encap.Keyring]
+	// restarts translates checks of ICE-restarted sessions (restart.go);
+	// set once after construction.
+	restarts *restartTable
 
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
@@ -249,6 +252,7 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
+	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
 	select {
 	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
 		s.m.packetsIn.Inc()
@@ -485,6 +489,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropProvisional)
 		return 0, errProvisional
 	}
+	b = c.sock.restarts.rewriteOut(b)
 	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
 	hl, err := r.hdr.Put(buf[:])
