@@ -31,6 +31,7 @@ type NodeConfig struct {
 	Batch         int    `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
 	LockThreads   bool   `yaml:"lock_threads"` // Config.LockThreads
 	CPUs          []int  `yaml:"cpus"`         // Config.CPUs
+	Bundle        bool   `yaml:"bundle"`       // Config.Bundle; off by default
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
