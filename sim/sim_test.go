@@ -165,23 +165,8 @@ func midCallFaults(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 	)
 	near, backup := site.NearPOP(), site.POPs[1-site.NearRegion()]
 	tr := w.Regions[site.NearRegion()].Transceiver
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	call, err := probe.Dial(ctx, site.CallConfig())
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	defer func() {
-		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer hcancel()
-		if err := call.Hangup(hctx); err != nil {
-			t.Errorf("hang up: %v", err)
-		}
-		call.Close()
-	}()
-	if err := call.WaitEcho(ctx); err != nil {
-		t.Fatal(err)
-	}
+	call, hangup := dialEcho(t, site.CallConfig())
+	defer hangup()
 	received := func() int { return call.Stats().Received }
 	if _, ok := await(5*time.Second, atLeast(received, received()+25)); !ok {
 		t.Fatal("the call did not settle into echoing")
@@ -305,23 +290,8 @@ func mobileRebinds(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 	}
 	cfg := site.CallConfig()
 	cfg.PacketConn = host
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	call, err := probe.Dial(ctx, cfg)
-	if err != nil {
-		t.Fatalf("dial through the NAT: %v", err)
-	}
-	defer func() {
-		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer hcancel()
-		if err := call.Hangup(hctx); err != nil {
-			t.Errorf("hang up: %v", err)
-		}
-		call.Close()
-	}()
-	if err := call.WaitEcho(ctx); err != nil {
-		t.Fatal(err)
-	}
+	call, hangup := dialEcho(t, cfg)
+	defer hangup()
 	received := func() int { return call.Stats().Received }
 	var out []sim.Scenario
 	for _, step := range []struct {
@@ -358,4 +328,29 @@ func mobileRebinds(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 			Result: res})
 	}
 	return out
+}
+
+// dialEcho places a probe call and waits for its first echo; hangup ends
+// it (DELETE, then close).
+func dialEcho(t *testing.T, cfg probe.Config) (call *probe.Call, hangup func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	call, err := probe.Dial(ctx, cfg)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	hangup = func() {
+		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer hcancel()
+		if err := call.Hangup(hctx); err != nil {
+			t.Errorf("hang up: %v", err)
+		}
+		call.Close()
+	}
+	if err := call.WaitEcho(ctx); err != nil {
+		hangup()
+		t.Fatal(err)
+	}
+	return call, hangup
 }
