@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -63,6 +64,11 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.OnClose(n.relay.Close)
 	n.life.Go("relay", n.relay.Run)
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+			n.relay.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+		})
+	})
 	if s.API == nil {
 		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
 			return nil, err

@@ -481,6 +481,10 @@ func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now in
 	case !r.sourceOK(from):
 		r.m.drops.Inc(dropBadSource)
 		return nil
+	case r.hopKeys.Load().For(tok.Cluster) == nil:
+		// A flow we could not seal for: refuse it before it exists.
+		r.m.drops.Inc(dropNoHopKey)
+		return nil
 	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
 		r.m.drops.Inc(dropTokenExpired)
 		return nil
