@@ -37,10 +37,6 @@ type FrontConfig struct {
 	Timeout    time.Duration
 	HTTPClient *http.Client // default: no proxy, short idle timeout
 	Logger     *slog.Logger
-	// Secret is the cluster's session API bearer secret: the front
-	// requires it from signaling and presents it to the pods. Empty: no
-	// credentials either way (dev worlds and tests).
-	Secret string
 	// GossipLag and PlacementHold tune how long the front counts the
 	// sessions it placed on top of the pods' gossiped loads (placement.go);
 	// defaults DefaultGossipLag and DefaultPlacementHold.
@@ -48,6 +44,10 @@ type FrontConfig struct {
 	PlacementHold time.Duration
 	// Now is the clock of placement bookkeeping; default time.Now.
 	Now func() time.Time
+	// Secret is the cluster's session API bearer secret: the front
+	// requires it from signaling and presents it to the pods. Empty: no
+	// credentials either way (dev worlds and tests).
+	Secret string
 }
 
 // Front serves the cluster's session API.

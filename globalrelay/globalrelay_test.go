@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,12 +177,43 @@ func hasLabel(m *dto.Metric, k, v string) bool {
 // from the public address, bare.
 func TestForwardingBothWays(t *testing.T) {
 	for _, batch := range []int{0, 32} {
-		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, batch) })
+		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, Config{Batch: batch}) })
 	}
+	// Pinned: both read loops on locked threads with CPU 0 as their only
+	// CPU while they forward.
+	t.Run("batch-32-pinned", func(t *testing.T) {
+		testForwardingBothWays(t, Config{Batch: 32, CPUs: []int{0}})
+		if n := threadsOnlyOn(t, 0); n < 2 {
+			t.Errorf("%d threads pinned to CPU 0, want the 2 read loops", n)
+		}
+	})
 }
 
-func testForwardingBothWays(t *testing.T, batch int) {
-	r := newRig(t, Config{Batch: batch})
+// threadsOnlyOn counts this process's threads whose CPU mask is exactly
+// {cpu}.
+func threadsOnlyOn(t *testing.T, cpu int) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) == strconv.Itoa(cpu) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func testForwardingBothWays(t *testing.T, cfg Config) {
+	r := newRig(t, cfg)
 	check := r.validCheck(t, 0x42)
 	if _, err := r.client.WriteToUDPAddrPort(check, r.pub); err != nil {
 		t.Fatal(err)
