@@ -123,7 +123,7 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 	// after FlowIdle otherwise, 30 s here). The client reaches the nearest
 	// POP, the first region's (the backup POP may still hold the flow of
 	// the client's setup checks).
-	eventually(t, 10*time.Second, "the POP to expire the flow of the abandoned address", func() bool {
+	eventually(t, 20*time.Second, "the POP to expire the flow of the abandoned address", func() bool {
 		return popFlows(w.Regions[0]) == 1
 	})
 	o.oldFlowGone = c.since(time.Now())
