@@ -171,6 +171,8 @@ func TestICERestartOverPATCH(t *testing.T) {
 	if n := metricSum(t, w.Registry, "rtcedge_transceiver_path_change_gap_seconds", map[string]string{"cause": "ice_restart"}); n != 1 {
 		t.Errorf("%v restart gaps observed, want 1", n)
 	}
+	t.Logf("the pod's view: first check on the new credentials %.1f ms after it answered the restart",
+		1000*histogramSum(t, w.Registry, "rtcedge_transceiver_path_change_gap_seconds", "cause", "ice_restart"))
 }
 
 // TestICERestartPATCHErrors: malformed restarts get JSON errors from
