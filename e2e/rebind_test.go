@@ -174,7 +174,10 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 				t.Errorf("echo resumed %v after the client's first check from the new address, want ≤ 1 s", d)
 			}
 			if o.sent == 0 || float64(o.sent-o.echoed) > 0.01*float64(o.sent) {
-				t.Errorf("%d of %d packets echoed after the rebind: loss over 1 %%", o.echoed, o.sent)
+				st := nat.Stats()
+				t.Errorf("%d of %d packets echoed after the rebind: loss over 1 %% (NAT inbox overflows %d, to the old mapping %d; "+
+					"transceiver drops %v)", o.echoed, o.sent, st.Drops(netsim.NATDropQueueFull), st.Drops(netsim.NATDropStale),
+					metricSum(t, w.Registry, "rtcedge_transceiver_dropped_packets_total", nil))
 			}
 			if n := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_created_total", nil); n != 1 {
 				t.Errorf("%v backend sessions created, want the one call's", n)
