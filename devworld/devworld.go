@@ -376,7 +376,13 @@ func (w *World) start() error {
 	if err := w.startSignaling(); err != nil {
 		return err
 	}
-	return w.awaitConverged(10 * time.Second)
+	limit := 10 * time.Second
+	if cfg.ProductionGossip {
+		// WAN timings gossip every 500 ms and wait up to 10 s for a meta
+		// broadcast; a loaded machine needs more.
+		limit = 30 * time.Second
+	}
+	return w.awaitConverged(limit)
 }
 
 func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod, error) {
