@@ -69,6 +69,9 @@ var Variants = map[string]struct {
 }{
 	"globalrelay-bundle":         {"bundle=1", false, true},
 	"globalrelay-locked":         {"lock=1", false, false},
+	"globalrelay-batch1":         {"batch=1", false, false},
+	"globalrelay-batch8":         {"batch=8", false, false},
+	"globalrelay-batch128":       {"batch=128", false, false},
 	"globalrelay-2w-hash":        {"workers=2", true, false},
 	"globalrelay-2w-hash-pinned": {"workers=2 cpus=0:1", true, false},
 	"globalrelay-2w-cpu":         {"workers=2 cpus=0:1 steer=cpu", true, false},
