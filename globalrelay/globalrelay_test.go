@@ -281,7 +281,8 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 			attacker.WriteToUDPAddrPort(good, r.pub)
 			got, _ := read(t, r.cluster)
 			if _, n, err := encap.Decode(got); err != nil || !bytes.Equal(got[n:], good) {
-				t.Fatalf("cluster relay saw something other than the good check first")
+				h, _, _ := encap.Decode(got)
+				t.Fatalf("cluster relay saw something other than the good check first: %+v %q", h, got)
 			}
 			if after := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", tt.reason); after != before+1 {
 				t.Errorf("drops{reason=%q} went %v → %v, want +1", tt.reason, before, after)
@@ -421,7 +422,8 @@ func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
 func corruptUfrag(t *testing.T, check []byte) []byte {
 	t.Helper()
 	out := bytes.Clone(check)
-	i := bytes.IndexByte(out, ':')
+	// The USERNAME's colon, not a ':' byte of the random transaction ID.
+	i := bytes.Index(out, []byte(":clnt"))
 	if i < 2 {
 		t.Fatal("no colon in check")
 	}
