@@ -525,7 +525,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	g.start()
 	stop := make(chan struct{})
 	sendErr := make(chan error, 1)
-	go func() { sendErr <- g.send(to, load.PPS, stop) }()
+	go func(stop <-chan struct{}) { sendErr <- g.send(to, load.PPS, stop) }(stop)
 	stopSend := func() error {
 		if stop == nil {
 			return nil
