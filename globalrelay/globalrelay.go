@@ -497,8 +497,8 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 		// New flows, and live ones every CacheRefresh: the entry must
 		// outlive its TTL for as long as the call runs.
 		f.lastStored.Store(now)
-		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce}
-		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce)
+		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce, Stored: uint32(now / int64(time.Second))}
+		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce, rt.Stored)
 		r.cfg.Cache.Store(from, rt)
 	}
 	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
@@ -585,7 +585,15 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	if route.Cluster == 0 {
 		return
 	}
-	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.KeyID, route.Tag); err != nil {
+	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.Stored, route.KeyID, route.Tag); err != nil {
+		r.m.cacheRejected.Inc()
+		return
+	}
+	// A live flow's entry is rewritten every CacheRefresh: an older one is
+	// a dead flow's, or replayed by someone who can write to the cache.
+	// A few seconds "ahead" are clock skew between replicas.
+	age := r.now.Load()/int64(time.Second) - int64(route.Stored)
+	if age > int64(3*r.cfg.CacheRefresh/time.Second) || age < -5 {
 		r.m.cacheRejected.Inc()
 		return
 	}

@@ -489,6 +489,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropProvisional)
 		return 0, errProvisional
 	}
+	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
 	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
@@ -505,7 +506,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	}
 	c.sock.m.packetsOut.Inc()
 	c.sock.m.bytesOut.Add(float64(len(b)))
-	return len(b), nil
+	return written, nil
 }
 
 // WriteTo implements net.PacketConn.
