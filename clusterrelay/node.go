@@ -45,6 +45,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	env = env.WithDefaults()
+	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
 	n := &Node{cfg: cfg, env: env, dir: NewDirectory()}
 	defer func() {
 		if err != nil {
@@ -56,7 +57,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)

@@ -34,6 +34,7 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
@@ -165,6 +166,7 @@ type World struct {
 	cfg        Config
 	log        *slog.Logger
 	keys       node.TokenKeys
+	hop        node.HopKeys            // one inter-tier key per cluster, as production has
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
 	backend    string                  // the network backend's address, if any
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
@@ -270,6 +272,13 @@ func (w *World) start() error {
 		return err
 	}
 	w.keys = node.TokenKeys{Keys: []string{"1:" + base64.StdEncoding.EncodeToString(key)}}
+	for _, spec := range cfg.Regions {
+		k := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(k); err != nil {
+			return err
+		}
+		w.hop.Keys = append(w.hop.Keys, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
+	}
 	if cfg.NetBackend {
 		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
 		if err != nil {
@@ -328,7 +337,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	n, err := transceiver.NewNode(transceiver.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, Gossip: gossip(name, clusterSeed),
+		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: gossip(name, clusterSeed),
 	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -342,7 +351,7 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) 
 	name := spec.Name + "/clusterrelay-" + strconv.Itoa(i)
 	n, err := clusterrelay.NewNode(clusterrelay.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		ClusterGossip: gossip(name, clusterSeed), GlobalGossip: gossip(name, w.globalSeed),
+		HopKeys: w.hop, ClusterGossip: gossip(name, clusterSeed), GlobalGossip: gossip(name, w.globalSeed),
 	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -372,7 +381,7 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	n, err := globalrelay.NewNode(globalrelay.NodeConfig{
 		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1",
 		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
-		Token: w.keys, Gossip: gossip(name, w.globalSeed),
+		Token: w.keys, HopKeys: w.hop, Gossip: gossip(name, w.globalSeed),
 	}, globalrelay.Sockets{CacheStore: store}, w.env(name, "pop", spec.POPName, "gen", strconv.Itoa(rg.popGen)))
 	if err != nil {
 		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)

@@ -59,7 +59,8 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.served, err = cfg.servedClusters(); err != nil {
 		return nil, err
 	}
-	keys, _ := cfg.Token.Keyring() // checked by Validate
+	keys, _ := cfg.Token.Keyring()      // checked by Validate
+	hop, _ := cfg.HopKeys.ClusterKeys() // checked by Validate
 	if s.Workers == nil {
 		pub := netip.MustParseAddrPort(cfg.PublicAddr) // checked by Validate
 		internal, _ := cfg.internal()
@@ -91,7 +92,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.OnClose(cache.Close)
 		n.life.Go("route cache", cache.Run)
 	}
-	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
+	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
 		Cache: cache, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
@@ -70,9 +71,13 @@ func startPod(t *testing.T, cluster uint16) *pod {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hop, err := encap.NewKeyring(1, map[uint8][]byte{1: key[:encap.KeyLen]})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cluster, Pod: 1, Keys: keys, Backend: echo.Backend{},
+		Cluster: cluster, Pod: 1, Keys: keys, HopKeys: hop, Backend: echo.Backend{},
 		Logger: testLogger(), Registerer: reg,
 	}, conn)
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/proctest"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/netsim"
@@ -219,7 +220,16 @@ func Start(t testing.TB, cfg Config) *World {
 	if _, err := rand.Read(key); err != nil {
 		t.Fatalf("sim: token key: %v", err)
 	}
-	s.env = []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key)}
+	// Inter-tier keys, one per cluster, in one list every role reads.
+	var hop []string
+	for _, spec := range Regions {
+		k := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(k); err != nil {
+			t.Fatalf("sim: hop key: %v", err)
+		}
+		hop = append(hop, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
+	}
+	s.env = []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key), "RTCEDGE_HOP_KEYS=" + strings.Join(hop, ",")}
 	t.Cleanup(s.stopLinks)
 
 	// Pods first: each cluster relay joins its pod's cluster pool.

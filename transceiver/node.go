@@ -56,7 +56,8 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	if err := podID(&cfg); err != nil {
 		return nil, err
 	}
-	keys, _ := cfg.Token.Keyring() // checked by Validate
+	keys, _ := cfg.Token.Keyring()             // checked by Validate
+	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
 	env = env.WithDefaults()
 	n := &Node{cfg: cfg, env: env, backend: backend, relays: &RelaySet{}}
 	defer func() {
@@ -69,7 +70,7 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	}
 	n.life.OnClose(s.Data.Close)
 	n.tr, err = New(Config{
-		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend, Relays: n.relays,
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, HopKeys: hop, Backend: backend, Relays: n.relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
 		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
 	}, s.Data)

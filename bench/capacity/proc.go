@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // clockTicks is USER_HZ, the unit of CPU times in /proc/<pid>/stat; it is
@@ -34,6 +36,7 @@ type Pod struct {
 	Data    netip.AddrPort // the pod's UDP socket
 	API     string         // session API base URL
 	Metrics string         // /metrics URL
+	HopKeys *encap.Keyring // the pod's inter-tier key: what a Link must seal with
 }
 
 // StartPod starts `bin transceiver` on loopback (every port 0) with a
@@ -51,9 +54,18 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	p := &Pod{done: make(chan struct{})}
+	hop := make([]byte, encap.KeyLen)
+	if _, err := rand.Read(hop); err != nil {
+		return nil, err
+	}
+	hopKeys, err := encap.NewKeyring(1, map[uint8][]byte{1: hop})
+	if err != nil {
+		return nil, err
+	}
+	p := &Pod{done: make(chan struct{}), HopKeys: hopKeys}
 	p.cmd = exec.Command(bin, "transceiver", "-config", cfgPath)
-	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key))
+	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key),
+		"RTCEDGE_HOP_KEYS=1/1:"+base64.StdEncoding.EncodeToString(hop))
 	p.cmd.Stdout = io.Discard
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {

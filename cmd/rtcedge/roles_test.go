@@ -36,7 +36,10 @@ func TestRolesAsProcesses(t *testing.T) {
 	dir := t.TempDir()
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	env := []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key)}
+	hop := make([]byte, 16)
+	_, _ = rand.Read(hop)
+	env := []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key),
+		"RTCEDGE_HOP_KEYS=1/1:" + base64.StdEncoding.EncodeToString(hop)}
 	gossip := func(join string) string {
 		s := "  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n"
 		if join != "" {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -314,4 +315,49 @@ func SetDraining(pool *membership.Pool, log *slog.Logger) {
 	if err := pool.UpdateMeta(func(m *membership.Meta) { m.Draining = true }); err != nil {
 		log.Warn("gossip draining announcement failed", "pool", pool.Name(), "err", err)
 	}
+}
+
+// EnvHopKeys holds the inter-tier MAC keys (docs/wire.md §2) as
+// "CLUSTER/ID:BASE64[,...]": a global relay needs every cluster it serves,
+// a transceiver or cluster relay uses its own cluster's (and should be
+// given only those). Per cluster the first key listed signs; all are
+// accepted.
+const EnvHopKeys = "RTCEDGE_HOP_KEYS"
+
+// HopKeys configures the inter-tier datagram MAC keys.
+type HopKeys struct {
+	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_HOP_KEYS.
+	Keys []string `yaml:"keys"`
+}
+
+// ApplyEnv takes the keys from $RTCEDGE_HOP_KEYS when set.
+func (k *HopKeys) ApplyEnv() {
+	if env := os.Getenv(EnvHopKeys); env != "" {
+		k.Keys = strings.Split(env, ",")
+	}
+}
+
+// ClusterKeys builds the keyrings of every cluster listed (global relay);
+// it is also HopKeys' validation.
+func (k *HopKeys) ClusterKeys() (*encap.ClusterKeys, error) {
+	if len(k.Keys) == 0 {
+		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys or $%s", EnvHopKeys)
+	}
+	specs := make([]string, len(k.Keys))
+	for i, s := range k.Keys {
+		specs[i] = strings.TrimSpace(s)
+	}
+	return encap.ParseClusterKeys(specs)
+}
+
+// Keyring builds one cluster's keyring (transceiver, cluster relay).
+func (k *HopKeys) Keyring(cluster uint16) (*encap.Keyring, error) {
+	all, err := k.ClusterKeys()
+	if err != nil {
+		return nil, err
+	}
+	if r := all.For(cluster); r != nil {
+		return r, nil
+	}
+	return nil, fmt.Errorf("no inter-tier hop key for cluster %d in hop_keys.keys or $%s", cluster, EnvHopKeys)
 }
