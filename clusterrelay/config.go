@@ -32,6 +32,9 @@ type NodeConfig struct {
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
 	GlobalGossip  node.Gossip  `yaml:"global_gossip"`
+	// SessionAPISecret is the cluster's session API bearer secret, required
+	// from signaling and presented to the pods; empty: none.
+	SessionAPISecret string `yaml:"session_api_secret"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).

@@ -39,6 +39,10 @@ type FrontConfig struct {
 	Timeout    time.Duration
 	HTTPClient *http.Client // default: no proxy, short idle timeout
 	Logger     *slog.Logger
+	// Secret is the cluster's session API bearer secret: the front
+	// requires it from signaling and presents it to the pods. Empty: no
+	// credentials either way (dev worlds and tests).
+	Secret string
 }
 
 // Front serves the cluster's session API.
@@ -70,7 +74,9 @@ type ClusterStatus struct {
 	Pods     []PodInfo `json:"pods"`
 }
 
-// Handler returns the front's HTTP API (same paths as a pod's).
+// Handler returns the front's HTTP API (same paths as a pod's). With
+// FrontConfig.Secret set, all but /livez and /readyz need it as a bearer
+// token.
 func (f *Front) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+sessionsPath, f.create)
@@ -88,7 +94,7 @@ func (f *Front) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	return mux
+	return sessionapi.RequireSecret(f.cfg.Secret, mux)
 }
 
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
@@ -108,7 +114,13 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 			f.log.Warn("pod session API failed", "pod", p.ID, "err", err)
 			continue
 		}
-		if status == http.StatusServiceUnavailable || status >= 500 {
+		// Full, draining, failing, or refusing our credentials (a
+		// misconfigured secret): the next pod may take it. A 401 must not
+		// reach signaling, which would take it for its own credentials.
+		if status == http.StatusServiceUnavailable || status >= 500 || status == http.StatusUnauthorized {
+			if status == http.StatusUnauthorized {
+				f.log.Warn("pod refused the cluster's session API secret", "pod", p.ID)
+			}
 			continue
 		}
 		copyResponse(w, status, hdr, resp)
@@ -170,6 +182,7 @@ func (f *Front) forward(ctx context.Context, method, url string, body []byte) (i
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	sessionapi.Authorize(req, f.cfg.Secret)
 	resp, err := f.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return 0, nil, nil, err

@@ -175,6 +175,10 @@ type World struct {
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
 	globalSeed []string
 	clusters   []uint16
+	// apiSecrets are the clusters' session API bearer secrets, random per
+	// world, so the dev world runs the internal APIs authenticated as
+	// production does.
+	apiSecrets map[uint16]string
 	errMu      sync.Mutex
 	errs       []error
 	nodes      []*running // in start order; stopped in reverse
@@ -290,8 +294,14 @@ func (w *World) start() error {
 		w.run(new(running), "backend", b) // the first node, so it stops last
 		w.backend = b.Addr()
 	}
+	w.apiSecrets = map[uint16]string{}
 	for _, spec := range cfg.Regions {
 		w.clusters = append(w.clusters, spec.Cluster)
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		w.apiSecrets[spec.Cluster] = base64.RawURLEncoding.EncodeToString(b)
 	}
 	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
@@ -340,7 +350,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	n, err := transceiver.NewNode(transceiver.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: gossip(name, clusterSeed),
+		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: gossip(name, clusterSeed), SessionAPISecret: w.apiSecrets[spec.Cluster],
 	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -355,6 +365,7 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) 
 	n, err := clusterrelay.NewNode(clusterrelay.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		HopKeys: w.hop, ClusterGossip: gossip(name, clusterSeed), GlobalGossip: gossip(name, w.globalSeed),
+		SessionAPISecret: w.apiSecrets[spec.Cluster],
 	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -459,9 +470,14 @@ func (w *World) startSignaling() error {
 	scfg := signaling.NodeConfig{
 		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, TrustedProxies: trusted,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
-		// Everything in the dev world comes from one address; a per-IP
-		// limit meant for the internet would throttle load tests.
-		RatePerSecond: 10000, RateBurst: 10000,
+		// Without keys the dev world is open: the demo page mints its own
+		// client secrets.
+		AllowAnonymous: len(w.cfg.APIKeys) == 0, SessionAPISecrets: w.apiSecrets,
+		// Everything in the dev world comes from one address and a few
+		// credentials; limits meant for the internet would throttle load
+		// tests.
+		RatePerSecond: 10000, RateBurst: 10000, KeyRatePerSecond: 10000, KeyRateBurst: 10000,
+		SecretRatePerSecond: 10000, SecretRateBurst: 10000,
 		CORSOrigins: []string{"*"}, DemoPage: true, Gossip: gossip("signaling", w.globalSeed),
 	}
 	if scfg.GeoIPDB == "" {

@@ -9,14 +9,14 @@ import (
 
 	"github.com/rtcedge/rtcedge/devworld"
 	"github.com/rtcedge/rtcedge/internal/membership"
-	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/probe"
+	"github.com/rtcedge/rtcedge/signaling"
 )
 
 // podOf returns the pod a call's session lives on, from its Location.
 func podOf(t *testing.T, c *probe.Call) uint16 {
 	t.Helper()
-	id, err := sessionid.Parse(c.Location[strings.LastIndexByte(c.Location, '/')+1:])
+	id, err := signaling.SessionOf(c.Location[strings.LastIndexByte(c.Location, '/')+1:])
 	if err != nil {
 		t.Fatalf("session location %q: %v", c.Location, err)
 	}

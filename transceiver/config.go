@@ -35,6 +35,9 @@ type NodeConfig struct {
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys node.HopKeys `yaml:"hop_keys"`
 	Gossip  node.Gossip  `yaml:"gossip"` // the cluster pool
+	// SessionAPISecret is the cluster's session API bearer secret (e.g.
+	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
+	SessionAPISecret string `yaml:"session_api_secret"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).

@@ -74,6 +74,10 @@ type Config struct {
 	// whose tag does not verify are dropped before anything else, replies
 	// are sealed. SetHopKeys replaces them without a restart.
 	HopKeys *encap.Keyring
+	// SessionAPISecret is the cluster's bearer secret: Handler refuses
+	// session API requests without it (health probes excepted). Empty: no
+	// credentials needed (dev worlds and tests).
+	SessionAPISecret string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered

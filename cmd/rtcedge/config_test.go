@@ -31,6 +31,12 @@ func TestExampleConfigsParse(t *testing.T) {
 	t.Setenv("RTCEDGE_TOKEN_KEYS", "1:"+base64.StdEncoding.EncodeToString(key))
 	t.Setenv("RTCEDGE_GOSSIP_KEY", base64.StdEncoding.EncodeToString(key))
 	t.Setenv("RTCEDGE_HOP_KEYS", "1/1:"+base64.StdEncoding.EncodeToString(key[:16]))
+	for _, v := range []string{"RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_CLUSTER_GOSSIP_KEY"} {
+		t.Setenv(v, base64.StdEncoding.EncodeToString(key))
+	}
+	for _, v := range []string{"RTCEDGE_APP_API_KEY", "RTCEDGE_SESSION_API_SECRET", "RTCEDGE_SESSION_API_SECRET_1"} {
+		t.Setenv(v, "example-secret-0123456789")
+	}
 	t.Setenv("POD_IP", "10.0.0.9")
 	for _, tc := range []struct {
 		file string
@@ -77,7 +83,7 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 		"transceiver":  "cluster: 1\npod: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\ngossip:\n" + gossip,
 		"clusterrelay": "cluster: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\ncluster_gossip:\n" + gossip + "global_gossip:\n" + gossip,
 		"globalrelay":  "pop: 1\npublic_addr: 127.0.0.1:0\ninternal_addr: 127.0.0.1\ngossip:\n" + gossip,
-		"signaling":    "listen_addr: 127.0.0.1:0\ncatalogue: c.yaml\n",
+		"signaling":    "listen_addr: 127.0.0.1:0\ncatalogue: c.yaml\nallow_anonymous: true\n",
 	}
 	mk := map[string]func() validated{
 		"transceiver":  func() validated { return &transceiver.NodeConfig{} },
