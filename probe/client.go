@@ -47,7 +47,33 @@ type Config struct {
 	// candidates on (tests keep everything on loopback with it); nil means
 	// every address.
 	IPFilter func(net.IP) bool
-	Logger   *slog.Logger
+	// Transport is the candidates the client uses: TransportUDP (also
+	// ""), TransportTCP (ICE-TCP to the POPs' passive TCP candidates only,
+	// as from a network that drops UDP; docs/tcp.md) or TransportAny.
+	Transport string
+	Logger    *slog.Logger
+}
+
+// Transports of Config.Transport.
+const (
+	TransportUDP = "udp"
+	TransportTCP = "tcp"
+	TransportAny = "any"
+)
+
+// networkTypes returns the ICE network types of a transport.
+func networkTypes(transport string) ([]webrtc.NetworkType, error) {
+	udp := []webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6}
+	tcp := []webrtc.NetworkType{webrtc.NetworkTypeTCP4, webrtc.NetworkTypeTCP6}
+	switch transport {
+	case TransportAny:
+		return append(udp, tcp...), nil
+	case TransportUDP, "":
+		return udp, nil
+	case TransportTCP:
+		return tcp, nil
+	}
+	return nil, fmt.Errorf("probe: transport %q: want udp, tcp or any", transport)
 }
 
 // Timings are measured from the moment the offer is posted.
@@ -139,7 +165,11 @@ func (c *Call) setup() error {
 	se := webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
+	types, err := networkTypes(c.cfg.Transport)
+	if err != nil {
+		return err
+	}
+	se.SetNetworkTypes(types)
 	if c.cfg.IPFilter != nil {
 		se.SetIPFilter(c.cfg.IPFilter)
 	}
