@@ -267,7 +267,7 @@ func TestPickPods(t *testing.T) {
 	}
 	first := map[uint16]int{}
 	for range 200 {
-		got := pickPods(pods, 2)
+		got := newPlacer(0, 0, time.Now).pick(pods, 2)
 		if len(got) != 2 {
 			t.Fatalf("picked %d pods, want 2", len(got))
 		}
