@@ -543,7 +543,9 @@ func (c *tcpConn) readLoop() {
 	first := true
 	var deadlineSet int64
 	for {
-		n, reason := c.readFrame(br, buf[encap.MaxLen:encap.MaxLen+s.cfg.MaxFrame])
+		// The length prefix lands in the header room, which the header
+		// overwrites later: no per-frame allocation.
+		n, reason := c.readFrame(br, buf[encap.MaxLen-2:encap.MaxLen], buf[encap.MaxLen:encap.MaxLen+s.cfg.MaxFrame])
 		if reason != 0 {
 			if first && reason == tcpCloseIdle {
 				reason = tcpCloseHandshakeTimeout
@@ -589,14 +591,14 @@ func (c *tcpConn) readLoop() {
 	}
 }
 
-// readFrame reads one RFC 4571 frame into b (at most len(b) bytes). It
-// returns the frame length, or why the connection must close.
-func (c *tcpConn) readFrame(br *bufio.Reader, b []byte) (int, tcpCloseReason) {
-	var hdr [2]byte
-	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+// readFrame reads one RFC 4571 frame: its length into hdr (2 bytes), the
+// datagram into b (at most len(b) bytes). It returns the frame length, or
+// why the connection must close.
+func (c *tcpConn) readFrame(br *bufio.Reader, hdr, b []byte) (int, tcpCloseReason) {
+	if _, err := io.ReadFull(br, hdr); err != nil {
 		return 0, readReason(err)
 	}
-	n := int(binary.BigEndian.Uint16(hdr[:]))
+	n := int(binary.BigEndian.Uint16(hdr))
 	if n > len(b) {
 		return 0, tcpCloseOversize
 	}
