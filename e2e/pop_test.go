@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -109,10 +110,21 @@ type echoArrival struct {
 
 func dialRenominating(ctx context.Context, t *testing.T, signalingURL string) *renominatingCall {
 	t.Helper()
+	return dialRenominatingOn(ctx, t, signalingURL, webrtc.NetworkTypeUDP4)
+}
+
+// dialRenominatingOn is dialRenominating on the given network type
+// (webrtc.NetworkTypeTCP4: ICE-TCP only).
+func dialRenominatingOn(ctx context.Context, t *testing.T, signalingURL string, network webrtc.NetworkType) *renominatingCall {
+	t.Helper()
 	se := webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	se.SetNetworkTypes([]webrtc.NetworkType{network})
+	if network.String() != webrtc.NetworkTypeUDP4.String() {
+		// Active TCP dials from every local address otherwise.
+		se.SetIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
+	}
 	if err := se.SetICERenomination(webrtc.WithRenominationInterval(250 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pion/webrtc/v4"
+
 	"github.com/rtcedge/rtcedge/devworld"
 	"github.com/rtcedge/rtcedge/probe"
 )
@@ -135,5 +137,42 @@ func TestCallOverTCPOnly(t *testing.T) {
 	})
 	if v := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_ended_total", map[string]string{"reason": "deleted"}); v != 1 {
 		t.Errorf("sessions ended by DELETE = %v, want 1", v)
+	}
+}
+
+// TestNearestPOPDiesMidCallOverTCP: a client on ICE-TCP only (Pion with
+// renomination) loses the nearest POP's global relay replica, and with it
+// its TCP connection; its ICE moves to the backup POP's TCP candidate, the
+// transceiver follows the checks there, and the echo resumes. The media
+// gap is logged and bound loosely (the client's ICE timeouts dominate).
+func TestNearestPOPDiesMidCallOverTCP(t *testing.T) {
+	w := startWorld(t, devworld.Config{FlowIdle: time.Second, RouteTTL: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := dialRenominatingOn(ctx, t, w.SignalingURL, webrtc.NetworkTypeTCP4)
+	eventually(t, 10*time.Second, "echoes through the nearest POP", func() bool {
+		after, _ := c.echoesSentAfter(0)
+		return len(after) >= 25
+	})
+	if v := metricSum(t, w.Registry, "rtcedge_globalrelay_tcp_frames_total", map[string]string{"direction": "to_client"}); v < 25 {
+		t.Fatalf("the call is not on TCP: %v frames to clients", v)
+	}
+	switchesBefore := metricSum(t, w.Registry, "rtcedge_transceiver_pop_switches_total", nil)
+	w.Regions[0].POPReplicas[0].Kill() // the replica's TCP connections die with it
+	killed := time.Since(c.start)
+	eventually(t, 20*time.Second, "audio sent after the nearest POP's replica died to come back through the backup's TCP port", func() bool {
+		after, _ := c.echoesSentAfter(killed)
+		return len(after) >= 50
+	})
+	after, lastBefore := c.echoesSentAfter(killed)
+	gap := after[0].received - lastBefore
+	switches := metricSum(t, w.Registry, "rtcedge_transceiver_pop_switches_total", nil) - switchesBefore
+	t.Logf("nearest POP's replica killed at %v; last echo before %v, first via the backup's TCP port at %v: media gap %v; POP switches %v",
+		killed.Round(time.Millisecond), lastBefore.Round(time.Millisecond), after[0].received.Round(time.Millisecond), gap.Round(time.Millisecond), switches)
+	if switches < 1 {
+		t.Errorf("the transceiver switched POPs %v times, want ≥ 1", switches)
+	}
+	if gap >= 15*time.Second {
+		t.Errorf("media gap %v, want < 15 s", gap)
 	}
 }
