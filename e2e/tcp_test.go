@@ -149,7 +149,12 @@ func TestNearestPOPDiesMidCallOverTCP(t *testing.T) {
 	w := startWorld(t, devworld.Config{FlowIdle: time.Second, RouteTTL: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := dialRenominatingOn(ctx, t, w.SignalingURL, webrtc.NetworkTypeTCP4)
+	renominate := renominatingSettings(t)
+	c := dialEchoCall(ctx, t, w.SignalingURL, func(se *webrtc.SettingEngine) {
+		renominate(se)
+		se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeTCP4})
+		se.SetIPFilter(func(ip net.IP) bool { return ip.IsLoopback() }) // active TCP dials from every address otherwise
+	})
 	eventually(t, 10*time.Second, "echoes through the nearest POP", func() bool {
 		after, _ := c.echoesSentAfter(0)
 		return len(after) >= 25

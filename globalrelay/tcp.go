@@ -465,7 +465,7 @@ func (s *TCP) forget(c *tcpConn) {
 // tcpToClient takes a verified to-client datagram whose header has the
 // TCP flag (the relay's internal socket read it) and queues its payload
 // on the client's connection. It never blocks.
-func (r *Relay) tcpToClient(h *encap.Header, payload []byte) {
+func (r *Relay) tcpToClient(h *encap.Header, payload []byte, from netip.AddrPort) {
 	s := r.tcp.Load()
 	if s == nil {
 		r.m.drops.Inc(dropUnknownFlow)
@@ -480,6 +480,7 @@ func (r *Relay) tcpToClient(h *encap.Header, payload []byte) {
 	case c.f.cluster != h.Cluster || c.f.pod != h.Pod:
 		s.m.drops.Inc(tcpDropFlowMismatch)
 	default:
+		r.watchReply(&c.f, from, r.now.Load())
 		c.enqueue(payload)
 	}
 }
@@ -587,7 +588,9 @@ func (c *tcpConn) readLoop() {
 			deadlineSet = now
 			_ = c.nc.SetReadDeadline(time.Unix(0, now).Add(s.cfg.IdleTimeout))
 		}
-		c.forward(buf[:], n, now)
+		if c.forward(buf[:], n, now) && stunmsg.IsBindingRequest(pkt) {
+			watchCheck(&c.f, now) // the pod must answer it (failover.go)
+		}
 	}
 }
 
@@ -637,34 +640,36 @@ func (c *tcpConn) firstFrame(pkt []byte) (token.Token, tcpCloseReason) {
 }
 
 // forward encapsulates the frame at buf[encap.MaxLen:][:n] and sends it
-// to the connection's cluster relay from its worker's internal socket.
-func (c *tcpConn) forward(buf []byte, n int, now int64) {
+// to the connection's cluster relay from its worker's internal socket. It
+// reports whether the datagram left.
+func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
 	s, r := c.s, c.s.r
 	keys := r.hopKeys.Load().For(c.f.cluster)
 	if keys == nil {
 		s.m.drops.Inc(tcpDropNoHopKey)
-		return
+		return false
 	}
-	relay, ok := c.f.relay(r.cfg.Clusters, c.client)
+	relay, ok := r.relayFor(&c.f, c.client, now) // with the UDP path's data-plane failure detection (failover.go)
 	if !ok {
 		s.m.drops.Inc(tcpDropNoClusterRelay)
-		return
+		return false
 	}
 	c.f.lastSeen.Store(now)
 	h := encap.Header{TCP: true, Cluster: c.f.cluster, Pod: c.f.pod, POP: r.cfg.POP, Token: c.f.tok.nonce, Client: c.client, Ingress: c.w.ingress}
 	hl := h.Len()
 	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
 		r.m.encapDrops.Inc(encap.ReasonOf(err))
-		return
+		return false
 	}
 	out := buf[encap.MaxLen-hl : encap.MaxLen+n]
 	keys.Seal(out, hl)
 	if _, err := c.w.Internal.WriteToUDPAddrPort(out, relay); err != nil {
 		r.m.writeErrors.Inc()
-		return
+		return false
 	}
 	s.m.toCluster.Inc()
 	s.m.toClusterBytes.Add(float64(n))
+	return true
 }
 
 // enqueue copies a reply into the write queue, dropping the oldest queued

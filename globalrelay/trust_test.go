@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/testmetrics"
 )
 
 // unit is a relay driven by direct calls (no sockets in the path) on a
@@ -377,11 +377,11 @@ func TestForgedDatagramsChangeNoState(t *testing.T) {
 		{"a key nobody holds", wrongKey, "encap_mac"},
 		{"a key ID not held", retired, "encap_unknown_key"},
 	} {
-		before := gather(t, u.reg)
+		before := testmetrics.Take(t, u.reg)
 		if u.reply(t, h, tc.key) {
 			t.Fatalf("%s: forged reply forwarded", tc.name)
 		}
-		onlyDropChanged(t, before, gather(t, u.reg), tc.reason)
+		testmetrics.OnlyIncremented(t, before, testmetrics.Take(t, u.reg), "rtcedge_globalrelay_dropped_packets_total,reason="+tc.reason)
 	}
 	// A cache entry someone wrote into Redis without the key, or an
 	// entry for the victim altered to point at another pod.
@@ -404,45 +404,19 @@ func TestForgedDatagramsChangeNoState(t *testing.T) {
 	}
 }
 
-// gather returns every series of reg by name and label set.
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+// TestNoHopKeyOpensNoFlow: a valid token for a cluster this POP holds no
+// hop key for is refused before any flow exists (a config error shows as
+// no_hop_key, not as a flow that forwards nothing).
+func TestNoHopKeyOpensNoFlow(t *testing.T) {
+	u := newUnit(t, Config{})
+	u.at(0)
+	if _, ok := u.send(t, netip.MustParseAddrPort("198.51.100.50:1"), u.check(t, 0x14, 1, 0)); ok {
+		t.Fatal("forwarded toward a cluster without a hop key")
 	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			key := mf.GetName()
-			for _, l := range m.GetLabel() {
-				key += "," + l.GetName() + "=" + l.GetValue()
-			}
-			out[key] = value(m)
-		}
+	if n := u.r.Flows(); n != 0 {
+		t.Fatalf("%d flows", n)
 	}
-	return out
-}
-
-func value(m *dto.Metric) float64 {
-	if c := m.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return m.GetGauge().GetValue()
-}
-
-// onlyDropChanged fails unless the one change between two gathers is +1 on
-// the drop counter with reason.
-func onlyDropChanged(t *testing.T, before, after map[string]float64, reason string) {
-	t.Helper()
-	drop := "rtcedge_globalrelay_dropped_packets_total,reason=" + reason
-	for k, v := range after {
-		want := before[k]
-		if k == drop {
-			want++
-		}
-		if v != want {
-			t.Errorf("%s went %v → %v (want %v): the forged datagram changed state", k, before[k], v, want)
-		}
+	if v := u.drops(t, DropNoHopKey); v != 1 {
+		t.Errorf("no_hop_key drops = %v, want 1", v)
 	}
 }

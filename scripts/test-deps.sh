@@ -16,6 +16,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v gcc >/dev/null 2>&1 || need+=(gcc) # bench/relay's C forwarder
 # The UDP-blocked browser test (e2e TestBrowserOverTCPWithUDPBlocked):
 # a network namespace with a veth pair (iproute2) whose nftables ruleset
 # drops all UDP.

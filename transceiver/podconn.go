@@ -10,6 +10,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // podBuf is one datagram buffer of the pod socket: the largest datagram
@@ -78,6 +79,9 @@ type podSocket struct {
 	m       *metrics
 	now     func() time.Time
 	keys    atomic.Pointer[encap.Keyring]
+	// restarts translates checks of ICE-restarted sessions (restart.go);
+	// set once after construction.
+	restarts *restartTable
 
 	tcp tcpSide // ICE-TCP clients (tcp.go)
 
@@ -138,14 +142,28 @@ func (s *podSocket) lookup(id uint16) *popConn {
 	return pc
 }
 
-// readLoop reads the socket until it is closed. It never blocks on Pion: a
-// full POP queue drops the datagram.
+// podBatch is the most datagrams the pod socket reads per system call
+// (recvmmsg through udpio.BatchConn: no allocation per datagram).
+const podBatch = 32
+
+// readLoop reads the socket until it is closed, a batch per system call.
+// It never blocks on Pion: a full POP queue drops the datagram.
 func (s *podSocket) readLoop() error {
+	bc := udpio.NewBatchConn(s.conn, podBatch)
+	bufs := make([]*podBuf, podBatch)
+	ms := make([]udpio.Msg, podBatch)
+	for i := range bufs {
+		bufs[i] = bufPool.Get().(*podBuf)
+		ms[i].Buf = bufs[i][:]
+	}
+	defer func() {
+		for _, b := range bufs {
+			bufPool.Put(b)
+		}
+	}()
 	for {
-		buf := bufPool.Get().(*podBuf)
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf[:])
+		n, err := bc.ReadBatch(ms)
 		if err != nil {
-			bufPool.Put(buf)
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
@@ -155,15 +173,17 @@ func (s *podSocket) readLoop() error {
 			}
 			return err
 		}
-		if n > encap.MaxDatagram {
-			// Longer than any tier forwards: never a WebRTC datagram.
-			s.m.drop(dropOversize)
-			bufPool.Put(buf)
-			continue
-		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if !s.handle(buf, n, from) {
-			bufPool.Put(buf)
+		for i := range n {
+			if ms[i].N > encap.MaxDatagram {
+				// Longer than any tier forwards: never a WebRTC datagram.
+				s.m.drop(dropOversize)
+				continue
+			}
+			// Sources are unmapped by BatchConn.
+			if s.handle(bufs[i], ms[i].N, ms[i].Addr) {
+				bufs[i] = bufPool.Get().(*podBuf) // handed on: take a fresh one
+				ms[i].Buf = bufs[i][:]
+			}
 		}
 	}
 }
@@ -213,6 +233,7 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
+	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
 	select {
 	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
 		s.m.packetsIn.Inc()
@@ -439,6 +460,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropProvisional)
 		return 0, errProvisional
 	}
+	b = c.sock.restarts.rewriteOut(b)
 	return c.sock.send(&r.hdr, r.relay, b)
 }
 

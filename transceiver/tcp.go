@@ -107,7 +107,12 @@ func (ts *tcpSide) init(s *podSocket) {
 // at buf[hl:n]) and queues it on its session's conn. It reports whether buf
 // was handed on.
 func (ts *tcpSide) handle(buf *podBuf, n, hl int, h encap.Header, relay netip.AddrPort) bool {
-	pkt := buf[hl:n]
+	// The payload moves to the front, where Pion reads it; a check of an
+	// ICE-restarted session is translated first (restart.go), so that it
+	// names the conn's ufrag.
+	copy(buf[:], buf[hl:n])
+	n = ts.sock.restarts.rewriteIn(buf[:], n-hl, ts.sock.now())
+	pkt := buf[:n]
 	key := tcpPeerKey{h.POP, h.Client}
 	now := ts.sock.now().UnixNano()
 	h.ToClient, h.KeyID = true, 0
@@ -121,11 +126,10 @@ func (ts *tcpSide) handle(buf *podBuf, n, hl int, h encap.Header, relay netip.Ad
 		}
 	}
 	p.lastSeen.Store(now)
-	copy(buf[:], pkt)
 	select {
-	case p.conn.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
+	case p.conn.in <- datagram{buf: buf, n: n, from: h.Client}:
 		ts.sock.m.packetsIn.Inc()
-		ts.sock.m.bytesIn.Add(float64(n - hl))
+		ts.sock.m.bytesIn.Add(float64(n))
 		return true
 	default:
 		ts.drops.Inc(tcpDropQueueFull)
@@ -311,7 +315,7 @@ func (c *tcpICEConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
 		c.side.drops.Inc(tcpDropNoPeer)
 		return 0, errNoRoute
 	}
-	return c.side.sock.send(&p.hdr, p.relay, b)
+	return c.side.sock.send(&p.hdr, p.relay, c.side.sock.restarts.rewriteOut(b))
 }
 
 // WriteTo implements net.PacketConn.
