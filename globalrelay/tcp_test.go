@@ -315,3 +315,27 @@ func TestTCPBackpressureDropsOldest(t *testing.T) {
 		t.Errorf("queue_full drops = %v, want %d", v, 100-k)
 	}
 }
+
+// TestTCPAddrConfig: tcp_addr takes IP:port or just the IP (port 443);
+// empty means no TCP ingress; anything else is a config error.
+func TestTCPAddrConfig(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		ok   bool
+		err  bool
+	}{
+		{"", "", false, false},
+		{"203.0.113.10", "203.0.113.10:443", true, false},
+		{"203.0.113.10:8443", "203.0.113.10:8443", true, false},
+		{"[2001:db8::1]:443", "[2001:db8::1]:443", true, false},
+		{"2001:db8::1", "[2001:db8::1]:443", true, false},
+		{"vip:443", "", false, true},
+	} {
+		c := NodeConfig{TCPAddr: tc.in}
+		ap, ok, err := c.tcpAddr()
+		if (err != nil) != tc.err || ok != tc.ok || (ok && ap.String() != tc.want) {
+			t.Errorf("tcp_addr %q: %v, %v, %v; want %s, %v, error %v", tc.in, ap, ok, err, tc.want, tc.ok, tc.err)
+		}
+	}
+}
