@@ -378,6 +378,7 @@ func (s *TCP) admit(nc net.Conn) {
 		return
 	}
 	c := &tcpConn{s: s, nc: nc, client: client, wake: make(chan struct{}, 1), closed: make(chan struct{})}
+	c.initRaw()
 	s.mu.Lock()
 	switch {
 	case len(s.all) >= s.cfg.MaxConns:
@@ -488,8 +489,8 @@ func (r *Relay) tcpToClient(h *encap.Header, payload []byte, from netip.AddrPort
 // frameBuf is one framed datagram waiting to be written: length prefix
 // and payload.
 type frameBuf struct {
-	n int
-	b [2 + encap.MaxPayload]byte
+	off, n int // b[off:n] is still to be written (off > 0 after a partial write)
+	b      [2 + encap.MaxPayload]byte
 }
 
 var framePool = sync.Pool{New: func() any { return new(frameBuf) }}
@@ -507,6 +508,16 @@ type tcpConn struct {
 	w      *worker
 
 	pending bool // before establish; guarded by s.mu
+
+	// raw writes a frame inline, without the writer goroutine, when
+	// nothing is queued: one non-blocking write(2) attempt (writeFn,
+	// cached so no closure is made per frame); wb/wn/werr are its
+	// argument and results, guarded by mu. nil: always queue.
+	raw     syscall.RawConn
+	writeFn func(fd uintptr) bool
+	wb      []byte
+	wn      int
+	werr    error
 
 	mu        sync.Mutex
 	queue     []*frameBuf // oldest first; guarded by mu
@@ -672,8 +683,27 @@ func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
 	return true
 }
 
-// enqueue copies a reply into the write queue, dropping the oldest queued
-// frame when it is full, and wakes (or starts) the writer.
+// initRaw prepares inline writes when the connection is a kernel socket.
+func (c *tcpConn) initRaw() {
+	if sc, ok := c.nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.raw, c.writeFn = rc, c.rawWrite
+		}
+	}
+}
+
+// rawWrite is one non-blocking write of c.wb; returning true tells the
+// runtime not to wait for the socket to become writable.
+func (c *tcpConn) rawWrite(fd uintptr) bool {
+	c.wn, c.werr = unix.Write(int(fd), c.wb)
+	return true
+}
+
+// enqueue sends a reply into the connection: inline when nothing is
+// queued and the socket takes it at once (the common case: no goroutine
+// hand-off), else through the write queue, dropping the oldest queued
+// frame when it is full, and waking (or starting) the writer. It never
+// blocks.
 func (c *tcpConn) enqueue(payload []byte) {
 	if len(payload) > encap.MaxPayload {
 		c.s.r.m.drops.Inc(dropOversize)
@@ -681,7 +711,7 @@ func (c *tcpConn) enqueue(payload []byte) {
 	}
 	f := framePool.Get().(*frameBuf)
 	binary.BigEndian.PutUint16(f.b[:2], uint16(len(payload)))
-	f.n = 2 + copy(f.b[2:], payload)
+	f.off, f.n = 0, 2+copy(f.b[2:], payload)
 	c.mu.Lock()
 	if c.isClosed {
 		c.mu.Unlock()
@@ -689,11 +719,33 @@ func (c *tcpConn) enqueue(payload []byte) {
 		c.s.m.drops.Inc(tcpDropNoConn)
 		return
 	}
+	if !c.writing && len(c.queue) == 0 && c.raw != nil {
+		c.wb, c.wn, c.werr = f.b[:f.n], 0, nil
+		err := c.raw.Write(c.writeFn)
+		c.wb = nil
+		if err == nil && c.werr == nil && c.wn == f.n {
+			c.mu.Unlock()
+			framePool.Put(f)
+			c.s.m.toClient.Inc()
+			c.s.m.toClientBytes.Add(float64(len(payload)))
+			return
+		}
+		if c.wn > 0 {
+			f.off = c.wn // partly written: the writer sends the rest first
+		}
+		// EAGAIN (socket buffer full) or an error: the writer takes over
+		// and meets the error itself.
+	}
 	if len(c.queue) >= c.s.cfg.WriteQueue {
-		framePool.Put(c.queue[0])
-		c.queue[0] = nil
-		c.queue = c.queue[1:]
-		c.s.m.drops.Inc(tcpDropQueueFull)
+		i := 0
+		if c.queue[0].off > 0 {
+			i = 1 // a partly written frame must finish, or the stream breaks
+		}
+		if i < len(c.queue) {
+			framePool.Put(c.queue[i])
+			c.queue = append(c.queue[:i], c.queue[i+1:]...)
+			c.s.m.drops.Inc(tcpDropQueueFull)
+		}
 	}
 	c.queue = append(c.queue, f)
 	start := !c.writing
@@ -723,7 +775,8 @@ func (c *tcpConn) enqueue(payload []byte) {
 // write that makes no progress for WriteTimeout closes the connection.
 func (c *tcpConn) writeLoop() {
 	var batch []*frameBuf
-	var bufs net.Buffers
+	iov := make(net.Buffers, 0, c.s.cfg.WriteQueue+1)
+	var bufs net.Buffers // WriteTo consumes it; iov keeps the backing array
 	idle := time.NewTimer(c.s.cfg.IdleTimeout)
 	defer idle.Stop()
 	for {
@@ -747,11 +800,11 @@ func (c *tcpConn) writeLoop() {
 			continue
 		}
 		c.mu.Unlock()
-		bufs = bufs[:0]
+		bufs = iov[:0]
 		total := 0
 		for _, f := range batch {
-			bufs = append(bufs, f.b[:f.n])
-			total += f.n
+			bufs = append(bufs, f.b[f.off:f.n])
+			total += f.n - f.off
 		}
 		_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 		_, err := bufs.WriteTo(c.nc)
