@@ -53,6 +53,9 @@ func newUnit(t *testing.T, cfg Config) *unit {
 	return u
 }
 
+// stamp is the relay's clock in unix seconds, as cache entries carry it.
+func (u *unit) stamp() uint32 { return uint32(u.t0.Add(u.offset).Unix()) }
+
 // at sets the relay's clock to t0 + d.
 func (u *unit) at(d time.Duration) {
 	u.offset = d
@@ -266,8 +269,8 @@ func TestTokenCapCountsRestoredFlows(t *testing.T) {
 	// Revive round 1 through the cache (entries as a replica sealed them)
 	// and through the return path: the token has its 8 flows already.
 	for i := range maxFlowsPerToken {
-		rt := routecache.Route{Cluster: 0x12, Pod: 1, Token: nonce}
-		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(addr(1, i), 0x12, 1, nonce)
+		rt := routecache.Route{Cluster: 0x12, Pod: 1, Token: nonce, Stored: u.stamp()}
+		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(addr(1, i), 0x12, 1, nonce, rt.Stored)
 		u.r.RestoreFlow(addr(1, i), rt)
 		u.reply(t, encap.Header{Cluster: 0x12, Pod: 1, POP: 9, Token: nonce, Client: addr(3, i), Ingress: u.ingress}, nil)
 	}
@@ -327,8 +330,8 @@ func TestBadSourcesOpenNoFlow(t *testing.T) {
 		if u.reply(t, encap.Header{Cluster: 0x12, Pod: 1, POP: 9, Client: bad, Ingress: u.ingress}, nil) {
 			t.Errorf("%v: reply restored a flow", bad)
 		}
-		rt := routecache.Route{Cluster: 0x12, Pod: 1}
-		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(bad, 0x12, 1, rt.Token)
+		rt := routecache.Route{Cluster: 0x12, Pod: 1, Stored: u.stamp()}
+		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(bad, 0x12, 1, rt.Token, rt.Stored)
 		u.r.RestoreFlow(bad, rt)
 	}
 	if n := u.r.Flows(); n != 0 {
@@ -385,18 +388,25 @@ func TestForgedDatagramsChangeNoState(t *testing.T) {
 	}
 	// A cache entry someone wrote into Redis without the key, or an
 	// entry for the victim altered to point at another pod.
-	good := routecache.Route{Cluster: 0x12, Pod: 1}
-	good.KeyID, good.Tag = u.hop.For(0x12).SealRoute(victim, 0x12, 1, good.Token)
+	sealRoute := func(pod uint16, stored uint32) routecache.Route {
+		rt := routecache.Route{Cluster: 0x12, Pod: pod, Stored: stored}
+		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(victim, 0x12, pod, rt.Token, stored)
+		return rt
+	}
+	good := sealRoute(1, u.stamp())
 	altered := good
 	altered.Pod = 2
-	for _, rt := range []routecache.Route{{Cluster: 0x12, Pod: 2, KeyID: 1, Tag: 12345}, altered, {Cluster: 0x14, Pod: 1}} {
+	// An entry sealed (genuinely) for the victim's address long ago, by a
+	// call since ended on another pod: replayed, it must not win.
+	old := sealRoute(2, u.stamp()-3600)
+	for _, rt := range []routecache.Route{{Cluster: 0x12, Pod: 2, KeyID: 1, Tag: 12345}, altered, {Cluster: 0x14, Pod: 1}, old} {
 		u.r.RestoreFlow(victim, rt)
 	}
 	if n := u.r.Flows(); n != 0 {
-		t.Fatalf("%d flows from forged cache entries", n)
+		t.Fatalf("%d flows from forged or replayed cache entries", n)
 	}
-	if v := counter(t, u.reg, "rtcedge_globalrelay_cache_rejected_total", "", ""); v != 3 {
-		t.Errorf("cache_rejected = %v, want 3", v)
+	if v := counter(t, u.reg, "rtcedge_globalrelay_cache_rejected_total", "", ""); v != 4 {
+		t.Errorf("cache_rejected = %v, want 4", v)
 	}
 	u.r.RestoreFlow(victim, good)
 	if f := u.r.flows.get(victim); f == nil || f.pod != 1 {

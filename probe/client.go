@@ -51,7 +51,11 @@ type Config struct {
 	// ""), TransportTCP (ICE-TCP to the POPs' passive TCP candidates only,
 	// as from a network that drops UDP; docs/tcp.md) or TransportAny.
 	Transport string
-	Logger    *slog.Logger
+	// PacketConn, when set, is the client's one UDP socket: its ICE runs
+	// over a UDP mux on it instead of sockets of its own (tests put the
+	// client behind a netsim NAT this way). Close closes it.
+	PacketConn net.PacketConn
+	Logger     *slog.Logger
 }
 
 // Transports of Config.Transport.
@@ -89,6 +93,7 @@ type Call struct {
 	cfg Config
 	log *slog.Logger
 	pc  *webrtc.PeerConnection
+	mux *ice.UDPMuxDefault // over Config.PacketConn; nil without one
 	out *webrtc.TrackLocalStaticRTP
 	dc  *webrtc.DataChannel
 
@@ -172,6 +177,10 @@ func (c *Call) setup() error {
 	se.SetNetworkTypes(types)
 	if c.cfg.IPFilter != nil {
 		se.SetIPFilter(c.cfg.IPFilter)
+	}
+	if c.cfg.PacketConn != nil {
+		c.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: c.cfg.PacketConn})
+		se.SetICEUDPMux(c.mux)
 	}
 	me := &webrtc.MediaEngine{}
 	if err := me.RegisterDefaultCodecs(); err != nil {
@@ -450,8 +459,12 @@ func (c *Call) Hangup(ctx context.Context) error {
 func (c *Call) Close() error {
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
+	var err error
 	if c.pc != nil {
-		return c.pc.GracefulClose()
+		err = c.pc.GracefulClose()
 	}
-	return nil
+	if c.mux != nil {
+		_ = c.mux.Close() // and with it Config.PacketConn
+	}
+	return err
 }

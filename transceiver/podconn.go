@@ -179,11 +179,34 @@ func (s *podSocket) readLoop() error {
 				s.m.drop(dropOversize)
 				continue
 			}
+			if encap.IsBundle(bufs[i][:ms[i].N]) {
+				s.unbundle(bufs[i][:ms[i].N], ms[i].Addr)
+				continue
+			}
 			// Sources are unmapped by BatchConn.
 			if s.handle(bufs[i], ms[i].N, ms[i].Addr) {
 				bufs[i] = bufPool.Get().(*podBuf) // handed on: take a fresh one
 				ms[i].Buf = bufs[i][:]
 			}
+		}
+	}
+}
+
+// unbundle hands every item of a bundle (docs/bundle.md) to handle as if
+// it had come alone from the bundle's sender, each in a pooled buffer of
+// its own. A malformed bundle is dropped whole.
+func (s *podSocket) unbundle(b []byte, from netip.AddrPort) {
+	if _, err := encap.CheckBundle(b); err != nil {
+		s.m.encapDrops.Inc(encap.ReasonOf(err))
+		return
+	}
+	for off := encap.BundleHeaderLen; off < len(b); {
+		var item []byte
+		item, off = encap.NextItem(b, off)
+		buf := bufPool.Get().(*podBuf)
+		n := copy(buf[:], item)
+		if !s.handle(buf, n, from) {
+			bufPool.Put(buf)
 		}
 	}
 }
@@ -460,8 +483,12 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropProvisional)
 		return 0, errProvisional
 	}
+	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
-	return c.sock.send(&r.hdr, r.relay, b)
+	if _, err := c.sock.send(&r.hdr, r.relay, b); err != nil {
+		return 0, err
+	}
+	return written, nil
 }
 
 // WriteTo implements net.PacketConn.

@@ -315,7 +315,10 @@ func (c *tcpICEConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
 		c.side.drops.Inc(tcpDropNoPeer)
 		return 0, errNoRoute
 	}
-	return c.side.sock.send(&p.hdr, p.relay, c.side.sock.restarts.rewriteOut(b))
+	if _, err := c.side.sock.send(&p.hdr, p.relay, c.side.sock.restarts.rewriteOut(b)); err != nil {
+		return 0, err
+	}
+	return len(b), nil // what the caller asked to write, whatever rewriteOut made of it
 }
 
 // WriteTo implements net.PacketConn.
