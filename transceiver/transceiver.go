@@ -187,9 +187,9 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	}, webrtc.RTPCodecTypeAudio); err != nil {
 		return nil, fmt.Errorf("register opus: %w", err)
 	}
-	ir := &interceptor.Registry{}
-	if err := webrtc.RegisterDefaultInterceptors(me, ir); err != nil {
-		return nil, fmt.Errorf("register interceptors: %w", err)
+	ir, err := voiceInterceptors()
+	if err != nil {
+		return nil, err
 	}
 
 	t := &Transceiver{
@@ -227,6 +227,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	}
 	se.SetICETimeouts(cfg.DisconnectedTimeout, cfg.FailedTimeout, 2*time.Second)
 	se.SetSCTPRTOMax(cfg.SCTPRTOMax)
+	sizeForVoice(&se)
 	t.base = se
 	return t, nil
 }

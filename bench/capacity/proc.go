@@ -27,19 +27,29 @@ const clockTicks = 100
 // so that its CPU time and memory can be read apart from the load
 // generator's.
 type Pod struct {
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
+	cmd        *exec.Cmd
+	done       chan struct{}
+	waitErr    error
+	profileDir string
 
 	Data    netip.AddrPort // the pod's UDP socket
 	API     string         // session API base URL
 	Metrics string         // /metrics URL
 }
 
+// PodOptions are the optional settings of StartPod.
+type PodOptions struct {
+	// ProfileDir, when set, lets Profile write CPU and heap profiles of the
+	// pod there (the pod's RTCEDGE_PROFILE_DIR).
+	ProfileDir string
+	// Extra is appended to the pod's YAML config as is.
+	Extra string
+}
+
 // StartPod starts `bin transceiver` on loopback (every port 0) with a
 // config written to dir, and waits until it is up. The pod takes up to
 // maxSessions sessions. Stop it with Stop.
-func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, error) {
+func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOptions) (*Pod, error) {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
@@ -47,13 +57,16 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 	cfgPath := filepath.Join(dir, "transceiver.yaml")
 	cfg := fmt.Sprintf("region: capacity\ncluster: 1\npod: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\n"+
 		"metrics_addr: 127.0.0.1:0\nmax_sessions: %d\ndrain_timeout: 2s\nlog_level: info\n"+
-		"gossip:\n  name: capacity-pod\n  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n", maxSessions)
+		"gossip:\n  name: capacity-pod\n  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n%s", maxSessions, opts.Extra)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	p := &Pod{done: make(chan struct{})}
+	p := &Pod{done: make(chan struct{}), profileDir: opts.ProfileDir}
 	p.cmd = exec.Command(bin, "transceiver", "-config", cfgPath)
 	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key))
+	if opts.ProfileDir != "" {
+		p.cmd.Env = append(p.cmd.Env, "RTCEDGE_PROFILE_DIR="+opts.ProfileDir)
+	}
 	p.cmd.Stdout = io.Discard
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -121,6 +134,38 @@ func (p *Pod) Stop() {
 	case <-time.After(10 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+	}
+}
+
+// StartProfile starts a CPU profile of the pod (SIGUSR1, see PodOptions).
+func (p *Pod) StartProfile() error {
+	if p.profileDir == "" {
+		return errors.New("capacity: pod started without a profile directory")
+	}
+	return p.cmd.Process.Signal(syscall.SIGUSR1)
+}
+
+// StopProfile stops the CPU profile and has the pod write its heap and
+// allocation profiles; it waits until they are written.
+func (p *Pod) StopProfile(ctx context.Context) error {
+	last := filepath.Join(p.profileDir, "allocs.pprof")
+	_ = os.Remove(last)
+	if err := p.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+		return err
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		if fi, err := os.Stat(last); err == nil && fi.Size() > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod profiles not written: %w", ctx.Err())
+		case <-tick.C:
+		}
 	}
 }
 
@@ -237,18 +282,7 @@ func UDPRcvbufErrors() int64 {
 }
 
 // LoadAvg returns the first field of /proc/loadavg.
-func LoadAvg() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
+func LoadAvg() float64 { return LoadAvgs()[0] }
 
 // Scrape reads the pod's /metrics and returns every sample summed by
 // metric name (labels dropped), which is what the report needs.
