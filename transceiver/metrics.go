@@ -12,15 +12,20 @@ import (
 // the "reason" label and are all set to zero at start-up, so a dashboard sees
 // a flat line rather than a missing series.
 const (
-	dropDirection    = "wrong_direction"
-	dropWrongPod     = "wrong_pod"
-	dropEmpty        = "empty"
-	dropUnknownPOP   = "unknown_pop"
-	dropQueueFull    = "queue_full"
-	dropNoRoute      = "no_route"
-	dropOversize     = "oversize"
-	dropRouteTable   = "route_table_full"
-	dropUnknownRelay = "unknown_relay"
+	dropDirection  = "wrong_direction"
+	dropWrongPod   = "wrong_pod"
+	dropEmpty      = "empty"
+	dropUnknownPOP = "unknown_pop"
+	// dropSessionQueue: the session's own queue (sessionQueueLen) is full,
+	// its ICE reader has stalled for a second's worth of its datagrams.
+	dropSessionQueue = "session_queue_full"
+	// dropUnknownClient: from a client address no session of the POP
+	// knows, and not a STUN Binding Request naming one of its ufrags.
+	dropUnknownClient = "unknown_client"
+	dropNoRoute       = "no_route"
+	dropOversize      = "oversize"
+	dropRouteTable    = "route_table_full"
+	dropUnknownRelay  = "unknown_relay"
 )
 
 // Session end reasons, the "reason" label of sessions_ended_total.
@@ -114,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Client return routes (client address per POP) currently remembered.",
 		}),
 	}
-	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropQueueFull, dropNoRoute, dropOversize, dropRouteTable, dropUnknownRelay} {
+	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropNoRoute, dropOversize, dropRouteTable, dropUnknownRelay, dropSessionQueue, dropUnknownClient} {
 		m.drops.WithLabelValues(r)
 	}
 	for _, r := range encap.Reasons {

@@ -2,10 +2,8 @@ package transceiver
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,16 +15,12 @@ import (
 // its packets below the path MTU, so anything longer is not ours.
 const maxDatagram = 1500
 
-// inQueueLen bounds how many datagrams wait for Pion's mux reader per POP.
-// A full queue drops new datagrams (counted) instead of blocking the socket
-// reader, so one slow POP cannot stall the others.
-const inQueueLen = 1024
-
 // errNoRoute is returned by popConn writes for a client address that has
 // sent nothing through this pod recently: there is no header to answer with.
 var errNoRoute = errors.New("transceiver: no relay route to client")
 
-// datagram is one client datagram waiting for Pion, in a pooled buffer.
+// datagram is one client datagram waiting for a session's ICE reader
+// (popmux.go), in a pooled buffer.
 type datagram struct {
 	buf  *[maxDatagram + encap.MaxLen]byte
 	n    int
@@ -78,10 +72,10 @@ func (s *podSocket) popConn(id uint16, vip netip.AddrPort) (*popConn, bool, erro
 				id:     id,
 				vip:    vip,
 				local:  net.UDPAddrFromAddrPort(vip),
-				in:     make(chan datagram, inQueueLen),
 				closed: make(chan struct{}),
 				routes: map[netip.AddrPort]*route{},
 			}
+			pc.mux = newPOPMux(pc)
 			s.pops[id] = pc
 			s.mu.Unlock()
 			return pc, true, nil
@@ -102,7 +96,7 @@ func (s *podSocket) lookup(id uint16) *popConn {
 }
 
 // readLoop reads the socket until it is closed. It never blocks on Pion: a
-// full POP queue drops the datagram.
+// full session queue drops the datagram.
 func (s *podSocket) readLoop() error {
 	for {
 		buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
@@ -166,15 +160,13 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
-	select {
-	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
-		s.m.packetsIn.Inc()
-		s.m.bytesIn.Add(float64(n - hl))
-		return true
-	default:
-		s.m.drop(dropQueueFull)
+	if reason := pc.mux.deliver(buf, n-hl, h.Client); reason != "" {
+		s.m.drop(reason)
 		return false
 	}
+	s.m.packetsIn.Inc()
+	s.m.bytesIn.Add(float64(n - hl))
+	return true
 }
 
 // sweep forgets routes idle for longer than ttl and returns how many remain.
@@ -215,7 +207,7 @@ func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool
 	return time.Unix(0, r.lastSeen.Load()), true
 }
 
-// closeAll closes every POP conn, which ends Pion's mux readers.
+// closeAll closes every POP conn: writes through it fail from then on.
 func (s *podSocket) closeAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -224,21 +216,20 @@ func (s *podSocket) closeAll() {
 	}
 }
 
-// popConn is the net.PacketConn Pion's UDP mux reads for one POP. Its
-// LocalAddr is the POP's VIP, so host candidates name the VIP; its peers are
-// the clients' real addresses taken from the encapsulation header.
+// popConn is one POP's side of the pod socket: its ICE mux (popmux.go),
+// whose conns' LocalAddr is the POP's VIP, so host candidates name the VIP,
+// and the return routes to its clients, whose addresses are the real ones
+// taken from the encapsulation header.
 type popConn struct {
 	// Static after construction.
 	sock  *podSocket
 	id    uint16
 	vip   netip.AddrPort
 	local *net.UDPAddr
+	mux   *popMux
 
-	in        chan datagram
 	closed    chan struct{}
 	closeOnce sync.Once
-
-	readDeadline atomic.Pointer[time.Time]
 
 	mu     sync.RWMutex
 	routes map[netip.AddrPort]*route // guarded by mu
@@ -270,39 +261,6 @@ func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now time.Time) boo
 	}
 	c.routes[h.Client] = nr
 	return true
-}
-
-// ReadFromAddrPort implements ice.AddrPortReaderWriter.
-func (c *popConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
-	var timeout <-chan time.Time
-	if d := c.readDeadline.Load(); d != nil && !d.IsZero() {
-		wait := time.Until(*d)
-		if wait <= 0 {
-			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case d := <-c.in:
-		n := copy(b, d.buf[:d.n])
-		bufPool.Put(d.buf)
-		return n, d.from, nil
-	case <-c.closed:
-		return 0, netip.AddrPort{}, io.EOF
-	case <-timeout:
-		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-	}
-}
-
-// ReadFrom implements net.PacketConn.
-func (c *popConn) ReadFrom(b []byte) (int, net.Addr, error) {
-	n, from, err := c.ReadFromAddrPort(b)
-	if err != nil {
-		return 0, nil, err
-	}
-	return n, net.UDPAddrFromAddrPort(from), nil
 }
 
 // WriteToAddrPort sends b to a client through the cluster relay and global
@@ -337,35 +295,11 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	return len(b), nil
 }
 
-// WriteTo implements net.PacketConn.
-func (c *popConn) WriteTo(b []byte, addr net.Addr) (int, error) {
-	ua, ok := addr.(*net.UDPAddr)
-	if !ok {
-		return 0, errors.New("transceiver: not a UDP address")
-	}
-	return c.WriteToAddrPort(b, ua.AddrPort())
-}
-
-// Close ends reads with io.EOF, which makes Pion's mux shut down cleanly.
+// Close makes writes through the POP fail from then on.
 func (c *popConn) Close() error {
 	c.closeOnce.Do(func() { close(c.closed) })
 	return nil
 }
-
-// LocalAddr is the POP's VIP: what Pion advertises as the host candidate.
-func (c *popConn) LocalAddr() net.Addr { return c.local }
-
-// SetDeadline sets the read deadline; writes never block.
-func (c *popConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
-
-// SetReadDeadline bounds ReadFrom calls started after it.
-func (c *popConn) SetReadDeadline(t time.Time) error {
-	c.readDeadline.Store(&t)
-	return nil
-}
-
-// SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
-func (c *popConn) SetWriteDeadline(time.Time) error { return nil }
 
 // RelaySet is the set of cluster relays whose datagrams the pod accepts
 // (their data addresses, from the cluster pool). A datagram's header sets

@@ -119,12 +119,26 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", fmt.Errorf("local track: %w", err)
 	}
-	// The sender's RTCP is not read: the report interceptors generate
-	// reports and consume none, and the unread stream is bounded
-	// (rtcpReadBuffer), so a goroutine per session to drain it buys nothing.
-	if _, err := pc.AddTrack(s.track); err != nil {
+	sender, err := pc.AddTrack(s.track)
+	if err != nil {
 		return s, "", fmt.Errorf("add track: %w", err)
 	}
+	// Reading the sender's RTCP passes the client's sender reports (which
+	// Pion delivers to every SSRC they name, ours included) through the
+	// receiver-report interceptor: it needs their timestamps for the
+	// LSR/DLSR fields from which the browser computes its round-trip time
+	// (remote-inbound-rtp roundTripTime). The RTCP of the client's own
+	// stream is not read; its buffer is bounded (rtcpReadBuffer).
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := sender.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
 
 	s.handler, err = t.cfg.Backend.Open(ctx, SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}, s)
 	if err != nil {

@@ -155,12 +155,12 @@ type Transceiver struct {
 	base webrtc.SettingEngine
 
 	mu       sync.Mutex
-	muxes    map[uint16]*ice.UDPMuxDefault // per POP, guarded by mu
-	sessions map[string]*session           // guarded by mu
-	reserved int                           // sessions being created, guarded by mu
-	draining bool                          // guarded by mu
-	closed   bool                          // guarded by mu
-	drained  chan struct{}                 // closed when draining and no sessions remain; guarded by mu
+	muxes    map[uint16]*popMux  // per POP, guarded by mu
+	sessions map[string]*session // guarded by mu
+	reserved int                 // sessions being created, guarded by mu
+	draining bool                // guarded by mu
+	closed   bool                // guarded by mu
+	drained  chan struct{}       // closed when draining and no sessions remain; guarded by mu
 
 	wg           sync.WaitGroup // session teardown goroutines
 	creates      sync.WaitGroup // CreateSession calls past reserve; Close waits for them
@@ -198,7 +198,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		m:        m,
 		me:       me,
 		ir:       ir,
-		muxes:    map[uint16]*ice.UDPMuxDefault{},
+		muxes:    map[uint16]*popMux{},
 		sessions: map[string]*session{},
 		runDone:  make(chan struct{}),
 
@@ -413,15 +413,10 @@ func (t *Transceiver) muxesFor(pops []POPAddr) ([]ice.UDPMux, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: POP %d: %v", ErrBadPOP, p.ID, err)
 		}
-		mux := t.muxes[p.ID]
-		if created || mux == nil {
-			mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{
-				UDPConn: pc,
-				Logger:  pionLoggers{t.log}.NewLogger("udpmux"),
-			})
-			t.muxes[p.ID] = mux
+		if created {
+			t.muxes[p.ID] = pc.mux
 		}
-		out = append(out, mux)
+		out = append(out, pc.mux)
 	}
 	return out, nil
 }

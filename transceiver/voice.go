@@ -6,6 +6,7 @@ import (
 
 	"github.com/pion/interceptor"
 	"github.com/pion/interceptor/pkg/report"
+	"github.com/pion/rtp"
 	"github.com/pion/transport/v5/packetio"
 	"github.com/pion/webrtc/v4"
 )
@@ -36,6 +37,9 @@ import (
 // voiceInterceptors returns the registry every session's API uses.
 func voiceInterceptors() (*interceptor.Registry, error) {
 	ir := &interceptor.Registry{}
+	// First, so that it is innermost: the report interceptor reads the
+	// header it has parsed.
+	ir.Add(headerCacheFactory{})
 	recv, err := report.NewReceiverInterceptor()
 	if err != nil {
 		return nil, fmt.Errorf("receiver reports: %w", err)
@@ -47,6 +51,50 @@ func voiceInterceptors() (*interceptor.Registry, error) {
 	ir.Add(recv)
 	ir.Add(send)
 	return ir, nil
+}
+
+// headerCacheFactory makes the interceptor that parses every received RTP
+// header once, into a header and attributes map reused for each packet of
+// the stream. The receiver report interceptor otherwise allocates both for
+// every packet it counts (interceptor.Attributes.GetRTPHeader on a nil
+// map): 43 % of the bytes the pod allocated at 300 sessions, and the GC
+// work that comes with them.
+type headerCacheFactory struct{}
+
+// NewInterceptor implements interceptor.Factory.
+func (headerCacheFactory) NewInterceptor(string) (interceptor.Interceptor, error) {
+	return &headerCache{}, nil
+}
+
+type headerCache struct{ interceptor.NoOp }
+
+// BindRemoteStream parses the header into the stream's reused attributes
+// when the reader above passed none (Pion's track reader never does). The
+// attributes are valid until the next read, as the stream has one reader.
+func (*headerCache) BindRemoteStream(_ *interceptor.StreamInfo, reader interceptor.RTPReader) interceptor.RTPReader {
+	attrs := interceptor.Attributes{}
+	var hdr *rtp.Header
+	return interceptor.RTPReaderFunc(func(b []byte, a interceptor.Attributes) (int, interceptor.Attributes, error) {
+		n, a, err := reader.Read(b, a)
+		if err != nil || a != nil {
+			return n, a, err
+		}
+		if hdr == nil {
+			// The first packet: GetRTPHeader parses it into a new header
+			// and keeps that in attrs, where later reads find it.
+			hdr, err = attrs.GetRTPHeader(b[:n])
+		} else {
+			_, err = hdr.Unmarshal(b[:n])
+		}
+		if err != nil {
+			// Not cached: the interceptors above parse it again and
+			// report the error themselves.
+			hdr = nil
+			clear(attrs)
+			return n, nil, nil
+		}
+		return n, attrs, nil
+	})
 }
 
 // Buffer sizes for one Opus stream each way and a data channel of small
