@@ -49,6 +49,7 @@ type podSocket struct {
 	relays  *RelaySet // nil: every sender trusted
 	m       *metrics
 	now     func() time.Time
+	out     *outQueue // batched sends (podbatch.go)
 
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
@@ -95,38 +96,11 @@ func (s *podSocket) lookup(id uint16) *popConn {
 	return pc
 }
 
-// readLoop reads the socket until it is closed. It never blocks on Pion: a
-// full session queue drops the datagram.
-func (s *podSocket) readLoop() error {
-	for {
-		buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf[:])
-		if err != nil {
-			bufPool.Put(buf)
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
-		if n == len(buf) {
-			// Filled the buffer: maybe truncated, never a WebRTC datagram.
-			s.m.drop(dropOversize)
-			bufPool.Put(buf)
-			continue
-		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if !s.handle(buf, n, from) {
-			bufPool.Put(buf)
-		}
-	}
-}
+// The socket's readers are in podbatch.go (readBatches).
 
 // handle routes one datagram from a cluster relay to its POP conn. It
 // reports whether buf was handed on (and must not be reused by the caller).
+// Several socket readers call it at once.
 func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from netip.AddrPort) bool {
 	pkt := buf[:n]
 	if !s.relays.Trusted(from) {
@@ -286,7 +260,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		return 0, errors.New("transceiver: datagram too large")
 	}
 	copy(buf[hl:], b)
-	if _, err := c.sock.conn.WriteToUDPAddrPort(buf[:hl+len(b)], r.relay); err != nil {
+	if err := c.sock.out.send(buf[:hl+len(b)], r.relay); err != nil {
 		c.sock.m.writeErrors.Inc()
 		return 0, err
 	}

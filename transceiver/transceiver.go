@@ -69,6 +69,10 @@ type Config struct {
 	// Relays, when set, limits the datagrams the pod accepts to those from
 	// the cluster's relays (FollowRelays keeps it in step with gossip).
 	Relays *RelaySet
+	// Readers is how many goroutines read the pod socket, each taking
+	// batches of datagrams (recvmmsg) and running their receive path;
+	// default one per core (GOMAXPROCS), at most 4.
+	Readers int
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -90,6 +94,9 @@ func (c *Config) applyDefaults() {
 	def(&c.FailedTimeout, 15*time.Second)
 	def(&c.SCTPRTOMax, time.Second)
 	def(&c.RouteTTL, 2*time.Minute)
+	if c.Readers == 0 {
+		c.Readers = defaultReaders()
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -109,6 +116,8 @@ func (c *Config) Validate() error {
 		return errors.New("transceiver config: backend is required")
 	case c.MaxSessions < 0:
 		return errors.New("transceiver config: max sessions must not be negative")
+	case c.Readers < 0:
+		return errors.New("transceiver config: readers must not be negative")
 	case c.DTLSRole != "" && c.DTLSRole != "client" && c.DTLSRole != "server":
 		return fmt.Errorf("transceiver config: dtls role %q: want client or server", c.DTLSRole)
 	}
@@ -211,6 +220,9 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	// silently. Best effort: the kernel caps it at net.core.rmem_max.
 	_ = conn.SetReadBuffer(podReadBuffer)
 	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.Relays, m, cfg.Now)
+	if t.sock.out, err = newOutQueue(conn, m); err != nil {
+		return nil, fmt.Errorf("pod socket: %w", err)
+	}
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)
@@ -243,7 +255,7 @@ var opusCapability = webrtc.RTPCodecCapability{
 // called; then it closes the transceiver. It returns nil on a normal stop.
 func (t *Transceiver) Run(ctx context.Context) error {
 	readDone := make(chan error, 1)
-	go func() { readDone <- t.sock.readLoop() }()
+	go func() { readDone <- t.readAll() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var err error
@@ -264,6 +276,23 @@ func (t *Transceiver) Run(ctx context.Context) error {
 	}
 	t.Close()
 	return fmt.Errorf("read pod socket: %w", err)
+}
+
+// readAll runs the socket's readers until the socket is closed, and
+// returns the first reader's error.
+func (t *Transceiver) readAll() error {
+	errs := make(chan error, t.cfg.Readers)
+	for range t.cfg.Readers {
+		go func() { errs <- t.sock.readBatches() }()
+	}
+	var first error
+	for range t.cfg.Readers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			_ = t.sock.conn.Close() // stop the other readers too
+		}
+	}
+	return first
 }
 
 // housekeep expires idle sessions and stale routes.
