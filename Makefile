@@ -5,7 +5,21 @@ PKGS    := ./...
 # Packages whose benchmarks make up `make bench`.
 BENCH_PKGS := ./internal/... ./globalrelay/... ./clusterrelay/... ./transceiver/... ./netsim/...
 
-.PHONY: run build test test-deps bench lint clean sim bench-capacity
+# The container image (Containerfile): rtcedge:$(VERSION), the tag scheme the
+# Terraform modules' image variables follow (docs/deploy.md).
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REPO ?= rtcedge
+IMAGE      ?= $(IMAGE_REPO):$(VERSION)
+
+# The no-allocation guards: every test that calls testing.AllocsPerRun and
+# the packages that have one, found afresh on each run. -race makes
+# allocation counts meaningless (and some of these tests skip under it),
+# so `make test` runs them once more without it.
+ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --exclude-dir=.git .)
+ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
+ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
+
+.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity image
 
 run: build
 	./$(BIN) dev
@@ -13,12 +27,21 @@ run: build
 build:
 	$(GO) build -o $(BIN) ./cmd/rtcedge
 
+# Builds with podman, or docker when podman is not installed.
+image:
+	VERSION=$(VERSION) IMAGE=$(IMAGE) GO=$(GO) ./scripts/build-image.sh
+
 test-deps:
 	./scripts/test-deps.sh
 
 test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(MAKE) test-allocs
+
+test-allocs:
+	@test -n "$(ALLOC_TESTS)" || { echo "no allocation tests found"; exit 1; }
+	$(GO) test -count=1 -run '^($(ALLOC_TESTS))$$' $(ALLOC_PKGS)
 
 # The multi-region simulation, verbose, with more calls, Chromium when
 # installed, and its report in bin/sim/ (see docs/simulation.md).

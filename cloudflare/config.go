@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -57,6 +58,16 @@ type Config struct {
 	// TTL of the DNS answer when not proxied, seconds (default 30).
 	TTL     int64         `yaml:"ttl"`
 	Monitor MonitorConfig `yaml:"monitor"`
+	// CheckRegions are the Cloudflare regions the monitor probes the pools
+	// from. Default: every region code the config's regions claim. The API
+	// reads null as "every Cloudflare data centre", which only Enterprise
+	// plans may use (and which floods the origins with probes), so sync
+	// always sends a list.
+	CheckRegions []string `yaml:"check_regions"`
+	// VisitorLocationHeaders turns on the zone's "Add visitor location
+	// headers" managed transform (default true): without it Cloudflare sends
+	// no CF-IPLatitude/CF-IPLongitude and signaling falls back to GeoIP.
+	VisitorLocationHeaders *bool `yaml:"visitor_location_headers"`
 	// Regions by catalogue region name. Every catalogue region with a
 	// cluster needs an entry; regions with only POPs run no signaling.
 	Regions map[string]RegionConfig `yaml:"regions"`
@@ -77,8 +88,9 @@ type RegionConfig struct {
 	// Origins are the addresses (IPs or hostnames) of the region's public
 	// signaling endpoints.
 	Origins []string `yaml:"origins"`
-	// CloudflareRegions are Cloudflare region codes (WNAM, ENAM, WEU, EEU,
-	// SEAS, ...) that geo steering sends to this region first.
+	// CloudflareRegions are Cloudflare region codes (RegionCodes: WNAM,
+	// ENAM, WEU, EEU, NSAM, SSAM, OC, ME, NAF, SAF, SAS, SEAS, NEAS) that geo
+	// steering sends to this region first.
 	CloudflareRegions []string `yaml:"cloudflare_regions"`
 	// Countries are ISO 3166-1 alpha-2 codes geo steering sends here first.
 	Countries []string `yaml:"countries"`
@@ -128,6 +140,10 @@ func (c *Config) defaults() {
 	if c.TTL == 0 {
 		c.TTL = 30
 	}
+	if c.VisitorLocationHeaders == nil {
+		t := true
+		c.VisitorLocationHeaders = &t
+	}
 	m := &c.Monitor
 	if m.Path == "" {
 		m.Path = "/readyz"
@@ -171,6 +187,7 @@ type (
 		Region, Name, Description string
 		Latitude, Longitude       float64
 		Origins                   []originSpec // sorted by name
+		CheckRegions              []string     // sorted
 	}
 	originSpec struct{ Name, Address string }
 	lbSpec     struct {
@@ -182,14 +199,12 @@ type (
 		FallbackRegion    string              //
 		RegionPools       map[string][]string // Cloudflare region -> regions, in order
 		CountryPools      map[string][]string // country -> regions, in order
+		// VisitorLocationHeaders: enable the zone's managed transform.
+		VisitorLocationHeaders bool
 	}
 )
 
-var (
-	poolNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
-	cfRegionRe = regexp.MustCompile(`^[A-Z]{2,5}$`)
-	countryRe  = regexp.MustCompile(`^[A-Z]{2}$`)
-)
+var poolNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 // desired validates c against the catalogue and computes what Cloudflare
 // should hold. Every problem is reported at once.
@@ -241,6 +256,30 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 		}
 	}
 
+	// Probe from the regions the clients come from: those claimed, unless
+	// the config lists its own.
+	checkRegions := map[string]bool{}
+	if len(c.CheckRegions) > 0 {
+		for _, code := range c.CheckRegions {
+			if !ValidRegionCode(code) {
+				bad("check_regions: %q is not a Cloudflare region code (%s)", code, regionCodeHint(code))
+			}
+			checkRegions[code] = true
+		}
+	} else {
+		for _, rc := range c.Regions {
+			for _, code := range rc.CloudflareRegions {
+				if ValidRegionCode(strings.ToUpper(code)) {
+					checkRegions[strings.ToUpper(code)] = true
+				}
+			}
+		}
+		if len(checkRegions) == 0 {
+			bad("check_regions: no region claims a Cloudflare region code, so list the regions to probe from " +
+				"(sync never sends null: that probes from every data centre, which only Enterprise plans allow)")
+		}
+	}
+
 	d := &desiredState{
 		Monitor: monitorSpec{
 			Description:   c.describe("signaling readiness for " + c.Hostname),
@@ -260,11 +299,12 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 		}
 		r := catRegions[name]
 		p := poolSpec{
-			Region:      name,
-			Name:        c.NamePrefix + "-" + name,
-			Description: c.describe("signaling pool of region " + name),
-			Latitude:    r.Location.Lat,
-			Longitude:   r.Location.Lon,
+			Region:       name,
+			Name:         c.NamePrefix + "-" + name,
+			Description:  c.describe("signaling pool of region " + name),
+			Latitude:     r.Location.Lat,
+			Longitude:    r.Location.Lon,
+			CheckRegions: slices.Sorted(maps.Keys(checkRegions)),
 		}
 		seen := map[string]bool{}
 		for i, addr := range rc.Origins {
@@ -320,13 +360,25 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 		FallbackRegion: fallback,
 		RegionPools:    map[string][]string{},
 		CountryPools:   map[string][]string{},
+
+		VisitorLocationHeaders: *c.VisitorLocationHeaders,
+	}
+	// Codes are checked whatever the policy, so switching to geo later
+	// cannot surface a bad code at apply time.
+	for _, name := range sortedKeys(c.Regions) {
+		for _, code := range c.Regions[name].CloudflareRegions {
+			if code = strings.ToUpper(code); !ValidRegionCode(code) {
+				bad("region %q: %q is not a Cloudflare region code (%s)", name, code, regionCodeHint(code))
+			}
+		}
+		for _, code := range c.Regions[name].Countries {
+			if code = strings.ToUpper(code); !geo.KnownCountry(code) {
+				bad("region %q: country %q is not an ISO 3166-1 alpha-2 code", name, code)
+			}
+		}
 	}
 	if c.SteeringPolicy == SteeringGeo {
-		claim := func(m map[string][]string, kind, code, region string, re *regexp.Regexp) {
-			if !re.MatchString(code) {
-				bad("region %q: %s %q is malformed", region, kind, code)
-				return
-			}
+		claim := func(m map[string][]string, kind, code, region string) {
 			if prev, ok := m[code]; ok {
 				bad("%s %q is claimed by both %q and %q", kind, code, prev[0], region)
 				return
@@ -335,11 +387,20 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 		}
 		for _, name := range sortedKeys(c.Regions) {
 			for _, code := range c.Regions[name].CloudflareRegions {
-				claim(lb.RegionPools, "Cloudflare region", strings.ToUpper(code), name, cfRegionRe)
+				claim(lb.RegionPools, "Cloudflare region", strings.ToUpper(code), name)
 			}
 			for _, code := range c.Regions[name].Countries {
-				claim(lb.CountryPools, "country", strings.ToUpper(code), name, countryRe)
+				claim(lb.CountryPools, "country", strings.ToUpper(code), name)
 			}
+		}
+		// The catalogue's steering overrides, so Cloudflare sends a
+		// country to the front signaling itself would choose for it.
+		for cc, prefs := range steeringCountryPools(cat, names, order) {
+			if _, ok := lb.CountryPools[cc]; ok {
+				bad("country %q is steered both by a region's countries here and by the catalogue's steering; keep one", cc)
+				continue
+			}
+			lb.CountryPools[cc] = prefs
 		}
 	}
 	d.LB = lb
@@ -347,6 +408,42 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 		return nil, errors.Join(errs...)
 	}
 	return d, nil
+}
+
+// steeringCountryPools turns the catalogue's steering overrides into
+// country pools: each country (continent entries expanded to their
+// countries, a country's own entry winning) gets its preferred regions that
+// have signaling, then the rest in failover order.
+func steeringCountryPools(cat *geo.Catalogue, withSignaling, order []string) map[string][]string {
+	out := map[string][]string{}
+	add := func(cc string, prefs []string) {
+		var list []string
+		for _, r := range prefs {
+			if slices.Contains(withSignaling, r) {
+				list = append(list, r)
+			}
+		}
+		if len(list) == 0 {
+			return
+		}
+		for _, r := range order {
+			if !slices.Contains(list, r) {
+				list = append(list, r)
+			}
+		}
+		out[cc] = list
+	}
+	for cont, prefs := range cat.Steering.Continents {
+		for _, cc := range geo.CountriesOf(cont) {
+			if _, own := cat.Steering.Countries[cc]; !own {
+				add(cc, prefs)
+			}
+		}
+	}
+	for cc, prefs := range cat.Steering.Countries {
+		add(cc, prefs)
+	}
+	return out
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -20,20 +20,31 @@ import (
 // Bearer token auth, account-scoped monitors and pools, zone-scoped load
 // balancers, server-side defaults, validation of references, PUT replacing
 // a whole object and PATCH merging into it, and refusing to delete a pool a
-// load balancer still uses.
+// load balancer still uses. It rejects what the API rejects for the fields
+// sync writes: region codes outside the documented enumeration (in
+// region_pools and check_regions), malformed country and POP keys, a pool
+// without check_regions on a non-Enterprise account (null means every data
+// centre), and managed-transform PATCHes that omit a list, name an unknown
+// transform or enable one that conflicts with an enabled one. The zone's
+// managed transforms start disabled, as on a new zone.
 type fakeCloudflare struct {
 	srv     *httptest.Server
 	token   string
 	account string
 	zone    string
 
-	mu       sync.Mutex
-	monitors map[string]map[string]any
-	pools    map[string]map[string]any
-	lbs      map[string]map[string]any
-	nextID   int
-	writes   []string            // "METHOD path" of every successful write
-	failures map[string]apiFault // "METHOD kind" -> injected failure, used once
+	mu sync.Mutex
+	// enterprise lets pools omit check_regions (probe from everywhere);
+	// guarded by mu.
+	enterprise bool
+	transforms map[string]map[string]bool // "request"/"response" -> id -> enabled
+	monitors   map[string]map[string]any
+	pools      map[string]map[string]any
+	lbs        map[string]map[string]any
+	nextID     int
+	writes     []string            // "METHOD path" of every successful write
+	patched    map[string][]string // kind -> top-level keys of its last PATCH body
+	failures   map[string]apiFault // "METHOD kind" -> injected failure, used once
 }
 
 // apiFault is an injected error response.
@@ -51,6 +62,11 @@ func newFakeCloudflare(t *testing.T, token, account, zone string) *fakeCloudflar
 		pools:    map[string]map[string]any{},
 		lbs:      map[string]map[string]any{},
 		failures: map[string]apiFault{},
+		patched:  map[string][]string{},
+		transforms: map[string]map[string]bool{
+			"request":  {"add_visitor_location_headers": false, "remove_visitor_ip_headers": false, "add_true_client_ip_headers": false, "add_client_certificate_headers": false},
+			"response": {"add_security_headers": false, "remove_x-powered-by_header": false},
+		},
 	}
 	mux := http.NewServeMux()
 	const acct = "/client/v4/accounts/{account}/load_balancers/"
@@ -64,6 +80,8 @@ func newFakeCloudflare(t *testing.T, token, account, zone string) *fakeCloudflar
 	mux.HandleFunc("GET "+zone_, f.list("lb"))
 	mux.HandleFunc("POST "+zone_, f.create("lb"))
 	mux.HandleFunc(zone_+"/{id}", f.item("lb"))
+	mux.HandleFunc("GET /client/v4/zones/{zone}/managed_headers", f.listTransforms)
+	mux.HandleFunc("PATCH /client/v4/zones/{zone}/managed_headers", f.editTransforms)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErrors(w, http.StatusNotFound, apiFault{code: 7000, message: "No route for that URI"})
 	})
@@ -263,6 +281,7 @@ func (f *fakeCloudflare) item(kind string) http.HandlerFunc {
 			writeResult(w, http.StatusOK, old)
 		case http.MethodPut, http.MethodPatch:
 			if r.Method == http.MethodPatch {
+				f.patched[kind] = slices.Sorted(maps.Keys(body))
 				merged := deepCopy(old)
 				maps.Copy(merged, body)
 				body = merged
@@ -303,7 +322,100 @@ func (f *fakeCloudflare) item(kind string) http.HandlerFunc {
 	}
 }
 
-var fakePoolName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+var (
+	fakePoolName   = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+	fakeCountryKey = regexp.MustCompile(`^[A-Z]{2}$`)
+	fakePOPKey     = regexp.MustCompile(`^[A-Z]{3}$`)
+)
+
+// transformList renders one kind of managed transforms as the API does;
+// f.mu must be held.
+func (f *fakeCloudflare) transformList(kind string) []map[string]any {
+	out := []map[string]any{}
+	for _, id := range slices.Sorted(maps.Keys(f.transforms[kind])) {
+		conflicts := fakeTransformConflicts[id]
+		has := false
+		for _, c := range conflicts {
+			has = has || f.transforms[kind][c]
+		}
+		out = append(out, map[string]any{"id": id, "enabled": f.transforms[kind][id], "has_conflict": has, "conflicts_with": conflicts})
+	}
+	return out
+}
+
+// fakeTransformConflicts: the pairs the API refuses to enable together.
+var fakeTransformConflicts = map[string][]string{
+	"add_true_client_ip_headers": {"remove_visitor_ip_headers"},
+	"remove_visitor_ip_headers":  {"add_true_client_ip_headers"},
+}
+
+func (f *fakeCloudflare) listTransforms(w http.ResponseWriter, r *http.Request) {
+	if !f.scope(w, r, "lb") {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.injected(w, r.Method, "transforms") {
+		return
+	}
+	writeResult(w, http.StatusOK, map[string]any{
+		"managed_request_headers": f.transformList("request"), "managed_response_headers": f.transformList("response"),
+	})
+}
+
+// editTransforms applies a PATCH: both lists are required, each entry
+// changes only the transform it names.
+func (f *fakeCloudflare) editTransforms(w http.ResponseWriter, r *http.Request) {
+	if !f.scope(w, r, "lb") {
+		return
+	}
+	body, ok := decodeBody(w, r)
+	if !ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.injected(w, r.Method, "transforms") {
+		return
+	}
+	bad := func(format string, args ...any) {
+		writeErrors(w, http.StatusBadRequest, apiFault{code: 20021, message: fmt.Sprintf(format, args...)})
+	}
+	next := map[string]map[string]bool{}
+	for kind, key := range map[string]string{"request": "managed_request_headers", "response": "managed_response_headers"} {
+		next[kind] = maps.Clone(f.transforms[kind])
+		list, ok := body[key].([]any)
+		if !ok {
+			bad("%s is required", key)
+			return
+		}
+		for _, e := range list {
+			m, _ := e.(map[string]any)
+			id, _ := m["id"].(string)
+			enabled, isBool := m["enabled"].(bool)
+			if _, known := next[kind][id]; !known || !isBool {
+				bad("%s: unknown managed transform %q or missing enabled", key, id)
+				return
+			}
+			next[kind][id] = enabled
+		}
+	}
+	for kind, states := range next {
+		for id, on := range states {
+			for _, c := range fakeTransformConflicts[id] {
+				if on && states[c] {
+					bad("managed transform %s conflicts with %s", id, c)
+					return
+				}
+			}
+		}
+		f.transforms[kind] = states
+	}
+	f.writes = append(f.writes, r.Method+" "+r.URL.Path)
+	writeResult(w, http.StatusOK, map[string]any{
+		"managed_request_headers": f.transformList("request"), "managed_response_headers": f.transformList("response"),
+	})
+}
 
 // validate applies the API's defaults to a create or full-replace body and
 // checks what the API checks; f.mu must be held. id is "" on create.
@@ -379,12 +491,34 @@ func (f *fakeCloudflare) validate(kind, id string, body map[string]any) (map[str
 		if hasLat != hasLon {
 			return nil, bad("latitude and longitude must be set together")
 		}
+		switch regions := obj["check_regions"].(type) {
+		case nil:
+			if !f.enterprise {
+				return nil, bad("check_regions: null runs health checks from every Cloudflare region, which requires an Enterprise plan; list the regions")
+			}
+		case []any:
+			if len(regions) == 0 {
+				return nil, bad("check_regions: give at least one region, or null")
+			}
+			for _, r := range regions {
+				code, _ := r.(string)
+				if code == "ALL_REGIONS" && !f.enterprise {
+					return nil, bad("check_regions: ALL_REGIONS requires an Enterprise plan")
+				}
+				if code != "ALL_REGIONS" && !ValidRegionCode(code) {
+					return nil, bad("check_regions: invalid region %q", r)
+				}
+			}
+		default:
+			return nil, bad("check_regions must be a list")
+		}
 		def("description", "")
 		def("enabled", true)
 		def("minimum_origins", 1.0)
 		def("monitor", "")
-		def("check_regions", nil)
 		def("networks", []any{"cloudflare"})
+		def("notification_email", "")
+		def("origin_steering", map[string]any{"policy": "random"})
 	case "lb":
 		name, _ := obj["name"].(string)
 		if name == "" {
@@ -400,9 +534,17 @@ func (f *fakeCloudflare) validate(kind, id string, body map[string]any) (map[str
 			return nil, bad("default_pools is required")
 		}
 		refs := append(slices.Clone(defaults), fmt.Sprint(obj["fallback_pool"]))
+		keyOK := map[string]func(string) bool{
+			"region_pools":  ValidRegionCode,
+			"country_pools": fakeCountryKey.MatchString,
+			"pop_pools":     fakePOPKey.MatchString,
+		}
 		for _, key := range []string{"region_pools", "country_pools", "pop_pools"} {
 			m, _ := obj[key].(map[string]any)
-			for _, v := range m {
+			for k, v := range m {
+				if !keyOK[key](k) {
+					return nil, bad("%s: invalid key %q", key, k)
+				}
 				refs = append(refs, stringList(v)...)
 			}
 		}
@@ -420,6 +562,11 @@ func (f *fakeCloudflare) validate(kind, id string, body map[string]any) (map[str
 		def("region_pools", map[string]any{})
 		def("country_pools", map[string]any{})
 		def("pop_pools", map[string]any{})
+		def("rules", []any{})
+		def("adaptive_routing", map[string]any{"failover_across_pools": false})
+		def("location_strategy", map[string]any{"mode": "pop", "prefer_ecs": "proximity"})
+		def("random_steering", map[string]any{"default_weight": 1.0})
+		def("session_affinity_ttl", 0.0)
 		obj["zone_name"] = "example.com"
 	}
 	return obj, nil

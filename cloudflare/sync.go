@@ -12,6 +12,7 @@ import (
 
 	cf "github.com/cloudflare/cloudflare-go/v6"
 	"github.com/cloudflare/cloudflare-go/v6/load_balancers"
+	"github.com/cloudflare/cloudflare-go/v6/managed_transforms"
 	"github.com/cloudflare/cloudflare-go/v6/option"
 
 	"github.com/rtcedge/rtcedge/geo"
@@ -59,6 +60,7 @@ type Syncer struct {
 	cfg    *Config
 	want   *desiredState
 	lbs    *load_balancers.LoadBalancerService
+	mts    *managed_transforms.ManagedTransformService
 	dryRun bool
 }
 
@@ -78,14 +80,24 @@ func New(cfg *Config, cat *geo.Catalogue, token string, dryRun bool, opts ...opt
 	// CLOUDFLARE_API_KEY / CLOUDFLARE_BASE_URL and friends from the
 	// environment, and the token must be the only credential used.
 	all := append([]option.RequestOption{option.WithEnvironmentProduction(), option.WithAPIToken(token)}, opts...)
-	return &Syncer{cfg: cfg, want: want, lbs: load_balancers.NewLoadBalancerService(all...), dryRun: dryRun}, nil
+	return &Syncer{
+		cfg: cfg, want: want, dryRun: dryRun,
+		lbs: load_balancers.NewLoadBalancerService(all...),
+		mts: managed_transforms.NewManagedTransformService(all...),
+	}, nil
 }
 
 // Sync brings Cloudflare in line: monitor, then pools (they reference the
 // monitor), then the load balancer (it references the pools), then deletes
-// pools it owns that no region wants any more (only now unreferenced). It
-// returns the actions taken, or with dry run the ones it would take. On an
-// error the plan holds what was done before it.
+// pools it owns that no region wants any more (only now unreferenced), then
+// turns on the zone's visitor location headers. It returns the actions
+// taken, or with dry run the ones it would take. On an error the plan holds
+// what was done before it.
+//
+// Updates are PATCHes of the fields sync manages, computed from what was
+// read (read-modify-write for the monitor's headers and the pool's
+// origins), so what someone added by hand — pop_pools, rules,
+// adaptive_routing, notification settings, an origin's port — survives.
 func (s *Syncer) Sync(ctx context.Context) (Plan, error) {
 	var plan Plan
 	monitorID, err := s.syncMonitor(ctx, &plan)
@@ -108,7 +120,58 @@ func (s *Syncer) Sync(ctx context.Context) (Plan, error) {
 			return plan, apiError("delete pool "+p.Name, err)
 		}
 	}
+	if s.want.LB.VisitorLocationHeaders {
+		if err := s.syncVisitorLocationHeaders(ctx, &plan); err != nil {
+			return plan, err
+		}
+	}
 	return plan, nil
+}
+
+// visitorLocationTransform is the managed request transform that adds
+// CF-IPLatitude, CF-IPLongitude, CF-IPCity, CF-IPContinent and friends.
+const visitorLocationTransform = "add_visitor_location_headers"
+
+// syncVisitorLocationHeaders enables the managed transform when it is off.
+// The PATCH names only that transform, so the zone's others keep their
+// state.
+func (s *Syncer) syncVisitorLocationHeaders(ctx context.Context, plan *Plan) error {
+	object := "managed transform " + visitorLocationTransform
+	list, err := s.mts.List(ctx, managed_transforms.ManagedTransformListParams{ZoneID: cf.F(s.cfg.ZoneID)})
+	if err != nil {
+		return apiError("list managed transforms", err)
+	}
+	var found *managed_transforms.ManagedTransformListResponseManagedRequestHeader
+	for i, h := range list.ManagedRequestHeaders {
+		if h.ID == visitorLocationTransform {
+			found = &list.ManagedRequestHeaders[i]
+		}
+	}
+	switch {
+	case found == nil:
+		return fmt.Errorf("cloudflare: zone %s offers no %s; set visitor_location_headers: false and enable it by hand", s.cfg.ZoneID, object)
+	case found.Enabled:
+		return nil
+	case found.HasConflict:
+		return fmt.Errorf("cloudflare: %s conflicts with the enabled %s; disable those or set visitor_location_headers: false",
+			object, strings.Join(found.ConflictsWith, ", "))
+	}
+	*plan = append(*plan, Action{Verb: "update", Object: object, Changes: []string{"enabled: false -> true"}})
+	if s.dryRun {
+		return nil
+	}
+	_, err = s.mts.Edit(ctx, managed_transforms.ManagedTransformEditParams{
+		ZoneID: cf.F(s.cfg.ZoneID),
+		ManagedRequestHeaders: cf.F([]managed_transforms.ManagedTransformEditParamsManagedRequestHeader{
+			{ID: cf.F(visitorLocationTransform), Enabled: cf.F(true)},
+		}),
+		// Required by the API even when nothing changes there.
+		ManagedResponseHeaders: cf.F([]managed_transforms.ManagedTransformEditParamsManagedResponseHeader{}),
+	})
+	if err != nil {
+		return apiError("enable "+object, err)
+	}
+	return nil
 }
 
 // placeholder stands for the ID of an object a dry run would create.
@@ -149,10 +212,18 @@ func (s *Syncer) syncMonitor(ctx context.Context, plan *Plan) (string, error) {
 	*plan = append(*plan, Action{Verb: "update", Object: object, Changes: changes})
 	if !s.dryRun {
 		p := s.monitorNewParams()
-		_, err := s.lbs.Monitors.Update(ctx, found.ID, load_balancers.MonitorUpdateParams{
-			AccountID: p.AccountID, Description: p.Description, Type: cf.F(load_balancers.MonitorUpdateParamsTypeHTTPS),
+		// Headers added by hand stay; only Host is ours.
+		header := map[string][]string{}
+		for k, v := range found.Header {
+			if !strings.EqualFold(k, "Host") {
+				header[k] = v
+			}
+		}
+		header["Host"] = []string{want.Host}
+		_, err := s.lbs.Monitors.Edit(ctx, found.ID, load_balancers.MonitorEditParams{
+			AccountID: p.AccountID, Type: cf.F(load_balancers.MonitorEditParamsTypeHTTPS),
 			Method: p.Method, Path: p.Path, ExpectedCodes: p.ExpectedCodes, Port: p.Port,
-			Interval: p.Interval, Timeout: p.Timeout, Retries: p.Retries, Header: p.Header,
+			Interval: p.Interval, Timeout: p.Timeout, Retries: p.Retries, Header: cf.F(header),
 			FollowRedirects: p.FollowRedirects, AllowInsecure: p.AllowInsecure,
 		})
 		if err != nil {
@@ -233,12 +304,15 @@ func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (i
 				ids[want.Region] = placeholder(object)
 				continue
 			}
-			p := s.poolParams(want, monitorID)
+			p := s.poolParams(want, monitorID, nil)
 			created, err := s.lbs.Pools.New(ctx, load_balancers.PoolNewParams{
-				AccountID: p.AccountID, Name: p.Name, Description: p.Description, Enabled: p.Enabled,
+				AccountID: p.AccountID, Name: cf.F(want.Name), Description: p.Description, Enabled: p.Enabled,
 				MinimumOrigins: p.MinimumOrigins, Monitor: p.Monitor, Latitude: p.Latitude,
 				Longitude: p.Longitude, Origins: p.Origins,
-			})
+			},
+				// cloudflare-go's create parameters lack check_regions,
+				// which the API takes on create as on update.
+				option.WithJSONSet("check_regions", want.CheckRegions))
 			if err != nil {
 				return nil, nil, apiError("create "+object, err)
 			}
@@ -257,7 +331,7 @@ func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (i
 		if s.dryRun {
 			continue
 		}
-		if _, err := s.lbs.Pools.Update(ctx, have.ID, s.poolParams(want, monitorID)); err != nil {
+		if _, err := s.lbs.Pools.Edit(ctx, have.ID, s.poolParams(want, monitorID, have.Origins)); err != nil {
 			return nil, nil, apiError("update "+object, err)
 		}
 	}
@@ -270,21 +344,43 @@ func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (i
 	return ids, stale, nil
 }
 
-// poolParams is the full pool (PUT replaces the whole object).
-func (s *Syncer) poolParams(want poolSpec, monitorID string) load_balancers.PoolUpdateParams {
+// poolParams is every pool field sync manages, for a create or a PATCH.
+// have holds the pool's current origins: the fields of a same-named origin
+// that sync does not manage (port, virtual network, CNAME flattening) are
+// carried over, as the origins list is replaced as a whole.
+func (s *Syncer) poolParams(want poolSpec, monitorID string, have []load_balancers.Origin) load_balancers.PoolEditParams {
 	origins := make([]load_balancers.OriginParam, 0, len(want.Origins))
 	for _, o := range want.Origins {
-		origins = append(origins, load_balancers.OriginParam{
+		p := load_balancers.OriginParam{
 			Name:    cf.F(o.Name),
 			Address: cf.F(o.Address),
 			Enabled: cf.F(true),
 			Weight:  cf.F(1.0),
 			Header:  cf.F(load_balancers.HeaderParam{Host: cf.F([]string{s.want.Monitor.Host})}),
-		})
+		}
+		for _, h := range have {
+			if h.Name != o.Name {
+				continue
+			}
+			if h.Port != 0 {
+				p.Port = cf.F(h.Port)
+			}
+			if h.VirtualNetworkID != "" {
+				p.VirtualNetworkID = cf.F(h.VirtualNetworkID)
+			}
+			if h.FlattenCNAME {
+				p.FlattenCNAME = cf.F(true)
+			}
+		}
+		origins = append(origins, p)
 	}
-	return load_balancers.PoolUpdateParams{
+	checkRegions := make([]load_balancers.CheckRegion, len(want.CheckRegions))
+	for i, r := range want.CheckRegions {
+		checkRegions[i] = load_balancers.CheckRegion(r)
+	}
+	return load_balancers.PoolEditParams{
 		AccountID:      cf.F(s.cfg.AccountID),
-		Name:           cf.F(want.Name),
+		CheckRegions:   cf.F(checkRegions),
 		Description:    cf.F(want.Description),
 		Enabled:        cf.F(true),
 		MinimumOrigins: cf.F(int64(1)),
@@ -316,6 +412,12 @@ func diffPool(have load_balancers.Pool, want poolSpec, monitorID, host string) [
 	sort.Strings(haveOrigins)
 	sort.Strings(wantOrigins)
 	d.list("origins", haveOrigins, wantOrigins)
+	haveRegions := make([]string, len(have.CheckRegions))
+	for i, r := range have.CheckRegions {
+		haveRegions[i] = string(r)
+	}
+	sort.Strings(haveRegions)
+	d.list("check_regions", haveRegions, want.CheckRegions)
 	return d.changes
 }
 
@@ -347,9 +449,10 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string
 		}
 		return out
 	}
-	params := load_balancers.LoadBalancerUpdateParams{
+	// Every field sync manages; a PATCH of these leaves pop_pools, rules,
+	// adaptive_routing and the rest as they are.
+	params := load_balancers.LoadBalancerEditParams{
 		ZoneID:         cf.F(s.cfg.ZoneID),
-		Name:           cf.F(want.Name),
 		Description:    cf.F(want.Description),
 		Enabled:        cf.F(true),
 		Proxied:        cf.F(want.Proxied),
@@ -371,7 +474,7 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string
 			return nil
 		}
 		_, err := s.lbs.New(ctx, load_balancers.LoadBalancerNewParams{
-			ZoneID: params.ZoneID, Name: params.Name, Description: params.Description,
+			ZoneID: params.ZoneID, Name: cf.F(want.Name), Description: params.Description,
 			Proxied: params.Proxied, SteeringPolicy: params.SteeringPolicy, SessionAffinity: params.SessionAffinity,
 			DefaultPools: params.DefaultPools, FallbackPool: params.FallbackPool,
 			RegionPools: params.RegionPools, CountryPools: params.CountryPools, TTL: params.TTL,
@@ -408,7 +511,7 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string
 	if s.dryRun {
 		return nil
 	}
-	if _, err := s.lbs.Update(ctx, found.ID, params); err != nil {
+	if _, err := s.lbs.Edit(ctx, found.ID, params); err != nil {
 		return apiError("update "+object, err)
 	}
 	return nil

@@ -96,12 +96,13 @@ func TestFirstSyncCreatesEverythingSecondIsNoop(t *testing.T) {
 		"create pool rtcedge-eu-central",
 		"create pool rtcedge-us-east",
 		"create load balancer rt.example.com",
+		"update managed transform add_visitor_location_headers",
 	}
 	if got := verbs(plan); !slices.Equal(got, wantPlan) {
 		t.Fatalf("plan:\n%v\nwant:\n%v", got, wantPlan)
 	}
-	if n := e.f.writeCount(); n != 5 {
-		t.Fatalf("%d writes, want 5: %v", n, e.f.writesSince(0))
+	if n := e.f.writeCount(); n != 6 {
+		t.Fatalf("%d writes, want 6: %v", n, e.f.writesSince(0))
 	}
 
 	monitors := e.f.snapshot("monitor")
@@ -176,7 +177,7 @@ func TestSyncCorrectsDrift(t *testing.T) {
 		kind      string
 		find      func(map[string]any) bool
 		change    func(map[string]any)
-		wantWrite string // path suffix of the one PUT expected
+		wantWrite string // path suffix of the one PATCH expected
 		wantDiff  string // substring of the plan's change lines
 	}{
 		{
@@ -228,8 +229,8 @@ func TestSyncCorrectsDrift(t *testing.T) {
 			before := e.f.writeCount()
 			plan := e.sync(false)
 			writes := e.f.writesSince(before)
-			if len(writes) != 1 || !strings.HasPrefix(writes[0], "PUT ") || !strings.Contains(writes[0], tt.wantWrite) {
-				t.Fatalf("writes = %v, want one PUT of %s", writes, tt.wantWrite)
+			if len(writes) != 1 || !strings.HasPrefix(writes[0], "PATCH ") || !strings.Contains(writes[0], tt.wantWrite) {
+				t.Fatalf("writes = %v, want one PATCH of %s", writes, tt.wantWrite)
 			}
 			if len(plan) != 1 || plan[0].Verb != "update" || !strings.Contains(plan[0].String(), tt.wantDiff) {
 				t.Fatalf("plan = %v, want an update mentioning %q", plan, tt.wantDiff)
@@ -309,8 +310,8 @@ func TestSyncReportsAPIErrors(t *testing.T) {
 func TestDryRunWritesNothing(t *testing.T) {
 	e := newEnv(t)
 	plan := e.sync(true)
-	if len(plan) != 5 {
-		t.Fatalf("dry-run plan on an empty account = %v, want 5 creates", verbs(plan))
+	if len(plan) != 6 {
+		t.Fatalf("dry-run plan on an empty account = %v, want 5 creates and the transform", verbs(plan))
 	}
 	if n := e.f.writeCount(); n != 0 {
 		t.Fatalf("dry run wrote %v", e.f.writesSince(0))
@@ -418,7 +419,9 @@ regions:
 	e.cfg.RegionOrder = []string{"eu-central", "us-east"}
 
 	plan := e.sync(false)
-	want := []string{"update load balancer rt.example.com", "delete pool rtcedge-ap-southeast"}
+	// The remaining pools stop probing from ap-southeast's Cloudflare
+	// regions (check_regions follow the regions in use).
+	want := []string{"update pool rtcedge-eu-central", "update pool rtcedge-us-east", "update load balancer rt.example.com", "delete pool rtcedge-ap-southeast"}
 	if got := verbs(plan); !slices.Equal(got, want) {
 		t.Fatalf("plan = %v, want %v", got, want)
 	}

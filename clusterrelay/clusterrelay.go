@@ -31,9 +31,32 @@ const (
 	DropNotFromPod   = "not_from_pod"
 	DropPodMismatch  = "pod_mismatch"
 	DropEmpty        = "empty"
-	DropOversize     = "oversize"         // filled the receive buffer: possibly truncated
+	DropOversize     = "oversize"         // longer than encap.MaxDatagram
 	DropIngress      = "ingress_mismatch" // toward a pod, but not sent by the ingress the header names
 )
+
+// dropReason is the typed form of the labels above; it indexes the
+// preallocated counters, so a drop costs one slice index.
+type dropReason uint8
+
+const (
+	dropOther dropReason = iota
+	dropWrongCluster
+	dropUnknownPod
+	dropNotFromPod
+	dropPodMismatch
+	dropEmpty
+	dropOversize
+	dropIngress
+	numDropReasons
+)
+
+// dropLabels is the label of every dropReason, indexed by it.
+var dropLabels = [numDropReasons]string{
+	dropOther: "other", dropWrongCluster: DropWrongCluster, dropUnknownPod: DropUnknownPod,
+	dropNotFromPod: DropNotFromPod, dropPodMismatch: DropPodMismatch, dropEmpty: DropEmpty,
+	dropOversize: DropOversize, dropIngress: DropIngress,
+}
 
 // Config configures a Relay.
 type Config struct {
@@ -85,13 +108,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stop()
 	hooks := udpio.Hooks{
 		WriteErr: func(error) { r.m.writeErrors.Inc() },
-		Oversize: func() { r.m.drops.Inc(DropOversize) },
+		Oversize: func() { r.m.drops.Inc(dropOversize) },
 	}
 	var err error
 	if r.cfg.Batch > 1 {
-		err = udpio.ForwardBatch(r.conn, r.conn, 0, r.cfg.Batch, r.decide, hooks)
+		err = udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
 	} else {
-		err = udpio.Forward(r.conn, r.conn, 0, r.decide, hooks)
+		err = udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
 	}
 	r.Close()
 	if err != nil {
@@ -112,15 +135,15 @@ func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.Ad
 	pkt := buf[:n]
 	h, hl, err := encap.Decode(pkt)
 	if err != nil {
-		r.m.encapDrops.Inc(encap.Reason(err))
+		r.m.encapDrops.Inc(encap.ReasonOf(err))
 		return nil, netip.AddrPort{}, false
 	}
 	if h.Cluster != r.cfg.Cluster {
-		r.m.drops.Inc(DropWrongCluster)
+		r.m.drops.Inc(dropWrongCluster)
 		return nil, netip.AddrPort{}, false
 	}
 	if n == hl {
-		r.m.drops.Inc(DropEmpty)
+		r.m.drops.Inc(dropEmpty)
 		return nil, netip.AddrPort{}, false
 	}
 	if h.ToClient {
@@ -128,11 +151,11 @@ func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.Ad
 		// its own name: otherwise anyone could reflect traffic through us.
 		pod, ok := r.cfg.Pods.PodAt(from)
 		if !ok {
-			r.m.drops.Inc(DropNotFromPod)
+			r.m.drops.Inc(dropNotFromPod)
 			return nil, netip.AddrPort{}, false
 		}
 		if pod != h.Pod {
-			r.m.drops.Inc(DropPodMismatch)
+			r.m.drops.Inc(dropPodMismatch)
 			return nil, netip.AddrPort{}, false
 		}
 		r.m.toClient.Inc()
@@ -143,12 +166,12 @@ func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.Ad
 	// and replies will go there: a header naming anyone else would make
 	// this relay and the pod send a call's media to a third party.
 	if h.Ingress != from {
-		r.m.drops.Inc(DropIngress)
+		r.m.drops.Inc(dropIngress)
 		return nil, netip.AddrPort{}, false
 	}
 	dst, ok := r.cfg.Pods.PodAddr(h.Pod)
 	if !ok {
-		r.m.drops.Inc(DropUnknownPod)
+		r.m.drops.Inc(dropUnknownPod)
 		return nil, netip.AddrPort{}, false
 	}
 	r.m.toPod.Inc()
@@ -160,7 +183,8 @@ type metrics struct {
 	toPod, toClient           prometheus.Counter
 	toPodBytes, toClientBytes prometheus.Counter
 	writeErrors               prometheus.Counter
-	drops, encapDrops         *udpio.DropCounters
+	drops                     *udpio.Drops[dropReason]
+	encapDrops                *udpio.Drops[encap.Reason]
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -184,9 +208,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		toPod: packets.WithLabelValues("to_pod"), toClient: packets.WithLabelValues("to_client"),
 		toPodBytes: bytes.WithLabelValues("to_pod"), toClientBytes: bytes.WithLabelValues("to_client"),
 		writeErrors: writeErrors,
-		drops: udpio.NewDropCounters(drops, DropWrongCluster, DropUnknownPod, DropNotFromPod, DropPodMismatch, DropEmpty,
-			DropOversize, DropIngress),
-		encapDrops: udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
+		drops:       udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
+		encapDrops:  udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{packets, bytes, drops, writeErrors} {

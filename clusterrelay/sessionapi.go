@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
@@ -24,7 +25,7 @@ import (
 // replica can serve it behind one internal address.
 
 const (
-	sessionsPath  = "/internal/v1/sessions"
+	sessionsPath  = sessionapi.SessionsPath
 	podAttempts   = 2
 	maxCreateBody = 96 << 10
 )
@@ -74,7 +75,7 @@ func (f *Front) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+sessionsPath, f.create)
 	mux.HandleFunc("DELETE "+sessionsPath+"/{id}", f.delete)
-	mux.HandleFunc("GET /internal/v1/status", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET "+sessionapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		load, capacity, ready := f.cfg.Pods.Aggregate()
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(ClusterStatus{Cluster: f.cfg.Cluster, Load: load, Capacity: capacity, Ready: ready, Pods: f.cfg.Pods.PodInfos()})

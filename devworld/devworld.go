@@ -4,13 +4,21 @@
 // memberlist gossip between all of them, and signaling with an embedded
 // GeoIP database and the demo page. `rtcedge dev` runs it, and the
 // end-to-end tests build it the same way with every port at 0.
+//
+// Every component is the same node a production process runs
+// (transceiver.NewNode, clusterrelay.NewNode, globalrelay.NewNode,
+// signaling.NewNode, netbackend.NewNode), from the same config structs;
+// only the addresses (loopback, port 0) and the gossip timings (fast) are
+// the dev world's own.
 package devworld
 
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,20 +29,18 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
-	"github.com/rtcedge/rtcedge/internal/udpio"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
-	"github.com/rtcedge/rtcedge/transceiver/echo"
 	"github.com/rtcedge/rtcedge/transceiver/netbackend"
-	"github.com/rtcedge/rtcedge/web"
 )
 
 // RegionSpec describes one region of the dev world.
@@ -65,15 +71,19 @@ type Config struct {
 	WorkersPerPOP int
 	// HTTPAddr is signaling's listen address; default 127.0.0.1:0.
 	HTTPAddr string
-	// MetricsAddr serves /metrics for every component; "" = none.
+	// MetricsAddr serves /metrics for every component (and signaling's
+	// /livez and /readyz); "" = none.
 	MetricsAddr string
 	// POPPort is the UDP port of every POP VIP; 0 = kernel-chosen per POP.
 	POPPort uint16
 	// APIKeys, when set, are required by signaling.
 	APIKeys []string
 	// TrustedProxies lets tests stand in for Cloudflare: signaling believes
-	// CF-IPLatitude/CF-IPLongitude from these peers.
+	// CF-Connecting-IP, CF-IPLatitude/CF-IPLongitude from these peers.
 	TrustedProxies []netip.Prefix
+	// GeoIPDB is a GeoIP2/GeoLite2 City .mmdb file for signaling; "" = the
+	// embedded dev database (a few documentation ranges).
+	GeoIPDB string
 	// Transceiver tweaks (zero = package defaults).
 	ConnectTimeout time.Duration
 	MaxSessions    int
@@ -94,25 +104,30 @@ type Config struct {
 	Logger *slog.Logger // default slog.Default()
 }
 
+// readyLimit bounds the wait for a new global relay replica to be ready.
+const readyLimit = 15 * time.Second
+
 // Pod is one transceiver pod.
 type Pod struct {
+	*transceiver.Node
 	ID          uint16
 	Transceiver *transceiver.Transceiver
 	API         string // base URL of the pod's session API
 	Data        netip.AddrPort
 	Pool        *membership.Pool
 	Relays      *transceiver.RelaySet // the cluster relays it accepts datagrams from
-	node
+	running
 }
 
 // ClusterRelay is one cluster relay replica with its session API front.
 type ClusterRelay struct {
+	*clusterrelay.Node
 	Relay       *clusterrelay.Relay
 	Directory   *clusterrelay.Directory
 	Front       string // base URL of the cluster session API it serves
 	ClusterPool *membership.Pool
 	GlobalPool  *membership.Pool
-	node
+	running
 }
 
 // Region is one running region.
@@ -131,9 +146,10 @@ type Region struct {
 
 // POPReplica is one global relay replica of a POP.
 type POPReplica struct {
+	*globalrelay.Node
 	Relay *globalrelay.Relay
 	Pool  *membership.Pool
-	node
+	running
 }
 
 // World is a running dev world.
@@ -144,87 +160,75 @@ type World struct {
 	MetricsURL    string // "" when MetricsAddr was empty
 	Registry      *prometheus.Registry
 	SignalingPool *membership.Pool
+	Signaling     *signaling.Node
 
 	cfg        Config
 	log        *slog.Logger
-	keys       *token.Keyring
+	keys       node.TokenKeys
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
-	backend    transceiver.Backend     // what every pod bridges to
+	backend    string                  // the network backend's address, if any
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
-	globalSeed string
+	globalSeed []string
+	clusters   []uint16
 	errMu      sync.Mutex
 	errs       []error
-	nodes      []*node // in start order; stopped in reverse
+	nodes      []*running // in start order; stopped in reverse
 }
 
-// node is one component's lifetime: its goroutines and what closes it.
-type node struct {
-	name    string
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closers []func() error
-	once    sync.Once
-	servers []*http.Server
-}
-
-// stop shuts the component down: HTTP servers, context, closers, goroutines.
-func (n *node) stop() {
-	n.once.Do(func() {
-		for _, s := range n.servers {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if s.Shutdown(ctx) != nil {
-				_ = s.Close() // idle keep-alive connections that never got a request
-			}
-			cancel()
-		}
-		n.cancel()
-		for i := len(n.closers) - 1; i >= 0; i-- {
-			_ = n.closers[i]()
-		}
-		n.wg.Wait()
-	})
+// running is one node's Run goroutine.
+type running struct {
+	name string
+	n    io.Closer
+	done chan struct{}
 }
 
 // Kill stops the component abruptly: its sockets close and its gossip stops
 // without a goodbye, so others detect it as dead, as after a crash.
-func (n *node) Kill() { n.stop() }
-
-func (w *World) newNode(name string) (*node, context.Context) {
-	ctx, cancel := context.WithCancel(context.Background())
-	n := &node{name: name, cancel: cancel}
-	w.nodes = append(w.nodes, n)
-	return n, ctx
+func (r *running) Kill() {
+	_ = r.n.Close()
+	<-r.done
 }
 
-// adopt registers an already built node (embedded in a component struct).
-func (w *World) adopt(n *node, name string) context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	n.name, n.cancel = name, cancel
-	w.nodes = append(w.nodes, n)
-	return ctx
-}
-
-// run starts a component loop on n, recording a failure.
-func (w *World) run(n *node, ctx context.Context, run func(context.Context) error) {
-	n.wg.Add(1)
+// run starts n's Run and records its failure.
+func (w *World) run(r *running, name string, n interface {
+	io.Closer
+	Run(context.Context) error
+}) {
+	*r = running{name: name, n: n, done: make(chan struct{})}
+	w.nodes = append(w.nodes, r)
 	go func() {
-		defer n.wg.Done()
-		if err := run(ctx); err != nil {
+		defer close(r.done)
+		if err := n.Run(context.Background()); err != nil {
 			w.errMu.Lock()
-			w.errs = append(w.errs, fmt.Errorf("%s: %w", n.name, err))
+			w.errs = append(w.errs, fmt.Errorf("%s: %w", name, err))
 			w.errMu.Unlock()
-			w.log.Error("component stopped", "node", n.name, "err", err)
+			w.log.Error("component stopped", "node", name, "err", err)
 		}
 	}()
 }
 
-// goLoop starts a background loop on n.
-func goLoop(n *node, f func()) {
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		f()
-	}()
+// labelNames are the labels the world's registry adds to every node's
+// metrics (empty where they do not apply): metric families must keep one
+// set of label names, and every node has gossip metrics.
+var labelNames = []string{"node", "region", "pod", "replica", "pop", "gen"}
+
+// env is a node's environment: the world's logger and HTTP client, and the
+// world's registry with labels naming the node (kv: name, value pairs).
+func (w *World) env(name string, kv ...string) node.Env {
+	labels := prometheus.Labels{}
+	for _, l := range labelNames {
+		labels[l] = ""
+	}
+	labels["node"] = name
+	for i := 0; i+1 < len(kv); i += 2 {
+		labels[kv[i]] = kv[i+1]
+	}
+	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(labels, w.Registry), HTTPClient: w.httpClient}
+}
+
+// gossip is a dev pool's config: loopback, fast timings, no key.
+func gossip(name string, join []string) node.Gossip {
+	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Insecure: true, Fast: true}
 }
 
 // Start builds and starts a world. Close stops it.
@@ -232,15 +236,9 @@ func Start(cfg Config) (*World, error) {
 	if len(cfg.Regions) == 0 {
 		cfg.Regions = DefaultRegions
 	}
-	if cfg.PodsPerCluster == 0 {
-		cfg.PodsPerCluster = 2
-	}
-	if cfg.RelaysPerCluster == 0 {
-		cfg.RelaysPerCluster = 2
-	}
-	if cfg.WorkersPerPOP == 0 {
-		cfg.WorkersPerPOP = 2
-	}
+	cfg.PodsPerCluster = cmp(cfg.PodsPerCluster, 2)
+	cfg.RelaysPerCluster = cmp(cfg.RelaysPerCluster, 2)
+	cfg.WorkersPerPOP = cmp(cfg.WorkersPerPOP, 2)
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = "127.0.0.1:0"
 	}
@@ -248,6 +246,7 @@ func Start(cfg Config) (*World, error) {
 		cfg.Logger = slog.Default()
 	}
 	w := &World{cfg: cfg, log: cfg.Logger.With("component", "devworld"), Registry: prometheus.NewRegistry(),
+		memStore:   routecache.NewMemoryStore(),
 		httpClient: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}}}
 	if err := w.start(); err != nil {
 		w.Close()
@@ -256,43 +255,47 @@ func Start(cfg Config) (*World, error) {
 	return w, nil
 }
 
+func cmp(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
 func (w *World) start() error {
 	cfg := w.cfg
-	w.Registry.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-
+	w.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	key := make([]byte, token.KeyLen)
 	if _, err := rand.Read(key); err != nil {
 		return err
 	}
-	var err error
-	if w.keys, err = token.NewKeyring(1, map[uint8][]byte{1: key}); err != nil {
-		return err
-	}
-
-	w.memStore = routecache.NewMemoryStore()
-	w.backend = echo.Backend{}
+	w.keys = node.TokenKeys{Keys: []string{"1:" + base64.StdEncoding.EncodeToString(key)}}
 	if cfg.NetBackend {
-		addr, err := w.startNetBackend()
+		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
 		if err != nil {
 			return err
 		}
-		w.backend = &netbackend.Backend{Addr: addr, Logger: cfg.Logger}
+		w.run(new(running), "backend", b) // the first node, so it stops last
+		w.backend = b.Addr()
 	}
-	globalSeed := &w.globalSeed
+	for _, spec := range cfg.Regions {
+		w.clusters = append(w.clusters, spec.Cluster)
+	}
 	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
 		rg := &Region{Spec: spec}
 		w.Regions = append(w.Regions, rg)
-		var clusterSeed string
+		var clusterSeed []string
 		for i := range cfg.PodsPerCluster {
-			p, err := w.startPod(spec, uint16(i+1), &clusterSeed)
+			p, err := w.startPod(spec, uint16(i+1), clusterSeed)
 			if err != nil {
 				return err
 			}
+			clusterSeed = []string{p.Pool.LocalAddr().String()}
 			rg.Pods = append(rg.Pods, p)
 		}
 		for i := range cfg.RelaysPerCluster {
-			cr, err := w.startClusterRelay(spec, i+1, &clusterSeed, globalSeed)
+			cr, err := w.startClusterRelay(spec, i+1, clusterSeed)
 			if err != nil {
 				return err
 			}
@@ -300,7 +303,7 @@ func (w *World) start() error {
 		}
 	}
 	for _, rg := range w.Regions {
-		if err := w.startPOP(rg, netip.AddrPortFrom(rg.Spec.POPIP, cfg.POPPort)); err != nil {
+		if _, err := w.startPOPReplica(rg, netip.AddrPortFrom(rg.Spec.POPIP, cfg.POPPort)); err != nil {
 			return err
 		}
 		spec := rg.Spec
@@ -314,136 +317,47 @@ func (w *World) start() error {
 		return err
 	}
 	w.Catalogue = cat
-	if err := w.startSignaling(globalSeed); err != nil {
+	if err := w.startSignaling(); err != nil {
 		return err
 	}
-	if err := w.awaitConverged(10 * time.Second); err != nil {
-		return err
-	}
-	return nil
+	return w.awaitConverged(10 * time.Second)
 }
 
-// startNetBackend serves the echo backend over loopback TCP and returns its
-// address. It is the first node, so it stops last.
-func (w *World) startNetBackend() (string, error) {
-	n, ctx := w.newNode("backend")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	w.run(n, ctx, func(ctx context.Context) error { return netbackend.Serve(ctx, ln, w.log, netbackend.EchoHandler) })
-	return ln.Addr().String(), nil
-}
-
-func (w *World) newPool(name string, wan bool, meta membership.Meta, seed *string) (*membership.Pool, error) {
-	pool, err := membership.New(membership.Config{
-		Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"), WAN: wan,
-		AllowInsecure: true, Fast: true, Logger: w.cfg.Logger,
-	}, meta)
-	if err != nil {
-		return nil, fmt.Errorf("gossip %s: %w", name, err)
-	}
-	if *seed == "" {
-		*seed = pool.LocalAddr().String()
-	} else if _, err := pool.Join([]string{*seed}); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("gossip %s: join: %w", name, err)
-	}
-	kind := "cluster"
-	if wan {
-		kind = "global"
-	}
-	if err := prometheus.WrapRegistererWith(prometheus.Labels{"node": name}, w.Registry).Register(pool.Collector(kind)); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
-}
-
-func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed *string) (*Pod, error) {
-	p := &Pod{ID: id}
+func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod, error) {
 	name := spec.Name + "/pod-" + strconv.Itoa(int(id))
-	ctx := w.adopt(&p.node, name)
-	conn, err := udpio.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+	n, err := transceiver.NewNode(transceiver.NodeConfig{
+		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
+		BackendAddr: w.backend, Token: w.keys, Gossip: gossip(name, clusterSeed),
+	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
-		return nil, err
-	}
-	p.Data = udpio.LocalAddrPort(conn)
-	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "pod": strconv.Itoa(int(id))}, w.Registry)
-	relays := &transceiver.RelaySet{}
-	p.Relays = relays
-	tr, err := transceiver.New(transceiver.Config{
-		Cluster: spec.Cluster, Pod: id, Keys: w.keys, Backend: w.backend, Relays: relays,
-		ConnectTimeout: w.cfg.ConnectTimeout, MaxSessions: w.cfg.MaxSessions, RouteTTL: w.cfg.RouteTTL,
-		Logger: w.cfg.Logger, Registerer: reg,
-	}, conn)
-	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p.Transceiver = tr
-	p.closers = append(p.closers, tr.Close)
-	w.run(&p.node, ctx, tr.Run)
-	if p.API, err = w.serveHTTP(&p.node, "127.0.0.1:0", tr.Handler()); err != nil {
-		return nil, err
-	}
-	p.Pool, err = w.newPool(name, false, membership.Meta{
-		Role: membership.RoleTransceiver, Region: spec.Name, Cluster: spec.Cluster, Pod: id,
-		Data: p.Data, API: p.API, Capacity: tr.Capacity(),
-	}, clusterSeed)
-	if err != nil {
-		return nil, err
-	}
-	p.closers = append(p.closers, p.Pool.Close)
-	goLoop(&p.node, func() { tr.Publish(ctx, p.Pool) })
-	goLoop(&p.node, func() { transceiver.FollowRelays(ctx, p.Pool, spec.Cluster, relays) })
+	p := &Pod{Node: n, ID: id, Transceiver: n.Transceiver(), API: n.APIURL(), Data: n.Data(), Pool: n.Pool(), Relays: n.Relays()}
+	w.run(&p.running, name, n)
 	return p, nil
 }
 
-func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed, globalSeed *string) (*ClusterRelay, error) {
-	cr := &ClusterRelay{Directory: clusterrelay.NewDirectory()}
+func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) (*ClusterRelay, error) {
 	name := spec.Name + "/clusterrelay-" + strconv.Itoa(i)
-	ctx := w.adopt(&cr.node, name)
-	conn, err := udpio.Listen(netip.MustParseAddrPort("127.0.0.1:0"))
+	n, err := clusterrelay.NewNode(clusterrelay.NodeConfig{
+		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		ClusterGossip: gossip(name, clusterSeed), GlobalGossip: gossip(name, w.globalSeed),
+	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i)))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	reg := prometheus.WrapRegistererWith(prometheus.Labels{"region": spec.Name, "replica": strconv.Itoa(i)}, w.Registry)
-	relay, err := clusterrelay.New(clusterrelay.Config{Cluster: spec.Cluster, Pods: cr.Directory, Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, conn)
-	if err != nil {
-		conn.Close()
-		return nil, err
+	cr := &ClusterRelay{Node: n, Relay: n.Relay(), Directory: n.Directory(), Front: n.APIURL(),
+		ClusterPool: n.ClusterPool(), GlobalPool: n.GlobalPool()}
+	if w.globalSeed == nil {
+		w.globalSeed = []string{cr.GlobalPool.LocalAddr().String()}
 	}
-	cr.Relay = relay
-	cr.closers = append(cr.closers, relay.Close)
-	w.run(&cr.node, ctx, relay.Run)
-	front := clusterrelay.NewFront(clusterrelay.FrontConfig{Cluster: spec.Cluster, Pods: cr.Directory, HTTPClient: w.httpClient, Logger: w.cfg.Logger})
-	if cr.Front, err = w.serveHTTP(&cr.node, "127.0.0.1:0", front.Handler()); err != nil {
-		return nil, err
-	}
-	if cr.ClusterPool, err = w.newPool(name, false, membership.Meta{
-		Role: membership.RoleClusterRelay, Region: spec.Name, Cluster: spec.Cluster, Data: relay.Addr(),
-	}, clusterSeed); err != nil {
-		return nil, err
-	}
-	cr.closers = append(cr.closers, cr.ClusterPool.Close)
-	if cr.GlobalPool, err = w.newPool(name+"@global", true, membership.Meta{
-		Role: membership.RoleClusterRelay, Region: spec.Name, Cluster: spec.Cluster, Data: relay.Addr(), API: cr.Front,
-		Draining: true, // until it hears of a ready pod
-	}, globalSeed); err != nil {
-		return nil, err
-	}
-	cr.closers = append(cr.closers, cr.GlobalPool.Close)
-	goLoop(&cr.node, func() { clusterrelay.FollowPods(ctx, cr.ClusterPool, spec.Cluster, cr.Directory) })
-	goLoop(&cr.node, func() { clusterrelay.PublishAggregate(ctx, cr.GlobalPool, cr.Directory, nil) })
+	w.run(&cr.running, name, n)
 	return cr, nil
 }
 
-func (w *World) startPOP(rg *Region, public netip.AddrPort) error {
-	_, err := w.startPOPReplica(rg, public)
-	return err
-}
-
+// startPOPReplica starts a global relay replica of rg's POP on public and
+// returns once it is ready, as a load balancer would wait for /readyz.
 func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica, error) {
 	spec := rg.Spec
 	rg.popGen++
@@ -451,84 +365,48 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	if rg.popGen > 1 {
 		name += "#" + strconv.Itoa(rg.popGen)
 	}
-	rep := &POPReplica{}
-	ctx := w.adopt(&rep.node, name)
-	n := &rep.node
-	err := w.buildPOPReplica(rg, rep, n, ctx, public)
+	var store *routecache.MemoryStore
+	if !w.cfg.NoRouteCache {
+		store = w.memStore
+	}
+	n, err := globalrelay.NewNode(globalrelay.NodeConfig{
+		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1",
+		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
+		Token: w.keys, Gossip: gossip(name, w.globalSeed),
+	}, globalrelay.Sockets{CacheStore: store}, w.env(name, "pop", spec.POPName, "gen", strconv.Itoa(rg.popGen)))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
+	}
+	rep := &POPReplica{Node: n, Relay: n.Relay(), Pool: n.Pool()}
+	w.run(&rep.running, name, n)
+	if err := awaitReady(n.Ready, readyLimit); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	rg.POPReplicas = append(rg.POPReplicas, rep)
 	rg.GlobalRelay, rg.GlobalPool = rg.POPReplicas[0].Relay, rg.POPReplicas[0].Pool
 	return rep, nil
 }
 
-func (w *World) buildPOPReplica(rg *Region, rep *POPReplica, n *node, ctx context.Context, public netip.AddrPort) error {
-	spec := rg.Spec
-	pubs, ins, err := udpio.ListenWorkerPairs(public, netip.MustParseAddrPort("127.0.0.1:0"), w.cfg.WorkersPerPOP)
-	if err != nil {
-		return fmt.Errorf("POP %s: %w", spec.POPName, err)
-	}
-	workers := make([]globalrelay.Worker, len(pubs))
-	for i := range pubs {
-		workers[i] = globalrelay.Worker{Public: pubs[i], Internal: ins[i]}
-	}
-	closeAll := func() {
-		for _, wk := range workers {
-			wk.Public.Close()
-			wk.Internal.Close()
+// awaitReady polls ready (a node's Ready) until it reports nil.
+func awaitReady(ready func() error, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := ready()
+		if err == nil {
+			return nil
 		}
-	}
-	reg := prometheus.WrapRegistererWith(prometheus.Labels{"pop": spec.POPName, "gen": strconv.Itoa(rg.popGen)}, w.Registry)
-	var relay *globalrelay.Relay
-	var cache routecache.Cache
-	if !w.cfg.NoRouteCache {
-		ccfg := routecache.Config{Logger: w.cfg.Logger, Registerer: reg,
-			OnFound: func(c netip.AddrPort, r routecache.Route) { relay.RestoreFlow(c, r) }}
-		if w.cfg.RedisURL != "" {
-			cache, err = routecache.Open(w.cfg.RedisURL, ccfg)
-		} else {
-			cache, err = routecache.NewMemoryOn(w.memStore, ccfg)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %v: %w", limit, err)
 		}
-		if err != nil {
-			closeAll()
-			return err
-		}
-		n.closers = append(n.closers, cache.Close)
-	}
-	clusters := globalrelay.NewClusters(nil)
-	relay, err = globalrelay.New(globalrelay.Config{POP: spec.POP, Keys: w.keys, Clusters: clusters, FlowIdle: w.cfg.FlowIdle,
-		Cache: cache, Batch: 32, Logger: w.cfg.Logger, Registerer: reg}, workers)
-	if err != nil {
-		closeAll()
-		return err
-	}
-	rep.Relay = relay
-	n.closers = append(n.closers, relay.Close)
-	if cache != nil {
-		w.run(n, ctx, cache.Run)
-	}
-	if rep.Pool, err = w.newPool(n.name, true, membership.Meta{
-		Role: membership.RoleGlobalRelay, Region: spec.Name, POP: spec.POP, Data: relay.PublicAddr(),
-	}, &w.globalSeed); err != nil {
-		return err
-	}
-	n.closers = append(n.closers, rep.Pool.Close)
-	// Learn the cluster relays before taking traffic, as a restarted
-	// replica would wait for readiness.
-	goLoop(n, func() { globalrelay.FollowClusters(ctx, rep.Pool, clusters) })
-	deadline := time.Now().Add(5 * time.Second)
-	for clusters.Len() == 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	w.run(n, ctx, relay.Run)
-	return nil
 }
 
 // RestartPOP replaces region i's first global relay replica with a new
 // one on the same public address, as after a crash and restart: the old
 // one stops without goodbye, the new one has an empty flow table, new
-// internal sockets and a new gossip identity.
+// internal sockets and a new gossip identity. It returns once the new
+// replica is ready.
 func (w *World) RestartPOP(i int) error {
 	rg := w.Regions[i]
 	old := rg.POPReplicas[0]
@@ -552,46 +430,42 @@ func (w *World) AddPOPReplica(i int) (*POPReplica, error) {
 	return w.startPOPReplica(rg, rg.GlobalRelay.PublicAddr())
 }
 
-func (w *World) startSignaling(globalSeed *string) error {
-	n, _ := w.newNode("signaling")
-	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: w.Catalogue.DefaultLocation(),
-		TrustedProxies: w.cfg.TrustedProxies, Logger: w.cfg.Logger})
-	if err != nil {
+func (w *World) startSignaling() error {
+	var trusted []string
+	for _, p := range w.cfg.TrustedProxies {
+		trusted = append(trusted, p.String())
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
 		return err
 	}
-	n.closers = append(n.closers, loc.Close)
-	if w.SignalingPool, err = w.newPool("signaling", true, membership.Meta{Role: membership.RoleSignaling}, globalSeed); err != nil {
-		return err
-	}
-	n.closers = append(n.closers, w.SignalingPool.Close)
-	health := signaling.GossipHealth{Pool: w.SignalingPool}
-	secretKey := make([]byte, 32)
-	if _, err := rand.Read(secretKey); err != nil {
-		return err
-	}
-	sig, err := signaling.New(signaling.Config{
-		Catalogue: w.Catalogue, Locator: loc, Health: health.Cluster, POPUp: health.POPUp, SessionAPIs: health.SessionAPIs,
-		GossipAuthoritative: health.Authoritative,
-		APIKeys:             w.cfg.APIKeys, ClientSecretKey: secretKey,
+	scfg := signaling.NodeConfig{
+		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, TrustedProxies: trusted,
+		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
 		// Everything in the dev world comes from one address; a per-IP
 		// limit meant for the internet would throttle load tests.
 		RatePerSecond: 10000, RateBurst: 10000,
-		CORSOrigins: []string{"*"}, Web: web.FS(), HTTPClient: w.httpClient, Logger: w.cfg.Logger, Registerer: w.Registry,
-	})
+		CORSOrigins: []string{"*"}, DemoPage: true, Gossip: gossip("signaling", w.globalSeed),
+	}
+	if scfg.GeoIPDB == "" {
+		scfg.GeoIPData = geo.DevGeoIPDB
+	}
+	env := w.env("signaling")
+	var socks signaling.Sockets
+	if w.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		socks.Metrics, env.Gatherer = ln, w.Registry
+		w.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
+	}
+	n, err := signaling.NewNode(scfg, socks, env)
 	if err != nil {
 		return err
 	}
-	if w.SignalingURL, err = w.serveHTTP(n, w.cfg.HTTPAddr, sig.Handler()); err != nil {
-		return err
-	}
-	if w.cfg.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(w.Registry, promhttp.HandlerOpts{}))
-		if w.MetricsURL, err = w.serveHTTP(n, w.cfg.MetricsAddr, mux); err != nil {
-			return err
-		}
-		w.MetricsURL += "/metrics"
-	}
+	w.Signaling, w.SignalingURL, w.SignalingPool = n, n.URL(), n.Pool()
+	w.run(new(running), "signaling", n)
 	return nil
 }
 
@@ -640,24 +514,6 @@ func (w *World) globalPools() []*membership.Pool {
 	return out
 }
 
-// serveHTTP serves h on addr for node n and returns its base URL.
-func (w *World) serveHTTP(n *node, addr string, h http.Handler) (string, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", fmt.Errorf("listen %s: %w", addr, err)
-	}
-	srv := signaling.NewHTTPServer(h, w.log)
-	n.servers = append(n.servers, srv)
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			w.log.Error("http server", "err", err)
-		}
-	}()
-	return "http://" + ln.Addr().String(), nil
-}
-
 // Err returns the errors components stopped with, if any.
 func (w *World) Err() error {
 	w.errMu.Lock()
@@ -668,7 +524,7 @@ func (w *World) Err() error {
 // Close stops everything, newest first, and waits for it.
 func (w *World) Close() error {
 	for i := len(w.nodes) - 1; i >= 0; i-- {
-		w.nodes[i].stop()
+		w.nodes[i].Kill()
 	}
 	w.httpClient.CloseIdleConnections()
 	return nil

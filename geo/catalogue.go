@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -22,6 +23,36 @@ type Catalogue struct {
 	// for use as LocatorConfig.Default.
 	DefaultRegion string   `yaml:"default_region" json:"default_region"`
 	Regions       []Region `yaml:"regions" json:"regions"`
+	// Steering lists places whose network paths do not follow distance,
+	// with the regions they should use; see ChooseFor.
+	Steering Steering `yaml:"steering" json:"steering,omitempty"`
+}
+
+// Steering holds per-country and per-continent region preferences that win
+// over great-circle distance, for places whose network paths do not follow
+// the map (South Africa reaches Europe faster than South America). Each
+// list names regions in order of preference; regions it leaves out follow
+// by distance. A country's entry wins over its continent's. The same lists
+// become Cloudflare's country pools (rtcedge-cloudflare sync, Terraform), so
+// the signaling hostname and the media path steer alike.
+type Steering struct {
+	// Countries maps ISO 3166-1 alpha-2 codes (upper case) to regions.
+	Countries map[string][]string `yaml:"countries" json:"countries,omitempty"`
+	// Continents maps continent codes (AF, AN, AS, EU, NA, OC, SA) to
+	// regions.
+	Continents map[string][]string `yaml:"continents" json:"continents,omitempty"`
+}
+
+// Preferred returns the regions a client in country should use first, in
+// order: the country's entry, else its continent's, else nil.
+func (s Steering) Preferred(country string) []string {
+	if r, ok := s.Countries[country]; ok {
+		return r
+	}
+	if cont := ContinentOf(country); cont != "" {
+		return s.Continents[cont]
+	}
+	return nil
 }
 
 // Region is a named geographic area holding clusters and POPs.
@@ -66,6 +97,7 @@ type (
 	rawCatalogue struct {
 		DefaultRegion string      `yaml:"default_region"`
 		Regions       []rawRegion `yaml:"regions"`
+		Steering      Steering    `yaml:"steering"`
 	}
 	rawRegion struct {
 		Name     string       `yaml:"name"`
@@ -150,7 +182,7 @@ func (r *rawCatalogue) build() (*Catalogue, error) {
 		return Point{Lat: *p.Lat, Lon: *p.Lon}
 	}
 
-	c := &Catalogue{DefaultRegion: r.DefaultRegion, Regions: make([]Region, 0, len(r.Regions))}
+	c := &Catalogue{DefaultRegion: r.DefaultRegion, Regions: make([]Region, 0, len(r.Regions)), Steering: r.Steering}
 	for _, rr := range r.Regions {
 		what := fmt.Sprintf("region %q", rr.Name)
 		if rr.Location == nil {
@@ -193,7 +225,9 @@ func (r *rawCatalogue) build() (*Catalogue, error) {
 // and unique (per kind), cluster and POP IDs non-zero and unique, POP VIPs
 // valid with a non-zero port, session API URLs absolute http(s) when set,
 // coordinates in range, every region with at least one cluster or POP, at
-// least one cluster overall, and the default region present.
+// least one cluster overall, the default region present, and steering
+// entries naming known countries or continents and, without repeats, regions
+// that have a cluster.
 func (c *Catalogue) Validate() error {
 	var errs []error
 	fail := func(format string, args ...any) {
@@ -277,7 +311,49 @@ func (c *Catalogue) Validate() error {
 	case !regions[c.DefaultRegion]:
 		fail("default_region %q is not a region", c.DefaultRegion)
 	}
+	withClusters := map[string]bool{}
+	for _, r := range c.Regions {
+		withClusters[r.Name] = len(r.Clusters) > 0
+	}
+	checkPrefs := func(what string, prefs []string) {
+		if len(prefs) == 0 {
+			fail("steering %s: no regions listed", what)
+		}
+		seen := map[string]bool{}
+		for _, name := range prefs {
+			switch has, ok := withClusters[name]; {
+			case !ok:
+				fail("steering %s: %q is not a region", what, name)
+			case !has:
+				fail("steering %s: region %q has no cluster to steer calls to", what, name)
+			case seen[name]:
+				fail("steering %s: region %q listed twice", what, name)
+			}
+			seen[name] = true
+		}
+	}
+	for _, cc := range sortedKeys(c.Steering.Countries) {
+		if !KnownCountry(cc) {
+			fail("steering countries: %q is not an ISO 3166-1 alpha-2 country code (upper case)", cc)
+		}
+		checkPrefs("countries "+cc, c.Steering.Countries[cc])
+	}
+	for _, cont := range sortedKeys(c.Steering.Continents) {
+		if CountriesOf(cont) == nil {
+			fail("steering continents: %q is not a continent code (AF, AN, AS, EU, NA, OC, SA)", cont)
+		}
+		checkPrefs("continents "+cont, c.Steering.Continents[cont])
+	}
 	return errors.Join(errs...)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // The lookups below scan linearly: a catalogue holds tens of entries, and

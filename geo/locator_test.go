@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rtcedge/rtcedge/geo/internal/mmdbfixture"
+	"github.com/rtcedge/rtcedge/internal/mmdbfixture"
 )
 
 var (

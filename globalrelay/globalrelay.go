@@ -43,9 +43,37 @@ const (
 	DropEmpty          = "empty"
 	DropDraining       = "draining"         // a new flow refused while the replica drains
 	DropTokenReuse     = "token_reuse"      // the token already opened its share of flows from other addresses
-	DropOversize       = "oversize"         // filled the receive buffer: possibly truncated
+	DropOversize       = "oversize"         // longer than encap.MaxPayload (from a client) or encap.MaxDatagram
 	DropNotFromCluster = "not_from_cluster" // a reply not sent by a cluster relay of the header's cluster
 )
+
+// dropReason is the typed form of the labels above; it indexes the
+// preallocated counters, so a drop costs one slice index.
+type dropReason uint8
+
+const (
+	dropOther dropReason = iota
+	dropUnknownFlow
+	dropNoClusterRelay
+	dropTableFull
+	dropWrongDirection
+	dropWrongPOP
+	dropFlowMismatch
+	dropEmpty
+	dropDraining
+	dropTokenReuse
+	dropOversize
+	dropNotFromCluster
+	numDropReasons
+)
+
+// dropLabels is the label of every dropReason, indexed by it.
+var dropLabels = [numDropReasons]string{
+	dropOther: "other", dropUnknownFlow: DropUnknownFlow, dropNoClusterRelay: DropNoClusterRelay,
+	dropTableFull: DropTableFull, dropWrongDirection: DropWrongDirection, dropWrongPOP: DropWrongPOP,
+	dropFlowMismatch: DropFlowMismatch, dropEmpty: DropEmpty, dropDraining: DropDraining,
+	dropTokenReuse: DropTokenReuse, dropOversize: DropOversize, dropNotFromCluster: DropNotFromCluster,
+}
 
 // Config configures a Relay.
 type Config struct {
@@ -185,14 +213,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	loop := func(conn, dst *net.UDPConn, headroom int, decide udpio.Decide) {
+	loop := func(conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
-		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(DropOversize) }}
+		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
 		var err error
 		if r.cfg.Batch > 1 {
-			err = udpio.ForwardBatch(conn, dst, headroom, r.cfg.Batch, decide, hooks)
+			err = udpio.ForwardBatch(conn, dst, headroom, limit, r.cfg.Batch, decide, hooks)
 		} else {
-			err = udpio.Forward(conn, dst, headroom, decide, hooks)
+			err = udpio.Forward(conn, dst, headroom, limit, decide, hooks)
 		}
 		if err != nil {
 			errOnce.Do(func() { firstErr = err })
@@ -201,10 +229,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	for _, w := range r.workers {
 		wg.Add(2)
-		go loop(w.Public, w.Internal, encap.MaxLen, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		go loop(w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		})
-		go loop(w.Internal, w.Public, 0, r.toClient)
+		go loop(w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
 	// The coarse clock ticks often (it stamps flows); the expiry scan,
 	// which locks every shard in turn, runs a few times per FlowIdle.
@@ -263,28 +291,36 @@ func (r *Relay) Close() error {
 func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 	pkt := buf[encap.MaxLen : encap.MaxLen+n]
 	if n == 0 {
-		r.m.drops.Inc(DropEmpty)
+		r.m.drops.Inc(dropEmpty)
 		return nil, netip.AddrPort{}, false
 	}
 	f := r.flows.get(from)
-	if stunmsg.IsBindingRequest(pkt) {
-		tok, ok := r.verify(pkt)
+	// The STUN message is parsed once: Username checks the framing and
+	// the type and walks the attributes in one pass. Anything that is not
+	// a Binding Request is forwarded opaquely if it belongs to a flow.
+	var user []byte
+	var stunErr error = stunmsg.ErrNotSTUN
+	if stunmsg.DemuxClass(pkt) == stunmsg.ClassSTUN {
+		user, stunErr = stunmsg.Username(pkt)
+	}
+	if stunErr != stunmsg.ErrNotSTUN && stunErr != stunmsg.ErrNotBindingRequest {
+		tok, ok := r.verify(user, stunErr)
 		if !ok {
 			return nil, netip.AddrPort{}, false
 		}
 		if f == nil || f.cluster != tok.Cluster || f.pod != tok.Pod {
 			if r.draining.Load() {
-				r.m.drops.Inc(DropDraining)
+				r.m.drops.Inc(dropDraining)
 				return nil, netip.AddrPort{}, false
 			}
 			nf := &flow{cluster: tok.Cluster, pod: tok.Pod, tok: tokenKey{tok.Cluster, tok.Pod, tok.Nonce}}
 			nf.lastSeen.Store(r.now.Load())
 			switch r.flows.put(from, nf) {
 			case putFull:
-				r.m.drops.Inc(DropTableFull)
+				r.m.drops.Inc(dropTableFull)
 				return nil, netip.AddrPort{}, false
 			case putTokenCap:
-				r.m.drops.Inc(DropTokenReuse)
+				r.m.drops.Inc(dropTokenReuse)
 				return nil, netip.AddrPort{}, false
 			}
 			r.m.flowsCreated.Inc()
@@ -300,7 +336,7 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 				r.cfg.Cache.Lookup(from, nil)
 			}
 		}
-		r.m.drops.Inc(DropUnknownFlow)
+		r.m.drops.Inc(dropUnknownFlow)
 		return nil, netip.AddrPort{}, false
 	}
 	now := r.now.Load()
@@ -312,14 +348,14 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 	}
 	relay, ok := f.relay(r.cfg.Clusters, from)
 	if !ok {
-		r.m.drops.Inc(DropNoClusterRelay)
+		r.m.drops.Inc(dropNoClusterRelay)
 		return nil, netip.AddrPort{}, false
 	}
 	f.lastSeen.Store(now)
 	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Client: from, Ingress: ingress}
 	hl := h.Len()
 	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
-		r.m.encapDrops.Inc(encap.Reason(err))
+		r.m.encapDrops.Inc(encap.ReasonOf(err))
 		return nil, netip.AddrPort{}, false
 	}
 	r.m.toCluster.Inc()
@@ -341,23 +377,23 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	case putStored:
 		r.m.flowsRestoredCache.Inc()
 	case putFull:
-		r.m.drops.Inc(DropTableFull)
+		r.m.drops.Inc(dropTableFull)
 	}
 }
 
-// verify checks the routing token of a Binding Request from a new client.
-func (r *Relay) verify(pkt []byte) (token.Token, bool) {
-	user, err := stunmsg.Username(pkt)
+// verify checks the routing token of a Binding Request, given its
+// USERNAME and the error Username returned for it.
+func (r *Relay) verify(user []byte, err error) (token.Token, bool) {
 	if err == nil {
 		user, err = stunmsg.ServerUfrag(user)
 	}
 	if err != nil {
-		r.m.stunDrops.Inc(stunmsg.Reason(err))
+		r.m.stunDrops.Inc(stunmsg.ReasonOf(err))
 		return token.Token{}, false
 	}
 	tok, err := r.cfg.Keys.Verify(user)
 	if err != nil {
-		r.m.tokenDrops.Inc(token.Reason(err))
+		r.m.tokenDrops.Inc(token.ReasonOf(err))
 		return token.Token{}, false
 	}
 	return tok, true
@@ -370,22 +406,22 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 	h, hl, err := encap.Decode(pkt)
 	switch {
 	case err != nil:
-		r.m.encapDrops.Inc(encap.Reason(err))
+		r.m.encapDrops.Inc(encap.ReasonOf(err))
 		return nil, netip.AddrPort{}, false
 	case !h.ToClient:
-		r.m.drops.Inc(DropWrongDirection)
+		r.m.drops.Inc(dropWrongDirection)
 		return nil, netip.AddrPort{}, false
 	case h.POP != r.cfg.POP:
-		r.m.drops.Inc(DropWrongPOP)
+		r.m.drops.Inc(dropWrongPOP)
 		return nil, netip.AddrPort{}, false
 	case hl == n:
-		r.m.drops.Inc(DropEmpty)
+		r.m.drops.Inc(dropEmpty)
 		return nil, netip.AddrPort{}, false
 	}
 	// Only a cluster relay of the header's own cluster may send toward
 	// clients: anyone else reaching this socket could inject into calls.
 	if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
-		r.m.drops.Inc(DropNotFromCluster)
+		r.m.drops.Inc(dropNotFromCluster)
 		return nil, netip.AddrPort{}, false
 	}
 	f := r.flows.get(h.Client)
@@ -395,11 +431,11 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 		nf.lastSeen.Store(r.now.Load())
 		switch r.flows.putIfAbsent(h.Client, nf) {
 		case putFull:
-			r.m.drops.Inc(DropTableFull)
+			r.m.drops.Inc(dropTableFull)
 			return nil, netip.AddrPort{}, false
 		case putExists:
 			if f = r.flows.get(h.Client); f == nil || f.cluster != h.Cluster || f.pod != h.Pod {
-				r.m.drops.Inc(DropFlowMismatch)
+				r.m.drops.Inc(dropFlowMismatch)
 				return nil, netip.AddrPort{}, false
 			}
 		case putStored:
@@ -408,7 +444,7 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			// (lastStored is zero).
 		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
-		r.m.drops.Inc(DropFlowMismatch)
+		r.m.drops.Inc(dropFlowMismatch)
 		return nil, netip.AddrPort{}, false
 	}
 	r.m.toClient.Inc()
@@ -423,8 +459,10 @@ type metrics struct {
 	toCluster, toClient                     prometheus.Counter
 	toClusterBytes, toClientBytes           prometheus.Counter
 	writeErrors                             prometheus.Counter
-	drops, encapDrops, stunDrops            *udpio.DropCounters
-	tokenDrops                              *udpio.DropCounters
+	drops                                   *udpio.Drops[dropReason]
+	encapDrops                              *udpio.Drops[encap.Reason]
+	stunDrops                               *udpio.Drops[stunmsg.Reason]
+	tokenDrops                              *udpio.Drops[token.Reason]
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -459,11 +497,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
 		writeErrors: writeErrors,
-		drops: udpio.NewDropCounters(drops, DropUnknownFlow, DropNoClusterRelay, DropTableFull, DropWrongDirection,
-			DropWrongPOP, DropFlowMismatch, DropEmpty, DropDraining, DropTokenReuse, DropOversize, DropNotFromCluster),
-		encapDrops: udpio.NewPrefixedDropCounters(drops, "encap_", encap.Reasons...),
-		stunDrops:  udpio.NewPrefixedDropCounters(drops, "stun_", stunmsg.Reasons...),
-		tokenDrops: udpio.NewPrefixedDropCounters(drops, "token_", token.Reasons...),
+		drops:       udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
+		encapDrops:  udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
+		stunDrops:   udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
+		tokenDrops:  udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors} {

@@ -494,3 +494,62 @@ func TestClustersDirectory(t *testing.T) {
 		t.Error("a relay for an unknown cluster")
 	}
 }
+
+// TestFirstPacketAllocations: the first-packet path (a check from a new
+// client: one STUN parse, token check, flow creation) allocates only the
+// flow and its cached relay choice; a refused first packet (bad token,
+// malformed STUN) allocates nothing.
+func TestFirstPacketAllocations(t *testing.T) {
+	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
+	pub, in := listen(t), listen(t)
+	relay, err := New(Config{POP: 9, Keys: testKeys(t), Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
+		[]Worker{{Public: pub, Internal: in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	ingress := netip.MustParseAddrPort("127.0.0.1:7")
+	buf := make([]byte, encap.MaxLen+encap.MaxPayload)
+	port := uint16(1)
+	next := func() netip.AddrPort {
+		port++
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(port >> 8)}), port)
+	}
+	// Each run needs its own token (a token opens at most
+	// maxFlowsPerToken flows), minted outside the measured function.
+	const runs = 200
+	checks := make([][]byte, runs+1)
+	for i := range checks {
+		ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)
+		checks[i] = bindingRequest(t, ufrag)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(runs, func() {
+		c := checks[i]
+		i++
+		copy(buf[encap.MaxLen:], c)
+		if _, _, ok := relay.fromClient(buf, len(c), next(), ingress); !ok {
+			t.Fatal("valid first check not forwarded")
+		}
+	})
+	// The flow, its relay choice; the token count map and the shard map
+	// grow now and then (amortised below one).
+	if allocs > 3 {
+		t.Errorf("first packet of a flow: %v allocations, want at most 3 (flow, relay choice, map growth)", allocs)
+	}
+	bad := corruptUfrag(t, checks[0])
+	malformed := bytes.Clone(checks[0])
+	malformed[len(malformed)-1] ^= 0xff // FINGERPRINT value: still STUN, the relay does not check it
+	malformed[3] += 4                   // length field past the end
+	for _, tc := range []struct {
+		name string
+		pkt  []byte
+	}{{"bad token", bad}, {"malformed", malformed}} {
+		if a := testing.AllocsPerRun(200, func() {
+			copy(buf[encap.MaxLen:], tc.pkt)
+			relay.fromClient(buf, len(tc.pkt), next(), ingress)
+		}); a != 0 {
+			t.Errorf("refused first packet (%s): %v allocations, want 0", tc.name, a)
+		}
+	}
+}

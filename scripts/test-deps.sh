@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs when it is missing: redis-server for the
-# route-cache tests and Debian's chromium for the browser tests. Safe to run
-# again; does nothing when everything is there.
+# route-cache tests, Debian's chromium for the browser tests, and podman with
+# runc for the container image tests (deploy/imagetest). Safe to run again;
+# does nothing when everything is there.
+#
+# Podman: rootful with host networking it needs only podman (which brings
+# conmon and containers-common) and runc, the runtime the image tests pass
+# explicitly; uidmap (newuidmap) and slirp4netns are what rootless podman
+# needs, for runs as a non-root user.
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+if [ "$(id -u)" -ne 0 ]; then
+	command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
+	command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

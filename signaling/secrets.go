@@ -1,16 +1,22 @@
 package signaling
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
+	"net/http"
 	"strings"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/apierr"
 )
 
 // Ephemeral client secrets let a server that holds an API key hand a
@@ -81,4 +87,74 @@ func (m secretMinter) verify(s string, allowExpired bool) error {
 		return errSecretExpired
 	}
 	return nil
+}
+
+// clientSecretRequest is the optional JSON body of POST /v1/realtime/client_secrets.
+type clientSecretRequest struct {
+	ExpiresAfter *struct {
+		Anchor  string `json:"anchor"`
+		Seconds int    `json:"seconds"`
+	} `json:"expires_after,omitempty"`
+	Session json.RawMessage `json:"session,omitempty"`
+}
+
+// ClientSecret is the JSON answer of POST /v1/realtime/client_secrets,
+// shaped like OpenAI's.
+type ClientSecret struct {
+	Value     string          `json:"value"`
+	ExpiresAt int64           `json:"expires_at"`
+	Session   json.RawMessage `json:"session,omitempty"`
+}
+
+func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
+	_, kind, ok := s.precheck(w, r, false)
+	if !ok {
+		return
+	}
+	if kind == credSecret {
+		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "api_key_required",
+			"client secrets are minted with an API key, not with another client secret", 0)
+		return
+	}
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	var req clientSecretRequest
+	if len(bytes.TrimSpace(body)) > 0 {
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+			unsupportedMediaType(w, "send the request as Content-Type: application/json")
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_json", "request body is not valid JSON: "+err.Error(), 0)
+			return
+		}
+	}
+	ttl := s.cfg.ClientSecretTTL
+	if ea := req.ExpiresAfter; ea != nil {
+		if ea.Anchor != "" && ea.Anchor != "created_at" {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
+				"expires_after.anchor must be created_at", 0)
+			return
+		}
+		if ea.Seconds < 10 || ea.Seconds > 7200 {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
+				"expires_after.seconds must be between 10 and 7200", 0)
+			return
+		}
+		ttl = time.Duration(ea.Seconds) * time.Second
+	}
+	val, exp, err := s.secrets.mint(ttl)
+	if err != nil {
+		s.log.Error("mint client secret", "err", err)
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not mint a secret", 0)
+		return
+	}
+	s.m.secretsMinted.Inc()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: req.Session})
 }

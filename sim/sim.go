@@ -259,7 +259,7 @@ func Start(t testing.TB, cfg Config) *World {
 			}
 			a := addr(r.Spec.Net, byte(hostRelayBase+si))
 			p.Relay = s.start("globalrelay-"+p.Name, "globalrelay", fmt.Sprintf(
-				"region: %s\npop: %d\npublic_addr: %q\ninternal_addr: %q\nworkers: 1\ndrain_timeout: 1s\n%s",
+				"region: %s\npop: %d\nclusters: [1, 2]\npublic_addr: %q\ninternal_addr: %q\nworkers: 1\ndrain_timeout: 1s\n%s",
 				r.Spec.Name, p.ID, a, a.Addr(), gossip("gossip", "gr-"+p.Name, a.Addr(), seed)))
 			site.POPs = append(site.POPs, p)
 		}

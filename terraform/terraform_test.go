@@ -283,7 +283,9 @@ func TestProviderResourceNames(t *testing.T) {
 		"cloudflare_load_balancer_pool":    true,
 		"cloudflare_load_balancer_monitor": true,
 		"cloudflare_dns_record":            true,
+		"cloudflare_managed_transforms":    true,
 		"kubernetes_namespace_v1":          true,
+		"kubernetes_network_policy_v1":     true,
 		"kubernetes_secret_v1":             true,
 		"kubernetes_config_map_v1":         true,
 		"kubernetes_service_v1":            true,
@@ -313,7 +315,7 @@ func TestProviderResourceNames(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"cloudflare_load_balancer", "cloudflare_load_balancer_pool", "cloudflare_load_balancer_monitor", "cloudflare_dns_record", "kubernetes_stateful_set_v1"} {
+	for _, want := range []string{"cloudflare_load_balancer", "cloudflare_load_balancer_pool", "cloudflare_load_balancer_monitor", "cloudflare_dns_record", "cloudflare_managed_transforms", "kubernetes_stateful_set_v1", "kubernetes_network_policy_v1"} {
 		if !seen[want] {
 			t.Errorf("no %s resource in the modules", want)
 		}

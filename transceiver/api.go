@@ -11,40 +11,27 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
-// Paths of the internal session API that signaling calls.
+// Paths of the internal session API that signaling calls (see
+// internal/sessionapi, which defines the wire format for every hop).
 const (
-	SessionsPath = "/internal/v1/sessions"
-	StatusPath   = "/internal/v1/status"
+	SessionsPath = sessionapi.SessionsPath
+	StatusPath   = sessionapi.StatusPath
 )
 
 // maxAPIBody caps a create request: a 64 KiB offer plus JSON framing.
 const maxAPIBody = 96 << 10
 
 // APICreateRequest is the JSON body of POST /internal/v1/sessions.
-type APICreateRequest struct {
-	Offer  string          `json:"offer"`
-	POPs   []POPAddr       `json:"pops"`
-	Config json.RawMessage `json:"config,omitempty"`
-}
+type APICreateRequest = sessionapi.CreateRequest
 
 // APICreateResponse is the JSON body of a 201 from POST /internal/v1/sessions.
-type APICreateResponse struct {
-	ID      string `json:"id"`
-	Answer  string `json:"answer"`
-	Cluster uint16 `json:"cluster"`
-	Pod     uint16 `json:"pod"`
-}
+type APICreateResponse = sessionapi.CreateResponse
 
 // APIStatus is the JSON body of GET /internal/v1/status.
-type APIStatus struct {
-	Cluster  uint16 `json:"cluster"`
-	Pod      uint16 `json:"pod"`
-	Sessions int    `json:"sessions"`
-	Capacity int    `json:"capacity"`
-	Draining bool   `json:"draining"`
-}
+type APIStatus = sessionapi.PodStatus
 
 // CreateTimeout bounds how long one create may take inside the pod.
 const CreateTimeout = 5 * time.Second

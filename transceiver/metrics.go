@@ -6,27 +6,43 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
-// Drop reasons of datagrams on the pod socket. They double as the values of
-// the "reason" label and are all set to zero at start-up, so a dashboard sees
-// a flat line rather than a missing series.
+// dropReason is a drop reason of datagrams on the pod socket. It indexes
+// counters resolved at start-up (all at zero, so a dashboard sees a flat
+// line rather than a missing series): a drop costs one slice index, no
+// label lookup. A header decode failure is counted as "encap_<reason>".
+type dropReason uint8
+
 const (
-	dropDirection  = "wrong_direction"
-	dropWrongPod   = "wrong_pod"
-	dropEmpty      = "empty"
-	dropUnknownPOP = "unknown_pop"
+	dropOther dropReason = iota
+	dropDirection
+	dropWrongPod
+	dropEmpty
+	dropUnknownPOP
 	// dropSessionQueue: the session's own queue (sessionQueueLen) is full,
 	// its ICE reader has stalled for a second's worth of its datagrams.
-	dropSessionQueue = "session_queue_full"
+	dropSessionQueue
 	// dropUnknownClient: from a client address no session of the POP
 	// knows, and not a STUN Binding Request naming one of its ufrags.
-	dropUnknownClient = "unknown_client"
-	dropNoRoute       = "no_route"
-	dropOversize      = "oversize"
-	dropRouteTable    = "route_table_full"
-	dropUnknownRelay  = "unknown_relay"
+	dropUnknownClient
+	dropNoRoute
+	dropOversize
+	dropRouteTable
+	dropUnknownRelay
+	numDropReasons
 )
+
+// dropLabels is the "reason" label of every dropReason, indexed by it.
+var dropLabels = [numDropReasons]string{
+	dropOther: "other", dropDirection: "wrong_direction", dropWrongPod: "wrong_pod", dropEmpty: "empty",
+	dropUnknownPOP: "unknown_pop", dropSessionQueue: "session_queue_full", dropUnknownClient: "unknown_client", dropNoRoute: "no_route", dropOversize: "oversize",
+	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
+}
+
+// String returns the reason's label.
+func (r dropReason) String() string { return dropLabels[r] }
 
 // Session end reasons, the "reason" label of sessions_ended_total.
 const (
@@ -40,10 +56,10 @@ const (
 	endBackend        = "backend_closed"
 )
 
-func encapReason(err error) string { return "encap_" + encap.Reason(err) }
-
 type metrics struct {
-	drops        *prometheus.CounterVec
+	dropVec      *prometheus.CounterVec
+	drops        *udpio.Drops[dropReason]
+	encapDrops   *udpio.Drops[encap.Reason]
 	packetsIn    prometheus.Counter
 	packetsOut   prometheus.Counter
 	bytesIn      prometheus.Counter
@@ -61,7 +77,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
+		dropVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_dropped_packets_total",
 			Help: "Datagrams on the pod socket dropped before reaching WebRTC, by reason.",
 		}, []string{"reason"}),
@@ -119,12 +135,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Client return routes (client address per POP) currently remembered.",
 		}),
 	}
-	for _, r := range []string{dropDirection, dropWrongPod, dropEmpty, dropUnknownPOP, dropNoRoute, dropOversize, dropRouteTable, dropUnknownRelay, dropSessionQueue, dropUnknownClient} {
-		m.drops.WithLabelValues(r)
-	}
-	for _, r := range encap.Reasons {
-		m.drops.WithLabelValues("encap_" + r)
-	}
+	m.drops = udpio.NewDrops[dropReason](m.dropVec, "", dropLabels[:]...)
+	m.encapDrops = udpio.NewDrops[encap.Reason](m.dropVec, "encap_", encap.Reasons[:]...)
 	for _, r := range []string{rejectDraining, rejectFull, rejectBadOffer, rejectBadPOP, rejectInternal} {
 		m.rejected.WithLabelValues(r)
 	}
@@ -134,7 +146,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.drops, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
+	for _, c := range []prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
 		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register transceiver metrics: %w", err)
@@ -143,4 +155,4 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) drop(reason string) { m.drops.WithLabelValues(reason).Inc() }
+func (m *metrics) drop(r dropReason) { m.drops.Inc(r) }

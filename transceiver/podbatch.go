@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
-
-	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // Batched I/O on the pod socket: every reader takes up to ioBatch datagrams
@@ -33,9 +31,6 @@ func defaultReaders() int { return min(runtime.GOMAXPROCS(0), 4) }
 // queue evenly. Datagrams of one client may then be handed on out of order
 // when two readers race; audio packets of one session are 20 ms apart, and
 // SRTP, SCTP and DTLS all tolerate reordering.
-
-// podDatagram is a pooled pod-socket buffer.
-type podDatagram = [maxDatagram + encap.MaxLen]byte
 
 // readBatches reads the socket until it is closed and hands every datagram
 // to handle. It never blocks on Pion: a full session queue drops the
@@ -99,17 +94,13 @@ type outQueue struct {
 // outBatch is one batch of datagrams to send, in preallocated slots.
 type outBatch struct {
 	n    int
-	bufs [ioBatch]podDatagram
+	bufs [ioBatch]podBuf
 	lens [ioBatch]int
 	to   [ioBatch]netip.AddrPort
 }
 
-func newOutQueue(conn *net.UDPConn, m *metrics) (*outQueue, error) {
-	w, err := newBatchWriter(conn)
-	if err != nil {
-		return nil, err
-	}
-	return &outQueue{conn: conn, m: m, w: w, pending: &outBatch{}, spare: &outBatch{}}, nil
+func newOutQueue(conn *net.UDPConn, m *metrics) *outQueue {
+	return &outQueue{conn: conn, m: m, w: newBatchWriter(conn), pending: &outBatch{}, spare: &outBatch{}}
 }
 
 // send queues a copy of pkt for to and, unless another goroutine is already

@@ -14,7 +14,7 @@ import (
 // to RawConn.Read is made once, so a read allocates nothing.
 type batchReader struct {
 	rc    syscall.RawConn
-	bufs  [ioBatch]*podDatagram
+	bufs  [ioBatch]*podBuf
 	hdrs  [ioBatch]unix.Mmsghdr
 	iovs  [ioBatch]unix.Iovec
 	names [ioBatch]unix.RawSockaddrInet6
@@ -30,7 +30,7 @@ func newBatchReader(conn *net.UDPConn) (*batchReader, error) {
 	}
 	r := &batchReader{rc: rc}
 	for i := range r.bufs {
-		r.bufs[i] = bufPool.Get().(*podDatagram)
+		r.bufs[i] = bufPool.Get().(*podBuf)
 		r.iovs[i].Base = &r.bufs[i][0]
 		r.iovs[i].SetLen(len(r.bufs[i]))
 		r.hdrs[i].Hdr.Iov = &r.iovs[i]
@@ -85,7 +85,7 @@ func (r *batchReader) read() (int, error) {
 
 // message returns datagram i of the last read: its buffer, length and
 // source, and whether it filled the buffer (may have been truncated).
-func (r *batchReader) message(i int) (*podDatagram, int, netip.AddrPort, bool) {
+func (r *batchReader) message(i int) (*podBuf, int, netip.AddrPort, bool) {
 	h := &r.hdrs[i]
 	n := int(h.Len)
 	trunc := n >= len(r.bufs[i]) || h.Hdr.Flags&unix.MSG_TRUNC != 0
@@ -94,7 +94,7 @@ func (r *batchReader) message(i int) (*podDatagram, int, netip.AddrPort, bool) {
 
 // replace gives slot i a fresh buffer after its datagram was handed on.
 func (r *batchReader) replace(i int) {
-	r.bufs[i] = bufPool.Get().(*podDatagram)
+	r.bufs[i] = bufPool.Get().(*podBuf)
 	r.iovs[i].Base = &r.bufs[i][0]
 }
 
@@ -154,6 +154,7 @@ func htons(p uint16) uint16 {
 // batchWriter sends a batch with sendmmsg from preallocated headers.
 type batchWriter struct {
 	rc    syscall.RawConn
+	rcErr error
 	v6    bool // the socket is AF_INET6 (destinations in sockaddr_in6)
 	hdrs  [ioBatch]unix.Mmsghdr
 	iovs  [ioBatch]unix.Iovec
@@ -164,22 +165,15 @@ type batchWriter struct {
 	fn    func(fd uintptr) bool
 }
 
-func newBatchWriter(conn *net.UDPConn) (*batchWriter, error) {
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	w := &batchWriter{rc: rc}
-	var ctlErr error
-	if err := rc.Control(func(fd uintptr) {
-		var dom int
-		dom, ctlErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
-		w.v6 = dom == unix.AF_INET6
-	}); err != nil {
-		return nil, err
-	}
-	if ctlErr != nil {
-		return nil, ctlErr
+// newBatchWriter prepares the headers; a conn that cannot give its file
+// descriptor fails every write with that error.
+func newBatchWriter(conn *net.UDPConn) *batchWriter {
+	w := &batchWriter{}
+	w.rc, w.rcErr = conn.SyscallConn()
+	// A socket bound to an IPv4 address is AF_INET; one bound to an IPv6
+	// address (the unspecified one included: dual-stack) is AF_INET6.
+	if la, ok := conn.LocalAddr().(*net.UDPAddr); ok {
+		w.v6 = la.IP.To4() == nil
 	}
 	for i := range w.hdrs {
 		w.hdrs[i].Hdr.Iov = &w.iovs[i]
@@ -187,7 +181,7 @@ func newBatchWriter(conn *net.UDPConn) (*batchWriter, error) {
 		w.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&w.names[i]))
 	}
 	w.fn = w.sendmmsg
-	return w, nil
+	return w
 }
 
 func (w *batchWriter) sendmmsg(fd uintptr) bool {
@@ -199,6 +193,9 @@ func (w *batchWriter) sendmmsg(fd uintptr) bool {
 // write sends b's datagrams from index from on and returns how many went
 // out; an error is the first unsent datagram's.
 func (w *batchWriter) write(b *outBatch, from int) (int, error) {
+	if w.rcErr != nil {
+		return 0, w.rcErr
+	}
 	w.cnt = b.n - from
 	for i := range w.cnt {
 		j := from + i

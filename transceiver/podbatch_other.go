@@ -11,13 +11,13 @@ import (
 
 type batchReader struct {
 	conn *net.UDPConn
-	buf  *podDatagram
+	buf  *podBuf
 	n    int
 	from netip.AddrPort
 }
 
 func newBatchReader(conn *net.UDPConn) (*batchReader, error) {
-	return &batchReader{conn: conn, buf: bufPool.Get().(*podDatagram)}, nil
+	return &batchReader{conn: conn, buf: bufPool.Get().(*podBuf)}, nil
 }
 
 func (r *batchReader) read() (int, error) {
@@ -29,17 +29,17 @@ func (r *batchReader) read() (int, error) {
 	return 1, nil
 }
 
-func (r *batchReader) message(int) (*podDatagram, int, netip.AddrPort, bool) {
+func (r *batchReader) message(int) (*podBuf, int, netip.AddrPort, bool) {
 	return r.buf, r.n, r.from, r.n == len(r.buf)
 }
 
-func (r *batchReader) replace(int) { r.buf = bufPool.Get().(*podDatagram) }
+func (r *batchReader) replace(int) { r.buf = bufPool.Get().(*podBuf) }
 
 func (r *batchReader) release() { bufPool.Put(r.buf) }
 
 type batchWriter struct{ conn *net.UDPConn }
 
-func newBatchWriter(conn *net.UDPConn) (*batchWriter, error) { return &batchWriter{conn: conn}, nil }
+func newBatchWriter(conn *net.UDPConn) *batchWriter { return &batchWriter{conn: conn} }
 
 func (w *batchWriter) write(b *outBatch, from int) (int, error) {
 	if _, err := w.conn.WriteToUDPAddrPort(b.bufs[from][:b.lens[from]], b.to[from]); err != nil {

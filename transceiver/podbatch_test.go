@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"testing"
 	"time"
-
-	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 func listenLoopback(t testing.TB, network, addr string) *net.UDPConn {
@@ -27,11 +25,7 @@ func newTestOutQueue(t *testing.T, conn *net.UDPConn) *outQueue {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := newOutQueue(conn, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q
+	return newOutQueue(conn, m)
 }
 
 // TestBatchIO: datagrams read in batches keep their sources and lengths, a
@@ -49,7 +43,7 @@ func TestBatchIO(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer r.release()
-			want := [][]byte{[]byte("one"), bytes.Repeat([]byte{7}, 1200), make([]byte, maxDatagram+encap.MaxLen), []byte("four")}
+			want := [][]byte{[]byte("one"), bytes.Repeat([]byte{7}, 1200), make([]byte, len(podBuf{})), []byte("four")}
 			for _, p := range want {
 				if _, err := peer.WriteToUDPAddrPort(p, podAddr); err != nil {
 					t.Fatal(err)
@@ -74,7 +68,7 @@ func TestBatchIO(t *testing.T) {
 					r.replace(i)
 				}
 			}
-			wantSizes := []string{"3:false", "1200:false", fmt.Sprintf("%d:true", maxDatagram+encap.MaxLen), "4:false"}
+			wantSizes := []string{"3:false", "1200:false", fmt.Sprintf("%d:true", len(podBuf{})), "4:false"}
 			if fmt.Sprint(got) != fmt.Sprint(wantSizes) {
 				t.Errorf("read %v, want %v", got, wantSizes)
 			}

@@ -11,9 +11,10 @@ import (
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
-// maxDatagram is the largest client datagram the pod accepts. WebRTC keeps
-// its packets below the path MTU, so anything longer is not ours.
-const maxDatagram = 1500
+// podBuf is one datagram buffer of the pod socket: the largest datagram
+// between tiers (encap.MaxDatagram, the one size limit of every tier) plus
+// one byte, so that a longer datagram is seen as such and dropped.
+type podBuf = [encap.MaxDatagram + 1]byte
 
 // errNoRoute is returned by popConn writes for a client address that has
 // sent nothing through this pod recently: there is no header to answer with.
@@ -22,12 +23,12 @@ var errNoRoute = errors.New("transceiver: no relay route to client")
 // datagram is one client datagram waiting for a session's ICE reader
 // (popmux.go), in a pooled buffer.
 type datagram struct {
-	buf  *[maxDatagram + encap.MaxLen]byte
+	buf  *podBuf
 	n    int
 	from netip.AddrPort
 }
 
-var bufPool = sync.Pool{New: func() any { return new([maxDatagram + encap.MaxLen]byte) }}
+var bufPool = sync.Pool{New: func() any { return new(podBuf) }}
 
 // route is how to reach one client through one POP: the to-client header
 // (built from the last header the client's packets carried) and the cluster
@@ -56,7 +57,8 @@ type podSocket struct {
 }
 
 func newPodSocket(conn *net.UDPConn, cluster, pod uint16, relays *RelaySet, m *metrics, now func() time.Time) *podSocket {
-	return &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{}}
+	return &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{},
+		out: newOutQueue(conn, m)}
 }
 
 // popConn returns the virtual conn for a POP, creating it on first use. It
@@ -101,7 +103,7 @@ func (s *podSocket) lookup(id uint16) *popConn {
 // handle routes one datagram from a cluster relay to its POP conn. It
 // reports whether buf was handed on (and must not be reused by the caller).
 // Several socket readers call it at once.
-func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from netip.AddrPort) bool {
+func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	pkt := buf[:n]
 	if !s.relays.Trusted(from) {
 		s.m.drop(dropUnknownRelay)
@@ -110,7 +112,7 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 	h, hl, err := encap.Decode(pkt)
 	switch {
 	case err != nil:
-		s.m.drop(encapReason(err))
+		s.m.encapDrops.Inc(encap.ReasonOf(err))
 		return false
 	case h.ToClient:
 		s.m.drop(dropDirection)
@@ -120,6 +122,9 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 		return false
 	case n-hl == 0:
 		s.m.drop(dropEmpty)
+		return false
+	case n-hl > encap.MaxPayload:
+		s.m.drop(dropOversize)
 		return false
 	}
 	pc := s.lookup(h.POP)
@@ -134,7 +139,7 @@ func (s *podSocket) handle(buf *[maxDatagram + encap.MaxLen]byte, n int, from ne
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
-	if reason := pc.mux.deliver(buf, n-hl, h.Client); reason != "" {
+	if reason, ok := pc.mux.deliver(buf, n-hl, h.Client); !ok {
 		s.m.drop(reason)
 		return false
 	}
@@ -252,10 +257,10 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
-	buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
 	hl, err := r.hdr.Put(buf[:])
-	if err != nil || hl+len(b) > len(buf) {
+	if err != nil || len(b) > encap.MaxPayload {
 		c.sock.m.drop(dropOversize)
 		return 0, errors.New("transceiver: datagram too large")
 	}

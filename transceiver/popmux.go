@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
 
@@ -122,23 +121,23 @@ func (m *popMux) removeLocked(c *muxConn) {
 }
 
 // deliver hands one client datagram (buf[:n], already stripped of its
-// header) to its session. It reports the drop reason, or "" when buf was
-// handed on and must not be reused by the caller. Safe for concurrent use
+// header) to its session. It reports true when buf was handed on and must
+// not be reused by the caller, else why it was not. Safe for concurrent use
 // by several socket readers.
-func (m *popMux) deliver(buf *[maxDatagram + encap.MaxLen]byte, n int, from netip.AddrPort) string {
+func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, bool) {
 	m.mu.RLock()
 	c := m.byAddr[from]
 	m.mu.RUnlock()
 	if c == nil {
 		if c = m.learn(buf[:n], from); c == nil {
-			return dropUnknownClient
+			return dropUnknownClient, false
 		}
 	}
 	select {
 	case c.in <- datagram{buf: buf, n: n, from: from}:
-		return ""
+		return 0, true
 	default:
-		return dropSessionQueue
+		return dropSessionQueue, false
 	}
 }
 

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/pion/stun/v4"
-
-	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // newTestMux returns the ICE mux of POP 1 on a pod socket over loopback.
@@ -47,13 +45,14 @@ func bindingRequest(t *testing.T, serverUfrag string) []byte {
 // offer delivers payload from a client address and returns the drop
 // reason ("" when a session took it).
 func offer(m *popMux, payload []byte, from netip.AddrPort) string {
-	buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], payload)
-	reason := m.deliver(buf, n, from)
-	if reason != "" {
-		bufPool.Put(buf)
+	reason, ok := m.deliver(buf, n, from)
+	if ok {
+		return ""
 	}
-	return reason
+	bufPool.Put(buf)
+	return reason.String()
 }
 
 // readOne reads one datagram from a session conn, failing after 5 s.
@@ -95,9 +94,9 @@ func TestPOPMuxRoutes(t *testing.T) {
 		from    netip.AddrPort
 		reason  string
 	}{
-		{"media before any check", []byte("media"), c1, dropUnknownClient},
-		{"check for an unknown ufrag", bindingRequest(t, "nobody"), c1, dropUnknownClient},
-		{"not a binding request", []byte{0x01, 0x01, 0, 0, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, c1, dropUnknownClient},
+		{"media before any check", []byte("media"), c1, dropUnknownClient.String()},
+		{"check for an unknown ufrag", bindingRequest(t, "nobody"), c1, dropUnknownClient.String()},
+		{"not a binding request", []byte{0x01, 0x01, 0, 0, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, c1, dropUnknownClient.String()},
 	} {
 		if got := offer(m, tc.payload, tc.from); got != tc.reason {
 			t.Errorf("%s: reason %q, want %q", tc.name, got, tc.reason)
@@ -131,12 +130,12 @@ func TestPOPMuxRoutes(t *testing.T) {
 	if _, _, err := a.(*muxConn).ReadFromAddrPort(make([]byte, 1500)); !errors.Is(err, io.EOF) {
 		t.Errorf("read after removal: %v, want io.EOF", err)
 	}
-	if r := offer(m, []byte("late"), c1); r != dropUnknownClient {
-		t.Errorf("media for a removed session: reason %q, want %q", r, dropUnknownClient)
+	if r := offer(m, []byte("late"), c1); r != dropUnknownClient.String() {
+		t.Errorf("media for a removed session: reason %q, want %q", r, dropUnknownClient.String())
 	}
 	_ = b.Close()
-	if r := offer(m, []byte("late"), c2); r != dropUnknownClient {
-		t.Errorf("media for a closed conn: reason %q, want %q", r, dropUnknownClient)
+	if r := offer(m, []byte("late"), c2); r != dropUnknownClient.String() {
+		t.Errorf("media for a closed conn: reason %q, want %q", r, dropUnknownClient.String())
 	}
 }
 
@@ -168,8 +167,8 @@ func TestPOPMuxSessionQueueIsolated(t *testing.T) {
 			t.Fatalf("datagram %d of the stalled session dropped early: %s", i, r)
 		}
 	}
-	if r := offer(m, []byte("x"), cs); r != dropSessionQueue {
-		t.Errorf("datagram beyond the stalled session's queue: reason %q, want %q", r, dropSessionQueue)
+	if r := offer(m, []byte("x"), cs); r != dropSessionQueue.String() {
+		t.Errorf("datagram beyond the stalled session's queue: reason %q, want %q", r, dropSessionQueue.String())
 	}
 	for i := range 3 * sessionQueueLen {
 		if r := offer(m, []byte("y"), cl); r != "" {
@@ -198,8 +197,8 @@ func TestPOPMuxAddressBound(t *testing.T) {
 		}
 		readOne(t, c)
 	}
-	if r := offer(m, []byte("x"), addr(0)); r != dropUnknownClient {
-		t.Errorf("oldest address: reason %q, want %q", r, dropUnknownClient)
+	if r := offer(m, []byte("x"), addr(0)); r != dropUnknownClient.String() {
+		t.Errorf("oldest address: reason %q, want %q", r, dropUnknownClient.String())
 	}
 	if r := offer(m, []byte("x"), addr(maxAddrsPerSession)); r != "" {
 		t.Errorf("newest address dropped: %s", r)

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
@@ -124,11 +124,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// POPAddr names a POP whose VIP a session advertises.
-type POPAddr struct {
-	ID  uint16         `json:"id"`
-	VIP netip.AddrPort `json:"vip"`
-}
+// POPAddr names a POP whose VIP a session advertises; the same type as the
+// session API's wire form.
+type POPAddr = sessionapi.POP
 
 // CreateRequest asks for a new session.
 type CreateRequest struct {
@@ -220,9 +218,6 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	// silently. Best effort: the kernel caps it at net.core.rmem_max.
 	_ = conn.SetReadBuffer(podReadBuffer)
 	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.Relays, m, cfg.Now)
-	if t.sock.out, err = newOutQueue(conn, m); err != nil {
-		return nil, fmt.Errorf("pod socket: %w", err)
-	}
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)

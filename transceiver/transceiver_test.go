@@ -264,11 +264,11 @@ func TestPodSocketDrops(t *testing.T) {
 		reason string
 	}{
 		{"garbage", []byte("garbage"), "encap_magic"},
-		{"to-client direction", pkt(encap.Header{ToClient: true, Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: ingress}, "x"), dropDirection},
-		{"other pod", pkt(encap.Header{Cluster: 7, Pod: 4, POP: 1, Client: client, Ingress: ingress}, "x"), dropWrongPod},
-		{"other cluster", pkt(encap.Header{Cluster: 8, Pod: 3, POP: 1, Client: client, Ingress: ingress}, "x"), dropWrongPod},
-		{"unknown POP", pkt(encap.Header{Cluster: 7, Pod: 3, POP: 9, Client: client, Ingress: ingress}, "x"), dropUnknownPOP},
-		{"empty payload", pkt(good, ""), dropEmpty},
+		{"to-client direction", pkt(encap.Header{ToClient: true, Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: ingress}, "x"), dropDirection.String()},
+		{"other pod", pkt(encap.Header{Cluster: 7, Pod: 4, POP: 1, Client: client, Ingress: ingress}, "x"), dropWrongPod.String()},
+		{"other cluster", pkt(encap.Header{Cluster: 8, Pod: 3, POP: 1, Client: client, Ingress: ingress}, "x"), dropWrongPod.String()},
+		{"unknown POP", pkt(encap.Header{Cluster: 7, Pod: 3, POP: 9, Client: client, Ingress: ingress}, "x"), dropUnknownPOP.String()},
+		{"empty payload", pkt(good, ""), dropEmpty.String()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := p.counter(t, "rtcedge_transceiver_dropped_packets_total", "reason", tc.reason)
@@ -416,7 +416,7 @@ func TestUnknownRelayDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the drop to be counted", func() bool {
-		return p.counter(t, "rtcedge_transceiver_dropped_packets_total", "reason", dropUnknownRelay) == 1
+		return p.counter(t, "rtcedge_transceiver_dropped_packets_total", "reason", dropUnknownRelay.String()) == 1
 	})
 	if (&RelaySet{}).Trusted(netip.MustParseAddrPort("127.0.0.1:1")) != true {
 		t.Error("an empty relay set (gossip not joined yet) must trust everyone")

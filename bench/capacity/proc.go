@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -54,10 +55,17 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
+	// The pod does not log where its metrics listener is, so it gets a
+	// port that was free a moment ago (the only port not chosen by the
+	// kernel at bind time; a clash fails the start, it does not mislead).
+	metricsAddr, err := freeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
 	cfgPath := filepath.Join(dir, "transceiver.yaml")
 	cfg := fmt.Sprintf("region: capacity\ncluster: 1\npod: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\n"+
-		"metrics_addr: 127.0.0.1:0\nmax_sessions: %d\ndrain_timeout: 2s\nlog_level: info\n"+
-		"gossip:\n  name: capacity-pod\n  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n%s", maxSessions, opts.Extra)
+		"metrics_addr: %s\nmax_sessions: %d\ndrain_timeout: 2s\nlog_level: info\n"+
+		"gossip:\n  name: capacity-pod\n  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n%s", metricsAddr, maxSessions, opts.Extra)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
@@ -77,7 +85,6 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 	}
 	type upInfo struct {
 		data, api string
-		listening []string
 	}
 	up := make(chan upInfo, 1)
 	go func() {
@@ -86,8 +93,6 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 		for sc.Scan() {
 			f := logFields(sc.Text())
 			switch f["msg"] {
-			case "listening":
-				info.listening = append(info.listening, f["addr"])
 			case "transceiver up":
 				info.data, info.api = f["data"], f["api"]
 				up <- info
@@ -107,15 +112,7 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 			return nil, fmt.Errorf("transceiver data address %q: %w", info.data, err)
 		}
 		p.API = info.api
-		for _, a := range info.listening {
-			if "http://"+a != p.API {
-				p.Metrics = "http://" + a + "/metrics"
-			}
-		}
-		if p.Metrics == "" {
-			p.Stop()
-			return nil, errors.New("transceiver did not log its metrics address")
-		}
+		p.Metrics = "http://" + metricsAddr + "/metrics"
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("transceiver exited before it was up: %v", p.waitErr)
@@ -123,6 +120,16 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 		p.Stop()
 		return nil, fmt.Errorf("transceiver not up: %w", ctx.Err())
 	}
+}
+
+// freeLoopbackPort returns a loopback address whose port was free.
+func freeLoopbackPort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // Stop sends SIGTERM (the pod drains with a 2 s deadline) and kills the

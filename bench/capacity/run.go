@@ -42,7 +42,7 @@ type RunConfig struct {
 	// of at least ProfileStep sessions; the files land in ProfileDir.
 	ProfileDir  string
 	ProfileStep int
-	// PodConfig is appended to the pod's YAML config (e.g. "readers: 2").
+	// PodConfig is appended to the pod's YAML config (e.g. "dtls_role: server").
 	PodConfig string
 }
 

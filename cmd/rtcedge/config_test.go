@@ -1,66 +1,136 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/rtcedge/rtcedge/clusterrelay"
+	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/config"
+	"github.com/rtcedge/rtcedge/signaling"
+	"github.com/rtcedge/rtcedge/transceiver"
 )
 
+// validated is a role config: defaults, then validation.
+type validated interface {
+	Defaults()
+	Validate() error
+}
+
 // TestExampleConfigsParse keeps deploy/examples in step with the config
-// structs: decoding is strict, so a renamed or removed key fails here.
+// structs: decoding is strict, so a renamed or removed key fails here, and
+// each file must validate with its secrets in the environment.
 func TestExampleConfigsParse(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	t.Setenv("RTCEDGE_TOKEN_KEYS", "1:"+base64.StdEncoding.EncodeToString(key))
+	t.Setenv("RTCEDGE_GOSSIP_KEY", base64.StdEncoding.EncodeToString(key))
+	t.Setenv("POD_IP", "10.0.0.9")
 	for _, tc := range []struct {
 		file string
-		cfg  any
+		cfg  validated
 	}{
-		{"transceiver.yaml", &TransceiverConfig{}},
-		{"clusterrelay.yaml", &ClusterRelayConfig{}},
-		{"globalrelay.yaml", &GlobalRelayConfig{}},
-		{"signaling.yaml", &SignalingConfig{}},
+		{"transceiver.yaml", &transceiver.NodeConfig{}},
+		{"clusterrelay.yaml", &clusterrelay.NodeConfig{}},
+		{"globalrelay.yaml", &globalrelay.NodeConfig{}},
+		{"signaling.yaml", &signaling.NodeConfig{}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
-			if err := loadConfig(filepath.Join("..", "..", "deploy", "examples", tc.file), tc.cfg); err != nil {
+			if err := config.Load(filepath.Join("..", "..", "deploy", "examples", tc.file), tc.cfg); err != nil {
+				t.Fatal(err)
+			}
+			tc.cfg.Defaults()
+			if err := tc.cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
 		})
 	}
 }
 
-func TestConfigRejectsUnknownKeys(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(path, []byte("cluster: 1\nclustr_typo: 2\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := loadConfig(path, &TransceiverConfig{}); err == nil {
-		t.Fatal("unknown key accepted")
-	}
-}
-
-func TestConfigExpandsEnv(t *testing.T) {
-	t.Setenv("RTCEDGE_TEST_POD_IP", "10.1.2.3")
-	path := filepath.Join(t.TempDir(), "t.yaml")
-	if err := os.WriteFile(path, []byte("cluster: 1\ndata_advertise: \"${RTCEDGE_TEST_POD_IP}:7000\"\napi_advertise: \"$NOT_EXPANDED\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var cfg TransceiverConfig
-	if err := loadConfig(path, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.DataAdvertise != "10.1.2.3:7000" || cfg.APIAdvertise != "$NOT_EXPANDED" {
-		t.Errorf("data_advertise %q, api_advertise %q", cfg.DataAdvertise, cfg.APIAdvertise)
+// TestExampleConfigNeedsPodIP: the examples advertise ${POD_IP}; without it
+// the load fails naming the variable instead of advertising ":7000".
+func TestExampleConfigNeedsPodIP(t *testing.T) {
+	t.Setenv("POD_IP", "") // restored after the test
+	os.Unsetenv("POD_IP")
+	var cfg transceiver.NodeConfig
+	err := config.Load(filepath.Join("..", "..", "deploy", "examples", "transceiver.yaml"), &cfg)
+	if !errors.Is(err, config.ErrUnsetVariable) || !strings.Contains(err.Error(), "POD_IP") {
+		t.Fatalf("err = %v, want one naming POD_IP", err)
 	}
 }
 
-func TestWildcardAdvertiseRefused(t *testing.T) {
-	if _, _, err := listenData("0.0.0.0:0", ""); err == nil {
-		t.Error("a data socket on 0.0.0.0 without data_advertise was accepted")
+// TestRoleConfigsRejectBadValues: each role's Validate rejects negative
+// rates, bursts and timeouts and bad addresses.
+func TestRoleConfigsRejectBadValues(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	t.Setenv("RTCEDGE_TOKEN_KEYS", "1:"+base64.StdEncoding.EncodeToString(key))
+	gossip := "  bind: 127.0.0.1:0\n  insecure: true\n"
+	base := map[string]string{
+		"transceiver":  "cluster: 1\npod: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\ngossip:\n" + gossip,
+		"clusterrelay": "cluster: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\ncluster_gossip:\n" + gossip + "global_gossip:\n" + gossip,
+		"globalrelay":  "pop: 1\npublic_addr: 127.0.0.1:0\ninternal_addr: 127.0.0.1\ngossip:\n" + gossip,
+		"signaling":    "listen_addr: 127.0.0.1:0\ncatalogue: c.yaml\n",
 	}
-	c, ap, err := listenData("0.0.0.0:0", "127.0.0.1:7000")
-	if err != nil {
-		t.Fatal(err)
+	mk := map[string]func() validated{
+		"transceiver":  func() validated { return &transceiver.NodeConfig{} },
+		"clusterrelay": func() validated { return &clusterrelay.NodeConfig{} },
+		"globalrelay":  func() validated { return &globalrelay.NodeConfig{} },
+		"signaling":    func() validated { return &signaling.NodeConfig{} },
 	}
-	c.Close()
-	if ap.String() != "127.0.0.1:7000" {
-		t.Errorf("advertised %v", ap)
+	for _, tc := range []struct{ role, extra, want string }{
+		{"transceiver", "", ""},
+		{"transceiver", "idle_timeout: -1s\n", "idle_timeout"},
+		{"transceiver", "connect_timeout: -5s\n", "connect_timeout"},
+		{"transceiver", "max_sessions: -1\n", "max_sessions"},
+		{"transceiver", "drain_timeout: -1m\n", "drain_timeout"},
+		{"transceiver", "backend_addr: nohost\n", "backend_addr"},
+		{"transceiver", "metrics_addr: \"localhost\"\n", "metrics_addr"},
+		{"clusterrelay", "", ""},
+		{"clusterrelay", "batch: -2\n", "batch"},
+		{"clusterrelay", "api_addr: \"\"\n", "api_addr"},
+		{"globalrelay", "", ""},
+		{"globalrelay", "flow_idle: -1s\n", "flow_idle"},
+		{"globalrelay", "max_flows: -1\n", "max_flows"},
+		{"globalrelay", "workers: -1\n", "workers"},
+		{"globalrelay", "internal_addr: somewhere\n", "internal_addr"},
+		{"globalrelay", "public_addr: 3478\n", "public_addr"},
+		{"signaling", "", ""},
+		{"signaling", "rate_per_second: -1\n", "rate_per_second"},
+		{"signaling", "rate_burst: -3\n", "rate_burst"},
+		{"signaling", "client_secret_ttl: -1m\n", "client_secret_ttl"},
+		{"signaling", "drain_delay: -1s\n", "drain_delay"},
+		{"signaling", "trusted_proxies: [\"10.0.0.0\"]\n", "trusted_proxies"},
+		{"signaling", "gossip:\n  bind: nowhere\n", "gossip.bind"},
+	} {
+		t.Run(tc.role+"/"+strings.TrimSpace(tc.extra), func(t *testing.T) {
+			cfg := mk[tc.role]()
+			if err := config.Decode([]byte(base[tc.role]), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if err := config.Decode([]byte(tc.extra), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if e, ok := cfg.(interface{ ApplyEnv() error }); ok {
+				if err := e.ApplyEnv(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg.Defaults()
+			err := cfg.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("valid config rejected: %v", err)
+			case tc.want != "" && err == nil:
+				t.Fatal("accepted")
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("error %q does not name %s", err, tc.want)
+			}
+		})
 	}
 }

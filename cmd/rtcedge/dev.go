@@ -4,12 +4,32 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
+	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/rtcedge/rtcedge/devworld"
-	"github.com/rtcedge/rtcedge/internal/routecache"
 )
+
+// prefixes is a repeatable -flag of CIDR prefixes.
+type prefixes []netip.Prefix
+
+func (p *prefixes) String() string {
+	s := make([]string, len(*p))
+	for i, x := range *p {
+		s[i] = x.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (p *prefixes) Set(v string) error {
+	x, err := netip.ParsePrefix(v)
+	if err != nil {
+		return err
+	}
+	*p = append(*p, x)
+	return nil
+}
 
 func runDev(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
@@ -18,20 +38,22 @@ func runDev(ctx context.Context, args []string) error {
 	popPort := fs.Uint("pop-port", 3478, "UDP port of every POP VIP (127.0.0.2, 127.0.0.3, ...); 0 = any")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error (info shows gossip and session events)")
 	redisURL := fs.String("redis", "", "Redis URL for the global relays' route cache (default: an in-process store)")
+	geoip := fs.String("geoip", "", "GeoLite2/GeoIP2 City .mmdb file for steering (default: a tiny embedded one)")
+	var trusted prefixes
+	fs.Var(&trusted, "trust-proxy", "CIDR whose CF-Connecting-IP / CF-IPLatitude headers signaling believes, e.g. 127.0.0.0/8 (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *popPort > 65535 {
 		return fmt.Errorf("pop-port %d out of range", *popPort)
 	}
-	log, err := newLogger(*logLevel)
+	env, err := processEnv(*logLevel)
 	if err != nil {
 		return err
 	}
-	slog.SetDefault(log)
-	routecache.SetRedisLogger(log)
 	w, err := devworld.Start(devworld.Config{
-		HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL, Logger: log,
+		HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL,
+		GeoIPDB: *geoip, TrustedProxies: trusted, Logger: env.Logger,
 	})
 	if err != nil {
 		return err
@@ -39,6 +61,6 @@ func runDev(ctx context.Context, args []string) error {
 	fmt.Fprint(os.Stdout, w.String())
 	fmt.Fprintf(os.Stdout, "\nOpen %s in a browser and press Call: you hear yourself back through the relays.\n", w.SignalingURL)
 	<-ctx.Done()
-	log.Info("stopping dev world")
+	env.Logger.Info("stopping dev world")
 	return w.Close()
 }

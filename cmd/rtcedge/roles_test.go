@@ -56,7 +56,7 @@ func TestRolesAsProcesses(t *testing.T) {
 	crUp := cr.WaitLog(t, "cluster relay up", 10*time.Second)
 
 	gr := startRole(t, bin, "globalrelay", proctest.WriteFile(t, dir, "globalrelay.yaml",
-		"region: eu-central\npop: 1\npublic_addr: 127.0.0.5:0\ninternal_addr: 127.0.0.1\nworkers: 2\ndrain_timeout: 2s\n"+
+		"region: eu-central\npop: 1\nclusters: [1]\npublic_addr: 127.0.0.5:0\ninternal_addr: 127.0.0.1\nworkers: 2\ndrain_timeout: 2s\n"+
 			"gossip:\n  name: gr-1\n"+gossip(crUp["global_gossip"])), env)
 	grUp := gr.WaitLog(t, "global relay up", 10*time.Second)
 

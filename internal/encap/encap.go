@@ -40,6 +40,16 @@ const (
 	MinLen = 20
 	// MaxLen is the header length with IPv6 client and ingress addresses.
 	MaxLen = 44
+	// MaxPayload is the largest client datagram any tier carries: the
+	// global relay drops a longer one from a client at once, and the
+	// cluster relay and the pod accept MaxPayload under any header, so a
+	// datagram either crosses every tier or is dropped (and counted) at
+	// the first. WebRTC keeps its datagrams below the path MTU (browsers
+	// send at most about 1200 bytes); a longer one is not ours.
+	MaxPayload = 1500
+	// MaxDatagram is the largest datagram between tiers: the longest
+	// header and a MaxPayload client datagram.
+	MaxDatagram = MaxLen + MaxPayload
 
 	flagToClient   = 1 << 0
 	flagClientV6   = 1 << 1

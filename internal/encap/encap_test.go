@@ -228,14 +228,14 @@ func TestReason(t *testing.T) {
 	errs := []error{ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr}
 	seen := map[string]bool{}
 	for _, err := range errs {
-		r := Reason(err)
+		r := reasonLabel(err)
 		if r == "other" || seen[r] {
-			t.Errorf("Reason(%v) = %q, not distinct", err, r)
+			t.Errorf("reasonLabel(%v) = %q, not distinct", err, r)
 		}
 		seen[r] = true
 	}
-	if Reason(ErrShortBuffer) != "other" || Reason(nil) != "" {
-		t.Errorf("Reason(ErrShortBuffer) = %q, Reason(nil) = %q", Reason(ErrShortBuffer), Reason(nil))
+	if reasonLabel(ErrShortBuffer) != "other" || reasonLabel(nil) != "" {
+		t.Errorf("reasonLabel(ErrShortBuffer) = %q, reasonLabel(nil) = %q", reasonLabel(ErrShortBuffer), reasonLabel(nil))
 	}
 	for _, r := range Reasons {
 		if r != "other" && !seen[r] {
@@ -301,7 +301,7 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, n, err := Decode(b)
 		if err != nil {
-			if Reason(err) == "other" {
+			if reasonLabel(err) == "other" {
 				t.Fatalf("unlabelled error %v", err)
 			}
 			return
@@ -320,4 +320,12 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("PeekDirection = %v, %v for %+v", d, ok, h)
 		}
 	})
+}
+
+// reasonLabel is the label of err's drop reason, "" for nil.
+func reasonLabel(err error) string {
+	if err == nil {
+		return ""
+	}
+	return ReasonOf(err).String()
 }

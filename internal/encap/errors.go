@@ -3,7 +3,7 @@ package encap
 import "errors"
 
 // Sentinel errors. Decode returns them unwrapped so that it stays
-// allocation-free; Reason maps each to a drop-counter label.
+// allocation-free; ReasonOf maps each to a drop reason.
 var (
 	// ErrShort means the datagram ends before the header does.
 	ErrShort = errors.New("encap: datagram shorter than header")
@@ -22,27 +22,52 @@ var (
 	ErrAddr = errors.New("encap: invalid address")
 )
 
-// Reasons lists every label Reason can return, so that drop counters can be
-// initialised to zero at start-up.
-var Reasons = []string{"short", "magic", "version", "reserved", "addr", "other"}
+// Reason is a typed drop reason for a decode failure: a small integer that
+// indexes a preallocated counter (udpio.Drops), so counting a drop needs no
+// string building or map lookup.
+type Reason uint8
 
-// Reason returns a short, stable metric label for an error from this
-// package ("other" for any error it does not know, "" for nil).
-func Reason(err error) string {
+// Drop reasons; ReasonOther is any error this package does not know.
+const (
+	ReasonOther Reason = iota
+	ReasonShort
+	ReasonMagic
+	ReasonVersion
+	ReasonReserved
+	ReasonAddr
+	numReasons
+)
+
+// Reasons lists the label of every Reason, indexed by Reason, so that drop
+// counters can be created (at zero) at start-up.
+var Reasons = [numReasons]string{
+	ReasonOther: "other", ReasonShort: "short", ReasonMagic: "magic", ReasonVersion: "version",
+	ReasonReserved: "reserved", ReasonAddr: "addr",
+}
+
+// String returns the reason's metric label.
+func (r Reason) String() string {
+	if r < numReasons {
+		return Reasons[r]
+	}
+	return Reasons[ReasonOther]
+}
+
+// ReasonOf maps an error from this package to its drop reason. Sentinels
+// returned bare (the hot path) match on the first comparisons.
+func ReasonOf(err error) Reason {
 	switch {
-	case err == nil:
-		return ""
-	case errors.Is(err, ErrShort):
-		return "short"
-	case errors.Is(err, ErrMagic):
-		return "magic"
-	case errors.Is(err, ErrVersion):
-		return "version"
-	case errors.Is(err, ErrReservedFlag):
-		return "reserved"
-	case errors.Is(err, ErrAddr):
-		return "addr"
+	case err == ErrShort || errors.Is(err, ErrShort):
+		return ReasonShort
+	case err == ErrMagic || errors.Is(err, ErrMagic):
+		return ReasonMagic
+	case err == ErrVersion || errors.Is(err, ErrVersion):
+		return ReasonVersion
+	case err == ErrReservedFlag || errors.Is(err, ErrReservedFlag):
+		return ReasonReserved
+	case err == ErrAddr || errors.Is(err, ErrAddr):
+		return ReasonAddr
 	default:
-		return "other"
+		return ReasonOther
 	}
 }

@@ -3,7 +3,7 @@ package stunmsg
 import "errors"
 
 // Sentinel errors. Username and ServerUfrag return them unwrapped so that
-// they stay allocation-free; Reason maps each to a drop-counter label.
+// they stay allocation-free; ReasonOf maps each to a drop reason.
 var (
 	// ErrNotSTUN means the datagram is not a well-formed STUN message
 	// (see IsSTUN).
@@ -22,27 +22,52 @@ var (
 	ErrNoColon = errors.New("stunmsg: USERNAME has no colon")
 )
 
-// Reasons lists every label Reason can return, so that drop counters can be
-// initialised to zero at start-up.
-var Reasons = []string{"not_stun", "not_binding", "no_username", "malformed", "no_colon", "other"}
+// Reason is a typed drop reason for a parse failure: a small integer that
+// indexes a preallocated counter (udpio.Drops), so counting a drop needs no
+// string building or map lookup.
+type Reason uint8
 
-// Reason returns a short, stable metric label for an error from this
-// package ("other" for any error it does not know, "" for nil).
-func Reason(err error) string {
+// Drop reasons; ReasonOther is any error this package does not know.
+const (
+	ReasonOther Reason = iota
+	ReasonNotSTUN
+	ReasonNotBinding
+	ReasonNoUsername
+	ReasonMalformed
+	ReasonNoColon
+	numReasons
+)
+
+// Reasons lists the label of every Reason, indexed by Reason, so that drop
+// counters can be created (at zero) at start-up.
+var Reasons = [numReasons]string{
+	ReasonOther: "other", ReasonNotSTUN: "not_stun", ReasonNotBinding: "not_binding",
+	ReasonNoUsername: "no_username", ReasonMalformed: "malformed", ReasonNoColon: "no_colon",
+}
+
+// String returns the reason's metric label.
+func (r Reason) String() string {
+	if r < numReasons {
+		return Reasons[r]
+	}
+	return Reasons[ReasonOther]
+}
+
+// ReasonOf maps an error from this package to its drop reason. Sentinels
+// returned bare (the hot path) match on the first comparisons.
+func ReasonOf(err error) Reason {
 	switch {
-	case err == nil:
-		return ""
-	case errors.Is(err, ErrNotSTUN):
-		return "not_stun"
-	case errors.Is(err, ErrNotBindingRequest):
-		return "not_binding"
-	case errors.Is(err, ErrNoUsername):
-		return "no_username"
-	case errors.Is(err, ErrMalformed):
-		return "malformed"
-	case errors.Is(err, ErrNoColon):
-		return "no_colon"
+	case err == ErrNotSTUN || errors.Is(err, ErrNotSTUN):
+		return ReasonNotSTUN
+	case err == ErrNotBindingRequest || errors.Is(err, ErrNotBindingRequest):
+		return ReasonNotBinding
+	case err == ErrNoUsername || errors.Is(err, ErrNoUsername):
+		return ReasonNoUsername
+	case err == ErrMalformed || errors.Is(err, ErrMalformed):
+		return ReasonMalformed
+	case err == ErrNoColon || errors.Is(err, ErrNoColon):
+		return ReasonNoColon
 	default:
-		return "other"
+		return ReasonOther
 	}
 }

@@ -5,7 +5,7 @@ import "errors"
 // Sentinel errors returned by Verify, Encode and Mint. Verify returns them
 // unwrapped so that it stays allocation-free; callers that log or return
 // them should wrap with context. Each maps to a distinct drop-counter label
-// through Reason.
+// through ReasonOf.
 var (
 	// ErrLength means the ufrag is not exactly EncodedLen characters.
 	ErrLength = errors.New("token: wrong length")
@@ -24,29 +24,55 @@ var (
 	ErrMAC = errors.New("token: bad MAC")
 )
 
-// Reasons lists every label Reason can return, so that drop counters can be
-// initialised to zero at start-up.
-var Reasons = []string{"length", "alphabet", "version", "unknown_key", "cluster", "mac", "other"}
+// Reason is a typed drop reason for a verification failure: a small
+// integer that indexes a preallocated counter (udpio.Drops), so counting a
+// drop needs no string building or map lookup.
+type Reason uint8
 
-// Reason returns a short, stable metric label for an error from this
-// package ("other" for any error it does not know, "" for nil).
-func Reason(err error) string {
+// Drop reasons; ReasonOther is any error this package does not know.
+const (
+	ReasonOther Reason = iota
+	ReasonLength
+	ReasonAlphabet
+	ReasonVersion
+	ReasonUnknownKey
+	ReasonCluster
+	ReasonMAC
+	numReasons
+)
+
+// Reasons lists the label of every Reason, indexed by Reason, so that drop
+// counters can be created (at zero) at start-up.
+var Reasons = [numReasons]string{
+	ReasonOther: "other", ReasonLength: "length", ReasonAlphabet: "alphabet", ReasonVersion: "version",
+	ReasonUnknownKey: "unknown_key", ReasonCluster: "cluster", ReasonMAC: "mac",
+}
+
+// String returns the reason's metric label.
+func (r Reason) String() string {
+	if r < numReasons {
+		return Reasons[r]
+	}
+	return Reasons[ReasonOther]
+}
+
+// ReasonOf maps an error from this package to its drop reason. Sentinels
+// returned bare (the hot path) match on the first comparisons.
+func ReasonOf(err error) Reason {
 	switch {
-	case err == nil:
-		return ""
-	case errors.Is(err, ErrLength):
-		return "length"
-	case errors.Is(err, ErrAlphabet):
-		return "alphabet"
-	case errors.Is(err, ErrVersion):
-		return "version"
-	case errors.Is(err, ErrUnknownKey):
-		return "unknown_key"
-	case errors.Is(err, ErrCluster):
-		return "cluster"
-	case errors.Is(err, ErrMAC):
-		return "mac"
+	case err == ErrLength || errors.Is(err, ErrLength):
+		return ReasonLength
+	case err == ErrAlphabet || errors.Is(err, ErrAlphabet):
+		return ReasonAlphabet
+	case err == ErrVersion || errors.Is(err, ErrVersion):
+		return ReasonVersion
+	case err == ErrUnknownKey || errors.Is(err, ErrUnknownKey):
+		return ReasonUnknownKey
+	case err == ErrCluster || errors.Is(err, ErrCluster):
+		return ReasonCluster
+	case err == ErrMAC || errors.Is(err, ErrMAC):
+		return ReasonMAC
 	default:
-		return "other"
+		return ReasonOther
 	}
 }

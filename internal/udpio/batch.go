@@ -29,7 +29,7 @@ func newBatchConn(c *net.UDPConn) batchConn {
 // batches are of one and it behaves like Forward. x/net allocates the
 // source address of every datagram read (two small allocations), which is
 // the price of the fewer syscalls. Semantics otherwise match Forward.
-func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, hooks Hooks) error {
+func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Decide, hooks Hooks) error {
 	if batch < 1 {
 		batch = 1
 	}
@@ -39,7 +39,7 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, ho
 	out := make([]ipv4.Message, batch)
 	outAddrs := make([]net.UDPAddr, batch)
 	for i := range batch {
-		bufs[i] = make([]byte, headroom+MaxDatagram)
+		bufs[i] = make([]byte, headroom+limit+1)
 		in[i].Buffers = [][]byte{bufs[i][headroom:]}
 		out[i].Buffers = make([][]byte, 1)
 		outAddrs[i].IP = make(net.IP, net.IPv6len)
@@ -63,7 +63,7 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, batch int, decide Decide, ho
 			if !ok {
 				continue
 			}
-			if in[i].N == MaxDatagram {
+			if in[i].N > limit {
 				hooks.oversize()
 				continue
 			}

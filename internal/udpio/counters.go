@@ -2,39 +2,30 @@ package udpio
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// DropCounters pre-resolves one counter per drop reason, so the hot path
-// increments a counter without a label lookup, and every reason's series
-// exists (at zero) from start-up.
-type DropCounters struct {
-	byReason map[string]prometheus.Counter
-	other    prometheus.Counter
+// Drops holds one counter per typed drop reason R, indexed by R, so the hot
+// path counts a drop with one slice index: no label lookup, no string
+// building. Every reason's series exists (at zero) from start-up.
+type Drops[R ~uint8] struct {
+	c []prometheus.Counter
 }
 
-// NewDropCounters resolves a counter for every reason in reasons (plus
-// "other") on vec.
-func NewDropCounters(vec *prometheus.CounterVec, reasons ...string) *DropCounters {
-	return NewPrefixedDropCounters(vec, "", reasons...)
-}
-
-// NewPrefixedDropCounters is NewDropCounters for reasons that come from
-// another package (such as a codec's decode errors): Inc takes the bare
-// reason and counts it under the label value prefix+reason, without building
-// that string on the hot path.
-func NewPrefixedDropCounters(vec *prometheus.CounterVec, prefix string, reasons ...string) *DropCounters {
-	d := &DropCounters{byReason: make(map[string]prometheus.Counter, len(reasons)+1)}
-	for _, r := range reasons {
-		d.byReason[r] = vec.WithLabelValues(prefix + r)
+// NewDrops resolves a counter on vec for every label; labels[i] is the label
+// of reason R(i), and prefix is put in front of each (a codec's reasons
+// appear as e.g. "encap_short" in a tier's drop counter).
+func NewDrops[R ~uint8](vec *prometheus.CounterVec, prefix string, labels ...string) *Drops[R] {
+	d := &Drops[R]{c: make([]prometheus.Counter, len(labels))}
+	for i, l := range labels {
+		d.c[i] = vec.WithLabelValues(prefix + l)
 	}
-	d.other = vec.WithLabelValues(prefix + "other")
-	d.byReason["other"] = d.other
 	return d
 }
 
-// Inc counts one drop. An unknown reason counts as "other".
-func (d *DropCounters) Inc(reason string) {
-	if c, ok := d.byReason[reason]; ok {
-		c.Inc()
+// Inc counts one drop for r. A reason without a label counts under reason
+// 0, which every package reserves for its catch-all.
+func (d *Drops[R]) Inc(r R) {
+	if int(r) < len(d.c) {
+		d.c[r].Inc()
 		return
 	}
-	d.other.Inc()
+	d.c[0].Inc()
 }

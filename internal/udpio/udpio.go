@@ -8,16 +8,11 @@ import (
 	"net/netip"
 )
 
-// MaxDatagram is the receive buffer size. WebRTC keeps datagrams below the
-// path MTU; a datagram that fills the buffer may have been truncated by the
-// kernel, so it is dropped (Hooks.Oversize), never forwarded.
-const MaxDatagram = 2048
-
 // Hooks reports what the forwarding loop drops on its own. Nil fields are
 // ignored.
 type Hooks struct {
 	WriteErr func(error) // a send failed; the loop goes on
-	Oversize func()      // a datagram filled the buffer and was dropped
+	Oversize func()      // a datagram was longer than the limit and was dropped
 }
 
 func (h Hooks) writeErr(err error) {
@@ -46,15 +41,19 @@ func unmap(a netip.AddrPort) netip.AddrPort {
 // written before the next read, so Decide must not retain buf.
 type Decide func(buf []byte, n int, from netip.AddrPort) (out []byte, to netip.AddrPort, ok bool)
 
-// Forward reads conn until it is closed, passing every datagram to decide
-// and writing what it returns to dst (which may be conn itself). headroom
+// Forward reads conn until it is closed, passing every datagram of at most
+// limit bytes to decide and writing what it returns to dst (which may be
+// conn itself). Longer datagrams are dropped (Hooks.Oversize): the buffer
+// holds limit+1 bytes, so a longer one is seen as such, never truncated
+// and forwarded. The limit is encap.MaxPayload on a socket clients send to
+// and encap.MaxDatagram between tiers: one size for every tier. headroom
 // bytes are left free in front of every datagram so that a decider can
 // prepend a header without copying: the datagram is buf[headroom:headroom+n].
 // Sources are unmapped (IPv4-mapped IPv6 becomes IPv4). A closed conn ends
 // the loop with nil; a write error is reported to hooks and the loop goes
 // on, as one unreachable peer must not stop a relay.
-func Forward(conn, dst *net.UDPConn, headroom int, decide Decide, hooks Hooks) error {
-	buf := make([]byte, headroom+MaxDatagram)
+func Forward(conn, dst *net.UDPConn, headroom, limit int, decide Decide, hooks Hooks) error {
+	buf := make([]byte, headroom+limit+1)
 	for {
 		n, from, err := conn.ReadFromUDPAddrPort(buf[headroom:])
 		if err != nil {
@@ -67,7 +66,7 @@ func Forward(conn, dst *net.UDPConn, headroom int, decide Decide, hooks Hooks) e
 			}
 			return err
 		}
-		if n == MaxDatagram {
+		if n > limit {
 			hooks.oversize()
 			continue
 		}

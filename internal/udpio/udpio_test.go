@@ -3,6 +3,9 @@ package udpio
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestListenReusePort: the sockets share one address, and datagrams sent to
@@ -41,4 +44,37 @@ func TestListenWorkerPairs(t *testing.T) {
 	if len(pubs) != 2 || len(ins) != 2 || LocalAddrPort(pubs[0]) != LocalAddrPort(pubs[1]) || LocalAddrPort(ins[0]) == LocalAddrPort(ins[1]) {
 		t.Fatalf("pubs %v ins %v: want one shared public address and two internal ones", pubs, ins)
 	}
+}
+
+// TestDrops: every label's series exists at zero from the start, a typed
+// reason counts under its own label without allocating, and a reason with
+// no label counts under reason 0 (the catch-all).
+func TestDrops(t *testing.T) {
+	type reason uint8
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x_dropped_total", Help: "x"}, []string{"reason"})
+	d := NewDrops[reason](vec, "p_", "other", "a", "b")
+	ch := make(chan prometheus.Metric, 10)
+	vec.Collect(ch)
+	if n := len(ch); n != 3 {
+		t.Fatalf("%d series at start, want 3", n)
+	}
+	if a := testing.AllocsPerRun(100, func() { d.Inc(1) }); a != 0 {
+		t.Errorf("Inc: %v allocations", a)
+	}
+	d.Inc(7)
+	if v := value(t, vec, "p_a"); v != 101 {
+		t.Errorf("p_a = %v, want 101", v)
+	}
+	if v := value(t, vec, "p_other"); v != 1 {
+		t.Errorf("p_other = %v, want 1 (the unlabelled reason)", v)
+	}
+}
+
+func value(t *testing.T, vec *prometheus.CounterVec, label string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := vec.WithLabelValues(label).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

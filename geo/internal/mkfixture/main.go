@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/rtcedge/rtcedge/geo/internal/mmdbfixture"
+	"github.com/rtcedge/rtcedge/internal/mmdbfixture"
 )
 
 func main() {

@@ -5,6 +5,9 @@
 locals {
   hostname = "rt.example.com"
 
+  # make image's scheme: <repository>:<version>.
+  image = "${var.image_repository}:${var.image_version}"
+
   # Reserved public addresses of the POP VIPs (documentation range here).
   pops = {
     fra = { id = 1, region = "eu-central", address = "203.0.113.10" }
@@ -17,14 +20,25 @@ locals {
       location   = { lat = 50.11, lon = 8.68 }
       # Public addresses of the region's signaling front (its ingress).
       origins            = ["198.51.100.10"]
-      cloudflare_regions = ["WEU", "EEU", "NAF", "ME"]
+      cloudflare_regions = ["WEU", "EEU", "NAF", "SAF", "ME"]
+      # Pod CIDR of the region's Kubernetes cluster (routable from the other
+      # regions), for the network policies.
+      pod_cidr = "10.1.0.0/16"
     }
     "us-east" = {
       cluster_id         = 2
       location           = { lat = 39.04, lon = -77.49 }
       origins            = ["198.51.100.20"]
-      cloudflare_regions = ["ENAM", "WNAM", "SAM"]
+      cloudflare_regions = ["ENAM", "WNAM", "NSAM", "SSAM"]
+      pod_cidr           = "10.2.0.0/16"
     }
+  }
+
+  # Steering overrides (geo/README.md): places whose network paths do not
+  # follow distance. Signaling applies them; the steering module turns them
+  # into Cloudflare country pools, so both steer alike.
+  steering_countries = {
+    ZA = ["eu-central"] # nearer South America on the map, nearer Europe on the network
   }
 
   # Seeds of the global pool: a DNS name resolving to cluster relays of every
@@ -42,6 +56,7 @@ locals {
   # The region catalogue (geo/README.md), the same in every region.
   catalogue_yaml = yamlencode({
     default_region = "eu-central"
+    steering       = { countries = local.steering_countries }
     regions = [
       for name, r in local.regions : {
         name     = name
@@ -58,10 +73,21 @@ locals {
     ]
   })
 
-  # Cloudflare's published ranges (https://www.cloudflare.com/ips/): list
-  # them all so signaling believes CF-* headers only from Cloudflare.
-  trusted_proxies = ["173.245.48.0/20", "103.21.244.0/22"]
+  # Cloudflare's published ranges, from the provider (the list changes;
+  # every apply refreshes it): signaling believes CF-* headers only from
+  # them, and the network policies admit signaling's HTTP port only from
+  # them (origin firewalling; docs/deploy.md).
+  cloudflare_ranges = concat(data.cloudflare_ip_ranges.cloudflare.ipv4_cidrs, data.cloudflare_ip_ranges.cloudflare.ipv6_cidrs)
+  trusted_proxies   = local.cloudflare_ranges
+
+  # Each cluster's network policies admit the other clusters' pods by
+  # address.
+  remote_pod_cidrs = {
+    for name, r in local.regions : name => [for other, o in local.regions : o.pod_cidr if other != name]
+  }
 }
+
+data "cloudflare_ip_ranges" "cloudflare" {}
 
 module "region_eu_central" {
   source    = "../../modules/region"
@@ -69,13 +95,18 @@ module "region_eu_central" {
 
   region                 = "eu-central"
   cluster_id             = local.regions["eu-central"].cluster_id
-  image                  = var.image
+  image                  = local.image
   catalogue_yaml         = local.catalogue_yaml
   global_gossip_join     = local.global_gossip_join
   trusted_proxies        = local.trusted_proxies
   cors_origins           = ["https://app.example.com"]
   transceiver_replicas   = 3
   signaling_service_type = "LoadBalancer"
+  network_policy = {
+    remote_pod_cidrs     = local.remote_pod_cidrs["eu-central"]
+    signaling_http_cidrs = local.cloudflare_ranges
+    monitoring_namespace = "monitoring"
+  }
 }
 
 module "region_us_east" {
@@ -84,12 +115,17 @@ module "region_us_east" {
 
   region                 = "us-east"
   cluster_id             = local.regions["us-east"].cluster_id
-  image                  = var.image
+  image                  = local.image
   catalogue_yaml         = local.catalogue_yaml
   global_gossip_join     = local.global_gossip_join
   trusted_proxies        = local.trusted_proxies
   cors_origins           = ["https://app.example.com"]
   signaling_service_type = "LoadBalancer"
+  network_policy = {
+    remote_pod_cidrs     = local.remote_pod_cidrs["us-east"]
+    signaling_http_cidrs = local.cloudflare_ranges
+    monitoring_namespace = "monitoring"
+  }
 }
 
 module "pop_fra" {
@@ -99,9 +135,13 @@ module "pop_fra" {
   region             = local.pops.fra.region
   pop_id             = local.pops.fra.id
   name               = "fra"
-  image              = var.image
+  image              = local.image
   load_balancer_ip   = local.pops.fra.address
   global_gossip_join = local.global_gossip_join
+  network_policy = {
+    remote_pod_cidrs     = local.remote_pod_cidrs["eu-central"]
+    monitoring_namespace = "monitoring"
+  }
 }
 
 module "pop_iad" {
@@ -111,9 +151,13 @@ module "pop_iad" {
   region             = local.pops.iad.region
   pop_id             = local.pops.iad.id
   name               = "iad"
-  image              = var.image
+  image              = local.image
   load_balancer_ip   = local.pops.iad.address
   global_gossip_join = local.global_gossip_join
+  network_policy = {
+    remote_pod_cidrs     = local.remote_pod_cidrs["us-east"]
+    monitoring_namespace = "monitoring"
+  }
 }
 
 module "steering" {
@@ -134,9 +178,11 @@ module "steering" {
       cloudflare_regions = r.cloudflare_regions
     }
   }
+  country_overrides = local.steering_countries
 
+  # The reserved addresses, known at plan time (the cloud's status address
+  # is not, and is a hostname on some clouds).
   relay_records = {
-    fra = { name = "fra.relay.example.com", address = module.pop_fra.vip_address }
-    iad = { name = "iad.relay.example.com", address = module.pop_iad.vip_address }
+    for pop, p in local.pops : pop => { name = "${pop}.relay.example.com", address = p.address }
   }
 }

@@ -38,6 +38,20 @@ locals {
       for r, v in var.regions : [for cc in v.countries : { code = upper(cc), region = r }]
     ]) : pair.code => pair.region...
   }
+
+  # The catalogue's per-country preferences: the preferred regions that have
+  # a pool, then the others in failover order.
+  override_ids = {
+    for cc, prefs in var.country_overrides : cc => concat(
+      [for r in prefs : local.pool_ids[r] if contains(local.region_names, r)],
+      [for r in local.region_order : local.pool_ids[r] if !contains(prefs, r)],
+    )
+  }
+
+  # Probe from where the clients are: the claimed codes, unless given.
+  check_regions = var.check_regions != null ? var.check_regions : sort(distinct(flatten([
+    for v in values(var.regions) : v.cloudflare_regions
+  ])))
 }
 
 resource "cloudflare_load_balancer_monitor" "signaling" {
@@ -69,6 +83,9 @@ resource "cloudflare_load_balancer_pool" "region" {
   enabled         = true
   minimum_origins = 1
   monitor         = cloudflare_load_balancer_monitor.signaling.id
+  # Never null: null probes from every Cloudflare data centre, which only
+  # Enterprise plans allow (and which floods the origins with probes).
+  check_regions = local.check_regions
   # Used by proximity steering; harmless for geo steering.
   latitude  = each.value.latitude
   longitude = each.value.longitude
@@ -103,16 +120,44 @@ resource "cloudflare_load_balancer" "signaling" {
   region_pools = var.steering_policy == "geo" ? {
     for code, owners in local.cf_region_owner : code => local.failover_ids[one(owners)]
   } : null
-  country_pools = var.steering_policy == "geo" ? {
-    for code, owners in local.country_owner : code => local.failover_ids[one(owners)]
-  } : null
+  country_pools = var.steering_policy == "geo" ? merge(
+    { for code, owners in local.country_owner : code => local.failover_ids[one(owners)] },
+    local.override_ids,
+  ) : null
 
   lifecycle {
     precondition {
       condition     = contains(keys(var.regions), var.fallback_region)
       error_message = "fallback_region must name one of the regions."
     }
+    precondition {
+      condition     = length(local.check_regions) > 0
+      error_message = "No region claims a Cloudflare region code, so set check_regions (the pools must not probe from every data centre)."
+    }
+    precondition {
+      condition     = length(setintersection(keys(local.country_owner), keys(var.country_overrides))) == 0
+      error_message = "A country is claimed both by a region's countries and by country_overrides; keep one."
+    }
+    precondition {
+      condition     = alltrue(flatten([for prefs in values(var.country_overrides) : [for r in prefs : contains(local.region_names, r)]]))
+      error_message = "country_overrides name a region that is not in regions."
+    }
   }
+}
+
+# CF-IPLatitude/CF-IPLongitude (and CF-IPCity, CF-IPContinent, ...) reach
+# the origins only with this managed transform on. The resource owns the
+# zone's managed-transform settings: list here any other transform the zone
+# needs.
+resource "cloudflare_managed_transforms" "visitor_location" {
+  count = var.visitor_location_headers ? 1 : 0
+
+  zone_id = var.zone_id
+  managed_request_headers = [{
+    id      = "add_visitor_location_headers"
+    enabled = true
+  }]
+  managed_response_headers = []
 }
 
 resource "cloudflare_dns_record" "relay" {

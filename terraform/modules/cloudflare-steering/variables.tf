@@ -29,8 +29,9 @@ variable "regions" {
     addresses (IPs or hostnames) of the region's public signaling endpoints;
     latitude/longitude place the pool for proximity steering (use the
     catalogue's region location); cloudflare_regions are Cloudflare region
-    codes (WNAM, ENAM, WEU, EEU, SEAS, ...) and countries ISO 3166-1 alpha-2
-    codes that geo steering sends to this region first.
+    codes (WNAM, ENAM, WEU, EEU, NSAM, SSAM, OC, ME, NAF, SAF, SAS, SEAS,
+    NEAS: the API's enumeration) and countries ISO 3166-1 alpha-2 codes that
+    geo steering sends to this region first.
   EOT
   type = map(object({
     origins            = list(string)
@@ -44,6 +45,46 @@ variable "regions" {
     condition     = length(var.regions) > 0 && alltrue([for r in values(var.regions) : length(r.origins) > 0])
     error_message = "Give at least one region, each with at least one origin."
   }
+  validation {
+    condition = alltrue(flatten([for r in values(var.regions) : [
+      for code in r.cloudflare_regions : contains(["WNAM", "ENAM", "WEU", "EEU", "NSAM", "SSAM", "OC", "ME", "NAF", "SAF", "SAS", "SEAS", "NEAS"], code)
+    ]]))
+    error_message = "cloudflare_regions must be Cloudflare region codes: WNAM, ENAM, WEU, EEU, NSAM, SSAM, OC, ME, NAF, SAF, SAS, SEAS, NEAS (South America is NSAM and SSAM; there is no SAM)."
+  }
+  validation {
+    condition     = alltrue(flatten([for r in values(var.regions) : [for cc in r.countries : can(regex("^[A-Za-z]{2}$", cc))]]))
+    error_message = "countries must be ISO 3166-1 alpha-2 codes."
+  }
+}
+
+variable "check_regions" {
+  description = "Cloudflare regions the monitor probes the pools from; null = every code the regions claim. Never null in the API: that probes from every data centre, which only Enterprise plans allow."
+  type        = list(string)
+  default     = null
+
+  validation {
+    condition = var.check_regions == null ? true : length(var.check_regions) > 0 && alltrue([
+      for code in var.check_regions : contains(["WNAM", "ENAM", "WEU", "EEU", "NSAM", "SSAM", "OC", "ME", "NAF", "SAF", "SAS", "SEAS", "NEAS"], code)
+    ])
+    error_message = "check_regions must list Cloudflare region codes: WNAM, ENAM, WEU, EEU, NSAM, SSAM, OC, ME, NAF, SAF, SAS, SEAS, NEAS."
+  }
+}
+
+variable "country_overrides" {
+  description = "The catalogue's steering.countries (geo/README.md): country -> regions in order of preference. Each becomes a country pool (the preferred regions' pools, then the rest in failover order), so Cloudflare sends the country to the front signaling itself would choose. Continent entries must be listed here as their countries."
+  type        = map(list(string))
+  default     = {}
+
+  validation {
+    condition     = alltrue([for cc, regions in var.country_overrides : can(regex("^[A-Z]{2}$", cc)) && length(regions) > 0])
+    error_message = "country_overrides keys are upper-case ISO 3166-1 alpha-2 codes, each with at least one region."
+  }
+}
+
+variable "visitor_location_headers" {
+  description = "Enable the zone's \"Add visitor location headers\" managed transform (CF-IPLatitude, CF-IPLongitude, CF-IPCity, ...), which signaling locates clients by. It is a zone-wide setting: set false when the zone's managed transforms are managed elsewhere, and enable it there."
+  type        = bool
+  default     = true
 }
 
 variable "region_order" {
@@ -117,12 +158,17 @@ variable "monitor_retries" {
 }
 
 variable "relay_records" {
-  description = "DNS records for the global relay POP VIPs, by POP name: name (FQDN or zone-relative) and address (IPv4 gives A, IPv6 gives AAAA). Never proxied: media is UDP straight to the VIP."
+  description = "DNS records for the global relay POP VIPs, by POP name: name (FQDN or zone-relative) and address (IPv4 gives A, IPv6 gives AAAA). Never proxied: media is UDP straight to the VIP. Pass the reserved address (known at plan time, the one the catalogue lists), not the cloud load balancer's status, which is unknown until apply and on some clouds a hostname."
   type = map(object({
     name    = string
     address = string
   }))
   default = {}
+
+  validation {
+    condition     = alltrue([for r in values(var.relay_records) : can(cidrhost("${r.address}/32", 0)) || can(cidrhost("${r.address}/128", 0))])
+    error_message = "relay_records addresses must be IP addresses (the POPs' reserved VIPs), not hostnames."
+  }
 }
 
 variable "relay_ttl" {

@@ -122,6 +122,21 @@ resource "kubernetes_deployment_v1" "globalrelay" {
           image = var.image
           args  = ["globalrelay", "-config", "/etc/rtcedge/config.yaml"]
 
+          # The image's user (65532); nothing is written to the image.
+          security_context {
+            run_as_non_root            = true
+            run_as_user                = 65532
+            run_as_group               = 65532
+            read_only_root_filesystem  = true
+            allow_privilege_escalation = false
+            capabilities {
+              drop = ["ALL"]
+            }
+            seccomp_profile {
+              type = "RuntimeDefault"
+            }
+          }
+
           env {
             name = "POD_IP"
             value_from {

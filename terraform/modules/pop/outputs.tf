@@ -3,8 +3,13 @@ output "namespace" {
   value       = local.namespace
 }
 
+output "reserved_address" {
+  description = "The reserved public address of the VIP (load_balancer_ip), known at plan time: use it for the relay DNS record and the catalogue."
+  value       = var.load_balancer_ip
+}
+
 output "vip_address" {
-  description = "Public address of the relay VIP (the cloud load balancer's IP, or its hostname when it has no IP)."
+  description = "Public address of the relay VIP as the cloud reports it once provisioned (its IP, or a hostname on some clouds); unknown at plan time, so not for DNS records or the catalogue."
   value = try(
     kubernetes_service_v1.vip.status[0].load_balancer[0].ingress[0].ip,
     kubernetes_service_v1.vip.status[0].load_balancer[0].ingress[0].hostname,

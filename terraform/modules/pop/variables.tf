@@ -33,8 +33,15 @@ variable "create_namespace" {
 }
 
 variable "image" {
-  description = "The rtcedge image."
+  description = "The rtcedge image, <repository>:<version> as `make image` tags it (rtcedge:$(git describe)), pushed to a registry the cluster pulls from."
   type        = string
+
+  validation {
+    # A tag or digest after the last path element, and not the moving
+    # "latest": a rolling upgrade needs a new reference to roll to.
+    condition     = can(regex("^[^\\s]+/?[^/:@\\s]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.image)) && !endswith(var.image, ":latest")
+    error_message = "image must be <repository>:<version> (or @sha256:<digest>), e.g. registry.example.com/rtcedge:v1.2.0, not :latest."
+  }
 }
 
 variable "secret_name" {
@@ -130,4 +137,23 @@ variable "resources" {
     requests = { cpu = "2", memory = "256Mi" }
     limits   = { memory = "512Mi" }
   }
+}
+
+variable "network_policy" {
+  description = <<-EOT
+    Kubernetes NetworkPolicies that admit only the tiers that need each port
+    (docs/deploy.md, "Network policies"): the public media port from anywhere,
+    the internal reply ports from cluster relays only, gossip from the global
+    pool's tiers, Redis from the relays. Peers in this cluster are matched by
+    their rtcedge labels; peers in other clusters by remote_pod_cidrs (their
+    pod CIDRs). monitoring_namespace (Prometheus) and node_cidrs (kubelet
+    probes, on CNIs that police host traffic) admit the metrics port.
+  EOT
+  type = object({
+    enabled              = optional(bool, true)
+    remote_pod_cidrs     = optional(list(string), [])
+    monitoring_namespace = optional(string)
+    node_cidrs           = optional(list(string), [])
+  })
+  default = {}
 }

@@ -218,6 +218,21 @@ resource "kubernetes_stateful_set_v1" "transceiver" {
           image = var.image
           args  = ["transceiver", "-config", "/etc/rtcedge/config.yaml"]
 
+          # The image's user (65532); nothing is written to the image.
+          security_context {
+            run_as_non_root            = true
+            run_as_user                = 65532
+            run_as_group               = 65532
+            read_only_root_filesystem  = true
+            allow_privilege_escalation = false
+            capabilities {
+              drop = ["ALL"]
+            }
+            seccomp_profile {
+              type = "RuntimeDefault"
+            }
+          }
+
           env {
             name = "POD_IP"
             value_from {
@@ -341,6 +356,21 @@ resource "kubernetes_deployment_v1" "clusterrelay" {
           name  = "clusterrelay"
           image = var.image
           args  = ["clusterrelay", "-config", "/etc/rtcedge/config.yaml"]
+
+          # The image's user (65532); nothing is written to the image.
+          security_context {
+            run_as_non_root            = true
+            run_as_user                = 65532
+            run_as_group               = 65532
+            read_only_root_filesystem  = true
+            allow_privilege_escalation = false
+            capabilities {
+              drop = ["ALL"]
+            }
+            seccomp_profile {
+              type = "RuntimeDefault"
+            }
+          }
 
           env {
             name = "POD_IP"
@@ -479,6 +509,21 @@ resource "kubernetes_deployment_v1" "signaling" {
           name  = "signaling"
           image = var.image
           args  = ["signaling", "-config", "/etc/rtcedge/config.yaml"]
+
+          # The image's user (65532); nothing is written to the image.
+          security_context {
+            run_as_non_root            = true
+            run_as_user                = 65532
+            run_as_group               = 65532
+            read_only_root_filesystem  = true
+            allow_privilege_escalation = false
+            capabilities {
+              drop = ["ALL"]
+            }
+            seccomp_profile {
+              type = "RuntimeDefault"
+            }
+          }
 
           env {
             name = "POD_IP"

@@ -29,8 +29,15 @@ variable "create_namespace" {
 }
 
 variable "image" {
-  description = "The rtcedge image (one binary, every role)."
+  description = "The rtcedge image, <repository>:<version> as `make image` tags it (rtcedge:$(git describe)), pushed to a registry the cluster pulls from."
   type        = string
+
+  validation {
+    # A tag or digest after the last path element, and not the moving
+    # "latest": a rolling upgrade needs a new reference to roll to.
+    condition     = can(regex("^[^\\s]+/?[^/:@\\s]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.image)) && !endswith(var.image, ":latest")
+    error_message = "image must be <repository>:<version> (or @sha256:<digest>), e.g. registry.example.com/rtcedge:v1.2.0, not :latest."
+  }
 }
 
 variable "secret_name" {
@@ -136,4 +143,28 @@ variable "geoip_claim_name" {
   description = "PersistentVolumeClaim holding GeoLite2-City.mmdb, mounted at /var/lib/geoip; null = no database (clients without CF location headers land in the default region)."
   type        = string
   default     = null
+}
+
+variable "network_policy" {
+  description = <<-EOT
+    Kubernetes NetworkPolicies that admit only the tiers that need each port
+    (docs/deploy.md, "Network policies"). Peers in this cluster are matched by
+    their rtcedge labels; peers in the deployment's other clusters can only be
+    matched by address, so remote_pod_cidrs lists those clusters' pod CIDRs.
+    signaling_http_cidrs (e.g. Cloudflare's ranges, when the signaling Service
+    is a LoadBalancer that keeps client addresses) and ingress_namespace (an
+    ingress controller in front of signaling) admit signaling's HTTP port;
+    with neither, that port is open to all. monitoring_namespace (Prometheus)
+    and node_cidrs (kubelet probes, on CNIs that police host traffic) admit
+    the metrics port.
+  EOT
+  type = object({
+    enabled              = optional(bool, true)
+    remote_pod_cidrs     = optional(list(string), [])
+    signaling_http_cidrs = optional(list(string), [])
+    ingress_namespace    = optional(string)
+    monitoring_namespace = optional(string)
+    node_cidrs           = optional(list(string), [])
+  })
+  default = {}
 }

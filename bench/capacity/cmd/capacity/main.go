@@ -46,7 +46,7 @@ func run() error {
 	jsonPath := flag.String("json", "", "also write the run (machine, load, steps, fit) as JSON to this file")
 	profDir := flag.String("profile", "", "write the pod's CPU, heap and allocation profiles (pprof) into this directory")
 	profStep := flag.Int("profile-step", 300, "with -profile: profile the first step of at least this many sessions")
-	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'readers: 2'")
+	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'dtls_role: server'")
 	flag.Parse()
 
 	var steps []int

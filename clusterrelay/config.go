@@ -1,0 +1,66 @@
+package clusterrelay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/node"
+)
+
+// Defaults of the cluster relay role.
+const (
+	// DefaultBatch is the datagrams per recvmmsg/sendmmsg call.
+	DefaultBatch = 32
+	// DrainAnnounce is how long a stopping replica announces draining in
+	// the global pool before it leaves (at most drain_timeout), so global
+	// relays move its flows to another replica first.
+	DrainAnnounce = 3 * time.Second
+)
+
+// NodeConfig is the cluster relay role's config file (docs/operations.md).
+type NodeConfig struct {
+	node.Common   `yaml:",inline"`
+	Region        string      `yaml:"region"`
+	Cluster       uint16      `yaml:"cluster"`
+	DataAddr      string      `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
+	DataAdvertise string      `yaml:"data_advertise"`
+	APIAddr       string      `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
+	APIAdvertise  string      `yaml:"api_advertise"`
+	Batch         int         `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	ClusterGossip node.Gossip `yaml:"cluster_gossip"`
+	GlobalGossip  node.Gossip `yaml:"global_gossip"`
+}
+
+// ApplyEnv takes the secrets from the environment (config.Load calls it).
+func (c *NodeConfig) ApplyEnv() error {
+	c.ClusterGossip.ApplyEnv()
+	c.GlobalGossip.ApplyEnv()
+	return nil
+}
+
+// Defaults fills the unset fields.
+func (c *NodeConfig) Defaults() {
+	c.Common.Defaults()
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+}
+
+// Validate checks c after Defaults.
+func (c *NodeConfig) Validate() error {
+	errs := []error{c.Common.Validate(),
+		node.CheckHostPort("data_addr", c.DataAddr, false),
+		node.CheckHostPort("api_addr", c.APIAddr, false),
+		node.NotNegative("batch", c.Batch),
+		c.ClusterGossip.Validate("cluster_gossip"),
+		c.GlobalGossip.Validate("global_gossip"),
+	}
+	if c.Cluster == 0 {
+		errs = append(errs, errors.New("cluster must be non-zero"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("clusterrelay config: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package clusterrelay
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+)
+
+// Sockets are a cluster relay node's listeners; nil ones are opened from
+// the config's addresses.
+type Sockets struct {
+	Data    *net.UDPConn
+	API     net.Listener
+	Metrics net.Listener
+}
+
+// Node is one cluster relay replica as a process runs it: the relay, the
+// cluster's session API front, the cluster pool it learns pods from and the
+// global pool it announces itself in.
+type Node struct {
+	cfg         NodeConfig
+	env         node.Env
+	life        node.Life
+	relay       *Relay
+	dir         *Directory
+	apiURL      string
+	clusterPool *membership.Pool
+	globalPool  *membership.Pool
+	stopping    atomic.Bool
+}
+
+// ErrNoReadyPod is Ready's answer while the replica knows no ready pod.
+var ErrNoReadyPod = errors.New("clusterrelay: no ready pod known")
+
+// NewNode builds a cluster relay node from cfg (defaults applied,
+// validated). Run starts it.
+func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	env = env.WithDefaults()
+	n := &Node{cfg: cfg, env: env, dir: NewDirectory()}
+	defer func() {
+		if err != nil {
+			n.life.Close()
+		}
+	}()
+	var data netip.AddrPort
+	if s.Data, data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(s.Data.Close)
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.relay.Close)
+	n.life.Go("relay", n.relay.Run)
+	if s.API == nil {
+		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
+			return nil, err
+		}
+	}
+	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, HTTPClient: env.HTTPClient, Logger: env.Logger})
+	n.life.Serve("session API", s.API, node.NewHTTPServer(front.Handler(), env.Logger))
+	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
+		return nil, err
+	}
+	if s.Metrics == nil {
+		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	meta := membership.Meta{Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}
+	if n.clusterPool, err = cfg.ClusterGossip.Open("", false, meta, env.Logger); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.clusterPool.Close)
+	meta.API, meta.Draining = n.apiURL, true // draining until it hears of a ready pod (PublishAggregate)
+	if n.globalPool, err = cfg.GlobalGossip.Open("@global", true, meta, env.Logger); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.globalPool.Close)
+	if err := errors.Join(env.Register(n.clusterPool.Collector("cluster")), env.Register(n.globalPool.Collector("global"))); err != nil {
+		return nil, err
+	}
+	n.life.Go("cluster gossip join", func(ctx context.Context) error {
+		return cfg.ClusterGossip.JoinLoop(ctx, n.clusterPool, env.Logger)
+	})
+	n.life.Go("global gossip join", func(ctx context.Context) error {
+		return cfg.GlobalGossip.JoinLoop(ctx, n.globalPool, env.Logger)
+	})
+	n.life.Go("follow pods", func(ctx context.Context) error {
+		FollowPods(ctx, n.clusterPool, cfg.Cluster, n.dir)
+		return nil
+	})
+	n.life.Go("publish aggregate", func(ctx context.Context) error {
+		PublishAggregate(ctx, n.globalPool, n.dir, n.stopping.Load)
+		return nil
+	})
+	return n, nil
+}
+
+// Run runs the node until ctx ends, then drains: it announces draining in
+// the global pool (global relays move its flows; it holds no flow state),
+// waits DrainAnnounce (at most drain_timeout), leaves both pools and stops.
+func (n *Node) Run(ctx context.Context) error {
+	log := n.env.Logger
+	log.Info("cluster relay up", "cluster", n.cfg.Cluster, "data", n.relay.Addr(), "api", n.apiURL,
+		"cluster_gossip", n.clusterPool.LocalAddr(), "global_gossip", n.globalPool.LocalAddr())
+	return n.life.Run(ctx, log, func(failed context.Context) {
+		log.Info("draining")
+		n.stopping.Store(true)
+		node.SetDraining(n.globalPool, log)
+		node.Sleep(failed, min(n.cfg.DrainTimeout, DrainAnnounce))
+		node.Leave(n.globalPool, log)
+		node.Leave(n.clusterPool, log)
+	})
+}
+
+// Close stops the node at once, without a goodbye to either pool.
+func (n *Node) Close() error { return n.life.Close() }
+
+// Ready reports whether the replica can do its job: it knows a ready pod
+// of its cluster and is not stopping.
+func (n *Node) Ready() error {
+	switch {
+	case n.life.Closed():
+		return node.ErrClosed
+	case n.stopping.Load():
+		return errors.New("clusterrelay: draining")
+	}
+	if _, _, ready := n.dir.Aggregate(); ready == 0 {
+		return ErrNoReadyPod
+	}
+	return nil
+}
+
+// Relay is the node's packet relay.
+func (n *Node) Relay() *Relay { return n.relay }
+
+// Directory is the node's view of its cluster's pods.
+func (n *Node) Directory() *Directory { return n.dir }
+
+// APIURL is the advertised base URL of the session API front.
+func (n *Node) APIURL() string { return n.apiURL }
+
+// ClusterPool is the node's membership of the cluster pool.
+func (n *Node) ClusterPool() *membership.Pool { return n.clusterPool }
+
+// GlobalPool is the node's membership of the global pool.
+func (n *Node) GlobalPool() *membership.Pool { return n.globalPool }

@@ -1,0 +1,149 @@
+package globalrelay
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/node"
+)
+
+// Defaults of the global relay role.
+const (
+	// DefaultBatch is the datagrams per recvmmsg/sendmmsg call.
+	DefaultBatch = 32
+	// DefaultReadyWait bounds how long a starting replica holds back
+	// forwarding until it is ready (knows its clusters' relays).
+	DefaultReadyWait = 10 * time.Second
+	// EnvRedisURL overrides redis_url (URLs with passwords).
+	EnvRedisURL = "RTCEDGE_REDIS_URL"
+)
+
+// NodeConfig is the global relay role's config file (docs/operations.md).
+type NodeConfig struct {
+	node.Common `yaml:",inline"`
+	Region      string `yaml:"region"`
+	POP         uint16 `yaml:"pop"`
+	PublicAddr  string `yaml:"public_addr"` // the VIP port, e.g. 0.0.0.0:3478
+	// InternalAddr is where cluster relays send replies: a specific IP
+	// reachable from the clusters, optionally with a base port. Worker i
+	// binds base+i; with a fixed base a replica restarted on the same
+	// address gets its in-flight replies and restores flows from them.
+	// Without a port the kernel picks them.
+	InternalAddr string `yaml:"internal_addr"`
+	Workers      int    `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
+	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
+	// call; 1: one datagram per call (allocation-free); default 32.
+	Batch    int           `yaml:"batch"`
+	FlowIdle time.Duration `yaml:"flow_idle"`
+	MaxFlows int           `yaml:"max_flows"`
+	// Clusters are the cluster IDs this POP serves: the replica is ready
+	// once it knows a live cluster relay of each. Catalogue, a region
+	// catalogue file, adds all of its clusters. Neither set: ready once it
+	// knows a live cluster relay of any cluster.
+	Clusters  []uint16 `yaml:"clusters"`
+	Catalogue string   `yaml:"catalogue"`
+	// ReadyWait bounds how long a starting replica waits to be ready
+	// before it forwards anyway (a load balancer sends it nothing until
+	// /readyz says so; SO_REUSEPORT neighbours would); default 10s.
+	ReadyWait time.Duration `yaml:"ready_wait"`
+	// RedisURL shares flows between replicas ("redis://host:6379/0");
+	// empty: no sharing (a restarted replica recovers from the next
+	// STUN check). Prefer $RTCEDGE_REDIS_URL for URLs with passwords.
+	RedisURL string         `yaml:"redis_url"`
+	Token    node.TokenKeys `yaml:"token"`
+	Gossip   node.Gossip    `yaml:"gossip"` // the global pool
+}
+
+// ApplyEnv takes the secrets from the environment (config.Load calls it).
+func (c *NodeConfig) ApplyEnv() error {
+	c.Gossip.ApplyEnv()
+	if env := os.Getenv(EnvRedisURL); env != "" {
+		c.RedisURL = env
+	}
+	return c.Token.ApplyEnv()
+}
+
+// Defaults fills the unset fields.
+func (c *NodeConfig) Defaults() {
+	c.Common.Defaults()
+	if c.Workers == 0 {
+		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+	if c.ReadyWait == 0 {
+		c.ReadyWait = DefaultReadyWait
+	}
+}
+
+// Validate checks c after Defaults.
+func (c *NodeConfig) Validate() error {
+	errs := []error{c.Common.Validate(),
+		node.NotNegative("workers", c.Workers),
+		node.NotNegative("batch", c.Batch),
+		node.NotNegative("flow_idle", c.FlowIdle),
+		node.NotNegative("max_flows", c.MaxFlows),
+		node.NotNegative("ready_wait", c.ReadyWait),
+		c.Gossip.Validate("gossip"),
+	}
+	if c.POP == 0 {
+		errs = append(errs, errors.New("pop must be non-zero"))
+	}
+	if _, err := netip.ParseAddrPort(c.PublicAddr); err != nil {
+		errs = append(errs, fmt.Errorf("public_addr %q: want IP:port", c.PublicAddr))
+	}
+	if _, err := c.internal(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Token.Keyring(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("globalrelay config: %w", err)
+	}
+	return nil
+}
+
+// internal parses InternalAddr: IP or IP:port.
+func (c *NodeConfig) internal() (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(c.InternalAddr); err == nil {
+		return ap, nil
+	}
+	ip, err := netip.ParseAddr(c.InternalAddr)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("internal_addr %q: want IP or IP:port", c.InternalAddr)
+	}
+	return netip.AddrPortFrom(ip, 0), nil
+}
+
+// servedClusters is Clusters plus the catalogue's clusters, without
+// duplicates.
+func (c *NodeConfig) servedClusters() ([]uint16, error) {
+	out := append([]uint16(nil), c.Clusters...)
+	if c.Catalogue != "" {
+		cat, err := geo.LoadCatalogue(c.Catalogue)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range cat.Regions {
+			for _, cl := range r.Clusters {
+				out = append(out, cl.ID)
+			}
+		}
+	}
+	seen := map[uint16]bool{}
+	uniq := out[:0]
+	for _, id := range out {
+		if !seen[id] {
+			seen[id] = true
+			uniq = append(uniq, id)
+		}
+	}
+	return uniq, nil
+}

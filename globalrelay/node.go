@@ -1,0 +1,219 @@
+package globalrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+)
+
+// Sockets are a global relay node's sockets; nil ones are opened from the
+// config's addresses.
+type Sockets struct {
+	Workers []Worker // public/internal socket pairs; nil: ListenWorkerPairs
+	Metrics net.Listener
+	// CacheStore, when redis_url is empty, is the in-process store the
+	// replica's route cache uses (the dev world's stand-in for Redis,
+	// shared by its replicas); nil and no redis_url: no route cache.
+	CacheStore *routecache.MemoryStore
+}
+
+// ErrNoClusterRelay is Ready's answer (wrapped, naming the cluster) while
+// the replica knows no live cluster relay of a cluster it serves.
+var ErrNoClusterRelay = errors.New("globalrelay: no live cluster relay known")
+
+// Node is one global relay replica as a process runs it: the relay, its
+// route cache, and its membership of the global pool, from which it
+// learns the cluster relays.
+type Node struct {
+	cfg      NodeConfig
+	env      node.Env
+	life     node.Life
+	relay    *Relay
+	clusters *Clusters
+	served   []uint16
+	pool     *membership.Pool
+}
+
+// NewNode builds a global relay node from cfg (defaults applied,
+// validated). Run starts it.
+func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	env = env.WithDefaults()
+	n := &Node{cfg: cfg, env: env, clusters: NewClusters(nil)}
+	defer func() {
+		if err != nil {
+			n.life.Close()
+		}
+	}()
+	if n.served, err = cfg.servedClusters(); err != nil {
+		return nil, err
+	}
+	keys, _ := cfg.Token.Keyring() // checked by Validate
+	if s.Workers == nil {
+		pub := netip.MustParseAddrPort(cfg.PublicAddr) // checked by Validate
+		internal, _ := cfg.internal()
+		pubs, ins, err := udpio.ListenWorkerPairs(pub, internal, cfg.Workers)
+		if err != nil {
+			return nil, err
+		}
+		for i := range pubs {
+			s.Workers = append(s.Workers, Worker{Public: pubs[i], Internal: ins[i]})
+		}
+	}
+	for _, w := range s.Workers {
+		n.life.OnClose(w.Public.Close)
+		n.life.OnClose(w.Internal.Close)
+	}
+	var cache routecache.Cache
+	ccfg := routecache.Config{Logger: env.Logger, Registerer: env.Registerer,
+		OnFound: func(c netip.AddrPort, r routecache.Route) { n.relay.RestoreFlow(c, r) }}
+	switch {
+	case cfg.RedisURL != "":
+		cache, err = routecache.Open(cfg.RedisURL, ccfg)
+	case s.CacheStore != nil:
+		cache, err = routecache.NewMemoryOn(s.CacheStore, ccfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cache != nil {
+		n.life.OnClose(cache.Close)
+		n.life.Go("route cache", cache.Run)
+	}
+	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
+		Cache: cache, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.relay.Close)
+	n.life.Go("relay", func(ctx context.Context) error {
+		n.awaitReady(ctx)
+		return n.relay.Run(ctx)
+	})
+	if s.Metrics == nil {
+		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	// The UDP load balancer's health check reads /readyz: a replica gets
+	// clients once it knows where to send them, and none while draining.
+	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{
+		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env.Logger); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.pool.Close)
+	if err := env.Register(n.pool.Collector("global")); err != nil {
+		return nil, err
+	}
+	n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, env.Logger) })
+	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
+	return n, nil
+}
+
+// awaitReady holds back forwarding until the replica is ready, ReadyWait
+// passes or ctx ends: datagrams wait in the socket buffers meanwhile,
+// rather than being dropped for want of a cluster relay.
+func (n *Node) awaitReady(ctx context.Context) {
+	deadline := time.NewTimer(n.cfg.ReadyWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for n.Ready() != nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			n.env.Logger.Warn("forwarding before ready", "err", n.Ready())
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Run runs the node until ctx ends, then drains: no new flows (readiness
+// and gossip say draining), existing flows are forwarded until they end or
+// drain_timeout passes, the replica leaves the pool, and everything stops.
+func (n *Node) Run(ctx context.Context) error {
+	log := n.env.Logger
+	log.Info("global relay up", "pop", n.cfg.POP, "public", n.relay.PublicAddr(), "workers", n.cfg.Workers, "gossip", n.pool.LocalAddr())
+	return n.life.Run(ctx, log, func(failed context.Context) {
+		log.Info("draining", "flows", n.relay.Flows(), "deadline", n.cfg.DrainTimeout)
+		n.relay.Drain()
+		node.SetDraining(n.pool, log)
+		deadline := time.NewTimer(n.cfg.DrainTimeout)
+		defer deadline.Stop()
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+	wait:
+		for n.relay.Flows() > 0 {
+			select {
+			case <-deadline.C:
+				log.Warn("drain deadline passed", "flows", n.relay.Flows())
+				break wait
+			case <-failed.Done():
+				break wait
+			case <-tick.C:
+			}
+		}
+		node.Leave(n.pool, log)
+	})
+}
+
+// Close stops the node at once, without a goodbye to the pool.
+func (n *Node) Close() error { return n.life.Close() }
+
+// Ready reports whether the replica can take clients: not draining, and it
+// knows a live (alive, not draining) cluster relay of every cluster it
+// serves (NodeConfig.Clusters), or of any cluster when none is configured.
+func (n *Node) Ready() error {
+	switch {
+	case n.life.Closed():
+		return node.ErrClosed
+	case n.relay.Draining():
+		return errors.New("globalrelay: draining")
+	}
+	if len(n.served) == 0 {
+		if n.clusters.live(0) == 0 {
+			return ErrNoClusterRelay
+		}
+		return nil
+	}
+	for _, c := range n.served {
+		if n.clusters.live(c) == 0 {
+			return fmt.Errorf("%w: cluster %d", ErrNoClusterRelay, c)
+		}
+	}
+	return nil
+}
+
+// live counts the non-draining replicas of cluster (0: of any cluster).
+func (c *Clusters) live(cluster uint16) int {
+	s := c.snap.Load()
+	if s == nil {
+		return 0
+	}
+	k := 0
+	for _, r := range s.replicas {
+		if !r.Draining && (cluster == 0 || r.Cluster == cluster) {
+			k++
+		}
+	}
+	return k
+}
+
+// Relay is the node's packet relay.
+func (n *Node) Relay() *Relay { return n.relay }
+
+// Pool is the node's membership of the global pool.
+func (n *Node) Pool() *membership.Pool { return n.pool }

@@ -1,0 +1,157 @@
+package globalrelay
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/node/nodetest"
+	"github.com/rtcedge/rtcedge/internal/routecache"
+)
+
+// fakeClusterRelay joins the global pool as a cluster relay of cluster
+// (what clusterrelay.Node announces): real memberlist, no relay.
+func fakeClusterRelay(t *testing.T, name string, cluster uint16, draining bool, seed string) *membership.Pool {
+	return nodetest.Member(t, name, true, membership.Meta{Role: membership.RoleClusterRelay, Cluster: cluster,
+		Data: netip.MustParseAddrPort("127.0.0.1:9"), API: "http://127.0.0.1:9", Capacity: 10, Draining: draining}, seed)
+}
+
+// startReplica builds a replica of POP 1 serving clusters 1 and 2 on
+// public, joining seed, with its /readyz on a listener of its own; run
+// starts it and returns its stop.
+func startReplica(t *testing.T, public, seed string, keys node.TokenKeys) (*Node, string, func() func()) {
+	t.Helper()
+	metrics, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
+		Token: keys, Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n, "http://" + metrics.Addr().String() + "/readyz", func() func() { return nodetest.Run(t, n) }
+}
+
+// TestRestartedReplicaNotReadyUntilItKnowsClusterRelays: a replica that
+// is not draining is still not ready — /readyz 503 — until gossip has told
+// it a live cluster relay of every cluster it serves; a draining relay
+// does not count. A replica restarted on the same public address starts
+// over: not ready until it has heard of them again.
+func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
+	keys := nodetest.Keys(t)
+	c1 := fakeClusterRelay(t, "cr-1", 1, false, "")
+	seed := c1.LocalAddr().String()
+	c2 := fakeClusterRelay(t, "cr-2", 2, true, seed) // draining: knows no ready pod yet
+
+	first, url, run := startReplica(t, "127.0.0.1:0", seed, keys)
+	if err := first.Ready(); !errors.Is(err, ErrNoClusterRelay) {
+		t.Fatalf("replica ready before it has gossiped: %v", err)
+	}
+	stop := run()
+	public := first.Relay().PublicAddr().String()
+	// It learns cluster 1's relay; cluster 2's is draining, so not ready.
+	nodetest.Await(t, "the replica to know cluster 1", func() bool { return first.clusters.live(1) == 1 })
+	notReadyFor2 := func(n *Node, url string) {
+		t.Helper()
+		if err := n.Ready(); !errors.Is(err, ErrNoClusterRelay) || !strings.Contains(err.Error(), "cluster 2") {
+			t.Fatalf("Ready with cluster 2's relay draining = %v, want ErrNoClusterRelay for cluster 2", err)
+		}
+		if n.Relay().Draining() {
+			t.Fatal("replica draining")
+		}
+		if code := nodetest.Readyz(t, url); code != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz = %d while cluster 2 has no live relay", code)
+		}
+	}
+	notReadyFor2(first, url)
+	setDraining := func(d bool) {
+		if err := c2.UpdateMeta(func(m *membership.Meta) { m.Draining = d }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setDraining(false)
+	nodetest.Await(t, "the replica to be ready", func() bool { return first.Ready() == nil })
+	if code := nodetest.Readyz(t, url); code != http.StatusOK {
+		t.Fatalf("/readyz = %d once both clusters have a live relay", code)
+	}
+
+	// Cluster 2's relay drains again (no ready pod); the replica crashes
+	// and restarts on the same public address: it knows nothing, then
+	// cluster 1 only, and is not ready until cluster 2's relay is live.
+	setDraining(true)
+	nodetest.Await(t, "the seed to see cluster 2's relay draining", func() bool {
+		for _, m := range c1.Members() {
+			if m.Meta.Cluster == 2 && m.Meta.Draining {
+				return true
+			}
+		}
+		return false
+	})
+	first.Close() // a crash: no drain, no goodbye
+	stop()
+	restarted, url, run := startReplica(t, public, seed, keys)
+	if got := restarted.Relay().PublicAddr().String(); got != public {
+		t.Fatalf("restarted on %s, want %s", got, public)
+	}
+	if err := restarted.Ready(); !errors.Is(err, ErrNoClusterRelay) {
+		t.Fatalf("restarted replica ready before it has gossiped: %v", err)
+	}
+	defer run()()
+	nodetest.Await(t, "the restarted replica to know cluster 1", func() bool { return restarted.clusters.live(1) == 1 })
+	notReadyFor2(restarted, url)
+	setDraining(false)
+	nodetest.Await(t, "the restarted replica to be ready", func() bool { return restarted.Ready() == nil })
+	if code := nodetest.Readyz(t, url); code != http.StatusOK {
+		t.Fatalf("restarted replica's /readyz = %d once ready", code)
+	}
+}
+
+// TestNodeDrainsUntilFlowsEnd: a stopping replica announces draining,
+// keeps its flows until they go idle, then leaves the pool and returns —
+// well before drain_timeout.
+func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
+	watcher := fakeClusterRelay(t, "cr-1", 1, false, "")
+	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1,
+		FlowIdle: 500 * time.Millisecond, Common: node.Common{DrainTimeout: time.Minute},
+		Token: nodetest.Keys(t), Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := nodetest.Run(t, n)
+	nodetest.Await(t, "the replica to be ready", func() bool { return n.Ready() == nil })
+	n.Relay().RestoreFlow(netip.MustParseAddrPort("192.0.2.1:5000"), routecache.Route{Cluster: 1, Pod: 1})
+	if n.Relay().Flows() != 1 {
+		t.Fatalf("%d flows", n.Relay().Flows())
+	}
+	start := time.Now()
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	nodetest.Await(t, "the replica to announce draining", func() bool {
+		for _, m := range watcher.Members() {
+			if m.Meta.Role == membership.RoleGlobalRelay && m.Meta.Draining {
+				return true
+			}
+		}
+		return false
+	})
+	if err := n.Ready(); err == nil {
+		t.Error("ready while draining")
+	}
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the drain did not end when the flow went idle")
+	}
+	if n.Relay().Flows() != 0 {
+		t.Errorf("stopped with %d flows", n.Relay().Flows())
+	}
+	t.Logf("drained in %v", time.Since(start))
+}

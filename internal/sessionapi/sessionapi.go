@@ -1,0 +1,57 @@
+// Package sessionapi holds the wire types of rtcedge's internal session
+// API, the JSON over HTTP that signaling speaks to a cluster's session API
+// front (served by the cluster relays) and that the front forwards to a
+// transceiver pod. Both hops use the same paths and bodies, so the three
+// packages involved share these definitions instead of keeping copies that
+// can drift.
+//
+//	POST   SessionsPath        CreateRequest  -> 201 CreateResponse, 400/503/5xx apierr body
+//	DELETE SessionsPath/{id}                  -> 204, 404
+//	GET    StatusPath                         -> 200 (PodStatus on a pod)
+package sessionapi
+
+import (
+	"encoding/json"
+	"net/netip"
+)
+
+// Paths of the internal session API, the same on a pod and on a cluster's
+// front.
+const (
+	SessionsPath = "/internal/v1/sessions"
+	StatusPath   = "/internal/v1/status"
+)
+
+// POP names a global relay POP whose VIP a session's answer advertises.
+// The VIP travels as "ip:port".
+type POP struct {
+	ID  uint16         `json:"id"`
+	VIP netip.AddrPort `json:"vip"`
+}
+
+// CreateRequest is the JSON body of POST SessionsPath.
+type CreateRequest struct {
+	Offer string `json:"offer"`
+	// POPs to advertise, preferred first.
+	POPs []POP `json:"pops"`
+	// Config is the session configuration handed to the backend, a JSON
+	// object or absent.
+	Config json.RawMessage `json:"config,omitempty"`
+}
+
+// CreateResponse is the JSON body of a 201 from POST SessionsPath.
+type CreateResponse struct {
+	ID      string `json:"id"`
+	Answer  string `json:"answer"`
+	Cluster uint16 `json:"cluster"`
+	Pod     uint16 `json:"pod"`
+}
+
+// PodStatus is the JSON body of GET StatusPath on a transceiver pod.
+type PodStatus struct {
+	Cluster  uint16 `json:"cluster"`
+	Pod      uint16 `json:"pod"`
+	Sessions int    `json:"sessions"`
+	Capacity int    `json:"capacity"`
+	Draining bool   `json:"draining"`
+}

@@ -1,0 +1,78 @@
+package signaling
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/geo"
+)
+
+type metrics struct {
+	requests       *prometheus.CounterVec
+	seconds        *prometheus.HistogramVec
+	attempts       *prometheus.CounterVec
+	attemptSeconds *prometheus.HistogramVec
+	located        *prometheus.CounterVec
+	noCapacity     prometheus.Counter
+	rateLimited    prometheus.Counter
+	readTimeouts   prometheus.Counter
+	secretsMinted  prometheus.Counter
+}
+
+// newMetrics builds the metrics and sets every label value known up front
+// to zero, so a dashboard sees a flat line rather than a missing series.
+func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_requests_total", Help: "HTTP requests, by endpoint and status code.",
+		}, []string{"endpoint", "code"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtcedge_signaling_request_seconds", Help: "HTTP request duration, by endpoint.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"endpoint"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_cluster_attempts_total", Help: "Session creates sent to clusters, by cluster and result.",
+		}, []string{"cluster", "result"}),
+		attemptSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtcedge_signaling_cluster_attempt_seconds", Help: "Duration of one session create at a cluster, by result.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 3},
+		}, []string{"result"}),
+		located: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_located_total", Help: "Valid offers by how the client was located (cf-headers, geoip, default).",
+		}, []string{"source"}),
+		noCapacity: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_no_capacity_total", Help: "Offers refused with 503 because no cluster took them.",
+		}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429 by the per-client rate limit.",
+		}),
+		readTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_body_timeouts_total", Help: "Requests whose body stalled past the read timeout (408).",
+		}),
+		secretsMinted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_client_secrets_total", Help: "Ephemeral client secrets minted.",
+		}),
+	}
+	for _, res := range attemptResults {
+		m.attemptSeconds.WithLabelValues(res)
+		for _, r := range cat.Regions {
+			for _, c := range r.Clusters {
+				m.attempts.WithLabelValues(strconv.Itoa(int(c.ID)), res)
+			}
+		}
+	}
+	for _, src := range []string{geo.SourceCFHeaders, geo.SourceGeoIP, geo.SourceDefault} {
+		m.located.WithLabelValues(src)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
+			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register signaling metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

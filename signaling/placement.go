@@ -1,0 +1,137 @@
+package signaling
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
+)
+
+// placeCall validates the offer, chooses where the call goes and asks the
+// clusters nearest first until one answers. Nothing is allocated anywhere
+// for an offer that fails validation.
+func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Location, offer string, session json.RawMessage) {
+	if err := sdpcheck.Offer(offer); err != nil {
+		code := sdpcheck.CodeOf(err)
+		if code == "" {
+			code = sdpcheck.CodeInvalidSDP
+		}
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, code, err.Error(), 0)
+		return
+	}
+	s.m.located.WithLabelValues(loc.Source).Inc()
+	// The catalogue's steering overrides (per country/continent) win over
+	// distance; see geo.Catalogue.ChooseFor.
+	choice := s.cfg.Catalogue.ChooseFor(loc, s.cfg.Health)
+	pops := s.cfg.Catalogue.ChoosePOPsFor(loc, 2, s.cfg.POPUp)
+	if len(choice.Clusters) == 0 || len(pops) == 0 {
+		s.m.noCapacity.Inc()
+		s.log.Warn("no usable cluster or POP", "clusters", len(choice.Clusters), "pops", len(pops), "client", loc.IP)
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
+			"no cluster can take a call right now", 2*time.Second)
+		return
+	}
+	req := sessionapi.CreateRequest{Offer: offer, Config: session}
+	for _, p := range pops {
+		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP})
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not encode the request", 0)
+		return
+	}
+	start := s.cfg.Now()
+	attempts := min(len(choice.Clusters), s.cfg.MaxAttempts)
+	for i, cc := range choice.Clusters[:attempts] {
+		if r.Context().Err() != nil {
+			return // the client left; a late answer would go nowhere
+		}
+		t0 := s.cfg.Now()
+		res, status, errBody, err := s.createOn(r.Context(), cc.Cluster, body)
+		result := attemptResult(status, err)
+		cluster := strconv.Itoa(int(cc.Cluster.ID))
+		s.m.attempts.WithLabelValues(cluster, result).Inc()
+		s.m.attemptSeconds.WithLabelValues(result).Observe(s.cfg.Now().Sub(t0).Seconds())
+		switch result {
+		case resultCreated:
+			h := w.Header()
+			h.Set("Content-Type", "application/sdp")
+			h.Set("Location", "/v1/realtime/sessions/"+res.ID)
+			h.Set(HeaderRegion, cc.Region)
+			h.Set(HeaderCluster, cluster)
+			h.Set(HeaderPOP, pops[0].Name)
+			if len(pops) > 1 {
+				h.Set(HeaderBackupPOP, pops[1].Name)
+			}
+			h.Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, res.Answer)
+			s.log.Debug("call placed", "session", res.ID, "cluster", cc.Cluster.ID, "attempt", i+1,
+				"elapsed", s.cfg.Now().Sub(start), "pop", pops[0].ID, "client", loc.IP, "located_by", loc.Source)
+			return
+		case resultRejected:
+			// The pod judged the offer itself bad: another cluster would
+			// say the same. Pass its JSON error on.
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write(errBody)
+			return
+		}
+		// Down, slow, full, draining or confused: the next-nearest cluster
+		// gets the offer.
+		s.log.Warn("cluster did not take the session, trying the next", "cluster", cc.Cluster.ID,
+			"result", result, "status", status, "err", err, "elapsed", s.cfg.Now().Sub(t0))
+	}
+	s.m.noCapacity.Inc()
+	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
+		"no cluster could take the call; retry shortly", 2*time.Second)
+}
+
+// Results of one cluster attempt, the "result" label of the attempt metrics.
+const (
+	resultCreated     = "created"
+	resultRejected    = "rejected"    // 400 with a JSON error: the offer is bad
+	resultUnavailable = "unavailable" // 503: full or draining
+	resultServerError = "server_error"
+	resultBadAnswer   = "bad_answer" // any other status, or a 201 that does not decode
+	resultTimeout     = "timeout"
+	resultError       = "error" // refused, reset, unreachable
+)
+
+var attemptResults = []string{resultCreated, resultRejected, resultUnavailable, resultServerError, resultBadAnswer, resultTimeout, resultError}
+
+func attemptResult(status int, err error) string {
+	var bad *badAnswerError
+	switch {
+	case errors.As(err, &bad):
+		return resultBadAnswer
+	case errors.Is(err, context.DeadlineExceeded):
+		return resultTimeout
+	case err != nil:
+		return resultError
+	case status == http.StatusCreated:
+		return resultCreated
+	case status == http.StatusBadRequest:
+		return resultRejected
+	case status == http.StatusServiceUnavailable:
+		return resultUnavailable
+	case status >= 500:
+		return resultServerError
+	default:
+		return resultBadAnswer
+	}
+}
+
+// badAnswerError is a session API answer that cannot be used as it is.
+type badAnswerError struct{ msg string }
+
+func (e *badAnswerError) Error() string { return e.msg }

@@ -1,0 +1,113 @@
+package signaling
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
+)
+
+// sessionAPI returns the base URL to reach a cluster's session API: one of
+// the live endpoints gossip reports (spread over them), else the
+// catalogue's address.
+func (s *Server) sessionAPI(c geo.Cluster) string {
+	if s.cfg.SessionAPIs != nil {
+		if eps := s.cfg.SessionAPIs(c.ID); len(eps) > 0 {
+			return strings.TrimSuffix(eps[int(s.apiTurn.Add(1))%len(eps)], "/")
+		}
+	}
+	return strings.TrimSuffix(c.SessionAPI, "/")
+}
+
+// createOn posts a create to one cluster's session API within
+// ClusterTimeout. It returns the decoded answer of a 201, or the status and
+// body of a 400 carrying a JSON error; every other outcome is an error
+// (a *badAnswerError when the cluster answered something unusable).
+func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sessionapi.CreateResponse, int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClusterTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.sessionAPI(c)+sessionapi.SessionsPath, bytes.NewReader(body))
+	if err != nil {
+		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: build request: %w", c.ID, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: post session: %w", c.ID, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<10))
+	if err != nil {
+		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: read answer: %w", c.ID, err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusBadRequest:
+		if !json.Valid(data) {
+			return sessionapi.CreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 400 without a JSON body", c.ID)}
+		}
+		return sessionapi.CreateResponse{}, resp.StatusCode, data, nil
+	case resp.StatusCode != http.StatusCreated:
+		return sessionapi.CreateResponse{}, resp.StatusCode, nil, nil
+	}
+	var out sessionapi.CreateResponse
+	if err := json.Unmarshal(data, &out); err != nil || out.Answer == "" {
+		return sessionapi.CreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 201 with a bad body (%v)", c.ID, err)}
+	}
+	// The ID is what a DELETE is routed by: it must name this cluster.
+	if id, err := sessionid.Parse(out.ID); err != nil || id.Cluster != c.ID {
+		return sessionapi.CreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 201 with session id %q that does not name it", c.ID, out.ID)}
+	}
+	return out, resp.StatusCode, nil, nil
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := s.precheck(w, r, true); !ok {
+		return
+	}
+	notFound := func() {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+	}
+	raw := r.PathValue("id")
+	id, err := sessionid.Parse(raw)
+	if err != nil {
+		notFound()
+		return
+	}
+	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
+	if !ok {
+		notFound()
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, s.sessionAPI(c)+sessionapi.SessionsPath+"/"+raw, nil)
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
+		return
+	}
+	resp, err := s.cfg.HTTPClient.Do(req)
+	if err != nil {
+		s.log.Warn("delete: cluster session API failed", "cluster", c.ID, "err", err)
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
+		return
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	switch resp.StatusCode {
+	case http.StatusNoContent, http.StatusOK:
+		w.WriteHeader(http.StatusNoContent)
+	case http.StatusNotFound:
+		notFound()
+	default:
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error",
+			fmt.Sprintf("the session's cluster answered %d", resp.StatusCode), 0)
+	}
+}

@@ -1,0 +1,304 @@
+package terraform
+
+import (
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/rtcedge/rtcedge/cloudflare"
+)
+
+// loadTree loads every module of this directory tree by directory.
+func loadTree(t *testing.T) map[string]*module {
+	t.Helper()
+	fsys := os.DirFS(".")
+	dirs, _, err := checkTree(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*module{}
+	for _, dir := range dirs {
+		m, err := loadModule(fsys, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[dir] = m
+	}
+	return out
+}
+
+// blocks returns the top-level blocks of a module of a type and first label
+// ("" = any).
+func (m *module) blocks(typ, label string) []*hclsyntax.Block {
+	var out []*hclsyntax.Block
+	for _, b := range m.bodies {
+		for _, blk := range b.Blocks {
+			if blk.Type == typ && (label == "" || (len(blk.Labels) > 0 && blk.Labels[0] == label)) {
+				out = append(out, blk)
+			}
+		}
+	}
+	return out
+}
+
+// source is the text of a module's .tf files, concatenated.
+func source(t *testing.T, dir string) string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".tf") {
+			data, err := os.ReadFile(path.Join(dir, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(data)
+		}
+	}
+	return b.String()
+}
+
+var (
+	quoted          = regexp.MustCompile(`"([^"]*)"`)
+	regionCodeLists = regexp.MustCompile(`contains\(\[([^\]]*)\], code\)`)
+	claimedCodes    = regexp.MustCompile(`cloudflare_regions\s*=\s*\[([^\]]*)\]`)
+)
+
+func strs(list string) []string {
+	var out []string
+	for _, m := range quoted.FindAllStringSubmatch(list, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// TestCloudflareRegionCodes keeps the steering module's validations on the
+// documented enumeration the sync uses, and every literal code in the tree
+// inside it (no "SAM").
+func TestCloudflareRegionCodes(t *testing.T) {
+	want := slices.Sorted(slices.Values(cloudflare.RegionCodes))
+	src := source(t, "modules/cloudflare-steering")
+	lists := regionCodeLists.FindAllStringSubmatch(src, -1)
+	if len(lists) < 2 {
+		t.Fatalf("found %d region-code validations in the steering module, want those of regions and check_regions", len(lists))
+	}
+	for _, l := range lists {
+		if got := slices.Sorted(slices.Values(strs(l[1]))); !slices.Equal(got, want) {
+			t.Errorf("validation list %v, want cloudflare.RegionCodes %v", got, want)
+		}
+	}
+	for dir := range loadTree(t) {
+		for _, m := range claimedCodes.FindAllStringSubmatch(source(t, dir), -1) {
+			for _, code := range strs(m[1]) {
+				if !cloudflare.ValidRegionCode(code) {
+					t.Errorf("%s: cloudflare_regions holds %q, not a Cloudflare region code", dir, code)
+				}
+			}
+		}
+	}
+}
+
+// attr returns a block's attribute or fails.
+func attr(t *testing.T, blk *hclsyntax.Block, name string) *hclsyntax.Attribute {
+	t.Helper()
+	a, ok := blk.Body.Attributes[name]
+	if !ok {
+		t.Fatalf("%s: %s %v has no %s", blk.Range(), blk.Type, blk.Labels, name)
+	}
+	return a
+}
+
+func refersTo(e hclsyntax.Expression, root, name string) bool {
+	for _, tr := range e.Variables() {
+		if tr.RootName() != root || len(tr) < 2 {
+			continue
+		}
+		if a, ok := tr[1].(hcl.TraverseAttr); ok && (name == "" || a.Name == name) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSteeringModuleMatchesTheAPI pins what the steering module must send
+// for the API and for signaling: pools with check_regions, the visitor
+// location managed transform, country pools from the catalogue's overrides,
+// and relay records from plan-time addresses.
+func TestSteeringModuleMatchesTheAPI(t *testing.T) {
+	tree := loadTree(t)
+	st := tree["modules/cloudflare-steering"]
+	pools := st.blocks("resource", "cloudflare_load_balancer_pool")
+	if len(pools) != 1 || !refersTo(attr(t, pools[0], "check_regions").Expr, "local", "check_regions") {
+		t.Error("the pool resource must set check_regions (null probes from every data centre: Enterprise only)")
+	}
+	mt := st.blocks("resource", "cloudflare_managed_transforms")
+	if len(mt) != 1 {
+		t.Fatal("no cloudflare_managed_transforms resource: CF-IPLatitude/CF-IPLongitude never arrive without it")
+	}
+	v, d := attr(t, mt[0], "managed_request_headers").Expr.Value(nil)
+	if d.HasErrors() || !v.CanIterateElements() || v.LengthInt() != 1 {
+		t.Fatalf("managed_request_headers: %v %v", v, d)
+	}
+	h := v.Index(cty.NumberIntVal(0))
+	if h.GetAttr("id").AsString() != "add_visitor_location_headers" || !h.GetAttr("enabled").True() {
+		t.Errorf("managed_request_headers = %#v, want add_visitor_location_headers enabled", h)
+	}
+	if _, ok := mt[0].Body.Attributes["managed_response_headers"]; !ok {
+		t.Error("managed_response_headers is required by the API")
+	}
+	lb := st.blocks("resource", "cloudflare_load_balancer")
+	if len(lb) != 1 || !refersTo(attr(t, lb[0], "country_pools").Expr, "local", "override_ids") {
+		t.Error("country_pools must include the catalogue's overrides (local.override_ids)")
+	}
+
+	ex := tree["examples/two-regions"]
+	call := ex.calls["steering"]
+	if call == nil {
+		t.Fatal("example has no steering module call")
+	}
+	if rr := attr(t, call, "relay_records"); refersTo(rr.Expr, "module", "") {
+		t.Errorf("%s: relay_records must come from the reserved addresses, not a module output (unknown at plan time)", rr.SrcRange)
+	}
+	if co := attr(t, call, "country_overrides"); !refersTo(co.Expr, "local", "steering_countries") {
+		t.Error("the example's country_overrides must be the catalogue's steering.countries")
+	}
+	if !strings.Contains(source(t, "examples/two-regions"), "steering       = { countries = local.steering_countries }") {
+		t.Error("the example's catalogue must carry the same steering countries")
+	}
+}
+
+// TestOriginFirewalling: the example takes Cloudflare's ranges from the
+// provider's data source for signaling's trusted proxies and the network
+// policies, and every region module call restricts signaling's HTTP port.
+func TestOriginFirewalling(t *testing.T) {
+	ex := loadTree(t)["examples/two-regions"]
+	if len(ex.blocks("data", "cloudflare_ip_ranges")) != 1 {
+		t.Fatal(`no data "cloudflare_ip_ranges" in the example`)
+	}
+	src := source(t, "examples/two-regions")
+	for _, want := range []string{"data.cloudflare_ip_ranges.cloudflare.ipv4_cidrs", "data.cloudflare_ip_ranges.cloudflare.ipv6_cidrs", "trusted_proxies   = local.cloudflare_ranges"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("example lacks %s", want)
+		}
+	}
+	for name, call := range ex.calls {
+		if !strings.HasPrefix(name, "region_") {
+			continue
+		}
+		np := attr(t, call, "network_policy")
+		if !refersTo(np.Expr, "local", "cloudflare_ranges") {
+			t.Errorf("%s: network_policy.signaling_http_cidrs must be Cloudflare's ranges", name)
+		}
+	}
+}
+
+// portsOf collects the literal port numbers of blocks named typ (container
+// "port" blocks, or network policy "ports" blocks) under body.
+func portsOf(body *hclsyntax.Body, typ, attrName string, out map[string]bool) {
+	for _, b := range body.Blocks {
+		if b.Type == typ {
+			if a, ok := b.Body.Attributes[attrName]; ok {
+				if v, d := a.Expr.Value(nil); !d.HasErrors() && v.IsKnown() && !v.IsNull() {
+					switch v.Type() {
+					case cty.String:
+						out[v.AsString()] = true
+					case cty.Number:
+						out[v.AsBigFloat().String()] = true
+					}
+				}
+			}
+		}
+		portsOf(b.Body, typ, attrName, out) // also into dynamic blocks' content
+	}
+}
+
+// TestNetworkPoliciesCoverEveryPort: in each module with workloads, every
+// literal container port is admitted by some NetworkPolicy rule, so turning
+// the policies on never cuts a tier off silently, and every rule that is
+// open to all sources is one the module means to be open.
+func TestNetworkPoliciesCoverEveryPort(t *testing.T) {
+	tree := loadTree(t)
+	for _, dir := range []string{"modules/region", "modules/pop"} {
+		m := tree[dir]
+		policies := m.blocks("resource", "kubernetes_network_policy_v1")
+		if len(policies) == 0 {
+			t.Errorf("%s: no NetworkPolicies", dir)
+			continue
+		}
+		containerPorts, admitted := map[string]bool{}, map[string]bool{}
+		for _, kind := range []string{"kubernetes_deployment_v1", "kubernetes_stateful_set_v1"} {
+			for _, w := range m.blocks("resource", kind) {
+				portsOf(w.Body, "port", "container_port", containerPorts)
+			}
+		}
+		for _, p := range policies {
+			portsOf(p.Body, "ports", "port", admitted)
+		}
+		for port := range containerPorts {
+			if !admitted[port] {
+				t.Errorf("%s: container port %s is admitted by no NetworkPolicy", dir, port)
+			}
+		}
+		// Rules without a source admit everyone: only the media port of
+		// the global relays and a dynamic-source HTTP rule may be.
+		for _, p := range policies {
+			hclsyntax.VisitAll(p.Body, func(n hclsyntax.Node) hcl.Diagnostics {
+				blk, ok := n.(*hclsyntax.Block)
+				if !ok || blk.Type != "ingress" {
+					return nil
+				}
+				hasFrom := false
+				for _, b := range blk.Body.Blocks {
+					hasFrom = hasFrom || b.Type == "from" || (b.Type == "dynamic" && b.Labels[0] == "from")
+				}
+				if !hasFrom && p.Labels[1] != "globalrelay" {
+					t.Errorf("%s: %s has an ingress rule open to every source", blk.Range(), p.Labels[1])
+				}
+				return nil
+			})
+		}
+	}
+}
+
+// TestImageScheme: the modules run the image `make image` builds, named
+// <repository>:<version> in both places.
+func TestImageScheme(t *testing.T) {
+	mk, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^IMAGE\s*\?=\s*\$\(IMAGE_REPO\):\$\(VERSION\)$`).Match(mk) {
+		t.Error("Makefile: IMAGE is not $(IMAGE_REPO):$(VERSION)")
+	}
+	repo := regexp.MustCompile(`(?m)^IMAGE_REPO\s*\?=\s*(\S+)$`).FindSubmatch(mk)
+	if repo == nil {
+		t.Fatal("Makefile: no IMAGE_REPO default")
+	}
+	tree := loadTree(t)
+	ex := tree["examples/two-regions"]
+	src := source(t, "examples/two-regions")
+	if !strings.Contains(src, `image = "${var.image_repository}:${var.image_version}"`) {
+		t.Error(`example: local.image is not "${var.image_repository}:${var.image_version}"`)
+	}
+	for _, v := range ex.blocks("variable", "image_repository") {
+		def, d := attr(t, v, "default").Expr.Value(nil)
+		if d.HasErrors() || path.Base(def.AsString()) != string(repo[1]) {
+			t.Errorf("image_repository default %v does not end in make image's repository %q", def, repo[1])
+		}
+	}
+	for name, call := range ex.calls {
+		if a, ok := call.Body.Attributes["image"]; ok && !refersTo(a.Expr, "local", "image") {
+			t.Errorf("module %s: image is not local.image", name)
+		}
+	}
+}

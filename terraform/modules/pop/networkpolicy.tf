@@ -1,0 +1,141 @@
+# NetworkPolicies of a POP (docs/deploy.md, "Network policies"): each port
+# admits only the tiers that talk to it. Egress is not restricted. Peers in
+# the deployment's other clusters can only be matched by address
+# (remote_pod_cidrs).
+#
+#   globalrelay  UDP public_port (media)             <- anywhere: the clients
+#                UDP internal ports (replies)        <- cluster relays, remote
+#                TCP+UDP 7947 global gossip          <- global pool tiers, remote
+#                TCP 9090 metrics and probes         <- monitoring namespace, nodes
+#   redis        TCP 6379                            <- the relays
+
+locals {
+  np         = var.network_policy
+  np_metrics = local.np.monitoring_namespace != null || length(local.np.node_cidrs) > 0
+  # Worker i binds internal_port_base + i; 0 workers means one per CPU.
+  internal_port_last = var.internal_port_base + (var.workers > 0 ? var.workers - 1 : 255)
+}
+
+resource "kubernetes_network_policy_v1" "globalrelay" {
+  count = local.np.enabled ? 1 : 0
+  metadata {
+    name      = "rtcedge-globalrelay"
+    namespace = local.namespace
+    labels    = local.labels
+  }
+  spec {
+    pod_selector {
+      match_labels = local.labels
+    }
+    policy_types = ["Ingress"]
+    # Clients worldwide (the VIP keeps their addresses).
+    ingress {
+      ports {
+        port     = tostring(var.public_port)
+        protocol = "UDP"
+      }
+    }
+    # Replies from the cluster relays of every region.
+    ingress {
+      from {
+        namespace_selector {}
+        pod_selector {
+          match_labels = { "app.kubernetes.io/part-of" = "rtcedge", "app.kubernetes.io/name" = "clusterrelay" }
+        }
+      }
+      dynamic "from" {
+        for_each = local.np.remote_pod_cidrs
+        content {
+          ip_block {
+            cidr = from.value
+          }
+        }
+      }
+      ports {
+        port     = tostring(var.internal_port_base)
+        end_port = local.internal_port_last
+        protocol = "UDP"
+      }
+    }
+    ingress {
+      from {
+        namespace_selector {}
+        pod_selector {
+          match_labels = { "app.kubernetes.io/part-of" = "rtcedge" }
+          match_expressions {
+            key      = "app.kubernetes.io/name"
+            operator = "In"
+            values   = ["clusterrelay", "globalrelay", "signaling"]
+          }
+        }
+      }
+      dynamic "from" {
+        for_each = local.np.remote_pod_cidrs
+        content {
+          ip_block {
+            cidr = from.value
+          }
+        }
+      }
+      ports {
+        port     = "7947"
+        protocol = "TCP"
+      }
+      ports {
+        port     = "7947"
+        protocol = "UDP"
+      }
+    }
+    dynamic "ingress" {
+      for_each = local.np_metrics ? [1] : []
+      content {
+        dynamic "from" {
+          for_each = local.np.monitoring_namespace == null ? [] : [local.np.monitoring_namespace]
+          content {
+            namespace_selector {
+              match_labels = { "kubernetes.io/metadata.name" = from.value }
+            }
+          }
+        }
+        dynamic "from" {
+          for_each = local.np.node_cidrs
+          content {
+            ip_block {
+              cidr = from.value
+            }
+          }
+        }
+        ports {
+          port     = "9090"
+          protocol = "TCP"
+        }
+      }
+    }
+  }
+}
+
+resource "kubernetes_network_policy_v1" "redis" {
+  count = local.np.enabled && var.redis_enabled ? 1 : 0
+  metadata {
+    name      = "rtcedge-redis"
+    namespace = local.namespace
+    labels    = local.redis_labels
+  }
+  spec {
+    pod_selector {
+      match_labels = local.redis_labels
+    }
+    policy_types = ["Ingress"]
+    ingress {
+      from {
+        pod_selector {
+          match_labels = local.labels
+        }
+      }
+      ports {
+        port     = "6379"
+        protocol = "TCP"
+      }
+    }
+  }
+}

@@ -1,0 +1,188 @@
+package transceiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+)
+
+// Sockets are a transceiver node's listeners; nil ones are opened from the
+// config's addresses.
+type Sockets struct {
+	Data    *net.UDPConn
+	API     net.Listener
+	Metrics net.Listener
+}
+
+// ReadyBackend is a Backend that can tell whether it can open sessions
+// (the network backend dials it); Node.Ready asks it.
+type ReadyBackend interface {
+	Backend
+	Ready(ctx context.Context) error
+}
+
+// Errors Ready reports.
+var (
+	ErrNoRelay = errors.New("transceiver: no cluster relay known")
+)
+
+// Node is one transceiver pod as a process runs it: the transceiver, its
+// session API, and its membership of the cluster pool.
+type Node struct {
+	cfg     NodeConfig
+	env     node.Env
+	life    node.Life
+	tr      *Transceiver
+	backend Backend
+	relays  *RelaySet
+	pool    *membership.Pool
+	apiURL  string
+	data    netip.AddrPort
+}
+
+// NewNode builds a transceiver node from cfg (defaults applied, validated)
+// bridging its sessions to backend. Run starts it.
+func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := podID(&cfg); err != nil {
+		return nil, err
+	}
+	keys, _ := cfg.Token.Keyring() // checked by Validate
+	env = env.WithDefaults()
+	n := &Node{cfg: cfg, env: env, backend: backend, relays: &RelaySet{}}
+	defer func() {
+		if err != nil {
+			n.life.Close()
+		}
+	}()
+	if s.Data, n.data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(s.Data.Close)
+	n.tr, err = New(Config{
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend, Relays: n.relays,
+		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
+		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
+	}, s.Data)
+	if err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.tr.Close)
+	n.life.Go("transceiver", n.tr.Run)
+	if s.API == nil {
+		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
+			return nil, err
+		}
+	}
+	n.life.Serve("session API", s.API, node.NewHTTPServer(n.tr.Handler(), env.Logger))
+	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
+		return nil, err
+	}
+	if s.Metrics == nil {
+		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	if n.pool, err = cfg.Gossip.Open("", false, membership.Meta{
+		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
+		Data: n.data, API: n.apiURL, Capacity: n.tr.Capacity(),
+	}, env.Logger); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.pool.Close)
+	if err := env.Register(n.pool.Collector("cluster")); err != nil {
+		return nil, err
+	}
+	n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, env.Logger) })
+	n.life.Go("publish", func(ctx context.Context) error { n.tr.Publish(ctx, n.pool); return nil })
+	n.life.Go("follow relays", func(ctx context.Context) error {
+		FollowRelays(ctx, n.pool, cfg.Cluster, n.relays)
+		return nil
+	})
+	return n, nil
+}
+
+// Run runs the node until ctx ends, then drains: no new sessions (gossip
+// and readiness say so), calls go on until they end or drain_timeout
+// passes (then the rest are ended), the pod leaves the cluster pool, and
+// everything stops.
+func (n *Node) Run(ctx context.Context) error {
+	log := n.env.Logger
+	log.Info("transceiver up", "cluster", n.cfg.Cluster, "pod", n.cfg.Pod, "data", n.data, "api", n.apiURL, "gossip", n.pool.LocalAddr())
+	return n.life.Run(ctx, log, func(failed context.Context) {
+		log.Info("draining", "sessions", n.tr.Sessions(), "deadline", n.cfg.DrainTimeout)
+		drained := n.tr.Drain()
+		t := time.NewTimer(n.cfg.DrainTimeout)
+		select {
+		case <-drained:
+			log.Info("drained")
+		case <-t.C:
+			log.Warn("drain deadline passed; ending remaining sessions", "sessions", n.tr.Sessions())
+			n.tr.EndAllForDrainDeadline()
+		case <-failed.Done():
+		}
+		t.Stop()
+		node.Leave(n.pool, log)
+	})
+}
+
+// Close stops the node at once: sessions end, the pool closes without a
+// goodbye.
+func (n *Node) Close() error { return n.life.Close() }
+
+// Ready reports whether the pod can take sessions: not draining, its
+// backend reachable, and at least one cluster relay known to deliver them.
+func (n *Node) Ready() error {
+	switch {
+	case n.life.Closed():
+		return node.ErrClosed
+	case n.tr.Draining():
+		return ErrDraining
+	case n.relays.Len() == 0:
+		return ErrNoRelay
+	}
+	if rb, ok := n.backend.(ReadyBackend); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := rb.Ready(ctx); err != nil {
+			return fmt.Errorf("transceiver: backend: %w", err)
+		}
+	}
+	return nil
+}
+
+// Len is the number of relays in the set.
+func (r *RelaySet) Len() int {
+	if m := r.addrs.Load(); m != nil {
+		return len(*m)
+	}
+	return 0
+}
+
+// Transceiver is the node's transceiver.
+func (n *Node) Transceiver() *Transceiver { return n.tr }
+
+// Relays is the set of cluster relays the pod accepts datagrams from.
+func (n *Node) Relays() *RelaySet { return n.relays }
+
+// Pool is the node's membership of the cluster pool.
+func (n *Node) Pool() *membership.Pool { return n.pool }
+
+// APIURL is the advertised base URL of the pod's session API.
+func (n *Node) APIURL() string { return n.apiURL }
+
+// Data is the advertised address of the pod's UDP socket.
+func (n *Node) Data() netip.AddrPort { return n.data }
+
+// ID is the pod's ID.
+func (n *Node) ID() uint16 { return n.cfg.Pod }

@@ -1,0 +1,58 @@
+package transceiver_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/node/nodetest"
+	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/transceiver/netbackend"
+)
+
+// TestNodeReady: a pod is ready only with a cluster relay known from
+// gossip and its network backend reachable; a drain makes it not ready.
+func TestNodeReady(t *testing.T) {
+	backend, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, node.Env{Logger: nodetest.Quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopBackend := nodetest.Run(t, backend)
+	seed := nodetest.Member(t, "seed", false, membership.Meta{Role: membership.RoleTransceiver, Cluster: 9, Pod: 2,
+		Data: netip.MustParseAddrPort("127.0.0.1:9")}, "")
+	n, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		Token: nodetest.Keys(t), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())},
+		transceiver.Sockets{}, netbackend.ForAddr(backend.Addr(), nodetest.Quiet), node.Env{Logger: nodetest.Quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodetest.Run(t, n)
+	nodetest.Await(t, "the pod to join the cluster pool", func() bool { return len(n.Pool().Members()) == 2 })
+	if err := n.Ready(); !errors.Is(err, transceiver.ErrNoRelay) {
+		t.Fatalf("Ready with no cluster relay = %v", err)
+	}
+	nodetest.Member(t, "cr-1", false, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 9,
+		Data: netip.MustParseAddrPort("127.0.0.1:10")}, seed.LocalAddr().String())
+	nodetest.Await(t, "the pod to be ready", func() bool { return n.Ready() == nil })
+	stopBackend()
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "backend") {
+		t.Fatalf("Ready with the backend down = %v", err)
+	}
+	<-n.Transceiver().Drain()
+	if err := n.Ready(); !errors.Is(err, transceiver.ErrDraining) {
+		t.Fatalf("Ready while draining = %v", err)
+	}
+}
+
+// TestNodeConfigNeedsKeys: a pod without routing-token keys is refused
+// before it opens anything.
+func TestNodeConfigNeedsKeys(t *testing.T) {
+	_, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		Gossip: nodetest.Gossip("pod-1", "")}, transceiver.Sockets{}, nil, node.Env{Logger: nodetest.Quiet})
+	if err == nil || !strings.Contains(err.Error(), "token") {
+		t.Fatalf("NewNode without keys = %v", err)
+	}
+}
