@@ -15,6 +15,15 @@ import (
 // both together.
 const documentedCPUPerSession = 0.0040
 
+// maxGoroutinesPerSession bounds what a connected voice session (audio
+// track, events channel) costs the pod in goroutines, which is also its
+// count of timers and stacks (21 today, 24 with Pion's default
+// interceptors): Pion's ICE, DTLS, SRTP and SCTP loops, the two
+// RTCP report loops, the session's track, RTCP and events readers. Pion's
+// default interceptors added two more per session (the NACK generator's and
+// TWCC's 100 ms ticker loops); the bound fails if they or the like return.
+const maxGoroutinesPerSession = 22
+
 // TestPodCPUPerSession guards the documented per-session CPU loosely: it
 // fails when the pod's CPU per voice session exceeds twice the documented
 // figure, which catches a regression like a per-packet allocation storm or
@@ -41,6 +50,10 @@ func TestPodCPUPerSession(t *testing.T) {
 
 	// The pod alone: gossip, housekeeping, the runtime.
 	base := podCPU(t, ctx, pod, 2*time.Second)
+	idle, err := pod.Scrape(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	link, err := NewLink(LinkConfig{Pod: pod.Data, Cluster: 1, PodID: 1, POP: 1})
 	if err != nil {
@@ -60,6 +73,14 @@ func TestPodCPUPerSession(t *testing.T) {
 	m0, err := pod.Scrape(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The first session also starts what all share (the POP's mux), a
+	// handful of goroutines: a loose bound absorbs it.
+	perSessionG := (m0["go_goroutines"] - idle["go_goroutines"]) / sessions
+	t.Logf("pod goroutines: %.0f alone, %.0f with %d sessions: %.1f per session (bound %d)",
+		idle["go_goroutines"], m0["go_goroutines"], sessions, perSessionG, maxGoroutinesPerSession)
+	if perSessionG > maxGoroutinesPerSession {
+		t.Errorf("the pod holds %.1f goroutines per voice session, more than %d", perSessionG, maxGoroutinesPerSession)
 	}
 	busy := podCPU(t, ctx, pod, 4*time.Second)
 	m1, err := pod.Scrape(ctx)
