@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -62,6 +63,11 @@ var dropLabels = [numDropReasons]string{
 type Config struct {
 	Cluster uint16       // this relay's cluster (non-zero)
 	Pods    PodDirectory // live pods of the cluster
+	// HopKeys are this cluster's inter-tier MAC keys (required): a
+	// datagram in either direction is forwarded only if its tag verifies,
+	// so a host without the key can make the relay send nothing.
+	// SetHopKeys replaces them without a restart.
+	HopKeys *encap.Keyring
 	// Batch > 1 reads and writes up to that many datagrams per system
 	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
 	Batch      int
@@ -77,6 +83,7 @@ type Relay struct {
 	log  *slog.Logger
 	conn *net.UDPConn
 	m    *metrics
+	keys atomic.Pointer[encap.Keyring]
 
 	closeOnce sync.Once
 }
@@ -89,6 +96,9 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if cfg.Pods == nil {
 		return nil, errors.New("clusterrelay config: pod directory is required")
 	}
+	if cfg.HopKeys == nil {
+		return nil, errors.New("clusterrelay config: inter-tier hop keys are required")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -96,7 +106,17 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), conn: conn, m: m}, nil
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), conn: conn, m: m}
+	r.keys.Store(cfg.HopKeys)
+	return r, nil
+}
+
+// SetHopKeys replaces the inter-tier keys (key rotation), from the next
+// datagram on.
+func (r *Relay) SetHopKeys(k *encap.Keyring) {
+	if k != nil {
+		r.keys.Store(k)
+	}
 }
 
 // Addr returns the relay's data address.
@@ -142,6 +162,18 @@ func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.Ad
 		r.m.drops.Inc(dropWrongCluster)
 		return nil, netip.AddrPort{}, false
 	}
+	// Nothing in the header is believed before its tag verifies.
+	if err := r.keys.Load().Verify(pkt, hl); err != nil {
+		r.m.encapDrops.Inc(encap.ReasonOf(err))
+		return nil, netip.AddrPort{}, false
+	}
+	return r.route(pkt, h, hl, from)
+}
+
+// route picks the destination of an authenticated datagram from its header
+// and the pod directory.
+func (r *Relay) route(pkt []byte, h encap.Header, hl int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+	n := len(pkt)
 	if n == hl {
 		r.m.drops.Inc(dropEmpty)
 		return nil, netip.AddrPort{}, false

@@ -18,6 +18,34 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// testHop is cluster 5's inter-tier key.
+var testHop = func() *encap.Keyring {
+	k, err := encap.NewKeyring(2, map[uint8][]byte{2: bytes.Repeat([]byte{5}, encap.KeyLen)})
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// seal returns h and payload as a datagram sealed with k.
+func seal(t testing.TB, k *encap.Keyring, h encap.Header, payload string) []byte {
+	t.Helper()
+	b := unsealed(t, h, payload)
+	k.Seal(b, h.Len())
+	return b
+}
+
+// unsealed returns h and payload with a zero tag, as a forger without the
+// key would send it.
+func unsealed(t testing.TB, h encap.Header, payload string) []byte {
+	t.Helper()
+	b, err := h.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(b, payload...)
+}
+
 func listen(t testing.TB) *net.UDPConn {
 	t.Helper()
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -73,7 +101,7 @@ func testForwardAndDrop(t *testing.T, batch int) {
 	reg := prometheus.NewRegistry()
 	conn := listen(t)
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
-		Batch: batch, Logger: quiet, Registerer: reg}, conn)
+		HopKeys: testHop, Batch: batch, Logger: quiet, Registerer: reg}, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,13 +112,16 @@ func testForwardAndDrop(t *testing.T, batch int) {
 	relay := r.Addr()
 	client := netip.MustParseAddrPort("198.51.100.7:40000")
 
-	pkt := func(h encap.Header, payload string) []byte {
-		b, err := h.AppendTo(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return append(b, payload...)
-	}
+	pkt := func(h encap.Header, payload string) []byte { return seal(t, testHop, h, payload) }
+	other, _ := encap.NewKeyring(2, map[uint8][]byte{2: bytes.Repeat([]byte{6}, encap.KeyLen)})
+	retired, _ := encap.NewKeyring(4, map[uint8][]byte{4: bytes.Repeat([]byte{5}, encap.KeyLen)})
+	// A host on the cluster network without the key forges a header that
+	// names a victim client and itself as ingress: the ingress check
+	// alone would pass it, and the pod would send the victim's downlink
+	// to the forger.
+	// The key ID is no secret: the forger uses the real one.
+	forged := encap.Header{KeyID: 2, Cluster: 5, Pod: 2, POP: 1, Client: client, Ingress: addrOf(stranger)}
+
 	toPod := func(pod uint16) encap.Header {
 		return encap.Header{Cluster: 5, Pod: pod, POP: 1, Client: client, Ingress: addrOf(ingress)}
 	}
@@ -99,6 +130,9 @@ func testForwardAndDrop(t *testing.T, batch int) {
 		h.ToClient = true
 		return h
 	}
+
+	forgedReply := toClient(1)
+	forgedReply.KeyID = 2
 
 	// Bad ones first, each followed by a good one on the same path.
 	bad := []struct {
@@ -111,6 +145,11 @@ func testForwardAndDrop(t *testing.T, batch int) {
 		check *net.UDPConn
 	}{
 		{"garbage", stranger, []byte("garbage"), "encap_magic", pkt(toPod(2), "g1"), pod2},
+		{"forged header naming itself as ingress", stranger, unsealed(t, forged, "hijack"), "encap_mac", pkt(toPod(2), "g9"), pod2},
+		{"header sealed with another cluster's key", stranger, seal(t, other, forged, "hijack"), "encap_mac", pkt(toPod(2), "g10"), pod2},
+		{"header sealed with an unknown key ID", stranger, seal(t, retired, forged, "hijack"), "encap_unknown_key", pkt(toPod(2), "g11"), pod2},
+		{"forged reply", stranger, unsealed(t, forgedReply, "reflect"), "encap_mac", pkt(toClient(1), "g12"), ingress},
+		{"payload extended after sealing", ingress, append(pkt(toPod(2), "x"), 'y'), "encap_mac", pkt(toPod(2), "g13"), pod2},
 		{"truncated header", stranger, pkt(toPod(2), "")[:10], "encap_short", pkt(toPod(2), "g2"), pod2},
 		{"wrong cluster", ingress, pkt(encap.Header{Cluster: 6, Pod: 2, POP: 1, Client: client, Ingress: addrOf(ingress)}, "x"), DropWrongCluster, pkt(toPod(2), "g3"), pod2},
 		{"unknown pod", ingress, pkt(toPod(3), "x"), DropUnknownPod, pkt(toPod(2), "g4"), pod2},
@@ -150,7 +189,7 @@ func testForwardAndDrop(t *testing.T, batch int) {
 func TestNoPerFlowState(t *testing.T) {
 	pods := NewPods(map[uint16]netip.AddrPort{1: netip.MustParseAddrPort("127.0.0.1:7001")})
 	mk := func() *Relay {
-		r, err := New(Config{Cluster: 5, Pods: pods, Logger: quiet}, listen(t))
+		r, err := New(Config{Cluster: 5, Pods: pods, HopKeys: testHop, Logger: quiet}, listen(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,8 +197,7 @@ func TestNoPerFlowState(t *testing.T) {
 	}
 	a, b := mk(), mk()
 	h := encap.Header{Cluster: 5, Pod: 1, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:1"), Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
-	p, _ := h.AppendTo(nil)
-	p = append(p, 'x')
+	p := seal(t, testHop, h, "x")
 	from := h.Ingress // a global relay sends from the ingress it names
 	_, d1, ok1 := a.decide(p, len(p), from)
 	_, d2, ok2 := b.decide(p, len(p), from) // a replica that never saw the flow
@@ -171,20 +209,40 @@ func TestNoPerFlowState(t *testing.T) {
 	}
 }
 
+// BenchmarkDecide is the per-packet decision for a 120-byte datagram
+// toward a pod: "authenticated" is the relay as built (decode, MAC check,
+// route); "baseline-unauthenticated" is the same run's decode and route
+// without the MAC check, the relay before inter-tier authentication.
 func BenchmarkDecide(b *testing.B) {
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: netip.MustParseAddrPort("127.0.0.1:7001")}),
-		Logger: quiet, Registerer: prometheus.NewRegistry()}, listen(b))
+		HopKeys: testHop, Logger: quiet, Registerer: prometheus.NewRegistry()}, listen(b))
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer r.Close()
 	h := encap.Header{Cluster: 5, Pod: 1, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:1"), Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
-	p, _ := h.AppendTo(nil)
-	p = append(p, make([]byte, 120)...)
+	p := seal(b, testHop, h, string(make([]byte, 120)))
 	from := h.Ingress
-	b.ReportAllocs()
-	for b.Loop() {
-		r.decide(p, len(p), from)
-	}
+	b.Run("authenticated", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, ok := r.decide(p, len(p), from); !ok {
+				b.Fatal("dropped")
+			}
+		}
+	})
+	b.Run("baseline-unauthenticated", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			h, hl, err := encap.Decode(p)
+			if err != nil || h.Cluster != 5 {
+				b.Fatal("decode")
+			}
+			if _, _, ok := r.route(p, h, hl, from); !ok {
+				b.Fatal("dropped")
+			}
+		}
+	})
 }
 
 func TestAggregateIgnoresFullAndDrainingPods(t *testing.T) {
@@ -209,7 +267,7 @@ func TestPickPods(t *testing.T) {
 	}
 	first := map[uint16]int{}
 	for range 200 {
-		got := pickPods(pods, 2)
+		got := newPlacer(0, 0, time.Now).pick(pods, 2)
 		if len(got) != 2 {
 			t.Fatalf("picked %d pods, want 2", len(got))
 		}

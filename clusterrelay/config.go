@@ -21,21 +21,27 @@ const (
 // NodeConfig is the cluster relay role's config file (docs/operations.md).
 type NodeConfig struct {
 	node.Common   `yaml:",inline"`
-	Region        string      `yaml:"region"`
-	Cluster       uint16      `yaml:"cluster"`
-	DataAddr      string      `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
-	DataAdvertise string      `yaml:"data_advertise"`
-	APIAddr       string      `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
-	APIAdvertise  string      `yaml:"api_advertise"`
-	Batch         int         `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
-	ClusterGossip node.Gossip `yaml:"cluster_gossip"`
-	GlobalGossip  node.Gossip `yaml:"global_gossip"`
+	Region        string `yaml:"region"`
+	Cluster       uint16 `yaml:"cluster"`
+	DataAddr      string `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
+	DataAdvertise string `yaml:"data_advertise"`
+	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
+	APIAdvertise  string `yaml:"api_advertise"`
+	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
+	HopKeys       node.HopKeys `yaml:"hop_keys"`
+	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
+	GlobalGossip  node.Gossip  `yaml:"global_gossip"`
+	// SessionAPISecret is the cluster's session API bearer secret, required
+	// from signaling and presented to the pods; empty: none.
+	SessionAPISecret string `yaml:"session_api_secret"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
 func (c *NodeConfig) ApplyEnv() error {
 	c.ClusterGossip.ApplyEnv()
 	c.GlobalGossip.ApplyEnv()
+	c.HopKeys.ApplyEnv()
 	return nil
 }
 
@@ -55,6 +61,9 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("batch", c.Batch),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
+	}
+	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Cluster == 0 {
 		errs = append(errs, errors.New("cluster must be non-zero"))

@@ -7,7 +7,9 @@ import (
 	"net/netip"
 	"sync/atomic"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 )
 
@@ -45,6 +47,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	env = env.WithDefaults()
+	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
 	n := &Node{cfg: cfg, env: env, dir: NewDirectory()}
 	defer func() {
 		if err != nil {
@@ -56,17 +59,22 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
 	n.life.Go("relay", n.relay.Run)
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+			n.relay.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+		})
+	})
 	if s.API == nil {
 		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
 			return nil, err
 		}
 	}
-	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, HTTPClient: env.HTTPClient, Logger: env.Logger})
+	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: env.HTTPClient, Logger: env.Logger})
 	n.life.Serve("session API", s.API, node.NewHTTPServer(front.Handler(), env.Logger))
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
@@ -78,6 +86,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	meta := membership.Meta{Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}
+	// Members are believed only within bounds (internal/metacheck).
+	cfg.ClusterGossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{})
+	cfg.GlobalGossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{})
 	if n.clusterPool, err = cfg.ClusterGossip.Open("", false, meta, env.Logger); err != nil {
 		return nil, err
 	}

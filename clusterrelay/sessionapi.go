@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
@@ -39,12 +38,24 @@ type FrontConfig struct {
 	Timeout    time.Duration
 	HTTPClient *http.Client // default: no proxy, short idle timeout
 	Logger     *slog.Logger
+	// Secret is the cluster's session API bearer secret: the front
+	// requires it from signaling and presents it to the pods. Empty: no
+	// credentials either way (dev worlds and tests).
+	Secret string
+	// GossipLag and PlacementHold tune how long the front counts the
+	// sessions it placed on top of the pods' gossiped loads (placement.go);
+	// defaults DefaultGossipLag and DefaultPlacementHold.
+	GossipLag     time.Duration
+	PlacementHold time.Duration
+	// Now is the clock of placement bookkeeping; default time.Now.
+	Now func() time.Time
 }
 
 // Front serves the cluster's session API.
 type Front struct {
-	cfg FrontConfig
-	log *slog.Logger
+	cfg    FrontConfig
+	log    *slog.Logger
+	placer *placer
 }
 
 // NewFront returns the session API front.
@@ -58,7 +69,17 @@ func NewFront(cfg FrontConfig) *Front {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Front{cfg: cfg, log: cfg.Logger.With("component", "clusterapi", "cluster", cfg.Cluster)}
+	if cfg.GossipLag == 0 {
+		cfg.GossipLag = DefaultGossipLag
+	}
+	if cfg.PlacementHold == 0 {
+		cfg.PlacementHold = DefaultPlacementHold
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Front{cfg: cfg, log: cfg.Logger.With("component", "clusterapi", "cluster", cfg.Cluster),
+		placer: newPlacer(cfg.GossipLag, cfg.PlacementHold, cfg.Now)}
 }
 
 // ClusterStatus is the JSON body of GET /internal/v1/status on the front.
@@ -70,7 +91,9 @@ type ClusterStatus struct {
 	Pods     []PodInfo `json:"pods"`
 }
 
-// Handler returns the front's HTTP API (same paths as a pod's).
+// Handler returns the front's HTTP API (same paths as a pod's). With
+// FrontConfig.Secret set, all but /livez and /readyz need it as a bearer
+// token.
 func (f *Front) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+sessionsPath, f.create)
@@ -88,7 +111,7 @@ func (f *Front) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	return mux
+	return sessionapi.RequireSecret(f.cfg.Secret, mux)
 }
 
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
@@ -102,40 +125,32 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	for _, p := range pickPods(f.cfg.Pods.PodInfos(), podAttempts) {
+	for i, p := range f.placer.pick(f.cfg.Pods.PodInfos(), podAttempts) {
+		if i > 0 {
+			f.placer.reserve(p.ID)
+		}
 		status, hdr, resp, err := f.forward(r.Context(), http.MethodPost, p.API+sessionsPath, body)
 		if err != nil {
+			f.placer.done(p.ID, false)
 			f.log.Warn("pod session API failed", "pod", p.ID, "err", err)
 			continue
 		}
-		if status == http.StatusServiceUnavailable || status >= 500 {
+		// Full, draining, failing, or refusing our credentials (a
+		// misconfigured secret): the next pod may take it. A 401 must not
+		// reach signaling, which would take it for its own credentials.
+		if status == http.StatusServiceUnavailable || status >= 500 || status == http.StatusUnauthorized {
+			if status == http.StatusUnauthorized {
+				f.log.Warn("pod refused the cluster's session API secret", "pod", p.ID)
+			}
+			f.placer.done(p.ID, false)
 			continue
 		}
+		f.placer.done(p.ID, status == http.StatusCreated)
 		copyResponse(w, status, hdr, resp)
 		return
 	}
 	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity", "no pod of this cluster can take a session", time.Second)
 }
-
-// pickPods orders up to n ready pods to try. The first is the less loaded
-// of two picked at random ("power of two choices"): every front replica
-// sorting by the same second-old gossip would send a burst of calls to the
-// same pod, while two random choices spread it and still favour free pods.
-func pickPods(pods []PodInfo, n int) []PodInfo {
-	ready := make([]PodInfo, 0, len(pods))
-	for _, p := range pods {
-		if p.Ready() {
-			ready = append(ready, p)
-		}
-	}
-	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
-	if len(ready) >= 2 && share(ready[1]) < share(ready[0]) {
-		ready[0], ready[1] = ready[1], ready[0]
-	}
-	return ready[:min(len(ready), n)]
-}
-
-func share(p PodInfo) float64 { return float64(p.Load) / float64(max(p.Capacity, 1)) }
 
 func (f *Front) delete(w http.ResponseWriter, r *http.Request) {
 	raw := r.PathValue("id")
@@ -170,6 +185,7 @@ func (f *Front) forward(ctx context.Context, method, url string, body []byte) (i
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	sessionapi.Authorize(req, f.cfg.Secret)
 	resp, err := f.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return 0, nil, nil, err

@@ -8,8 +8,8 @@
 // Every component is the same node a production process runs
 // (transceiver.NewNode, clusterrelay.NewNode, globalrelay.NewNode,
 // signaling.NewNode, netbackend.NewNode), from the same config structs;
-// only the addresses (loopback, port 0) and the gossip timings (fast) are
-// the dev world's own.
+// only the addresses (loopback, port 0) and the gossip timings (fast,
+// unless Config.ProductionGossip) are the dev world's own.
 package devworld
 
 import (
@@ -34,6 +34,7 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
@@ -100,6 +101,11 @@ type Config struct {
 	// restarted relay then recovers flows only from the next STUN check
 	// (or a reply from the cluster side).
 	NoRouteCache bool
+	// ProductionGossip runs every pool with the roles' real memberlist
+	// timings (LAN for cluster pools, WAN for the global pool, as
+	// cmd/rtcedge without `fast: true`) instead of the loopback Fast
+	// ones, so failure tests see production detection times.
+	ProductionGossip bool
 
 	Logger *slog.Logger // default slog.Default()
 }
@@ -165,11 +171,16 @@ type World struct {
 	cfg        Config
 	log        *slog.Logger
 	keys       node.TokenKeys
+	hop        node.HopKeys            // one inter-tier key per cluster, as production has
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
 	backend    string                  // the network backend's address, if any
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
 	globalSeed []string
 	clusters   []uint16
+	// apiSecrets are the clusters' session API bearer secrets, random per
+	// world, so the dev world runs the internal APIs authenticated as
+	// production does.
+	apiSecrets map[uint16]string
 	errMu      sync.Mutex
 	errs       []error
 	nodes      []*running // in start order; stopped in reverse
@@ -179,6 +190,7 @@ type World struct {
 type running struct {
 	name string
 	n    io.Closer
+	stop context.CancelFunc // ends Run's context: a graceful stop
 	done chan struct{}
 }
 
@@ -189,16 +201,26 @@ func (r *running) Kill() {
 	<-r.done
 }
 
+// Stop starts a graceful stop, as the first SIGTERM does for a process:
+// the node drains (a pod keeps its calls until they end or its drain
+// timeout), leaves gossip and returns from Run. The channel is closed then.
+func (r *running) Stop() <-chan struct{} {
+	r.stop()
+	return r.done
+}
+
 // run starts n's Run and records its failure.
 func (w *World) run(r *running, name string, n interface {
 	io.Closer
 	Run(context.Context) error
 }) {
-	*r = running{name: name, n: n, done: make(chan struct{})}
+	ctx, stop := context.WithCancel(context.Background())
+	*r = running{name: name, n: n, stop: stop, done: make(chan struct{})}
 	w.nodes = append(w.nodes, r)
 	go func() {
 		defer close(r.done)
-		if err := n.Run(context.Background()); err != nil {
+		defer stop()
+		if err := n.Run(ctx); err != nil {
 			w.errMu.Lock()
 			w.errs = append(w.errs, fmt.Errorf("%s: %w", name, err))
 			w.errMu.Unlock()
@@ -226,9 +248,10 @@ func (w *World) env(name string, kv ...string) node.Env {
 	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(labels, w.Registry), HTTPClient: w.httpClient}
 }
 
-// gossip is a dev pool's config: loopback, fast timings, no key.
-func gossip(name string, join []string) node.Gossip {
-	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Insecure: true, Fast: true}
+// gossip is a dev pool's config: loopback, fast timings unless
+// ProductionGossip, no key.
+func (w *World) gossip(name string, join []string) node.Gossip {
+	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Insecure: true, Fast: !w.cfg.ProductionGossip}
 }
 
 // Start builds and starts a world. Close stops it.
@@ -270,6 +293,13 @@ func (w *World) start() error {
 		return err
 	}
 	w.keys = node.TokenKeys{Keys: []string{"1:" + base64.StdEncoding.EncodeToString(key)}}
+	for _, spec := range cfg.Regions {
+		k := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(k); err != nil {
+			return err
+		}
+		w.hop.Keys = append(w.hop.Keys, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
+	}
 	if cfg.NetBackend {
 		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
 		if err != nil {
@@ -278,8 +308,14 @@ func (w *World) start() error {
 		w.run(new(running), "backend", b) // the first node, so it stops last
 		w.backend = b.Addr()
 	}
+	w.apiSecrets = map[uint16]string{}
 	for _, spec := range cfg.Regions {
 		w.clusters = append(w.clusters, spec.Cluster)
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		w.apiSecrets[spec.Cluster] = base64.RawURLEncoding.EncodeToString(b)
 	}
 	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
@@ -328,7 +364,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	n, err := transceiver.NewNode(transceiver.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, Gossip: gossip(name, clusterSeed),
+		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed), SessionAPISecret: w.apiSecrets[spec.Cluster],
 	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -342,7 +378,8 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) 
 	name := spec.Name + "/clusterrelay-" + strconv.Itoa(i)
 	n, err := clusterrelay.NewNode(clusterrelay.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		ClusterGossip: gossip(name, clusterSeed), GlobalGossip: gossip(name, w.globalSeed),
+		HopKeys: w.hop, ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, w.globalSeed),
+		SessionAPISecret: w.apiSecrets[spec.Cluster],
 	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -372,7 +409,7 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	n, err := globalrelay.NewNode(globalrelay.NodeConfig{
 		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1",
 		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
-		Token: w.keys, Gossip: gossip(name, w.globalSeed),
+		Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, w.globalSeed),
 	}, globalrelay.Sockets{CacheStore: store}, w.env(name, "pop", spec.POPName, "gen", strconv.Itoa(rg.popGen)))
 	if err != nil {
 		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
@@ -442,10 +479,15 @@ func (w *World) startSignaling() error {
 	scfg := signaling.NodeConfig{
 		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, TrustedProxies: trusted,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
-		// Everything in the dev world comes from one address; a per-IP
-		// limit meant for the internet would throttle load tests.
-		RatePerSecond: 10000, RateBurst: 10000,
-		CORSOrigins: []string{"*"}, DemoPage: true, Gossip: gossip("signaling", w.globalSeed),
+		// Without keys the dev world is open: the demo page mints its own
+		// client secrets.
+		AllowAnonymous: len(w.cfg.APIKeys) == 0, SessionAPISecrets: w.apiSecrets,
+		// Everything in the dev world comes from one address and a few
+		// credentials; limits meant for the internet would throttle load
+		// tests.
+		RatePerSecond: 10000, RateBurst: 10000, KeyRatePerSecond: 10000, KeyRateBurst: 10000,
+		SecretRatePerSecond: 10000, SecretRateBurst: 10000,
+		CORSOrigins: []string{"*"}, DemoPage: true, Gossip: w.gossip("signaling", w.globalSeed),
 	}
 	if scfg.GeoIPDB == "" {
 		scfg.GeoIPData = geo.DevGeoIPDB
@@ -475,12 +517,12 @@ func (w *World) startSignaling() error {
 func (w *World) awaitConverged(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		ok := true
+		var missing []string
 		relays := 0
 		for _, rg := range w.Regions {
-			for _, cr := range rg.ClusterRelays {
+			for i, cr := range rg.ClusterRelays {
 				if _, _, ready := cr.Directory.Aggregate(); ready != len(rg.Pods) {
-					ok = false
+					missing = append(missing, fmt.Sprintf("%s cluster relay %d knows %d of %d ready pods", rg.Spec.Name, i+1, ready, len(rg.Pods)))
 				}
 			}
 			relays += len(rg.ClusterRelays)
@@ -493,14 +535,14 @@ func (w *World) awaitConverged(limit time.Duration) error {
 				}
 			}
 			if n != relays {
-				ok = false
+				missing = append(missing, fmt.Sprintf("%s sees %d of %d usable cluster relays", pool.Name(), n, relays))
 			}
 		}
-		if ok {
+		if len(missing) == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return errors.New("devworld: gossip did not converge")
+			return fmt.Errorf("devworld: gossip did not converge in %v: %s", limit, strings.Join(missing, "; "))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -289,7 +289,7 @@ func TestBrowserOpenAISnippet(t *testing.T) {
 	b.waitJS("the snippet to finish", `window.snippetResult === undefined ? "wait" : window.snippetResult`, 20*time.Second)
 
 	info := mustEval[snippetInfo](b, `window.snippet.info`)
-	if info.Status != http.StatusCreated || !strings.HasPrefix(info.Location, "/v1/realtime/sessions/") {
+	if info.Status != http.StatusCreated || !strings.HasPrefix(info.Location, "/v1/realtime/calls/") { // OpenAI's call URL
 		t.Fatalf("POST /v1/realtime/calls answered %d with Location %q (CORS must expose Location)", info.Status, info.Location)
 	}
 	if info.Candidates {

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"maps"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,23 +11,28 @@ import (
 
 	"github.com/rtcedge/rtcedge/devworld"
 	"github.com/rtcedge/rtcedge/internal/membership"
-	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/probe"
+	"github.com/rtcedge/rtcedge/signaling"
 )
 
 // podOf returns the pod a call's session lives on, from its Location.
 func podOf(t *testing.T, c *probe.Call) uint16 {
 	t.Helper()
-	id, err := sessionid.Parse(c.Location[strings.LastIndexByte(c.Location, '/')+1:])
+	id, err := signaling.SessionOf(c.Location[strings.LastIndexByte(c.Location, '/')+1:])
 	if err != nil {
 		t.Fatalf("session location %q: %v", c.Location, err)
 	}
 	return id.Pod
 }
 
+// loopbackOnly keeps a client's candidates on loopback: a host address
+// would be a second client address, whose flow the kernel may hash to
+// another global relay replica.
+func loopbackOnly(ip net.IP) bool { return ip.IsLoopback() }
+
 func dial(t *testing.T, ctx context.Context, w *devworld.World) *probe.Call {
 	t.Helper()
-	c, err := probe.Dial(ctx, probe.Config{SignalingURL: w.SignalingURL, Logger: testLogger()})
+	c, err := probe.Dial(ctx, probe.Config{SignalingURL: w.SignalingURL, IPFilter: loopbackOnly, Logger: testLogger()})
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -111,16 +118,7 @@ func TestDrainingAndDeadPodsGetNoSessions(t *testing.T) {
 	busy := podOf(t, first)
 	other := 3 - busy // pods 1 and 2
 	drained := rg.Pods[busy-1].Transceiver.Drain()
-	eventually(t, 5*time.Second, "the cluster to see the pod draining", func() bool {
-		for _, cr := range rg.ClusterRelays {
-			for _, p := range cr.Directory.PodInfos() {
-				if p.ID == busy && !p.Draining {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	awaitPodDraining(t, rg, busy, 5*time.Second)
 	for range 3 {
 		c := dial(t, ctx, w)
 		if p := podOf(t, c); p != other {
@@ -157,4 +155,82 @@ func TestDrainingAndDeadPodsGetNoSessions(t *testing.T) {
 	if c.Region == rg.Spec.Name {
 		t.Errorf("call placed in %s with one pod dead and the other draining", c.Region)
 	}
+}
+
+// TestTransceiverDrainDropsNoCall stops a pod carrying calls gracefully (as
+// SIGTERM does), at production gossip timings: the cluster stops placing
+// sessions on it, its calls go on echoing until they hang up, and then it
+// exits. No call is dropped: every session the pod ended was hung up.
+func TestTransceiverDrainDropsNoCall(t *testing.T) {
+	w := startWorld(t, devworld.Config{ProductionGossip: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rg := w.Regions[0]
+	byPod := map[uint16][]*probe.Call{}
+	for range 4 {
+		c := dial(t, ctx, w)
+		byPod[podOf(t, c)] = append(byPod[podOf(t, c)], c)
+	}
+	busy := uint16(1)
+	if len(byPod[2]) > len(byPod[1]) {
+		busy = 2
+	}
+	calls := byPod[busy]
+	if len(calls) == 0 {
+		t.Fatalf("no call on either pod of %s: %v", rg.Spec.Name, byPod)
+	}
+	stopped := rg.Pods[busy-1].Stop()
+	awaitPodDraining(t, rg, busy, 10*time.Second)
+	for range 4 {
+		if p := podOf(t, dial(t, ctx, w)); p == busy {
+			t.Errorf("a new call landed on pod %d while it drains", p)
+		}
+	}
+	// Ten more seconds of each of the draining pod's calls.
+	before := make([]int, len(calls))
+	for i, c := range calls {
+		before[i] = c.Stats().Received
+	}
+	eventually(t, 20*time.Second, "the draining pod's calls to keep echoing", func() bool {
+		for i, c := range calls {
+			if c.Stats().Received < before[i]+500 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, c := range calls {
+		if err := c.Hangup(ctx); err != nil {
+			t.Errorf("hang up a call of the draining pod: %v", err)
+		}
+	}
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		t.Fatal("the pod did not exit after its last call ended")
+	}
+	pod := map[string]string{"region": rg.Spec.Name, "pod": strconv.Itoa(int(busy))}
+	hungUp := maps.Clone(pod)
+	hungUp["reason"] = "deleted"
+	deleted := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_ended_total", hungUp)
+	all := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_ended_total", pod)
+	t.Logf("pod %d drained with %d calls: %v ended by hang-up, %v otherwise (calls dropped)", busy, len(calls), deleted, all-deleted)
+	if all-deleted != 0 || int(deleted) != len(calls) {
+		t.Errorf("the draining pod ended %v sessions, %v of them hung up; want exactly its %d calls, all hung up", all, deleted, len(calls))
+	}
+}
+
+// awaitPodDraining waits until every cluster relay of rg sees pod draining.
+func awaitPodDraining(t *testing.T, rg *devworld.Region, pod uint16, limit time.Duration) {
+	t.Helper()
+	eventually(t, limit, "the cluster to see the pod draining", func() bool {
+		for _, cr := range rg.ClusterRelays {
+			for _, p := range cr.Directory.PodInfos() {
+				if p.ID == pod && !p.Draining {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }

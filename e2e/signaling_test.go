@@ -24,11 +24,18 @@ import (
 
 const e2eAPIKey = "sk-e2e-0123456789abcdef"
 
-// mintSecret asks signaling for an ephemeral client secret with the API key.
+// mintSecret asks signaling for an ephemeral client secret with the API
+// key, the way an app server does, fixing the session config calls with it
+// get.
 func mintSecret(t *testing.T, client *http.Client, base string) signaling.ClientSecret {
 	t.Helper()
+	return mintSecretWith(t, client, base, `{"type":"realtime","model":"echo"}`)
+}
+
+func mintSecretWith(t *testing.T, client *http.Client, base, session string) signaling.ClientSecret {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/realtime/client_secrets",
-		strings.NewReader(`{"expires_after":{"anchor":"created_at","seconds":600}}`))
+		strings.NewReader(`{"expires_after":{"anchor":"created_at","seconds":600},"session":`+session+`}`))
 	req.Header.Set("Authorization", "Bearer "+e2eAPIKey)
 	req.Header.Set("Content-Type", "application/json")
 	res, err := client.Do(req)

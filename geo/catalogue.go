@@ -76,6 +76,11 @@ type Cluster struct {
 	// are only known at run time (the dev world binds port 0 and fills it in);
 	// when set it must be an absolute http or https URL.
 	SessionAPI string `yaml:"session_api" json:"session_api"`
+	// SessionAPINets are the networks the cluster's session API replicas
+	// advertise themselves from in gossip (its pod CIDR). Signaling sends
+	// offers only to gossiped endpoints on SessionAPI's host or inside these
+	// networks; anything else a member advertises is ignored.
+	SessionAPINets []netip.Prefix `yaml:"session_api_nets,omitempty" json:"session_api_nets,omitempty"`
 }
 
 // POP is one global relay point of presence: the public UDP VIP clients send

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -53,9 +54,20 @@ type LocatorConfig struct {
 	DB []byte
 	// ReloadInterval is how often Run checks DBPath for changes (default 10s).
 	ReloadInterval time.Duration
-	// TrustedProxies are the peers whose CF-Connecting-IP, CF-IPLatitude,
-	// CF-IPLongitude, CF-IPCountry, CF-IPCity and X-Forwarded-For headers are
-	// believed. From any other peer those headers are ignored.
+	// CloudflareRanges are Cloudflare's edge addresses (CloudflareRanges()
+	// returns the published list). CF-Connecting-IP, CF-IPLatitude,
+	// CF-IPLongitude, CF-IPCountry and CF-IPCity are believed only when
+	// the hop that reached signaling, or the first of its InternalProxies,
+	// is in these ranges.
+	CloudflareRanges []netip.Prefix
+	// InternalProxies are the operator's own proxies in front of
+	// signaling (ingress, load balancers). Each appends its peer to
+	// X-Forwarded-For, which is walked right to left across them to find
+	// the hop that reached the first of them. Their own CF-* headers are
+	// never believed: anyone reaching an ingress directly could set them.
+	InternalProxies []netip.Prefix
+	// TrustedProxies is the former name of CloudflareRanges, still
+	// accepted: its prefixes are treated as Cloudflare's.
 	TrustedProxies []netip.Prefix
 	// Default is used when nothing else locates the client; usually
 	// Catalogue.DefaultLocation.
@@ -93,9 +105,10 @@ func (f dbFile) same(info os.FileInfo) bool {
 // LookupIP are safe for concurrent use, also while Run swaps the database.
 type Locator struct {
 	// Static after construction.
-	cfg    LocatorConfig
-	log    *slog.Logger
-	ticker time.Duration
+	cfg        LocatorConfig
+	log        *slog.Logger
+	ticker     time.Duration
+	cloudflare []netip.Prefix // CloudflareRanges and TrustedProxies
 
 	// db is the current reader, nil when there is none or after Close. The
 	// reader is built from bytes read into memory, not a memory map, so a
@@ -122,12 +135,13 @@ func NewLocator(cfg LocatorConfig) (*Locator, error) {
 	if !cfg.Default.Valid() {
 		return nil, fmt.Errorf("%w: default location %v out of range", ErrInvalidLocatorConfig, cfg.Default)
 	}
-	for _, p := range cfg.TrustedProxies {
+	for _, p := range slices.Concat(cfg.CloudflareRanges, cfg.InternalProxies, cfg.TrustedProxies) {
 		if !p.IsValid() {
-			return nil, fmt.Errorf("%w: invalid trusted proxy prefix", ErrInvalidLocatorConfig)
+			return nil, fmt.Errorf("%w: invalid proxy prefix", ErrInvalidLocatorConfig)
 		}
 	}
-	l := &Locator{cfg: cfg, log: cfg.Logger, ticker: cfg.ReloadInterval}
+	l := &Locator{cfg: cfg, log: cfg.Logger, ticker: cfg.ReloadInterval,
+		cloudflare: slices.Concat(cfg.CloudflareRanges, cfg.TrustedProxies)}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -252,26 +266,45 @@ func (l *Locator) Close() error {
 // Locate returns the client's IP as seen through trusted proxies, its location
 // and how it was found.
 //
-// Headers are believed only when r.RemoteAddr's IP is inside TrustedProxies.
-// Then CF-IPLatitude/CF-IPLongitude (both valid and in range) give the
-// location directly; the client IP is CF-Connecting-IP if valid, else the
-// right-most X-Forwarded-For address that is not itself a trusted proxy,
-// else the peer. From an untrusted peer every such header is ignored and the
-// peer address is used. The IP is then looked up in the GeoIP database;
-// addresses that are loopback, private or not in it get the Default point.
+// The hop that reached signaling is r.RemoteAddr's IP. While that hop is
+// one of InternalProxies, the hop before it is the right-most
+// X-Forwarded-For entry not yet consumed (each internal proxy appends its
+// peer). The first hop that is not an internal proxy is the origin as far
+// as our own proxies can vouch; anything left of it may be forged. When
+// that hop is Cloudflare (CloudflareRanges), its headers are believed:
+// CF-IPLatitude/CF-IPLongitude (both valid and in range) give the location
+// directly, and the client IP is CF-Connecting-IP if valid, else the
+// X-Forwarded-For entry Cloudflare appended left of its own, else the
+// Cloudflare hop. Any other origin hop is the client, and every CF-*
+// header is ignored. A malformed X-Forwarded-For entry where a hop is
+// needed means the chain cannot be trusted: the peer is used. The IP is
+// then looked up in the GeoIP database; addresses that are loopback,
+// private or not in it get the Default point.
 func (l *Locator) Locate(r *http.Request) Location {
 	peer := parseHostAddr(r.RemoteAddr)
-	if !peer.IsValid() || !l.trusted(peer) {
+	if !peer.IsValid() {
 		return l.locateIP(peer)
 	}
-
-	ip := peer
+	hops := forwardedHops(r.Header.Values(headerXFF))
+	hop, i := peer, len(hops)-1
+	for in(l.cfg.InternalProxies, hop) && i >= 0 {
+		a := parseHostAddr(hops[i])
+		if !a.IsValid() {
+			return l.locateIP(peer)
+		}
+		hop, i = a, i-1
+	}
+	if !in(l.cloudflare, hop) {
+		return l.locateIP(hop)
+	}
+	ip := hop
 	if a := parseHostAddr(r.Header.Get(headerCFConnectingIP)); a.IsValid() {
 		ip = a
-	} else if a := l.forwardedFor(r.Header.Values(headerXFF)); a.IsValid() {
-		ip = a
+	} else if i >= 0 {
+		if a := parseHostAddr(hops[i]); a.IsValid() {
+			ip = a
+		}
 	}
-
 	if p, ok := cfPoint(r.Header); ok {
 		loc := Location{IP: ip, Point: p, Source: SourceCFHeaders, City: r.Header.Get(headerCFCity)}
 		// Cloudflare uses XX for unknown and T1 for Tor; neither is a country.
@@ -326,10 +359,10 @@ func (l *Locator) LookupIP(ip netip.Addr) (Location, bool) {
 	}, true
 }
 
-// trusted reports whether ip is one of the configured proxies.
-func (l *Locator) trusted(ip netip.Addr) bool {
+// in reports whether ip is inside one of the prefixes.
+func in(prefixes []netip.Prefix, ip netip.Addr) bool {
 	ip = ip.Unmap()
-	for _, p := range l.cfg.TrustedProxies {
+	for _, p := range prefixes {
 		if p.Contains(ip) {
 			return true
 		}
@@ -337,14 +370,9 @@ func (l *Locator) trusted(ip netip.Addr) bool {
 	return false
 }
 
-// forwardedFor applies the right-most rule to X-Forwarded-For: each trusted
-// proxy appends the address it received from, so walking from the right,
-// the first address that is not a trusted proxy is the client as far as
-// trusted hops can vouch; anything left of it may be forged by the client.
-// A malformed entry at that position means the chain cannot be trusted and
-// yields the invalid Addr (the caller then uses the peer). If every entry is
-// a trusted proxy, the left-most is the best known origin.
-func (l *Locator) forwardedFor(values []string) netip.Addr {
+// forwardedHops splits X-Forwarded-For header lines into their entries,
+// left to right.
+func forwardedHops(values []string) []string {
 	var hops []string
 	for _, v := range values {
 		for _, h := range strings.Split(v, ",") {
@@ -353,18 +381,7 @@ func (l *Locator) forwardedFor(values []string) netip.Addr {
 			}
 		}
 	}
-	var leftmost netip.Addr
-	for i := len(hops) - 1; i >= 0; i-- {
-		a := parseHostAddr(hops[i])
-		if !a.IsValid() {
-			return netip.Addr{}
-		}
-		if !l.trusted(a) {
-			return a
-		}
-		leftmost = a
-	}
-	return leftmost
+	return hops
 }
 
 // cfPoint reads CF-IPLatitude/CF-IPLongitude; both must be finite numbers in

@@ -114,118 +114,44 @@ func TestFixtureIsCurrent(t *testing.T) {
 	}
 }
 
-func TestLocate(t *testing.T) {
-	l := newDevLocator(t, "10.0.0.0/8", "2001:db8:ffff::/48")
-	tests := []struct {
-		name       string
-		remote     string
-		headers    map[string][]string
-		wantIP     string
-		wantPoint  Point
-		wantSource string
-		country    string
-	}{
-		{
-			name: "untrusted peer, no headers", remote: "192.0.2.7:5000",
-			wantIP: "192.0.2.7", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
-		},
-		{
-			name: "untrusted peer, all headers ignored", remote: "198.51.100.1:5000",
-			headers: map[string][]string{
-				"CF-Connecting-IP": {"203.0.113.1"},
-				"CF-IPLatitude":    {"1.35"}, "CF-IPLongitude": {"103.82"}, "CF-IPCountry": {"SG"},
-				"X-Forwarded-For": {"192.0.2.1"},
-			},
-			wantIP: "198.51.100.1", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
-		},
-		{
-			name: "untrusted private peer gets default", remote: "192.168.1.1:5000",
-			headers: map[string][]string{"CF-Connecting-IP": {"203.0.113.1"}},
-			wantIP:  "192.168.1.1", wantPoint: nowhere, wantSource: SourceDefault,
-		},
-		{
-			name: "trusted: CF lat/lon win", remote: "10.1.1.1:443",
-			headers: map[string][]string{
-				"CF-Connecting-IP": {"192.0.2.1"},
-				"CF-IPLatitude":    {"48.85"}, "CF-IPLongitude": {"2.35"}, "CF-IPCountry": {"FR"},
-			},
-			wantIP: "192.0.2.1", wantPoint: Point{48.85, 2.35}, wantSource: SourceCFHeaders, country: "FR",
-		},
-		{
-			name: "trusted: CF lat/lon with unknown country", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-IPLatitude": {"48.85"}, "CF-IPLongitude": {"2.35"}, "CF-IPCountry": {"XX"}},
-			wantIP:  "10.1.1.1", wantPoint: Point{48.85, 2.35}, wantSource: SourceCFHeaders,
-		},
-		{
-			name: "trusted: CF-Connecting-IP", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"203.0.113.5"}, "X-Forwarded-For": {"192.0.2.1"}},
-			wantIP:  "203.0.113.5", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
-		},
-		{
-			name: "trusted IPv6 peer: CF-Connecting-IP v6", remote: "[2001:db8:ffff::1]:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"2001:db8:2::9"}},
-			wantIP:  "2001:db8:2::9", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
-		},
-		{
-			name: "malformed latitude ignored", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"north"}, "CF-IPLongitude": {"2.35"}},
-			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
-		},
-		{
-			name: "latitude out of range ignored", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"95"}, "CF-IPLongitude": {"2.35"}},
-			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
-		},
-		{
-			name: "NaN longitude ignored", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"1"}, "CF-IPLongitude": {"NaN"}},
-			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
-		},
-		{
-			name: "only latitude ignored", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"1"}},
-			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
-		},
-		{
-			name: "malformed CF-Connecting-IP falls to XFF", remote: "10.1.1.1:443",
-			headers: map[string][]string{"CF-Connecting-IP": {"bogus"}, "X-Forwarded-For": {"198.51.100.4"}},
-			wantIP:  "198.51.100.4", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
-		},
-		{
-			name: "XFF right-most untrusted wins over spoofed left", remote: "10.1.1.1:443",
-			headers: map[string][]string{"X-Forwarded-For": {"192.0.2.66, 203.0.113.8, 10.2.2.2"}},
-			wantIP:  "203.0.113.8", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
-		},
-		{
-			name: "XFF across several header lines", remote: "10.1.1.1:443",
-			headers: map[string][]string{"X-Forwarded-For": {"192.0.2.66", "198.51.100.9, 10.3.3.3", "10.2.2.2"}},
-			wantIP:  "198.51.100.9", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
-		},
-		{
-			name: "XFF entries with ports", remote: "10.1.1.1:443",
-			headers: map[string][]string{"X-Forwarded-For": {"[2001:db8:3::1]:1234, 10.2.2.2:80"}},
-			wantIP:  "2001:db8:3::1", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
-		},
-		{
-			name: "XFF malformed right-most untrusted entry: use peer", remote: "10.1.1.1:443",
-			headers: map[string][]string{"X-Forwarded-For": {"192.0.2.1, garbage"}},
-			wantIP:  "10.1.1.1", wantPoint: nowhere, wantSource: SourceDefault,
-		},
-		{
-			name: "XFF all trusted: left-most", remote: "10.1.1.1:443",
-			headers: map[string][]string{"X-Forwarded-For": {"10.9.9.9, 10.2.2.2"}},
-			wantIP:  "10.9.9.9", wantPoint: nowhere, wantSource: SourceDefault,
-		},
-		{
-			name: "trusted peer, no headers: peer", remote: "10.1.1.1:443",
-			wantIP: "10.1.1.1", wantPoint: nowhere, wantSource: SourceDefault,
-		},
-		{
-			name: "unparseable RemoteAddr", remote: "pipe",
-			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}},
-			wantIP:  "invalid IP", wantPoint: nowhere, wantSource: SourceDefault,
-		},
+// Addresses for the proxy trust tests: a Cloudflare edge (inside the
+// published ranges) and an operator's ingress (InternalProxies).
+const (
+	cfEdge   = "172.64.1.1"
+	cfEdgeV6 = "2606:4700::1"
+	ingress  = "10.1.1.1"
+)
+
+func newProxyLocator(t *testing.T) *Locator {
+	t.Helper()
+	internal, err := ParsePrefixes([]string{"10.0.0.0/8", "2001:db8:ffff::/48"})
+	if err != nil {
+		t.Fatal(err)
 	}
+	cf, err := ParsePrefixes([]string{CloudflareKeyword})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLocator(LocatorConfig{DB: DevGeoIPDB, Default: nowhere, CloudflareRanges: cf, InternalProxies: internal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+type locateCase struct {
+	name       string
+	remote     string
+	headers    map[string][]string
+	wantIP     string
+	wantPoint  Point
+	wantSource string
+	country    string
+}
+
+func runLocate(t *testing.T, l *Locator, tests []locateCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := httptest.NewRequest("POST", "/v1/realtime/sdp", nil)
@@ -240,6 +166,193 @@ func TestLocate(t *testing.T) {
 				t.Errorf("Locate = %+v\nwant IP %s point %v source %s country %q", got, tt.wantIP, tt.wantPoint, tt.wantSource, tt.country)
 			}
 		})
+	}
+}
+
+// spoofed are the CF-* headers an attacker would send to pick Singapore.
+var spoofed = map[string][]string{
+	"CF-Connecting-IP": {"203.0.113.1"}, "CF-IPLatitude": {"1.35"}, "CF-IPLongitude": {"103.82"}, "CF-IPCountry": {"SG"},
+}
+
+func with(h map[string][]string, k string, v ...string) map[string][]string {
+	out := map[string][]string{k: v}
+	for hk, hv := range h {
+		out[hk] = hv
+	}
+	return out
+}
+
+func TestLocate(t *testing.T) {
+	runLocate(t, newProxyLocator(t), []locateCase{
+		{
+			name: "untrusted peer, no headers", remote: "192.0.2.7:5000",
+			wantIP: "192.0.2.7", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
+		},
+		{
+			name: "untrusted peer, all headers ignored", remote: "198.51.100.1:5000",
+			headers: with(spoofed, "X-Forwarded-For", "192.0.2.1"),
+			wantIP:  "198.51.100.1", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		{
+			name: "untrusted private peer gets default", remote: "192.168.1.1:5000",
+			headers: map[string][]string{"CF-Connecting-IP": {"203.0.113.1"}},
+			wantIP:  "192.168.1.1", wantPoint: nowhere, wantSource: SourceDefault,
+		},
+		{
+			name: "Cloudflare peer: CF lat/lon win", remote: cfEdge + ":443",
+			headers: map[string][]string{
+				"CF-Connecting-IP": {"192.0.2.1"},
+				"CF-IPLatitude":    {"48.85"}, "CF-IPLongitude": {"2.35"}, "CF-IPCountry": {"FR"},
+			},
+			wantIP: "192.0.2.1", wantPoint: Point{48.85, 2.35}, wantSource: SourceCFHeaders, country: "FR",
+		},
+		{
+			name: "Cloudflare peer: CF lat/lon with unknown country", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-IPLatitude": {"48.85"}, "CF-IPLongitude": {"2.35"}, "CF-IPCountry": {"XX"}},
+			wantIP:  cfEdge, wantPoint: Point{48.85, 2.35}, wantSource: SourceCFHeaders,
+		},
+		{
+			name: "Cloudflare peer: CF-Connecting-IP", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"203.0.113.5"}, "X-Forwarded-For": {"192.0.2.1"}},
+			wantIP:  "203.0.113.5", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
+		},
+		{
+			name: "Cloudflare IPv6 peer: CF-Connecting-IP v6", remote: "[" + cfEdgeV6 + "]:443",
+			headers: map[string][]string{"CF-Connecting-IP": {"2001:db8:2::9"}},
+			wantIP:  "2001:db8:2::9", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		{
+			name: "malformed latitude ignored", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"north"}, "CF-IPLongitude": {"2.35"}},
+			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
+		},
+		{
+			name: "latitude out of range ignored", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"95"}, "CF-IPLongitude": {"2.35"}},
+			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
+		},
+		{
+			name: "NaN longitude ignored", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"1"}, "CF-IPLongitude": {"NaN"}},
+			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
+		},
+		{
+			name: "only latitude ignored", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}, "CF-IPLatitude": {"1"}},
+			wantIP:  "192.0.2.1", wantPoint: frankfurt, wantSource: SourceGeoIP, country: "DE",
+		},
+		{
+			name: "malformed CF-Connecting-IP: the entry Cloudflare appended", remote: cfEdge + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"bogus"}, "X-Forwarded-For": {"192.0.2.66, 198.51.100.4"}},
+			wantIP:  "198.51.100.4", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		{
+			name: "Cloudflare through the ingress: CF headers believed", remote: ingress + ":443",
+			headers: with(spoofed, "X-Forwarded-For", "203.0.113.1, "+cfEdge),
+			wantIP:  "203.0.113.1", wantPoint: singapore, wantSource: SourceCFHeaders, country: "SG",
+		},
+		{
+			name: "Cloudflare through two internal proxies", remote: ingress + ":443",
+			headers: map[string][]string{"CF-Connecting-IP": {"203.0.113.5"}, "X-Forwarded-For": {"192.0.2.1, " + cfEdge + ", 10.2.2.2"}},
+			wantIP:  "203.0.113.5", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
+		},
+		{
+			name: "Cloudflare through an IPv6 ingress", remote: "[2001:db8:ffff::1]:443",
+			headers: map[string][]string{"CF-Connecting-IP": {"2001:db8:2::9"}, "X-Forwarded-For": {cfEdgeV6}},
+			wantIP:  "2001:db8:2::9", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		// The reproduction: anyone reaching the ingress directly
+		// must not pick their own location or rate-limit key.
+		{
+			name: "attacker at the ingress: CF headers ignored", remote: ingress + ":443",
+			headers: with(spoofed, "X-Forwarded-For", "198.51.100.1"),
+			wantIP:  "198.51.100.1", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		{
+			name: "attacker at the ingress forging a Cloudflare hop", remote: ingress + ":443",
+			headers: with(spoofed, "X-Forwarded-For", "203.0.113.1, "+cfEdge+", 198.51.100.1"),
+			wantIP:  "198.51.100.1", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		{
+			name: "ingress peer without X-Forwarded-For: CF headers ignored", remote: ingress + ":443",
+			headers: spoofed,
+			wantIP:  ingress, wantPoint: nowhere, wantSource: SourceDefault,
+		},
+		{
+			name: "XFF right-most untrusted wins over spoofed left", remote: ingress + ":443",
+			headers: map[string][]string{"X-Forwarded-For": {"192.0.2.66, 203.0.113.8, 10.2.2.2"}},
+			wantIP:  "203.0.113.8", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
+		},
+		{
+			name: "XFF across several header lines", remote: ingress + ":443",
+			headers: map[string][]string{"X-Forwarded-For": {"192.0.2.66", "198.51.100.9, 10.3.3.3", "10.2.2.2"}},
+			wantIP:  "198.51.100.9", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+		{
+			name: "XFF entries with ports", remote: ingress + ":443",
+			headers: map[string][]string{"X-Forwarded-For": {"[2001:db8:3::1]:1234, 10.2.2.2:80"}},
+			wantIP:  "2001:db8:3::1", wantPoint: singapore, wantSource: SourceGeoIP, country: "SG",
+		},
+		{
+			name: "XFF malformed right-most untrusted entry: use peer", remote: ingress + ":443",
+			headers: map[string][]string{"X-Forwarded-For": {"192.0.2.1, garbage"}},
+			wantIP:  ingress, wantPoint: nowhere, wantSource: SourceDefault,
+		},
+		{
+			name: "XFF all internal: left-most", remote: ingress + ":443",
+			headers: map[string][]string{"X-Forwarded-For": {"10.9.9.9, 10.2.2.2"}},
+			wantIP:  "10.9.9.9", wantPoint: nowhere, wantSource: SourceDefault,
+		},
+		{
+			name: "unparseable RemoteAddr", remote: "pipe",
+			headers: map[string][]string{"CF-Connecting-IP": {"192.0.2.1"}},
+			wantIP:  "invalid IP", wantPoint: nowhere, wantSource: SourceDefault,
+		},
+	})
+}
+
+// TestLocateLegacyTrustedProxies: the former trusted_proxies list keeps
+// working as Cloudflare's ranges (the dev world and tests stand in for
+// Cloudflare on loopback with it).
+func TestLocateLegacyTrustedProxies(t *testing.T) {
+	runLocate(t, newDevLocator(t, "127.0.0.0/8"), []locateCase{
+		{
+			name: "trusted peer: CF headers", remote: "127.0.0.1:443", headers: spoofed,
+			wantIP: "203.0.113.1", wantPoint: singapore, wantSource: SourceCFHeaders, country: "SG",
+		},
+		{
+			name: "trusted peer: XFF", remote: "127.0.0.1:443", headers: map[string][]string{"X-Forwarded-For": {"198.51.100.9"}},
+			wantIP: "198.51.100.9", wantPoint: ashburn, wantSource: SourceGeoIP, country: "US",
+		},
+	})
+}
+
+// TestCloudflareRanges: the shipped list is Cloudflare's published one.
+func TestCloudflareRanges(t *testing.T) {
+	got := CloudflareRanges()
+	v4, v6 := 0, 0
+	for _, p := range got {
+		if p.Addr().Is4() {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	if v4 != 15 || v6 != 7 {
+		t.Fatalf("%d IPv4 and %d IPv6 ranges, want 15 and 7", v4, v6)
+	}
+	for _, a := range []string{"173.245.48.1", "104.16.0.1", "131.0.75.254", "2a06:98c7::1", "2c0f:f248::1"} {
+		if !in(got, netip.MustParseAddr(a)) {
+			t.Errorf("%s is a Cloudflare address", a)
+		}
+	}
+	for _, a := range []string{"1.1.1.1", "10.0.0.1", "2606:4701::1"} {
+		if in(got, netip.MustParseAddr(a)) {
+			t.Errorf("%s is not in Cloudflare's edge ranges", a)
+		}
+	}
+	if _, err := ParsePrefixes([]string{"cloudflare", "10.0.0.0/8", "nonsense"}); err == nil {
+		t.Error("ParsePrefixes accepted nonsense")
 	}
 }
 

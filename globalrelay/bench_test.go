@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
 
 // BenchmarkFromClient is the per-packet decision for a known flow's media
@@ -19,7 +20,7 @@ import (
 func BenchmarkFromClient(b *testing.B) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(b), listen(b)
-	relay, err := New(Config{POP: 9, Keys: testKeys(b), Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
+	relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
 		[]Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		b.Fatal(err)
@@ -38,6 +39,23 @@ func BenchmarkFromClient(b *testing.B) {
 		for b.Loop() {
 			copy(buf[encap.MaxLen:], media)
 			relay.fromClient(buf, len(media), client, ingress)
+		}
+	})
+	// The same run's baseline: the media decision as it was before
+	// inter-tier authentication (flow lookup, classification, relay pick,
+	// header write, counters) without the hop-key lookup and the tag.
+	b.Run("media-baseline-unauthenticated", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			copy(buf[encap.MaxLen:], media)
+			pkt := buf[encap.MaxLen : encap.MaxLen+len(media)]
+			f := relay.flows.get(client)
+			if f == nil || stunmsg.DemuxClass(pkt) == stunmsg.ClassSTUN {
+				b.Fatal("not a known flow's media")
+			}
+			if _, _, _, ok := relay.encapsulate(buf, len(media), f, client, ingress, relay.now.Load()); !ok {
+				b.Fatal("dropped")
+			}
 		}
 	})
 	b.Run("consent-check", func(b *testing.B) {
@@ -76,7 +94,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		keys := testKeys(b)
 		cl := NewClusters([]Replica{{Cluster: 0x12, Addr: echo}})
 		pub, in := listen(b), listen(b)
-		relay, err := New(Config{POP: 9, Keys: keys, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
+		relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
 			[]Worker{{Public: pub, Internal: in}})
 		if err != nil {
 			b.Fatal(err)
@@ -137,7 +155,8 @@ func startEcho(b *testing.B, encapMode bool) netip.AddrPort {
 					continue
 				}
 				h.ToClient = true
-				_, _ = h.Put(buf)
+				hl, _ := h.Put(buf)
+				testHop.For(h.Cluster).Seal(buf[:n], hl)
 				to = h.Ingress
 			}
 			_, _ = c.WriteToUDPAddrPort(buf[:n], to)
@@ -240,7 +259,7 @@ func BenchmarkThroughput(b *testing.B) {
 			defer sink.Close()
 			keys := testKeys(b)
 			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: keys, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
+			relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
 				Batch: batch, Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)

@@ -19,6 +19,9 @@ const (
 	// DefaultReadyWait bounds how long a starting replica holds back
 	// forwarding until it is ready (knows its clusters' relays).
 	DefaultReadyWait = 10 * time.Second
+	// DefaultTokenLifetime is how old a routing token may be and still
+	// open a new flow.
+	DefaultTokenLifetime = 24 * time.Hour
 	// EnvRedisURL overrides redis_url (URLs with passwords).
 	EnvRedisURL = "RTCEDGE_REDIS_URL"
 )
@@ -56,12 +59,19 @@ type NodeConfig struct {
 	// STUN check). Prefer $RTCEDGE_REDIS_URL for URLs with passwords.
 	RedisURL string         `yaml:"redis_url"`
 	Token    node.TokenKeys `yaml:"token"`
-	Gossip   node.Gossip    `yaml:"gossip"` // the global pool
+	// TokenLifetime: a routing token older than this opens no new flow
+	// (its calls go on); default 24h, at least 1h.
+	TokenLifetime time.Duration `yaml:"token_lifetime"`
+	// HopKeys are the inter-tier keys of every cluster this POP serves;
+	// prefer $RTCEDGE_HOP_KEYS.
+	HopKeys node.HopKeys `yaml:"hop_keys"`
+	Gossip  node.Gossip  `yaml:"gossip"` // the global pool
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
 func (c *NodeConfig) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
+	c.HopKeys.ApplyEnv()
 	if env := os.Getenv(EnvRedisURL); env != "" {
 		c.RedisURL = env
 	}
@@ -79,6 +89,9 @@ func (c *NodeConfig) Defaults() {
 	}
 	if c.ReadyWait == 0 {
 		c.ReadyWait = DefaultReadyWait
+	}
+	if c.TokenLifetime == 0 {
+		c.TokenLifetime = DefaultTokenLifetime
 	}
 }
 
@@ -103,6 +116,18 @@ func (c *NodeConfig) Validate() error {
 	}
 	if _, err := c.Token.Keyring(); err != nil {
 		errs = append(errs, err)
+	}
+	if hop, err := c.HopKeys.ClusterKeys(); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, cl := range c.Clusters {
+			if hop.For(cl) == nil {
+				errs = append(errs, fmt.Errorf("hop_keys: no inter-tier key for served cluster %d", cl))
+			}
+		}
+	}
+	if c.TokenLifetime < time.Hour {
+		errs = append(errs, fmt.Errorf("token_lifetime %v: must be at least 1h", c.TokenLifetime))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("globalrelay config: %w", err)

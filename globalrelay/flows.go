@@ -1,6 +1,7 @@
 package globalrelay
 
 import (
+	"hash/maphash"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,8 @@ import (
 // the flow.
 type flow struct {
 	cluster, pod uint16
-	tok          tokenKey     // the token that created the flow; zero when restored
+	tok          tokenKey     // the token that opened the flow (restored flows: from the cache entry or header)
+	created      int64        // coarse unix nanos when this flow was made
 	lastSeen     atomic.Int64 // coarse unix nanos of the last packet from the client
 	lastStored   atomic.Int64 // coarse unix nanos of the last write to the route cache
 	choice       atomic.Pointer[relayChoice]
@@ -57,6 +59,7 @@ const flowShards = 64
 // per token.
 type flowTable struct {
 	max    int
+	seed   maphash.Seed // per table: shard choice is not predictable from outside
 	count  atomic.Int64
 	shards [flowShards]flowShard
 
@@ -80,7 +83,7 @@ type flowShard struct {
 }
 
 func newFlowTable(max int) *flowTable {
-	t := &flowTable{max: max, tokens: map[tokenKey]int{}}
+	t := &flowTable{max: max, seed: maphash.MakeSeed(), tokens: map[tokenKey]int{}}
 	for i := range t.shards {
 		t.shards[i].m = map[netip.AddrPort]*flow{}
 	}
@@ -88,12 +91,11 @@ func newFlowTable(max int) *flowTable {
 }
 
 func (t *flowTable) shard(a netip.AddrPort) *flowShard {
-	b := a.Addr().As16()
-	h := uint32(a.Port()) ^ uint32(b[15]) ^ uint32(b[14])<<8 ^ uint32(b[13])<<16 ^ uint32(b[12])<<24
-	h ^= h >> 16
-	h *= 0x45d9f3b
-	h ^= h >> 16
-	return &t.shards[h%flowShards]
+	var b [18]byte
+	ip := a.Addr().As16()
+	copy(b[:16], ip[:])
+	b[16], b[17] = byte(a.Port()>>8), byte(a.Port())
+	return &t.shards[maphash.Bytes(t.seed, b[:])%flowShards]
 }
 
 func (t *flowTable) get(a netip.AddrPort) *flow {

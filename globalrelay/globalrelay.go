@@ -45,6 +45,10 @@ const (
 	DropTokenReuse     = "token_reuse"      // the token already opened its share of flows from other addresses
 	DropOversize       = "oversize"         // longer than encap.MaxPayload (from a client) or encap.MaxDatagram
 	DropNotFromCluster = "not_from_cluster" // a reply not sent by a cluster relay of the header's cluster
+	DropBadSource      = "bad_source"       // a client address no client can have (port 0, multicast, our own, ...)
+	DropTokenExpired   = "token_expired"    // a token older than TokenLifetime may open no new flow
+	DropFlowBusy       = "flow_busy"        // a check for another cluster/pod while the address's flow is live
+	DropNoHopKey       = "no_hop_key"       // no inter-tier key for the flow's cluster
 )
 
 // dropReason is the typed form of the labels above; it indexes the
@@ -64,6 +68,10 @@ const (
 	dropTokenReuse
 	dropOversize
 	dropNotFromCluster
+	dropBadSource
+	dropTokenExpired
+	dropFlowBusy
+	dropNoHopKey
 	numDropReasons
 )
 
@@ -73,6 +81,7 @@ var dropLabels = [numDropReasons]string{
 	dropTableFull: DropTableFull, dropWrongDirection: DropWrongDirection, dropWrongPOP: DropWrongPOP,
 	dropFlowMismatch: DropFlowMismatch, dropEmpty: DropEmpty, dropDraining: DropDraining,
 	dropTokenReuse: DropTokenReuse, dropOversize: DropOversize, dropNotFromCluster: DropNotFromCluster,
+	dropBadSource: DropBadSource, dropTokenExpired: DropTokenExpired, dropFlowBusy: DropFlowBusy, dropNoHopKey: DropNoHopKey,
 }
 
 // Config configures a Relay.
@@ -80,6 +89,28 @@ type Config struct {
 	POP      uint16           // this POP's ID (non-zero)
 	Keys     *token.Keyring   // verifies routing tokens
 	Clusters ClusterDirectory // cluster relay replicas
+	// HopKeys are the inter-tier MAC keys of the clusters this POP
+	// serves (required): datagrams toward a cluster are sealed with its
+	// current key, replies must verify under one of its keys, and route
+	// cache entries are sealed with them too. SetHopKeys replaces them
+	// without a restart.
+	HopKeys *encap.ClusterKeys
+	// TokenLifetime is how old a routing token may be and still open a
+	// new flow (at the token's one-hour resolution); flows it opened go
+	// on. Default 24h; at least 1h.
+	TokenLifetime time.Duration
+	// FlowQuiet is how long a flow must have carried no client datagram
+	// before a check naming another cluster or pod may take its client
+	// address over (and so at most one takeover per FlowQuiet per
+	// address). A live call, even in Opus DTX silence (a packet every
+	// 400 ms), is never moved by someone else's check. Default 3s.
+	FlowQuiet time.Duration
+	// AllowSource reports whether a client IP may have a flow. Default:
+	// global unicast (Go's netip definition, private ranges included),
+	// plus loopback when the public socket itself is on loopback (the
+	// dev world and tests). Port 0 and the relay's own socket addresses
+	// are refused whatever it says.
+	AllowSource func(netip.Addr) bool
 	// FlowIdle is how long a flow lives without a datagram from its
 	// client; default 30s. Consent checks every few seconds keep live calls.
 	FlowIdle time.Duration
@@ -120,6 +151,10 @@ type Relay struct {
 	flows   *flowTable
 	m       *metrics
 
+	own     []netip.AddrPort // the relay's own socket addresses: never a client
+	ownIPs  []netip.Addr     // specific, non-loopback addresses the sockets are bound to
+	hopKeys atomic.Pointer[encap.ClusterKeys]
+
 	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
 	draining  atomic.Bool
 	closeOnce sync.Once
@@ -141,6 +176,12 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		return nil, errors.New("globalrelay config: token keyring is required")
 	case cfg.Clusters == nil:
 		return nil, errors.New("globalrelay config: cluster directory is required")
+	case cfg.HopKeys == nil:
+		return nil, errors.New("globalrelay config: inter-tier hop keys are required")
+	case cfg.TokenLifetime < 0 || (cfg.TokenLifetime > 0 && cfg.TokenLifetime < time.Hour):
+		return nil, errors.New("globalrelay config: token lifetime must be at least 1h")
+	case cfg.FlowQuiet < 0:
+		return nil, errors.New("globalrelay config: flow quiet time must not be negative")
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
 	}
@@ -152,6 +193,12 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	if cfg.CacheRefresh == 0 {
 		cfg.CacheRefresh = 20 * time.Second
+	}
+	if cfg.TokenLifetime == 0 {
+		cfg.TokenLifetime = 24 * time.Hour
+	}
+	if cfg.FlowQuiet == 0 {
+		cfg.FlowQuiet = 3 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -177,9 +224,60 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 			return nil, fmt.Errorf("globalrelay: internal socket %v must be bound to a specific address: it is the return address in every header", in)
 		}
 		r.workers = append(r.workers, worker{Worker: w, ingress: in})
+		pub := udpio.LocalAddrPort(w.Public)
+		pub = netip.AddrPortFrom(pub.Addr().Unmap(), pub.Port())
+		r.own = append(r.own, pub, in)
+		for _, a := range []netip.Addr{pub.Addr(), in.Addr()} {
+			if !a.IsUnspecified() && !a.IsLoopback() {
+				r.ownIPs = append(r.ownIPs, a)
+			}
+		}
 	}
+	if r.cfg.AllowSource == nil {
+		r.cfg.AllowSource = defaultAllowSource(r.own[0].Addr())
+	}
+	r.hopKeys.Store(cfg.HopKeys)
 	r.now.Store(cfg.Now().UnixNano())
 	return r, nil
+}
+
+// SetHopKeys replaces the inter-tier keys (key rotation): datagrams are
+// sealed with each cluster's new current key from the next packet on, and
+// verified against every key the new set holds.
+func (r *Relay) SetHopKeys(k *encap.ClusterKeys) {
+	if k != nil {
+		r.hopKeys.Store(k)
+	}
+}
+
+// sourceOK reports whether a client address may have a flow: it is checked
+// before any flow is created or restored.
+func (r *Relay) sourceOK(a netip.AddrPort) bool {
+	if a.Port() == 0 {
+		return false
+	}
+	for _, o := range r.own {
+		if a == o {
+			return false
+		}
+	}
+	ip := a.Addr()
+	for _, o := range r.ownIPs {
+		if ip == o {
+			return false
+		}
+	}
+	return r.cfg.AllowSource(ip)
+}
+
+// defaultAllowSource is the source filter derived from the relay's own
+// public address: global unicast (netip's definition: not loopback,
+// multicast, link-local, unspecified or broadcast; private ranges are
+// global unicast), plus loopback when the relay itself is on loopback, as
+// in the dev world and tests.
+func defaultAllowSource(public netip.Addr) func(netip.Addr) bool {
+	loopback := public.Unmap().IsLoopback()
+	return func(a netip.Addr) bool { return a.IsGlobalUnicast() || (loopback && a.IsLoopback()) }
 }
 
 // PublicAddr returns the address clients send to.
@@ -295,6 +393,7 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 		return nil, netip.AddrPort{}, false
 	}
 	f := r.flows.get(from)
+	now := r.now.Load()
 	// The STUN message is parsed once: Username checks the framing and
 	// the type and walks the attributes in one pass. Anything that is not
 	// a Binding Request is forwarded opaquely if it belongs to a flow.
@@ -309,24 +408,15 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 			return nil, netip.AddrPort{}, false
 		}
 		if f == nil || f.cluster != tok.Cluster || f.pod != tok.Pod {
-			if r.draining.Load() {
-				r.m.drops.Inc(dropDraining)
+			if f = r.openFlow(from, tok, f, now); f == nil {
 				return nil, netip.AddrPort{}, false
 			}
-			nf := &flow{cluster: tok.Cluster, pod: tok.Pod, tok: tokenKey{tok.Cluster, tok.Pod, tok.Nonce}}
-			nf.lastSeen.Store(r.now.Load())
-			switch r.flows.put(from, nf) {
-			case putFull:
-				r.m.drops.Inc(dropTableFull)
-				return nil, netip.AddrPort{}, false
-			case putTokenCap:
-				r.m.drops.Inc(dropTokenReuse)
-				return nil, netip.AddrPort{}, false
-			}
-			r.m.flowsCreated.Inc()
-			f = nf
 		}
 	} else if f == nil {
+		if !r.sourceOK(from) {
+			r.m.drops.Inc(dropBadSource)
+			return nil, netip.AddrPort{}, false
+		}
 		// Maybe another replica (or this one before a restart) has it:
 		// look it up in the background; this datagram is lost either way.
 		// Only DTLS and RTP/RTCP can belong to a call; scans and junk must
@@ -339,45 +429,115 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 		r.m.drops.Inc(dropUnknownFlow)
 		return nil, netip.AddrPort{}, false
 	}
-	now := r.now.Load()
+	keys := r.hopKeys.Load().For(f.cluster)
+	if keys == nil {
+		r.m.drops.Inc(dropNoHopKey)
+		return nil, netip.AddrPort{}, false
+	}
 	if r.cfg.Cache != nil && now-f.lastStored.Load() >= int64(r.cfg.CacheRefresh) {
 		// New flows, and live ones every CacheRefresh: the entry must
 		// outlive its TTL for as long as the call runs.
 		f.lastStored.Store(now)
-		r.cfg.Cache.Store(from, routecache.Route{Cluster: f.cluster, Pod: f.pod})
+		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce}
+		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce)
+		r.cfg.Cache.Store(from, rt)
 	}
+	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
+	if !ok {
+		return nil, netip.AddrPort{}, false
+	}
+	keys.Seal(out, hl)
+	return out, relay, true
+}
+
+// encapsulate picks the flow's cluster relay and writes the header (with
+// a zero tag) in front of the datagram at buf[encap.MaxLen:][:n]; the
+// caller seals it.
+func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.AddrPort, now int64) ([]byte, int, netip.AddrPort, bool) {
 	relay, ok := f.relay(r.cfg.Clusters, from)
 	if !ok {
 		r.m.drops.Inc(dropNoClusterRelay)
-		return nil, netip.AddrPort{}, false
+		return nil, 0, netip.AddrPort{}, false
 	}
 	f.lastSeen.Store(now)
-	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Client: from, Ingress: ingress}
+	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Token: f.tok.nonce, Client: from, Ingress: ingress}
 	hl := h.Len()
 	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
 		r.m.encapDrops.Inc(encap.ReasonOf(err))
-		return nil, netip.AddrPort{}, false
+		return nil, 0, netip.AddrPort{}, false
 	}
 	r.m.toCluster.Inc()
 	r.m.toClusterBytes.Add(float64(n))
-	return buf[encap.MaxLen-hl : encap.MaxLen+n], relay, true
+	return buf[encap.MaxLen-hl : encap.MaxLen+n], hl, relay, true
+}
+
+// openFlow creates the flow of a verified token for a client address, in
+// place of old (the address's current flow for another cluster or pod, or
+// nil). It returns nil, counted, when the source is unusable, the token is
+// too old, old is still live (a check must not move a live call), the
+// replica drains, or the table or the token's share is full.
+func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now int64) *flow {
+	switch {
+	case !r.sourceOK(from):
+		r.m.drops.Inc(dropBadSource)
+		return nil
+	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
+		r.m.drops.Inc(dropTokenExpired)
+		return nil
+	case old != nil && (now-old.lastSeen.Load() < int64(r.cfg.FlowQuiet) || now-old.created < int64(r.cfg.FlowQuiet)):
+		r.m.drops.Inc(dropFlowBusy)
+		return nil
+	case r.draining.Load():
+		r.m.drops.Inc(dropDraining)
+		return nil
+	}
+	nf := &flow{cluster: tok.Cluster, pod: tok.Pod, tok: tokenKey{tok.Cluster, tok.Pod, tok.Nonce}, created: now}
+	nf.lastSeen.Store(now)
+	switch r.flows.put(from, nf) {
+	case putFull:
+		r.m.drops.Inc(dropTableFull)
+		return nil
+	case putTokenCap:
+		r.m.drops.Inc(dropTokenReuse)
+		return nil
+	}
+	r.m.flowsCreated.Inc()
+	if old != nil {
+		r.m.takeovers.Inc()
+	}
+	return nf
 }
 
 // RestoreFlow recreates a flow the route cache found for a client, unless
-// the client has a flow by now. It is the cache's OnFound callback.
+// the client has a flow by now. It is the cache's OnFound callback. The
+// entry must carry a valid MAC under its cluster's hop keys (a process
+// that can write to the cache cannot point flows elsewhere), the address
+// must be usable, and the flow counts against its token's cap like any
+// other.
 func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
 	if route.Cluster == 0 {
 		return
 	}
-	nf := &flow{cluster: route.Cluster, pod: route.Pod}
-	nf.lastSeen.Store(r.now.Load())
-	nf.lastStored.Store(r.now.Load()) // it was just read from the cache
+	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.KeyID, route.Tag); err != nil {
+		r.m.cacheRejected.Inc()
+		return
+	}
+	if !r.sourceOK(client) {
+		r.m.cacheRejected.Inc()
+		return
+	}
+	now := r.now.Load()
+	nf := &flow{cluster: route.Cluster, pod: route.Pod, tok: tokenKey{route.Cluster, route.Pod, route.Token}, created: now}
+	nf.lastSeen.Store(now)
+	nf.lastStored.Store(now) // it was just read from the cache
 	switch r.flows.putIfAbsent(client, nf) {
 	case putStored:
 		r.m.flowsRestoredCache.Inc()
 	case putFull:
 		r.m.drops.Inc(dropTableFull)
+	case putTokenCap:
+		r.m.cacheRejected.Inc()
 	}
 }
 
@@ -400,10 +560,15 @@ func (r *Relay) verify(user []byte, err error) (token.Token, bool) {
 }
 
 // toClient handles a datagram on an internal socket: a reply on its way to
-// a client. It leaves from the public socket without its header.
+// a client. It leaves from the public socket without its header. Nothing
+// about it is believed before its MAC verifies under the header's
+// cluster's hop keys.
 func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 	pkt := buf[:n]
 	h, hl, err := encap.Decode(pkt)
+	if err == nil {
+		err = r.hopKeys.Load().For(h.Cluster).Verify(pkt, hl)
+	}
 	switch {
 	case err != nil:
 		r.m.encapDrops.Inc(encap.ReasonOf(err))
@@ -426,12 +591,21 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 	}
 	f := r.flows.get(h.Client)
 	if f == nil {
-		// A restarted replica learns the flow back from the first reply.
-		nf := &flow{cluster: h.Cluster, pod: h.Pod}
-		nf.lastSeen.Store(r.now.Load())
+		// A restarted replica learns the flow back from the first reply;
+		// it counts against the token the header names.
+		if !r.sourceOK(h.Client) {
+			r.m.drops.Inc(dropBadSource)
+			return nil, netip.AddrPort{}, false
+		}
+		now := r.now.Load()
+		nf := &flow{cluster: h.Cluster, pod: h.Pod, tok: tokenKey{h.Cluster, h.Pod, h.Token}, created: now}
+		nf.lastSeen.Store(now)
 		switch r.flows.putIfAbsent(h.Client, nf) {
 		case putFull:
 			r.m.drops.Inc(dropTableFull)
+			return nil, netip.AddrPort{}, false
+		case putTokenCap:
+			r.m.drops.Inc(dropTokenReuse)
 			return nil, netip.AddrPort{}, false
 		case putExists:
 			if f = r.flows.get(h.Client); f == nil || f.cluster != h.Cluster || f.pod != h.Pod {
@@ -459,6 +633,7 @@ type metrics struct {
 	toCluster, toClient                     prometheus.Counter
 	toClusterBytes, toClientBytes           prometheus.Counter
 	writeErrors                             prometheus.Counter
+	takeovers, cacheRejected                prometheus.Counter
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
@@ -490,7 +665,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_write_errors_total", Help: "Failed sends.",
 	})
+	takeovers := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_flow_takeovers_total",
+		Help: "Client addresses whose quiet flow a check for another cluster or pod took over.",
+	})
+	cacheRejected := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_cache_rejected_total",
+		Help: "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.",
+	})
 	m := &metrics{
+		takeovers: takeovers, cacheRejected: cacheRejected,
 		flows: flows, flowsCreated: created, flowsExpired: expired,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
 		flowsRestoredCache:  restored.WithLabelValues("cache"),
@@ -503,7 +687,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		tokenDrops:  udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors} {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

@@ -32,6 +32,29 @@ func testKeys(t testing.TB) *token.Keyring {
 	return k
 }
 
+// testHop holds the inter-tier key of cluster 0x12, the tests' cluster.
+var testHop = func() *encap.ClusterKeys {
+	k, err := encap.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{0x12}, encap.KeyLen)})
+	if err != nil {
+		panic(err)
+	}
+	return encap.NewClusterKeys(map[uint16]*encap.Keyring{0x12: k})
+}()
+
+// seal returns h and payload as a datagram sealed with cluster 0x12's key,
+// as a cluster relay would forward it.
+func seal(t testing.TB, h encap.Header, payload []byte) []byte {
+	t.Helper()
+	b, err := h.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := len(b)
+	b = append(b, payload...)
+	testHop.For(0x12).Seal(b, hl)
+	return b
+}
+
 func listen(t testing.TB) *net.UDPConn {
 	t.Helper()
 	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -71,6 +94,9 @@ func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
 	r := &rig{reg: prometheus.NewRegistry(), cluster: listen(t), client: listen(t), keys: testKeys(t), done: make(chan error, 1)}
 	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer = 9, r.keys, quiet, r.reg
+	if cfg.HopKeys == nil {
+		cfg.HopKeys = testHop
+	}
 	if cfg.Clusters == nil {
 		cfg.Clusters = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
 	}
@@ -164,8 +190,11 @@ func testForwardingBothWays(t *testing.T, batch int) {
 	if err != nil {
 		t.Fatalf("decode forwarded header: %v", err)
 	}
-	want := encap.Header{Cluster: 0x12, Pod: 0x42, POP: 9, Client: addrOf(r.client), Ingress: r.ingress}
-	if h != want || !bytes.Equal(got[n:], check) {
+	if err := testHop.For(0x12).Verify(got, n); err != nil {
+		t.Fatalf("forwarded datagram does not verify: %v", err)
+	}
+	want := encap.Header{KeyID: 1, Cluster: 0x12, Pod: 0x42, POP: 9, Token: h.Token, Client: addrOf(r.client), Ingress: r.ingress}
+	if h != want || h.Token == ([6]byte{}) || !bytes.Equal(got[n:], check) {
 		t.Fatalf("forwarded %+v + %d bytes, want %+v + the check unchanged", h, len(got)-n, want)
 	}
 	// Later non-STUN packets of the flow follow.
@@ -177,8 +206,7 @@ func testForwardingBothWays(t *testing.T, batch int) {
 	}
 	// The reply.
 	h.ToClient = true
-	reply, _ := h.AppendTo(nil)
-	reply = append(reply, []byte("reply")...)
+	reply := seal(t, h, []byte("reply"))
 	r.cluster.WriteToUDPAddrPort(reply, r.ingress)
 	back, from := read(t, r.client)
 	if string(back) != "reply" || from != r.pub {
@@ -228,8 +256,7 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 			// Nothing came back to the attacker: the next thing it reads
 			// is a reply we send through the flow now.
 			h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 7, POP: 9, Client: addrOf(attacker), Ingress: r.ingress}
-			reply, _ := h.AppendTo(nil)
-			r.cluster.WriteToUDPAddrPort(append(reply, 'x'), r.ingress)
+			r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("x")), r.ingress)
 			if back, _ := read(t, attacker); string(back) != "x" {
 				t.Fatalf("attacker read %q first, want only our reply", back)
 			}
@@ -246,12 +273,10 @@ func TestReturnPathTrust(t *testing.T) {
 	stranger := listen(t)
 	defer stranger.Close()
 	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 3, POP: 9, Client: addrOf(victim), Ingress: r.ingress}
-	pkt, _ := h.AppendTo(nil)
-	pkt = append(pkt, []byte("spoofed")...)
+	pkt := seal(t, h, []byte("spoofed"))
 	stranger.WriteToUDPAddrPort(pkt, r.ingress)
 	// From the known cluster relay it is trusted and restores the flow.
-	pkt2, _ := h.AppendTo(nil)
-	r.cluster.WriteToUDPAddrPort(append(pkt2, []byte("restored")...), r.ingress)
+	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("restored")), r.ingress)
 	if back, _ := read(t, victim); string(back) != "restored" {
 		t.Fatalf("victim got %q first: the stranger's datagram was reflected", back)
 	}
@@ -267,10 +292,9 @@ func TestReturnPathTrust(t *testing.T) {
 		{ToClient: true, Cluster: 0x12, Pod: 3, POP: 10, Client: addrOf(victim), Ingress: r.ingress},
 		{ToClient: true, Cluster: 0x12, Pod: 4, POP: 9, Client: addrOf(victim), Ingress: r.ingress},
 	} {
-		b, _ := bad.AppendTo(nil)
-		r.cluster.WriteToUDPAddrPort(append(b, 'z'), r.ingress)
+		r.cluster.WriteToUDPAddrPort(seal(t, bad, []byte("z")), r.ingress)
 	}
-	r.cluster.WriteToUDPAddrPort(append(pkt2, []byte("ok")...), r.ingress)
+	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("ok")), r.ingress)
 	if back, _ := read(t, victim); string(back) != "ok" {
 		t.Fatalf("victim got %q, want only the good reply", back)
 	}
@@ -314,7 +338,7 @@ func TestHotPathAllocations(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), Clusters: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
+	relay, err := New(Config{POP: 9, Keys: testKeys(t), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,8 +366,7 @@ func TestHotPathAllocations(t *testing.T) {
 		}
 	}
 	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 1, POP: 9, Client: client, Ingress: ingress}
-	reply, _ := h.AppendTo(nil)
-	reply = append(reply, media...)
+	reply := seal(t, h, media)
 	if allocs := testing.AllocsPerRun(1000, func() {
 		relay.toClient(reply, len(reply), netip.MustParseAddrPort("127.0.0.1:9"))
 	}); allocs != 0 {
@@ -502,7 +525,7 @@ func TestClustersDirectory(t *testing.T) {
 func TestFirstPacketAllocations(t *testing.T) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
+	relay, err := New(Config{POP: 9, Keys: testKeys(t), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
 		[]Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -40,6 +42,7 @@ type Node struct {
 	clusters *Clusters
 	served   []uint16
 	pool     *membership.Pool
+	warm     atomic.Bool // Ready's start-up gate has passed
 }
 
 // NewNode builds a global relay node from cfg (defaults applied,
@@ -59,7 +62,8 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.served, err = cfg.servedClusters(); err != nil {
 		return nil, err
 	}
-	keys, _ := cfg.Token.Keyring() // checked by Validate
+	keys, _ := cfg.Token.Keyring()      // checked by Validate
+	hop, _ := cfg.HopKeys.ClusterKeys() // checked by Validate
 	if s.Workers == nil {
 		pub := netip.MustParseAddrPort(cfg.PublicAddr) // checked by Validate
 		internal, _ := cfg.internal()
@@ -91,7 +95,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.OnClose(cache.Close)
 		n.life.Go("route cache", cache.Run)
 	}
-	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
+	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
 		Cache: cache, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
 		return nil, err
 	}
@@ -108,6 +112,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	// The UDP load balancer's health check reads /readyz: a replica gets
 	// clients once it knows where to send them, and none while draining.
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	cfg.Gossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{}) // believed only within bounds
 	if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{
 		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env.Logger); err != nil {
 		return nil, err
@@ -118,18 +123,21 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, env.Logger) })
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, n.relay.SetHopKeys)
+	})
 	return n, nil
 }
 
-// awaitReady holds back forwarding until the replica is ready, ReadyWait
-// passes or ctx ends: datagrams wait in the socket buffers meanwhile,
+// awaitReady holds back forwarding until the replica is ready (or
+// draining), ReadyWait passes or ctx ends: datagrams wait in the socket buffers meanwhile,
 // rather than being dropped for want of a cluster relay.
 func (n *Node) awaitReady(ctx context.Context) {
 	deadline := time.NewTimer(n.cfg.ReadyWait)
 	defer deadline.Stop()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for n.Ready() != nil {
+	for n.Ready() != nil && !n.relay.Draining() { // a drain forwards what flows there are
 		select {
 		case <-ctx.Done():
 			return
@@ -174,15 +182,32 @@ func (n *Node) Run(ctx context.Context) error {
 func (n *Node) Close() error { return n.life.Close() }
 
 // Ready reports whether the replica can take clients: not draining, and it
-// knows a live (alive, not draining) cluster relay of every cluster it
+// has known a live (alive, not draining) cluster relay of every cluster it
 // serves (NodeConfig.Clusters), or of any cluster when none is configured.
+// That is a start-up gate, latched once passed: a cluster that later
+// loses all its relays must not make every replica of every POP report
+// not ready, which would take the other clusters' calls down with it
+// (its own flows are dropped as no_cluster_relay, counted, until a relay
+// is back).
 func (n *Node) Ready() error {
 	switch {
 	case n.life.Closed():
 		return node.ErrClosed
 	case n.relay.Draining():
 		return errors.New("globalrelay: draining")
+	case n.warm.Load():
+		return nil
 	}
+	if err := n.knowsClusters(); err != nil {
+		return err
+	}
+	n.warm.Store(true)
+	return nil
+}
+
+// knowsClusters reports whether a live relay of every served cluster is
+// known now.
+func (n *Node) knowsClusters() error {
 	if len(n.served) == 0 {
 		if n.clusters.live(0) == 0 {
 			return ErrNoClusterRelay

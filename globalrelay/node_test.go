@@ -32,7 +32,7 @@ func startReplica(t *testing.T, public, seed string, keys node.TokenKeys) (*Node
 		t.Fatal(err)
 	}
 	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
-		Token: keys, Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+		Token: keys, HopKeys: nodetest.HopKeys(t, 1, 2), Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,9 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 		t.Fatalf("/readyz = %d once both clusters have a live relay", code)
 	}
 
-	// Cluster 2's relay drains again (no ready pod); the replica crashes
+	// Cluster 2's relay drains again (no ready pod): the running replica
+	// stays ready (the gate is passed once; cluster 2 going away must not
+	// take cluster 1's calls down with the whole POP). The replica crashes
 	// and restarts on the same public address: it knows nothing, then
 	// cluster 1 only, and is not ready until cluster 2's relay is live.
 	setDraining(true)
@@ -95,6 +97,10 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 		}
 		return false
 	})
+	nodetest.Await(t, "the replica to see cluster 2's relay draining", func() bool { return first.clusters.live(2) == 0 })
+	if err := first.Ready(); err != nil {
+		t.Fatalf("a ready replica turned not ready when one cluster lost its relays: %v", err)
+	}
 	first.Close() // a crash: no drain, no goodbye
 	stop()
 	restarted, url, run := startReplica(t, public, seed, keys)
@@ -119,15 +125,23 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 // well before drain_timeout.
 func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 	watcher := fakeClusterRelay(t, "cr-1", 1, false, "")
+	hop := nodetest.HopKeys(t, 1)
 	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1,
-		FlowIdle: 500 * time.Millisecond, Common: node.Common{DrainTimeout: time.Minute},
-		Token: nodetest.Keys(t), Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
+		FlowIdle: 500 * time.Millisecond, ReadyWait: time.Minute, Common: node.Common{DrainTimeout: time.Minute},
+		Token: nodetest.Keys(t), HopKeys: hop, Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := nodetest.Run(t, n)
 	nodetest.Await(t, "the replica to be ready", func() bool { return n.Ready() == nil })
-	n.Relay().RestoreFlow(netip.MustParseAddrPort("192.0.2.1:5000"), routecache.Route{Cluster: 1, Pod: 1})
+	// A cache entry as another replica sealed it.
+	client, rt := netip.MustParseAddrPort("192.0.2.1:5000"), routecache.Route{Cluster: 1, Pod: 1}
+	keys, err := hop.ClusterKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.KeyID, rt.Tag = keys.For(1).SealRoute(client, 1, 1, rt.Token)
+	n.Relay().RestoreFlow(client, rt)
 	if n.Relay().Flows() != 1 {
 		t.Fatalf("%d flows", n.Relay().Flows())
 	}

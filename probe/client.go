@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -372,6 +373,21 @@ func (c *Call) Timings() Timings {
 
 // Stats returns the audio statistics so far.
 func (c *Call) Stats() AudioStats { return c.stats.snapshot() }
+
+// SelectedPair returns the local and remote addresses of the selected ICE
+// candidate pair, once ICE has selected one.
+func (c *Call) SelectedPair() (local, remote netip.AddrPort, ok bool) {
+	p, err := c.pc.SCTP().Transport().ICETransport().GetSelectedCandidatePair()
+	if err != nil || p == nil {
+		return netip.AddrPort{}, netip.AddrPort{}, false
+	}
+	la, err1 := netip.ParseAddr(p.Local.Address)
+	ra, err2 := netip.ParseAddr(p.Remote.Address)
+	if err1 != nil || err2 != nil {
+		return netip.AddrPort{}, netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(la.Unmap(), p.Local.Port), netip.AddrPortFrom(ra.Unmap(), p.Remote.Port), true
+}
 
 // ConnectionState returns the peer connection state.
 func (c *Call) ConnectionState() webrtc.PeerConnectionState { return c.pc.ConnectionState() }

@@ -63,11 +63,11 @@ func (w *world) mint(t *testing.T, body string) signaling.ClientSecret {
 func TestSignalingClientSecrets(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
-		c.APIKeys = []string{testAPIKey}
+		c.APIKeys, c.AllowAnonymous = []string{testAPIKey}, false
 		c.Now = clk.now
 	}})
 	other := newWorld(t, worldConfig{api: map[uint16]string{1: "http://127.0.0.1:1", 2: "http://127.0.0.1:1", 3: "http://127.0.0.1:1"},
-		tweak: func(c *signaling.Config) { c.APIKeys = []string{testAPIKey} }})
+		tweak: func(c *signaling.Config) { c.APIKeys, c.AllowAnonymous = []string{testAPIKey}, false }})
 	offer := testsdp.Offer(t)
 
 	cs := w.mint(t, "")

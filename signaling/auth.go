@@ -3,136 +3,160 @@ package signaling
 import (
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
-	"net/netip"
 	"strings"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
 )
 
-type limiter struct {
-	l    *rate.Limiter
-	seen time.Time
+// APIKey is one server-side credential.
+type APIKey struct {
+	// Key is the bearer token, at least 16 characters, not starting ek_.
+	Key string `yaml:"key"`
+	// Tenant groups keys: a call may be hung up by the credential that
+	// placed it or by any API key of its tenant. Default DefaultTenant.
+	Tenant string `yaml:"tenant"`
+	// RatePerSecond and RateBurst are the key's quota over every endpoint
+	// (client secrets it mints get their own, Config.SecretRatePerSecond);
+	// zero: Config.KeyRatePerSecond and KeyRateBurst.
+	RatePerSecond float64 `yaml:"rate_per_second"`
+	RateBurst     int     `yaml:"rate_burst"`
 }
 
-// credential kinds returned by authenticate.
+// DefaultTenant is the tenant of keys that name none (all of
+// Config.APIKeys).
+const DefaultTenant = "default"
+
+// apiKeys lists every configured key with defaults applied.
+func (c *Config) apiKeys() []APIKey {
+	out := make([]APIKey, 0, len(c.APIKeys)+len(c.Keys))
+	for _, k := range c.APIKeys {
+		out = append(out, APIKey{Key: k})
+	}
+	out = append(out, c.Keys...)
+	for i := range out {
+		if out[i].Tenant == "" {
+			out[i].Tenant = DefaultTenant
+		}
+		if out[i].RatePerSecond == 0 {
+			out[i].RatePerSecond = c.KeyRatePerSecond
+		}
+		if out[i].RateBurst == 0 {
+			out[i].RateBurst = c.KeyRateBurst
+		}
+	}
+	return out
+}
+
+// validTenant accepts short printable names (they are MACed into call IDs
+// and sealed into secrets).
+func validTenant(t string) error {
+	if len(t) > maxTenantLen {
+		return fmt.Errorf("signaling config: tenant %q is over %d characters", t, maxTenantLen)
+	}
+	for _, r := range t {
+		if r <= ' ' || r > '~' {
+			return fmt.Errorf("signaling config: tenant %q: only printable ASCII without spaces", t)
+		}
+	}
+	return nil
+}
+
+// credential kinds.
 const (
-	credNone = iota
+	credNone = iota // no Authorization header, AllowAnonymous
 	credAPIKey
 	credSecret
 )
 
-// authenticate checks the bearer credential. With no API keys configured,
-// a missing credential is accepted (credNone) and a presented one must
-// still be valid. allowExpired accepts expired client secrets, for DELETE:
-// a call outlives the secret that started it.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, allowExpired bool) (int, bool) {
+// credential is who a request is from, as far as its bearer token says.
+type credential struct {
+	kind int
+	// tenant is the key's tenant, the minting key's tenant for a secret,
+	// and "" for anonymous requests and secrets minted anonymously.
+	tenant string
+	key    int          // index into Server.keys, credAPIKey only
+	secret secretClaims // credSecret only
+}
+
+// authError is a refused credential: 401 with this code and message.
+type authError struct{ code, msg string }
+
+func (e *authError) Error() string { return e.msg }
+
+// credential checks the bearer credential. allowExpired accepts client
+// secrets expired less than maxCallAfterExpiry ago, for hang-ups: a call
+// outlives the secret that started it.
+func (s *Server) credential(r *http.Request, allowExpired bool) (credential, *authError) {
 	auth := r.Header.Get("Authorization")
 	if auth == "" {
-		if len(s.cfg.APIKeys) == 0 {
-			return credNone, true
+		if s.cfg.AllowAnonymous {
+			return credential{kind: credNone}, nil
 		}
-		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "missing_credentials",
-			"an Authorization: Bearer header with an API key or client secret is required", 0)
-		return 0, false
+		return credential{}, &authError{"missing_credentials", "an Authorization: Bearer header with an API key or client secret is required"}
 	}
 	// The scheme is case-insensitive (RFC 9110 section 11.1).
 	scheme, tok, ok := strings.Cut(auth, " ")
 	tok = strings.TrimSpace(tok)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
-		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_authorization",
-			"the Authorization header must be \"Bearer <key>\"", 0)
-		return 0, false
+		return credential{}, &authError{"invalid_authorization", "the Authorization header must be \"Bearer <key>\""}
 	}
 	if strings.HasPrefix(tok, secretPrefix) {
-		if err := s.secrets.verify(tok, allowExpired); err != nil {
+		c, err := s.secrets.verify(tok, allowExpired)
+		if err != nil {
 			code := "invalid_client_secret"
 			if errors.Is(err, errSecretExpired) {
 				code = "expired_client_secret"
 			}
-			apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, code, "client secret rejected: "+err.Error(), 0)
-			return 0, false
+			return credential{}, &authError{code, "client secret rejected: " + err.Error()}
 		}
-		return credSecret, true
+		return credential{kind: credSecret, tenant: c.tenant, secret: c}, nil
 	}
-	for _, k := range s.cfg.APIKeys {
-		if subtle.ConstantTimeCompare([]byte(tok), []byte(k)) == 1 {
-			return credAPIKey, true
+	// Compare with every key, so the time taken says nothing about which
+	// (or whether one) matched.
+	match := -1
+	for i, k := range s.keys {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(k.Key)) == 1 {
+			match = i
 		}
 	}
-	apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "invalid_api_key", "the API key is not valid", 0)
-	return 0, false
+	if match < 0 {
+		return credential{}, &authError{"invalid_api_key", "the API key is not valid"}
+	}
+	return credential{kind: credAPIKey, tenant: s.keys[match].Tenant, key: match}, nil
 }
 
-// allow applies the per-client rate limit. ip is the client as located
-// through trusted proxies, so clients behind one proxy do not share a
-// budget.
-func (s *Server) allow(w http.ResponseWriter, ip netip.Addr) bool {
-	now := s.cfg.Now()
-	key := limitKey(ip)
-	s.limMu.Lock()
-	// Forget clients idle for a minute (a full bucket refills well within
-	// that), at most once every 10 s: never a scan per request.
-	if now.Sub(s.limSwept) > 10*time.Second {
-		s.limSwept = now
-		for a, x := range s.limiters {
-			if now.Sub(x.seen) > time.Minute {
-				delete(s.limiters, a)
-			}
-		}
-	}
-	l := s.limiters[key]
-	if l == nil {
-		if len(s.limiters) >= maxLimiters {
-			// Full of active clients: new ones share one bucket rather
-			// than grow the table (or stall every request on a scan).
-			key = netip.Addr{}
-			l = s.limiters[key]
-		}
-		if l == nil {
-			l = &limiter{l: rate.NewLimiter(rate.Limit(s.cfg.RatePerSecond), s.cfg.RateBurst)}
-			s.limiters[key] = l
-		}
-	}
-	l.seen = now
-	ok := l.l.AllowN(now, 1)
-	s.limMu.Unlock()
-	if !ok {
-		s.m.rateLimited.Inc()
-		apierr.Write(w, http.StatusTooManyRequests, apierr.TypeRateLimit, "rate_limited", "too many requests; slow down", time.Second)
-	}
-	return ok
-}
-
-// maxLimiters bounds the rate limiter's table.
-const maxLimiters = 200_000
-
-// limitKey is what a client is rate-limited by: its IPv4 address, or the
-// /64 of its IPv6 address (one subscriber holds a whole /64, and keying by
-// /128 would let one client mint unlimited budgets).
-func limitKey(ip netip.Addr) netip.Addr {
-	if ip.Is4() || ip.Is4In6() {
-		return ip.Unmap()
-	}
-	p, err := ip.Prefix(64)
-	if err != nil {
-		return ip
-	}
-	return p.Addr()
-}
-
-// precheck locates the client, rate-limits it and authenticates it, in
-// that order: rate limiting first makes guessing credentials cost the
-// guesser its budget.
-func (s *Server) precheck(w http.ResponseWriter, r *http.Request, allowExpired bool) (geo.Location, int, bool) {
+// precheck locates the client, authenticates it and applies the rate
+// limit of its credential: an API key's quota, a client secret's, or, for
+// anonymous requests and failed authentications, the client address's.
+// A failed authentication is charged to the address before it is
+// answered, so guessing credentials costs the guesser its budget, while a
+// backend with a valid key never shares a budget with its address.
+func (s *Server) precheck(w http.ResponseWriter, r *http.Request, allowExpired bool) (geo.Location, credential, bool) {
 	loc := s.cfg.Locator.Locate(r)
-	if !s.allow(w, loc.IP) {
-		return loc, 0, false
+	cred, aerr := s.credential(r, allowExpired)
+	now := s.cfg.Now()
+	var ok bool
+	var by string
+	switch {
+	case aerr != nil || cred.kind == credNone:
+		ok, by = s.limits.allowAddr(loc.IP, now), limitAddress
+	case cred.kind == credAPIKey:
+		ok, by = s.limits.allowKey(cred.key, now), limitAPIKey
+	default:
+		ok, by = s.limits.allowSecret(cred.secret, now), limitSecret
 	}
-	kind, ok := s.authenticate(w, r, allowExpired)
-	return loc, kind, ok
+	if !ok {
+		s.m.rateLimited.WithLabelValues(by).Inc()
+		apierr.Write(w, http.StatusTooManyRequests, apierr.TypeRateLimit, "rate_limited", "too many requests; slow down", time.Second)
+		return loc, credential{}, false
+	}
+	if aerr != nil {
+		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, aerr.code, aerr.msg, 0)
+		return loc, credential{}, false
+	}
+	return loc, cred, true
 }

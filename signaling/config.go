@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,21 +27,50 @@ const DefaultDrainDelay = 5 * time.Second
 // NodeConfig is the signaling role's config file (docs/operations.md).
 // Zero rates and TTLs take the defaults of Config.
 type NodeConfig struct {
-	node.Common    `yaml:",inline"`
-	ListenAddr     string   `yaml:"listen_addr"` // e.g. 0.0.0.0:8080
-	Catalogue      string   `yaml:"catalogue"`   // region catalogue YAML (geo package)
-	GeoIPDB        string   `yaml:"geoip_db"`    // GeoIP2/GeoLite2 City .mmdb; reloaded on change
-	TrustedProxies []string `yaml:"trusted_proxies"`
-	CORSOrigins    []string `yaml:"cors_origins"`
-	DemoPage       bool     `yaml:"demo_page"`
+	node.Common `yaml:",inline"`
+	ListenAddr  string `yaml:"listen_addr"` // e.g. 0.0.0.0:8080
+	Catalogue   string `yaml:"catalogue"`   // region catalogue YAML (geo package)
+	GeoIPDB     string `yaml:"geoip_db"`    // GeoIP2/GeoLite2 City .mmdb; reloaded on change
+	// CloudflareRanges are Cloudflare's edge addresses, whose CF-* headers
+	// are believed (the entry "cloudflare" is Cloudflare's published list);
+	// InternalProxies the operator's ingress in front of signaling, walked
+	// over in X-Forwarded-For (docs/operations.md, "Proxy trust").
+	// TrustedProxies is the former name of CloudflareRanges.
+	CloudflareRanges []string `yaml:"cloudflare_ranges"`
+	InternalProxies  []string `yaml:"internal_proxies"`
+	TrustedProxies   []string `yaml:"trusted_proxies"`
+	CORSOrigins      []string `yaml:"cors_origins"`
+	DemoPage         bool     `yaml:"demo_page"`
 	// APIKeys: prefer $RTCEDGE_API_KEYS. ClientSecretKey (base64): prefer
 	// $RTCEDGE_CLIENT_SECRET_KEY; when absent a random one is made (then
 	// client secrets only verify on this replica).
 	APIKeys         []string      `yaml:"api_keys"`
 	ClientSecretKey string        `yaml:"client_secret_key"`
 	ClientSecretTTL time.Duration `yaml:"client_secret_ttl"`
-	RatePerSecond   float64       `yaml:"rate_per_second"`
-	RateBurst       int           `yaml:"rate_burst"`
+	// Keys are API keys with a tenant and a quota of their own (key:
+	// "${APP_KEY}"); AllowAnonymous serves requests without credentials
+	// and is required when there are no keys at all (dev only).
+	Keys           []APIKey `yaml:"keys"`
+	AllowAnonymous bool     `yaml:"allow_anonymous"`
+	// ClientSessionFields are the session fields a browser holding a
+	// client secret may add; empty: DefaultClientSessionFields.
+	ClientSessionFields []string `yaml:"client_session_fields"`
+	// RatePerSecond and RateBurst limit each client address, for requests
+	// without valid credentials; Key* are the default per-key quota,
+	// Secret* each client secret's (see Config).
+	RatePerSecond       float64 `yaml:"rate_per_second"`
+	RateBurst           int     `yaml:"rate_burst"`
+	KeyRatePerSecond    float64 `yaml:"key_rate_per_second"`
+	KeyRateBurst        int     `yaml:"key_rate_burst"`
+	SecretRatePerSecond float64 `yaml:"secret_rate_per_second"`
+	SecretRateBurst     int     `yaml:"secret_rate_burst"`
+	MaxLimiters         int     `yaml:"max_limiters"`
+	// SessionAPISecrets are the clusters' session API bearer secrets, by
+	// cluster ID (e.g. 1: "${RTCEDGE_SESSION_API_SECRET_1}").
+	SessionAPISecrets map[uint16]string `yaml:"session_api_secrets"`
+	// MaxClusterCapacity bounds what a cluster relay may advertise in
+	// gossip; default 100000.
+	MaxClusterCapacity int `yaml:"max_cluster_capacity"`
 	// DrainDelay is how long a stopping replica keeps serving after its
 	// readiness turns 503, so load balancers stop sending to it first;
 	// default 5s.
@@ -85,6 +115,12 @@ func (c *NodeConfig) Validate() error {
 		node.CheckHostPort("listen_addr", c.ListenAddr, false),
 		node.NotNegative("rate_per_second", c.RatePerSecond),
 		node.NotNegative("rate_burst", c.RateBurst),
+		node.NotNegative("key_rate_per_second", c.KeyRatePerSecond),
+		node.NotNegative("key_rate_burst", c.KeyRateBurst),
+		node.NotNegative("secret_rate_per_second", c.SecretRatePerSecond),
+		node.NotNegative("secret_rate_burst", c.SecretRateBurst),
+		node.NotNegative("max_limiters", c.MaxLimiters),
+		node.NotNegative("max_cluster_capacity", c.MaxClusterCapacity),
 		node.NotNegative("client_secret_ttl", c.ClientSecretTTL),
 		node.NotNegative("drain_delay", c.DrainDelay),
 	}
@@ -97,8 +133,11 @@ func (c *NodeConfig) Validate() error {
 	if c.GeoIPDB != "" && c.GeoIPData != nil {
 		errs = append(errs, errors.New("geoip_db and an in-memory database are both set"))
 	}
-	if _, err := c.trusted(); err != nil {
+	if _, _, err := c.proxies(); err != nil {
 		errs = append(errs, err)
+	}
+	if len(c.APIKeys) == 0 && len(c.Keys) == 0 && !c.AllowAnonymous {
+		errs = append(errs, fmt.Errorf("no API keys (api_keys, keys or $%s): set some, or allow_anonymous: true for a dev world", EnvAPIKeys))
 	}
 	if c.ClientSecretKey != "" {
 		if _, err := base64.StdEncoding.DecodeString(c.ClientSecretKey); err != nil {
@@ -111,14 +150,14 @@ func (c *NodeConfig) Validate() error {
 	return nil
 }
 
-func (c *NodeConfig) trusted() ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range c.TrustedProxies {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("trusted_proxies: %w", err)
-		}
-		out = append(out, p)
+// proxies returns the Cloudflare ranges (trusted_proxies included) and
+// the internal proxies.
+func (c *NodeConfig) proxies() (cloudflare, internal []netip.Prefix, err error) {
+	if cloudflare, err = geo.ParsePrefixes(append(slices.Clone(c.CloudflareRanges), c.TrustedProxies...)); err != nil {
+		return nil, nil, fmt.Errorf("cloudflare_ranges/trusted_proxies: %w", err)
 	}
-	return out, nil
+	if internal, err = geo.ParsePrefixes(c.InternalProxies); err != nil {
+		return nil, nil, fmt.Errorf("internal_proxies: %w", err)
+	}
+	return cloudflare, internal, nil
 }

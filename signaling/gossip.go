@@ -12,8 +12,13 @@ import (
 // unhealthy, and a POP with no alive global relay is down. Before that (a
 // pool still joining, or none) everything counts as up, so a catalogue works
 // without gossip.
+//
+// With Check set (metacheck.New over the catalogue), members whose
+// metadata it refuses are ignored, as if absent; a pool built with the same
+// check as its Config.CheckMeta already leaves them out.
 type GossipHealth struct {
-	Pool *membership.Pool
+	Pool  *membership.Pool
+	Check func(membership.Meta) error
 }
 
 // Authoritative reports whether gossip currently decides health (it knows
@@ -26,7 +31,7 @@ func (g GossipHealth) Authoritative() bool {
 }
 
 func (g GossipHealth) members() ([]membership.Member, bool) {
-	ms := g.Pool.Members()
+	ms := g.vetted()
 	for _, m := range ms {
 		if m.Meta.Role == membership.RoleClusterRelay || m.Meta.Role == membership.RoleGlobalRelay {
 			return ms, true
@@ -78,10 +83,25 @@ func (g GossipHealth) POPUp(pop uint16) bool {
 // non-draining cluster relays.
 func (g GossipHealth) SessionAPIs(cluster uint16) []string {
 	var out []string
-	for _, m := range g.Pool.Members() {
+	for _, m := range g.vetted() {
 		if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay &&
 			m.Meta.Cluster == cluster && !m.Meta.Draining && m.Meta.API != "" {
 			out = append(out, m.Meta.API)
+		}
+	}
+	return out
+}
+
+// vetted returns the pool's members that pass Check.
+func (g GossipHealth) vetted() []membership.Member {
+	ms := g.Pool.Members()
+	if g.Check == nil {
+		return ms
+	}
+	out := ms[:0]
+	for _, m := range ms {
+		if g.Check(m.Meta) == nil {
+			out = append(out, m)
 		}
 	}
 	return out

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
@@ -58,7 +60,32 @@ type pod struct {
 	reg *prometheus.Registry
 }
 
-func startPod(t *testing.T, cluster uint16) *pod {
+// recorder is the echo backend that remembers the session config of every
+// session it opens.
+type recorder struct {
+	echo.Backend
+	mu      sync.Mutex
+	configs []string
+}
+
+func (r *recorder) Open(ctx context.Context, info transceiver.SessionInfo, out transceiver.Sink) (transceiver.Handler, error) {
+	r.mu.Lock()
+	r.configs = append(r.configs, string(info.Config))
+	r.mu.Unlock()
+	return r.Backend.Open(ctx, info, out)
+}
+
+// last returns the config of the last session opened.
+func (r *recorder) last() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.configs) == 0 {
+		return "<none>"
+	}
+	return r.configs[len(r.configs)-1]
+}
+
+func startPod(t *testing.T, cluster uint16, backend transceiver.Backend, apiSecret string) *pod {
 	t.Helper()
 	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -70,9 +97,13 @@ func startPod(t *testing.T, cluster uint16) *pod {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hop, err := encap.NewKeyring(1, map[uint8][]byte{1: key[:encap.KeyLen]})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cluster, Pod: 1, Keys: keys, Backend: echo.Backend{},
+		Cluster: cluster, Pod: 1, Keys: keys, HopKeys: hop, Backend: backend, SessionAPISecret: apiSecret,
 		Logger: testLogger(), Registerer: reg,
 	}, conn)
 	if err != nil {
@@ -116,23 +147,32 @@ type world struct {
 	cat  *geo.Catalogue
 	pods map[uint16]*pod
 	reg  *prometheus.Registry
+	// backend is every real pod's backend.
+	backend *recorder
 }
 
 type worldConfig struct {
 	api     map[uint16]string
 	proxies []netip.Prefix
 	tweak   func(*signaling.Config)
+	// apiSecret, when set, is every pod's session API secret (and what
+	// signaling is configured with, unless tweak changes it).
+	apiSecret string
 }
 
 func newWorld(t *testing.T, wc worldConfig) *world {
 	t.Helper()
-	w := &world{cat: &geo.Catalogue{DefaultRegion: testRegions[0].name}, pods: map[uint16]*pod{}, reg: prometheus.NewRegistry()}
+	w := &world{cat: &geo.Catalogue{DefaultRegion: testRegions[0].name}, pods: map[uint16]*pod{}, reg: prometheus.NewRegistry(), backend: &recorder{}}
+	secrets := map[uint16]string{}
 	for _, r := range testRegions {
 		url, ok := wc.api[r.cluster]
 		if !ok {
-			p := startPod(t, r.cluster)
+			p := startPod(t, r.cluster, w.backend, wc.apiSecret)
 			w.pods[r.cluster] = p
 			url = p.url
+		}
+		if wc.apiSecret != "" {
+			secrets[r.cluster] = wc.apiSecret
 		}
 		w.cat.Regions = append(w.cat.Regions, geo.Region{
 			Name: r.name, Location: r.loc,
@@ -155,8 +195,8 @@ func newWorld(t *testing.T, wc worldConfig) *world {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	cfg := signaling.Config{
-		Catalogue: w.cat, Locator: loc, ClientSecretKey: secret,
-		RatePerSecond: 1000, RateBurst: 1000,
+		Catalogue: w.cat, Locator: loc, ClientSecretKey: secret, AllowAnonymous: true, SessionAPISecrets: secrets,
+		RatePerSecond: 1000, RateBurst: 1000, SecretRatePerSecond: 1000, SecretRateBurst: 1000,
 		HTTPClient: client, Logger: testLogger(), Registerer: w.reg,
 	}
 	if wc.tweak != nil {

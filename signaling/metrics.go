@@ -16,9 +16,12 @@ type metrics struct {
 	attemptSeconds *prometheus.HistogramVec
 	located        *prometheus.CounterVec
 	noCapacity     prometheus.Counter
-	rateLimited    prometheus.Counter
+	rateLimited    *prometheus.CounterVec
 	readTimeouts   prometheus.Counter
 	secretsMinted  prometheus.Counter
+	// refusedEndpoints counts gossiped session API endpoints the catalogue
+	// does not allow, skipped when placing a call.
+	refusedEndpoints prometheus.Counter
 }
 
 // newMetrics builds the metrics and sets every label value known up front
@@ -45,14 +48,18 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 		noCapacity: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_no_capacity_total", Help: "Offers refused with 503 because no cluster took them.",
 		}),
-		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429 by the per-client rate limit.",
-		}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429, by the limit that refused them (address, api_key, client_secret).",
+		}, []string{"limit"}),
 		readTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_body_timeouts_total", Help: "Requests whose body stalled past the read timeout (408).",
 		}),
 		secretsMinted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_client_secrets_total", Help: "Ephemeral client secrets minted.",
+		}),
+		refusedEndpoints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_signaling_refused_endpoints_total",
+			Help: "Gossiped session API endpoints skipped because the catalogue does not allow them (host off session_api and session_api_nets).",
 		}),
 	}
 	for _, res := range attemptResults {
@@ -63,12 +70,15 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 			}
 		}
 	}
+	for _, l := range limitLabels {
+		m.rateLimited.WithLabelValues(l)
+	}
 	for _, src := range []string{geo.SourceCFHeaders, geo.SourceGeoIP, geo.SourceDefault} {
 		m.located.WithLabelValues(src)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
-			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted} {
+			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register signaling metrics: %w", err)
 			}

@@ -6,10 +6,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"net"
+	"slices"
 	"sync/atomic"
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/web"
 )
@@ -55,9 +57,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 			return nil, err
 		}
 	}
-	trusted, _ := cfg.trusted() // checked by Validate
-	loc, err := geo.NewLocator(geo.LocatorConfig{DBPath: cfg.GeoIPDB, DB: cfg.GeoIPData, TrustedProxies: trusted,
-		Default: n.cat.DefaultLocation(), Logger: log})
+	cloudflare, internal, _ := cfg.proxies() // checked by Validate
+	loc, err := geo.NewLocator(geo.LocatorConfig{DBPath: cfg.GeoIPDB, DB: cfg.GeoIPData,
+		CloudflareRanges: cloudflare, InternalProxies: internal, Default: n.cat.DefaultLocation(), Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -65,12 +67,12 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	n.life.Go("geoip reload", loc.Run)
 	// Warns once when Cloudflare proxies requests without the visitor
 	// location headers (the zone's managed transform is off).
-	cfCheck, err := geo.NewCFHeaderCheck(geo.CFHeaderCheckConfig{Proxies: trusted, Logger: log, Registerer: env.Registerer})
+	cfCheck, err := geo.NewCFHeaderCheck(geo.CFHeaderCheckConfig{Proxies: slices.Concat(cloudflare, internal), Logger: log, Registerer: env.Registerer})
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.APIKeys) == 0 {
-		log.Warn("no API keys configured: anyone can place calls and mint client secrets (set " + EnvAPIKeys + ")")
+	if cfg.AllowAnonymous {
+		log.Warn("allow_anonymous: anyone can place calls and mint client secrets (dev only)")
 	}
 	var secret []byte
 	if cfg.ClientSecretKey != "" {
@@ -83,14 +85,21 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		log.Warn("no client secret key configured: secrets minted here verify only on this replica")
 	}
 	scfg := Config{
-		Catalogue: n.cat, Locator: loc, APIKeys: cfg.APIKeys, ClientSecretKey: secret, ClientSecretTTL: cfg.ClientSecretTTL,
-		RatePerSecond: cfg.RatePerSecond, RateBurst: cfg.RateBurst, CORSOrigins: cfg.CORSOrigins,
-		HTTPClient: env.HTTPClient, Logger: log, Registerer: env.Registerer, Now: env.Now,
+		Catalogue: n.cat, Locator: loc, APIKeys: cfg.APIKeys, Keys: cfg.Keys, AllowAnonymous: cfg.AllowAnonymous,
+		ClientSecretKey: secret, ClientSecretTTL: cfg.ClientSecretTTL, ClientSessionFields: cfg.ClientSessionFields,
+		SessionAPISecrets: cfg.SessionAPISecrets,
+		RatePerSecond:     cfg.RatePerSecond, RateBurst: cfg.RateBurst,
+		KeyRatePerSecond: cfg.KeyRatePerSecond, KeyRateBurst: cfg.KeyRateBurst,
+		SecretRatePerSecond: cfg.SecretRatePerSecond, SecretRateBurst: cfg.SecretRateBurst, MaxLimiters: cfg.MaxLimiters,
+		CORSOrigins: cfg.CORSOrigins, HTTPClient: env.HTTPClient, Logger: log, Registerer: env.Registerer, Now: env.Now,
 	}
 	if cfg.DemoPage {
 		scfg.Web = web.FS()
 	}
 	if cfg.Gossip.Bind != "" {
+		// Members are believed only as far as the catalogue allows.
+		check := metacheck.New(n.cat, metacheck.Bounds{MaxClusterCapacity: cfg.MaxClusterCapacity})
+		cfg.Gossip.CheckMeta = check
 		if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{Role: membership.RoleSignaling}, log); err != nil {
 			return nil, err
 		}
@@ -99,7 +108,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 			return nil, err
 		}
 		n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, log) })
-		h := GossipHealth{Pool: n.pool}
+		h := GossipHealth{Pool: n.pool, Check: check}
 		scfg.Health, scfg.POPUp, scfg.SessionAPIs, scfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
 	}
 	if n.srv, err = New(scfg); err != nil {

@@ -20,7 +20,7 @@ func TestNodeDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := signaling.NewNode(signaling.NodeConfig{ListenAddr: "127.0.0.1:0", DrainDelay: 2 * time.Second,
+	n, err := signaling.NewNode(signaling.NodeConfig{ListenAddr: "127.0.0.1:0", DrainDelay: 2 * time.Second, AllowAnonymous: true,
 		Catalogue: filepath.Join("..", "geo", "testdata", "catalogue.yaml")},
 		signaling.Sockets{Metrics: metrics}, node.Env{Logger: nodetest.Quiet})
 	if err != nil {

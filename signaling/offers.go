@@ -52,8 +52,15 @@ func unsupportedMediaType(w http.ResponseWriter, msg string) {
 	apierr.Write(w, http.StatusUnsupportedMediaType, apierr.TypeInvalidRequest, "unsupported_media_type", msg, 0)
 }
 
+// Where the calls of each endpoint live: /v1/realtime/sdp has always
+// answered a session URL; /v1/realtime/calls answers OpenAI's call URL.
+const (
+	sessionsLocation = "/v1/realtime/sessions/"
+	callsLocation    = "/v1/realtime/calls/"
+)
+
 func (s *Server) handleSDP(w http.ResponseWriter, r *http.Request) {
-	loc, _, ok := s.precheck(w, r, false)
+	loc, cred, ok := s.precheck(w, r, false)
 	if !ok {
 		return
 	}
@@ -65,11 +72,11 @@ func (s *Server) handleSDP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	s.placeCall(w, r, loc, string(body), nil)
+	s.placeCall(w, r, call{loc: loc, cred: cred, offer: string(body), location: sessionsLocation})
 }
 
 func (s *Server) handleCalls(w http.ResponseWriter, r *http.Request) {
-	loc, _, ok := s.precheck(w, r, false)
+	loc, cred, ok := s.precheck(w, r, false)
 	if !ok {
 		return
 	}
@@ -80,13 +87,13 @@ func (s *Server) handleCalls(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		s.placeCall(w, r, loc, string(body), nil)
+		s.placeCall(w, r, call{loc: loc, cred: cred, offer: string(body), location: callsLocation})
 	case "multipart/form-data":
 		offer, session, ok := s.readMultipart(w, r, params["boundary"])
 		if !ok {
 			return
 		}
-		s.placeCall(w, r, loc, offer, session)
+		s.placeCall(w, r, call{loc: loc, cred: cred, offer: offer, session: session, location: callsLocation})
 	default:
 		unsupportedMediaType(w, "send the offer as application/sdp, or multipart/form-data with sdp and session fields")
 	}
@@ -101,10 +108,15 @@ func (s *Server) readMultipart(w http.ResponseWriter, r *http.Request, boundary 
 	if !ok {
 		return "", nil, false
 	}
-	bad := func(msg string) (string, json.RawMessage, bool) {
-		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_multipart", msg, 0)
+	badParam := func(msg, param string) (string, json.RawMessage, bool) {
+		if param == "" {
+			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_multipart", msg, 0)
+		} else {
+			apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_multipart", msg, param)
+		}
 		return "", nil, false
 	}
+	bad := func(msg string) (string, json.RawMessage, bool) { return badParam(msg, "") }
 	if boundary == "" {
 		return bad("multipart body without a boundary parameter")
 	}
@@ -130,7 +142,7 @@ func (s *Server) readMultipart(w http.ResponseWriter, r *http.Request, boundary 
 		}
 	}
 	if len(offers) != 1 {
-		return bad(fmt.Sprintf("multipart body needs exactly one sdp field, has %d", len(offers)))
+		return badParam(fmt.Sprintf("multipart body needs exactly one sdp field, has %d", len(offers)), "sdp")
 	}
 	var session json.RawMessage
 	switch len(sessions) {
@@ -138,11 +150,11 @@ func (s *Server) readMultipart(w http.ResponseWriter, r *http.Request, boundary 
 	case 1:
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(sessions[0], &obj); err != nil || obj == nil {
-			return bad("the session field must be a JSON object")
+			return badParam("the session field must be a JSON object", "session")
 		}
 		session = json.RawMessage(sessions[0])
 	default:
-		return bad("multipart body has more than one session field")
+		return badParam("multipart body has more than one session field", "session")
 	}
 	return string(offers[0]), session, true
 }

@@ -15,10 +15,42 @@ import (
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
+// call is an offer to place.
+type call struct {
+	loc   geo.Location
+	cred  credential
+	offer string
+	// session is the client's session field (multipart /calls only).
+	session json.RawMessage
+	// location prefixes the call's public ID in the Location header.
+	location string
+}
+
+// effectiveSession is the session config the backend gets: a client
+// secret's server-chosen config with the client's permitted additions; an
+// API key's or an anonymous caller's own.
+func (s *Server) effectiveSession(c call) (json.RawMessage, error) {
+	if c.cred.kind == credSecret {
+		return mergeSession(c.cred.secret.session, c.session, s.cfg.ClientSessionFields)
+	}
+	return canonicalSession(c.session)
+}
+
 // placeCall validates the offer, chooses where the call goes and asks the
 // clusters nearest first until one answers. Nothing is allocated anywhere
 // for an offer that fails validation.
-func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Location, offer string, session json.RawMessage) {
+func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
+	loc, offer := c.loc, c.offer
+	session, err := s.effectiveSession(c)
+	if err != nil {
+		param := "session"
+		var fe *sessionFieldError
+		if errors.As(err, &fe) {
+			param = "session." + fe.field
+		}
+		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_session", err.Error(), param)
+		return
+	}
 	if err := sdpcheck.Offer(offer); err != nil {
 		code := sdpcheck.CodeOf(err)
 		if code == "" {
@@ -45,6 +77,7 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Locat
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
+		s.log.Error("encode session create", "err", err)
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not encode the request", 0)
 		return
 	}
@@ -64,7 +97,7 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Locat
 		case resultCreated:
 			h := w.Header()
 			h.Set("Content-Type", "application/sdp")
-			h.Set("Location", "/v1/realtime/sessions/"+res.ID)
+			h.Set("Location", c.location+s.calls.publicID(res.ID, c.cred))
 			h.Set(HeaderRegion, cc.Region)
 			h.Set(HeaderCluster, cluster)
 			h.Set(HeaderPOP, pops[0].Name)
@@ -79,7 +112,8 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Locat
 			return
 		case resultRejected:
 			// The pod judged the offer itself bad: another cluster would
-			// say the same. Pass its JSON error on.
+			// say the same. Pass its JSON error on. (A 400 about anything
+			// else is a fault of ours, counted as a server error.)
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Cache-Control", "no-store")
 			w.WriteHeader(http.StatusBadRequest)
@@ -99,10 +133,10 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, loc geo.Locat
 // Results of one cluster attempt, the "result" label of the attempt metrics.
 const (
 	resultCreated     = "created"
-	resultRejected    = "rejected"    // 400 with a JSON error: the offer is bad
-	resultUnavailable = "unavailable" // 503: full or draining
-	resultServerError = "server_error"
-	resultBadAnswer   = "bad_answer" // any other status, or a 201 that does not decode
+	resultRejected    = "rejected"     // 400 with a JSON error saying the offer is bad
+	resultUnavailable = "unavailable"  // 503: full or draining
+	resultServerError = "server_error" // 5xx, or a 400 about anything but the offer
+	resultBadAnswer   = "bad_answer"   // any other status, or a 201 that does not decode
 	resultTimeout     = "timeout"
 	resultError       = "error" // refused, reset, unreachable
 )
@@ -111,7 +145,10 @@ var attemptResults = []string{resultCreated, resultRejected, resultUnavailable, 
 
 func attemptResult(status int, err error) string {
 	var bad *badAnswerError
+	var fault *podFaultError
 	switch {
+	case errors.As(err, &fault):
+		return resultServerError
 	case errors.As(err, &bad):
 		return resultBadAnswer
 	case errors.Is(err, context.DeadlineExceeded):

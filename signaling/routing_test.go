@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/signaling"
@@ -56,7 +57,8 @@ func checkPlaced(t *testing.T, res *http.Response, body []byte, want placement) 
 	if ct := res.Header.Get("Content-Type"); ct != "application/sdp" {
 		t.Errorf("Content-Type %q", ct)
 	}
-	id, err := sessionid.Parse(strings.TrimPrefix(res.Header.Get("Location"), "/v1/realtime/sessions/"))
+	loc := res.Header.Get("Location")
+	id, err := signaling.SessionOf(loc[strings.LastIndexByte(loc, '/')+1:])
 	if err != nil {
 		t.Errorf("Location %q: %v", res.Header.Get("Location"), err)
 	} else if got := id.Cluster; want.cluster != "" && itoa(got) != want.cluster {
@@ -284,6 +286,11 @@ func TestSignalingFallThrough(t *testing.T) {
 		http.Error(w, "internal error", http.StatusInternalServerError)
 	})
 	wrongPath := fault(func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	// A pod refusing what signaling sent it rather than the offer: a
+	// fault on our side, for the next cluster to make up for.
+	badPOPs := fault(func(w http.ResponseWriter, r *http.Request) {
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_pops", "pop 1: no such VIP here", 0)
+	})
 	garbage := fault(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, "<html>created</html>")
@@ -306,6 +313,7 @@ func TestSignalingFallThrough(t *testing.T) {
 		{"hanging", map[uint16]func(*testing.T) string{1: hanging}, "timeout", inAshburnFromFrankfurt},
 		{"503 full", map[uint16]func(*testing.T) string{1: full}, "unavailable", inAshburnFromFrankfurt},
 		{"500", map[uint16]func(*testing.T) string{1: broken}, "server_error", inAshburnFromFrankfurt},
+		{"400 invalid_pops", map[uint16]func(*testing.T) string{1: badPOPs}, "server_error", inAshburnFromFrankfurt},
 		{"404 not JSON", map[uint16]func(*testing.T) string{1: wrongPath}, "bad_answer", inAshburnFromFrankfurt},
 		{"201 garbage", map[uint16]func(*testing.T) string{1: garbage}, "bad_answer", inAshburnFromFrankfurt},
 		{"201 with a foreign session ID", map[uint16]func(*testing.T) string{1: forgedID}, "bad_answer", inAshburnFromFrankfurt},

@@ -2,15 +2,18 @@ package signaling
 
 import (
 	"bytes"
-	"crypto/hmac"
+	"compress/flate"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strings"
@@ -20,73 +23,179 @@ import (
 )
 
 // Ephemeral client secrets let a server that holds an API key hand a
-// browser a credential that is good for a short time and nothing else:
+// browser a credential that is good for a short time, for calls only, and
+// with the session configuration the server chose:
 //
-//	"ek_" + base64url(expiry unix seconds (8 bytes) | nonce (8 bytes)) + "." + base64url(HMAC-SHA256(key, payload)[:16])
+//	"ek_" + base64url(nonce (12 bytes) | AES-256-GCM(expiry unix seconds (8) | len(tenant) (1) | tenant | flags (1) | session))
 //
-// They are stateless: any signaling replica with the same key verifies them.
+// The session is the server's JSON object, deflated when that is shorter
+// (flags bit 0). The AEAD both authenticates the claims (a browser cannot
+// change the model or instructions the server fixed) and hides them (the
+// instructions are the app's prompt, not the browser's business). The nonce
+// doubles as the secret's ID, which per-secret rate limits and hang-up
+// capabilities are keyed by. Secrets are stateless: any signaling replica
+// with the same ClientSecretKey verifies them.
 const secretPrefix = "ek_"
 
 // maxCallAfterExpiry is how long after its expiry a client secret may still
 // hang up a call it started (calls outlive their short-lived secrets).
 const maxCallAfterExpiry = 12 * time.Hour
 
-var (
-	errSecretMalformed = errors.New("malformed client secret")
-	errSecretMAC       = errors.New("client secret does not verify")
-	errSecretExpired   = errors.New("client secret expired")
+// Bounds on what a secret carries. A secret travels in an Authorization
+// header (16 KiB of headers at most), so its session is capped both before
+// (maxSessionJSON) and after encoding (maxSecretLen).
+const (
+	maxSessionJSON = 32 << 10
+	maxSecretLen   = 8 << 10
+	maxTenantLen   = 64
+	secretIDLen    = 12
+	secretAAD      = "rtcedge client secret v2"
+	flagDeflated   = 1
 )
 
-type secretMinter struct {
-	key []byte
-	now func() time.Time
+// Sentinel errors of secret verification.
+var (
+	// errSecretMalformed: not a secret of this format.
+	errSecretMalformed = errors.New("malformed client secret")
+	// errSecretMAC: the secret was not minted with this deployment's key,
+	// or was changed.
+	errSecretMAC = errors.New("client secret does not verify")
+	// errSecretExpired: past its expiry (for a hang-up, past the grace).
+	errSecretExpired = errors.New("client secret expired")
+)
+
+// secretClaims is what a verified client secret says.
+type secretClaims struct {
+	id      [secretIDLen]byte
+	expires time.Time
+	tenant  string
+	// session is the server's session configuration, canonical JSON, or
+	// nil when the server set none.
+	session json.RawMessage
 }
 
-func (m secretMinter) mint(ttl time.Duration) (string, time.Time, error) {
+type secretMinter struct {
+	aead cipher.AEAD
+	now  func() time.Time
+}
+
+// newSecretMinter derives the secret key from the configured key, so that
+// the same configured key can also key other MACs (call IDs) without reuse.
+func newSecretMinter(key []byte, now func() time.Time) (secretMinter, error) {
+	k, err := hkdf.Key(sha256.New, key, nil, secretAAD, 32)
+	if err != nil {
+		return secretMinter{}, fmt.Errorf("derive client secret key: %w", err)
+	}
+	block, err := aes.NewCipher(k)
+	if err != nil {
+		return secretMinter{}, fmt.Errorf("client secret cipher: %w", err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return secretMinter{}, fmt.Errorf("client secret cipher: %w", err)
+	}
+	return secretMinter{aead: aead, now: now}, nil
+}
+
+// errSecretTooLarge is returned by mint when the session does not fit in a
+// secret.
+var errSecretTooLarge = errors.New("session configuration too large for a client secret")
+
+func (m secretMinter) mint(ttl time.Duration, tenant string, session json.RawMessage) (string, time.Time, error) {
 	exp := m.now().Add(ttl).Truncate(time.Second)
-	var payload [16]byte
-	binary.BigEndian.PutUint64(payload[:8], uint64(exp.Unix()))
-	if _, err := rand.Read(payload[8:]); err != nil {
+	if len(tenant) > maxTenantLen {
+		return "", time.Time{}, fmt.Errorf("tenant %q too long", tenant)
+	}
+	pt := binary.BigEndian.AppendUint64(make([]byte, 0, 16+len(tenant)+len(session)), uint64(exp.Unix()))
+	pt = append(pt, byte(len(tenant)))
+	pt = append(pt, tenant...)
+	flags, body := byte(0), []byte(session)
+	if d, err := deflate(session); err == nil && len(d) < len(session) {
+		flags, body = flagDeflated, d
+	}
+	pt = append(pt, flags)
+	pt = append(pt, body...)
+	nonce := make([]byte, secretIDLen, secretIDLen+len(pt)+m.aead.Overhead())
+	if _, err := rand.Read(nonce); err != nil {
 		return "", time.Time{}, fmt.Errorf("client secret nonce: %w", err)
 	}
-	enc := base64.RawURLEncoding
-	return secretPrefix + enc.EncodeToString(payload[:]) + "." + enc.EncodeToString(m.mac(payload[:])), exp, nil
+	out := secretPrefix + base64.RawURLEncoding.EncodeToString(m.aead.Seal(nonce, nonce, pt, []byte(secretAAD)))
+	if len(out) > maxSecretLen {
+		return "", time.Time{}, errSecretTooLarge
+	}
+	return out, exp, nil
 }
 
-func (m secretMinter) mac(payload []byte) []byte {
-	h := hmac.New(sha256.New, m.key)
-	h.Write(payload)
-	return h.Sum(nil)[:16]
-}
-
-// verify checks a secret's MAC and, unless allowExpired, its expiry.
-func (m secretMinter) verify(s string, allowExpired bool) error {
+// verify opens a secret and checks, unless allowExpired, its expiry.
+func (m secretMinter) verify(s string, allowExpired bool) (secretClaims, error) {
 	rest, ok := strings.CutPrefix(s, secretPrefix)
-	if !ok {
-		return errSecretMalformed
+	if !ok || len(s) > maxSecretLen {
+		return secretClaims{}, errSecretMalformed
 	}
-	p64, m64, ok := strings.Cut(rest, ".")
-	if !ok || len(p64) != 22 || len(m64) != 22 {
-		return errSecretMalformed
+	raw, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil || len(raw) < secretIDLen+m.aead.Overhead()+10 {
+		return secretClaims{}, errSecretMalformed
 	}
-	payload, err1 := base64.RawURLEncoding.DecodeString(p64)
-	mac, err2 := base64.RawURLEncoding.DecodeString(m64)
-	if err1 != nil || err2 != nil || len(payload) != 16 || len(mac) != 16 {
-		return errSecretMalformed
+	pt, err := m.aead.Open(nil, raw[:secretIDLen], raw[secretIDLen:], []byte(secretAAD))
+	if err != nil {
+		return secretClaims{}, errSecretMAC
 	}
-	if subtle.ConstantTimeCompare(mac, m.mac(payload)) != 1 {
-		return errSecretMAC
+	// The AEAD vouches for the plaintext: a layout error here is a bug of
+	// the minter, still answered as malformed rather than trusted.
+	var c secretClaims
+	copy(c.id[:], raw[:secretIDLen])
+	c.expires = time.Unix(int64(binary.BigEndian.Uint64(pt[:8])), 0)
+	tl := int(pt[8])
+	if len(pt) < 10+tl {
+		return secretClaims{}, errSecretMalformed
 	}
-	exp := time.Unix(int64(binary.BigEndian.Uint64(payload[:8])), 0)
-	if !allowExpired && !m.now().Before(exp) {
-		return errSecretExpired
+	c.tenant = string(pt[9 : 9+tl])
+	flags, body := pt[9+tl], pt[10+tl:]
+	if flags&flagDeflated != 0 {
+		if body, err = inflate(body); err != nil {
+			return secretClaims{}, errSecretMalformed
+		}
 	}
-	// A DELETE may come after the secret that started the call expired,
+	if len(body) > 0 {
+		c.session = json.RawMessage(body)
+	}
+	now := m.now()
+	if !allowExpired && !now.Before(c.expires) {
+		return secretClaims{}, errSecretExpired
+	}
+	// A hang-up may come after the secret that started the call expired,
 	// but not forever: a leaked old secret must not end calls for good.
-	if allowExpired && !m.now().Before(exp.Add(maxCallAfterExpiry)) {
-		return errSecretExpired
+	if allowExpired && !now.Before(c.expires.Add(maxCallAfterExpiry)) {
+		return secretClaims{}, errSecretExpired
 	}
-	return nil
+	return c, nil
+}
+
+func deflate(b []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	fw, err := flate.NewWriter(&buf, flate.BestCompression)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := fw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := fw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// inflate undoes deflate, refusing output over maxSessionJSON.
+func inflate(b []byte) ([]byte, error) {
+	out, err := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(b)), maxSessionJSON+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(out) > maxSessionJSON {
+		return nil, errors.New("inflated session too large")
+	}
+	return out, nil
 }
 
 // clientSecretRequest is the optional JSON body of POST /v1/realtime/client_secrets.
@@ -99,7 +208,10 @@ type clientSecretRequest struct {
 }
 
 // ClientSecret is the JSON answer of POST /v1/realtime/client_secrets,
-// shaped like OpenAI's.
+// shaped like OpenAI's. Session is the effective session configuration
+// every call placed with the secret gets (the request's session in
+// canonical form); clients may add only the fields
+// Config.ClientSessionFields lists.
 type ClientSecret struct {
 	Value     string          `json:"value"`
 	ExpiresAt int64           `json:"expires_at"`
@@ -107,11 +219,11 @@ type ClientSecret struct {
 }
 
 func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
-	_, kind, ok := s.precheck(w, r, false)
+	_, cred, ok := s.precheck(w, r, false)
 	if !ok {
 		return
 	}
-	if kind == credSecret {
+	if cred.kind == credSecret {
 		apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "api_key_required",
 			"client secrets are minted with an API key, not with another client secret", 0)
 		return
@@ -136,19 +248,29 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 	ttl := s.cfg.ClientSecretTTL
 	if ea := req.ExpiresAfter; ea != nil {
 		if ea.Anchor != "" && ea.Anchor != "created_at" {
-			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
-				"expires_after.anchor must be created_at", 0)
+			apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
+				"expires_after.anchor must be created_at", "expires_after.anchor")
 			return
 		}
 		if ea.Seconds < 10 || ea.Seconds > 7200 {
-			apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
-				"expires_after.seconds must be between 10 and 7200", 0)
+			apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_expiry",
+				"expires_after.seconds must be between 10 and 7200", "expires_after.seconds")
 			return
 		}
 		ttl = time.Duration(ea.Seconds) * time.Second
 	}
-	val, exp, err := s.secrets.mint(ttl)
+	session, err := canonicalSession(req.Session)
 	if err != nil {
+		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_session", err.Error(), "session")
+		return
+	}
+	val, exp, err := s.secrets.mint(ttl, cred.tenant, session)
+	switch {
+	case errors.Is(err, errSecretTooLarge):
+		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "session_too_large",
+			fmt.Sprintf("the session does not fit in a client secret of %d bytes", maxSecretLen), "session")
+		return
+	case err != nil:
 		s.log.Error("mint client secret", "err", err)
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not mint a secret", 0)
 		return
@@ -156,5 +278,5 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 	s.m.secretsMinted.Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: req.Session})
+	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: session})
 }

@@ -15,10 +15,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,21 +51,52 @@ type Config struct {
 	// gossip decides health, 0 while signaling assumes all healthy).
 	GossipAuthoritative func() bool
 
-	// APIKeys are the server-side credentials. When empty, session
-	// endpoints need no credentials (the dev world), but client secrets
-	// minted by this server are still checked when presented.
+	// APIKeys are server-side credentials of the default tenant with the
+	// default key quota (KeyRatePerSecond, KeyRateBurst); Keys lists keys
+	// with their own tenant and quota. Without any key signaling refuses to
+	// start unless AllowAnonymous is set.
 	APIKeys []string
-	// ClientSecretKey signs ephemeral client secrets (32 random bytes).
+	Keys    []APIKey
+	// AllowAnonymous lets requests without credentials place calls and
+	// mint client secrets (the dev world). Presented credentials are
+	// still checked.
+	AllowAnonymous bool
+	// ClientSecretKey seals ephemeral client secrets and keys the MAC of
+	// call IDs (32 random bytes; every replica needs the same).
 	ClientSecretKey []byte
 	// ClientSecretTTL is the default lifetime of a client secret; default
 	// 10 minutes, at most 2 hours.
 	ClientSecretTTL time.Duration
+	// ClientSessionFields are the session fields a client holding a client
+	// secret may add to the server's session config; nil:
+	// DefaultClientSessionFields.
+	ClientSessionFields []string
+
+	// SessionAPISecrets are the bearer secrets of the clusters' internal
+	// session APIs, by cluster ID; a cluster without one is called without
+	// credentials (see docs/operations.md).
+	SessionAPISecrets map[uint16]string
 
 	MaxBody        int64         // request body cap; default 64 KiB
 	ClusterTimeout time.Duration // one cluster attempt; default 2s
 	MaxAttempts    int           // clusters tried per offer; default 3
-	RatePerSecond  float64       // per client IP; default 5
-	RateBurst      int           // default 20
+	// RatePerSecond and RateBurst limit each client address (an IPv4
+	// address or IPv6 /64, aggregated to wider prefixes when the table is
+	// full) for requests without valid credentials: anonymous ones and
+	// failed authentications. Default 5/s, burst 20.
+	RatePerSecond float64
+	RateBurst     int
+	// KeyRatePerSecond and KeyRateBurst are the default quota of an API
+	// key (APIKey overrides them); default 50/s, burst 100.
+	KeyRatePerSecond float64
+	KeyRateBurst     int
+	// SecretRatePerSecond and SecretRateBurst limit each client secret;
+	// default 1/s, burst 10.
+	SecretRatePerSecond float64
+	SecretRateBurst     int
+	// MaxLimiters bounds the per-address and the per-secret limiter
+	// tables each; default 200000.
+	MaxLimiters int
 	// CORSOrigins lists origins allowed to call the API from a browser;
 	// "*" allows any. Empty: same-origin only.
 	CORSOrigins []string
@@ -100,6 +129,24 @@ func (c *Config) applyDefaults() {
 	if c.RateBurst == 0 {
 		c.RateBurst = 20
 	}
+	if c.KeyRatePerSecond == 0 {
+		c.KeyRatePerSecond = 50
+	}
+	if c.KeyRateBurst == 0 {
+		c.KeyRateBurst = 100
+	}
+	if c.SecretRatePerSecond == 0 {
+		c.SecretRatePerSecond = 1
+	}
+	if c.SecretRateBurst == 0 {
+		c.SecretRateBurst = 10
+	}
+	if c.MaxLimiters == 0 {
+		c.MaxLimiters = 200_000
+	}
+	if c.ClientSessionFields == nil {
+		c.ClientSessionFields = DefaultClientSessionFields
+	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{
 			Proxy:               nil,
@@ -127,9 +174,37 @@ func (c *Config) Validate() error {
 	case c.ClientSecretTTL < 0 || c.ClientSecretTTL > 2*time.Hour:
 		return errors.New("signaling config: client secret TTL must be within 2h")
 	}
-	for _, k := range c.APIKeys {
-		if len(k) < 16 || strings.HasPrefix(k, secretPrefix) {
+	for _, v := range []float64{c.RatePerSecond, c.KeyRatePerSecond, c.SecretRatePerSecond} {
+		if v < 0 {
+			return errors.New("signaling config: rates must not be negative")
+		}
+	}
+	for _, v := range []int{c.RateBurst, c.KeyRateBurst, c.SecretRateBurst, c.MaxLimiters, c.MaxAttempts} {
+		if v < 0 {
+			return errors.New("signaling config: bursts, table sizes and attempts must not be negative")
+		}
+	}
+	if c.MaxBody < 0 || c.ClusterTimeout < 0 {
+		return errors.New("signaling config: max body and cluster timeout must not be negative")
+	}
+	keys := c.apiKeys()
+	if len(keys) == 0 && !c.AllowAnonymous {
+		return errors.New("signaling config: no API keys; configure some, or set allow_anonymous for a dev world")
+	}
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if len(k.Key) < 16 || strings.HasPrefix(k.Key, secretPrefix) {
 			return errors.New("signaling config: API keys must be at least 16 characters and not start with ek_")
+		}
+		if seen[k.Key] {
+			return errors.New("signaling config: an API key is listed twice")
+		}
+		seen[k.Key] = true
+		if err := validTenant(k.Tenant); err != nil {
+			return err
+		}
+		if k.RatePerSecond < 0 || k.RateBurst < 0 {
+			return fmt.Errorf("signaling config: API key of tenant %q: negative quota", k.Tenant)
 		}
 	}
 	return nil
@@ -144,9 +219,9 @@ type Server struct {
 	m       *metrics
 	handler http.Handler
 
-	limMu    sync.Mutex
-	limiters map[netip.Addr]*limiter // guarded by limMu
-	limSwept time.Time               // last sweep of idle limiters; guarded by limMu
+	calls  callMinter
+	keys   []APIKey // APIKeys and Keys with defaults applied
+	limits *limits
 
 	apiTurn  atomic.Uint32 // spreads requests over a cluster's live session API endpoints
 	draining atomic.Bool
@@ -177,12 +252,16 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "signaling"),
-		secrets:  secretMinter{key: cfg.ClientSecretKey, now: cfg.Now},
-		m:        m,
-		limiters: map[netip.Addr]*limiter{},
+		cfg:   cfg,
+		log:   cfg.Logger.With("component", "signaling"),
+		m:     m,
+		calls: newCallMinter(cfg.ClientSecretKey),
+		keys:  cfg.apiKeys(),
 	}
+	if s.secrets, err = newSecretMinter(cfg.ClientSecretKey, cfg.Now); err != nil {
+		return nil, err
+	}
+	s.limits = newLimits(&s.cfg, s.keys)
 	s.handler = s.routes()
 	return s, nil
 }

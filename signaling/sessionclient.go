@@ -11,16 +11,46 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
+	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
+// offerCodes are the error codes with which a pod judges the client's
+// offer itself; a 400 with any of them is the client's to see.
+var offerCodes = map[string]bool{
+	sdpcheck.CodeInvalidSDP: true, sdpcheck.CodeNotOffer: true, sdpcheck.CodeNoAudio: true, sdpcheck.CodeNoOpus: true,
+	sdpcheck.CodeNoICECreds: true, sdpcheck.CodeNoFingerprint: true, sdpcheck.CodeTooManySection: true,
+}
+
+// podFaultError is a pod refusing a create for a reason other than the
+// offer (invalid_pops, invalid_json): a server-side fault.
+type podFaultError struct {
+	cluster uint16
+	code    string
+}
+
+func (e *podFaultError) Error() string {
+	return fmt.Sprintf("cluster %d refused the create with %q, a fault on our side", e.cluster, e.code)
+}
+
 // sessionAPI returns the base URL to reach a cluster's session API: one of
-// the live endpoints gossip reports (spread over them), else the
-// catalogue's address.
+// the live endpoints gossip reports that the catalogue allows (spread over
+// them), else the catalogue's address. An endpoint off the cluster's
+// session_api host and session_api_nets is never sent an offer, whoever
+// advertised it.
 func (s *Server) sessionAPI(c geo.Cluster) string {
 	if s.cfg.SessionAPIs != nil {
-		if eps := s.cfg.SessionAPIs(c.ID); len(eps) > 0 {
+		var eps []string
+		for _, ep := range s.cfg.SessionAPIs(c.ID) {
+			if metacheck.APIAllowed(c, ep) {
+				eps = append(eps, ep)
+			} else {
+				s.m.refusedEndpoints.Inc()
+			}
+		}
+		if len(eps) > 0 {
 			return strings.TrimSuffix(eps[int(s.apiTurn.Add(1))%len(eps)], "/")
 		}
 	}
@@ -39,6 +69,7 @@ func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sess
 		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: build request: %w", c.ID, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
 	resp, err := s.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: post session: %w", c.ID, err)
@@ -50,8 +81,15 @@ func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sess
 	}
 	switch {
 	case resp.StatusCode == http.StatusBadRequest:
-		if !json.Valid(data) {
+		var e apierr.Body
+		if err := json.Unmarshal(data, &e); err != nil {
 			return sessionapi.CreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 400 without a JSON body", c.ID)}
+		}
+		if !offerCodes[e.Error.Code] {
+			// The pod blames its input, but the offer passed our checks:
+			// what it refuses is ours (POPs, config), and the next
+			// cluster may well take it.
+			return sessionapi.CreateResponse{}, resp.StatusCode, nil, &podFaultError{cluster: c.ID, code: e.Error.Code}
 		}
 		return sessionapi.CreateResponse{}, resp.StatusCode, data, nil
 	case resp.StatusCode != http.StatusCreated:
@@ -68,16 +106,20 @@ func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sess
 	return out, resp.StatusCode, nil, nil
 }
 
+// handleDelete hangs up a call (DELETE of its URL, or POST .../hangup).
+// Only the credential that placed the call, or an API key of its tenant,
+// may: the call ID carries a MAC binding it to them (callMinter). Any other
+// caller, like an unknown call, gets 404.
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
-	if _, _, ok := s.precheck(w, r, true); !ok {
+	_, cred, ok := s.precheck(w, r, true)
+	if !ok {
 		return
 	}
 	notFound := func() {
 		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 	}
-	raw := r.PathValue("id")
-	id, err := sessionid.Parse(raw)
-	if err != nil {
+	raw, id, ok := s.calls.owner(r.PathValue("id"), cred)
+	if !ok {
 		notFound()
 		return
 	}
@@ -93,6 +135,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
 		return
 	}
+	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
 	resp, err := s.cfg.HTTPClient.Do(req)
 	if err != nil {
 		s.log.Warn("delete: cluster session API failed", "cluster", c.ID, "err", err)

@@ -33,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/proctest"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/netsim"
@@ -219,7 +220,16 @@ func Start(t testing.TB, cfg Config) *World {
 	if _, err := rand.Read(key); err != nil {
 		t.Fatalf("sim: token key: %v", err)
 	}
-	s.env = []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key)}
+	// Inter-tier keys, one per cluster, in one list every role reads.
+	var hop []string
+	for _, spec := range Regions {
+		k := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(k); err != nil {
+			t.Fatalf("sim: hop key: %v", err)
+		}
+		hop = append(hop, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
+	}
+	s.env = []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key), "RTCEDGE_HOP_KEYS=" + strings.Join(hop, ",")}
 	t.Cleanup(s.stopLinks)
 
 	// Pods first: each cluster relay joins its pod's cluster pool.
@@ -285,7 +295,7 @@ func Start(t testing.TB, cfg Config) *World {
 		cat := s.write("catalogue-"+r.Spec.Name+".yaml", w.catalogue(site, site.Spec.Near))
 		a := addr(r.Spec.Net, hostSignaling)
 		r.Signaling = s.start("signaling-"+r.Spec.Name, "signaling", fmt.Sprintf(
-			"listen_addr: %q\ndrain_delay: 200ms\ncatalogue: %q\ndemo_page: true\ntrusted_proxies: [\"127.0.0.0/8\"]\nrate_per_second: 100\nrate_burst: 100\n%s",
+			"listen_addr: %q\ndrain_delay: 200ms\ncatalogue: %q\ndemo_page: true\nallow_anonymous: true\ntrusted_proxies: [\"127.0.0.0/8\"]\nrate_per_second: 100\nrate_burst: 100\n%s",
 			a, cat, gossip("gossip", "sig-"+r.Spec.Name, a.Addr(), seed)))
 	}
 	for _, site := range w.Sites {

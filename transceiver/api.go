@@ -42,6 +42,9 @@ const CreateTimeout = 5 * time.Second
 //	DELETE /internal/v1/sessions/{id}   end (204, 404)
 //	GET    /internal/v1/status          load and state
 //	GET    /livez, /readyz              liveness; readiness is 503 while draining
+//
+// With Config.SessionAPISecret set, all but /livez and /readyz need it as
+// a bearer token (401 otherwise).
 func (t *Transceiver) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+SessionsPath, t.handleCreate)
@@ -60,7 +63,7 @@ func (t *Transceiver) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	return mux
+	return sessionapi.RequireSecret(t.cfg.SessionAPISecret, mux)
 }
 
 func (t *Transceiver) handleCreate(w http.ResponseWriter, r *http.Request) {

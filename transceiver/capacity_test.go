@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/bench/capacity"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/transceiver"
 	"github.com/rtcedge/rtcedge/transceiver/echo"
@@ -26,6 +27,15 @@ type benchPod struct {
 	pod   *net.UDPAddr
 }
 
+// benchHop is the inter-tier key the pod and the link share.
+var benchHop = func() *encap.Keyring {
+	k, err := encap.NewKeyring(1, map[uint8][]byte{1: make([]byte, encap.KeyLen)})
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
 func newBenchPod(b *testing.B) *benchPod {
 	b.Helper()
 	keys, err := token.NewKeyring(1, map[uint8][]byte{1: make([]byte, 32)})
@@ -38,7 +48,7 @@ func newBenchPod(b *testing.B) *benchPod {
 	}
 	podAddr := conn.LocalAddr().(*net.UDPAddr)
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: 1, Pod: 1, Keys: keys, Backend: echo.Backend{},
+		Cluster: 1, Pod: 1, Keys: keys, HopKeys: benchHop, Backend: echo.Backend{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, conn)
 	if err != nil {
@@ -63,7 +73,7 @@ func newBenchPod(b *testing.B) *benchPod {
 		cancel()
 		<-done
 	})
-	if bp.link, err = capacity.NewLink(capacity.LinkConfig{Pod: podAddr.AddrPort(), Cluster: 1, PodID: 1, POP: 1}); err != nil {
+	if bp.link, err = capacity.NewLink(capacity.LinkConfig{Pod: podAddr.AddrPort(), Cluster: 1, PodID: 1, POP: 1, HopKeys: benchHop}); err != nil {
 		b.Fatal(err)
 	}
 	if bp.fleet, err = capacity.NewFleet(capacity.FleetConfig{Link: bp.link, API: api.URL, POP: 1}); err != nil {

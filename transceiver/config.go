@@ -32,12 +32,18 @@ type NodeConfig struct {
 	// netbackend.ForAddr turns it into the node's Backend.
 	BackendAddr string         `yaml:"backend_addr"`
 	Token       node.TokenKeys `yaml:"token"`
-	Gossip      node.Gossip    `yaml:"gossip"` // the cluster pool
+	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
+	HopKeys node.HopKeys `yaml:"hop_keys"`
+	Gossip  node.Gossip  `yaml:"gossip"` // the cluster pool
+	// SessionAPISecret is the cluster's session API bearer secret (e.g.
+	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
+	SessionAPISecret string `yaml:"session_api_secret"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
 func (c *NodeConfig) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
+	c.HopKeys.ApplyEnv()
 	return c.Token.ApplyEnv()
 }
 
@@ -64,6 +70,9 @@ func (c *NodeConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("dtls_role %q: want client or server", c.DTLSRole))
 	}
 	if _, err := c.Token.Keyring(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

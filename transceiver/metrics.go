@@ -31,6 +31,8 @@ const (
 	dropOversize
 	dropRouteTable
 	dropUnknownRelay
+	dropProvisional
+	dropProvisionalEvicted
 	numDropReasons
 )
 
@@ -39,6 +41,7 @@ var dropLabels = [numDropReasons]string{
 	dropOther: "other", dropDirection: "wrong_direction", dropWrongPod: "wrong_pod", dropEmpty: "empty",
 	dropUnknownPOP: "unknown_pop", dropSessionQueue: "session_queue_full", dropUnknownClient: "unknown_client", dropNoRoute: "no_route", dropOversize: "oversize",
 	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
+	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
 }
 
 // String returns the reason's label.

@@ -8,7 +8,9 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 )
 
@@ -56,7 +58,8 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	if err := podID(&cfg); err != nil {
 		return nil, err
 	}
-	keys, _ := cfg.Token.Keyring() // checked by Validate
+	keys, _ := cfg.Token.Keyring()             // checked by Validate
+	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
 	env = env.WithDefaults()
 	n := &Node{cfg: cfg, env: env, backend: backend, relays: &RelaySet{}}
 	defer func() {
@@ -69,15 +72,21 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	}
 	n.life.OnClose(s.Data.Close)
 	n.tr, err = New(Config{
-		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, Backend: backend, Relays: n.relays,
+		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, HopKeys: hop, Backend: backend, Relays: n.relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
-		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
+		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, SessionAPISecret: cfg.SessionAPISecret,
+		Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
 	}, s.Data)
 	if err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.tr.Close)
 	n.life.Go("transceiver", n.tr.Run)
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+			n.tr.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+		})
+	})
 	if s.API == nil {
 		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
 			return nil, err
@@ -93,6 +102,7 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 		}
 	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	cfg.Gossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{}) // believed only within bounds
 	if n.pool, err = cfg.Gossip.Open("", false, membership.Meta{
 		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
 		Data: n.data, API: n.apiURL, Capacity: n.tr.Capacity(),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
 
 // podBuf is one datagram buffer of the pod socket: the largest datagram
@@ -19,6 +20,10 @@ type podBuf = [encap.MaxDatagram + 1]byte
 // errNoRoute is returned by popConn writes for a client address that has
 // sent nothing through this pod recently: there is no header to answer with.
 var errNoRoute = errors.New("transceiver: no relay route to client")
+
+// errProvisional is returned by popConn writes of anything but STUN toward a
+// client address Pion has not authenticated yet.
+var errProvisional = errors.New("transceiver: route to client not yet authenticated")
 
 // datagram is one client datagram waiting for a session's ICE reader
 // (popmux.go), in a pooled buffer.
@@ -32,13 +37,31 @@ var bufPool = sync.Pool{New: func() any { return new(podBuf) }}
 
 // route is how to reach one client through one POP: the to-client header
 // (built from the last header the client's packets carried) and the cluster
-// relay those packets came from. Replaced whole, never mutated, so readers
-// need no lock beyond the map's.
+// relay those packets came from. hdr and relay are replaced whole (a new
+// route), never mutated, so readers need no lock beyond the map's.
+//
+// A route is provisional until Pion has authenticated a check from the
+// client address (confirm, from the session's binding-request hook): a
+// provisional route carries only STUN responses, never DTLS or media, is
+// capped per POP (the oldest is evicted) and expires after provisionalTTL.
 type route struct {
-	hdr      encap.Header
-	relay    netip.AddrPort
-	lastSeen atomic.Int64 // unix nanoseconds of the last packet from the client
+	hdr       encap.Header
+	relay     netip.AddrPort
+	lastSeen  atomic.Int64 // unix nanoseconds of the last packet from the client
+	created   int64        // unix nanoseconds when the client address was first seen
+	confirmed atomic.Bool  // Pion authenticated a check from the address
+	checks    atomic.Int32 // authenticated checks seen from the address
 }
+
+const (
+	// maxProvisional bounds the unconfirmed routes of one POP conn; a new
+	// one beyond it evicts the oldest, so routes made without Pion's
+	// consent cannot crowd out new callers, whose check is confirmed
+	// within a round trip of arriving.
+	maxProvisional = 1024
+	// provisionalTTL is how long an unconfirmed route lives.
+	provisionalTTL = 10 * time.Second
+)
 
 // podSocket owns the pod's single UDP socket and splits its traffic into one
 // popConn per POP (WIRE.md "Why the POP ID").
@@ -47,18 +70,30 @@ type podSocket struct {
 	conn    *net.UDPConn
 	cluster uint16
 	pod     uint16
-	relays  *RelaySet // nil: every sender trusted
+	relays  *RelaySet // nil: every sender trusted (the MAC still applies)
 	m       *metrics
 	now     func() time.Time
+	keys    atomic.Pointer[encap.Keyring]
 	out     *outQueue // batched sends (podbatch.go)
 
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
 }
 
-func newPodSocket(conn *net.UDPConn, cluster, pod uint16, relays *RelaySet, m *metrics, now func() time.Time) *podSocket {
-	return &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{},
+func newPodSocket(conn *net.UDPConn, cluster, pod uint16, keys *encap.Keyring, relays *RelaySet, m *metrics, now func() time.Time) *podSocket {
+	s := &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{},
 		out: newOutQueue(conn, m)}
+	s.keys.Store(keys)
+	return s
+}
+
+// SetHopKeys replaces the pod's inter-tier keys (key rotation): replies are
+// sealed with the new current key and datagrams verified against every key
+// it holds, from the next datagram on.
+func (t *Transceiver) SetHopKeys(k *encap.Keyring) {
+	if k != nil {
+		t.sock.keys.Store(k)
+	}
 }
 
 // popConn returns the virtual conn for a POP, creating it on first use. It
@@ -110,6 +145,10 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		return false
 	}
 	h, hl, err := encap.Decode(pkt)
+	if err == nil && h.Cluster == s.cluster {
+		// Before any field is believed (no route, no counter but the drop).
+		err = s.keys.Load().Verify(pkt, hl)
+	}
 	switch {
 	case err != nil:
 		s.m.encapDrops.Inc(encap.ReasonOf(err))
@@ -132,7 +171,7 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropUnknownPOP)
 		return false
 	}
-	if !pc.learn(h, from, s.now()) {
+	if !pc.learn(h, from, s.now().UnixNano()) {
 		s.m.drop(dropRouteTable)
 		return false
 	}
@@ -148,9 +187,11 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	return true
 }
 
-// sweep forgets routes idle for longer than ttl and returns how many remain.
+// sweep forgets routes idle for longer than ttl, and provisional ones older
+// than provisionalTTL, and returns how many remain.
 func (s *podSocket) sweep(ttl time.Duration) int {
-	cutoff := s.now().Add(-ttl).UnixNano()
+	now := s.now()
+	cutoff, provCutoff := now.Add(-ttl).UnixNano(), now.Add(-provisionalTTL).UnixNano()
 	s.mu.RLock()
 	pops := make([]*popConn, 0, len(s.pops))
 	for _, pc := range s.pops {
@@ -161,14 +202,34 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 	for _, pc := range pops {
 		pc.mu.Lock()
 		for addr, r := range pc.routes {
-			if r.lastSeen.Load() < cutoff {
-				delete(pc.routes, addr)
+			if r.lastSeen.Load() < cutoff || (!r.confirmed.Load() && r.created < provCutoff) {
+				pc.remove(addr, r)
 			}
 		}
 		left += len(pc.routes)
 		pc.mu.Unlock()
 	}
 	return left
+}
+
+// confirm marks the client's route through a POP as authenticated by Pion
+// and returns how many authenticated checks it has seen from the client (0
+// if there is no route).
+func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
+	pc := s.lookup(pop)
+	if pc == nil {
+		return 0
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	r := pc.routes[client]
+	if r == nil {
+		return 0
+	}
+	if !r.confirmed.Swap(true) {
+		pc.provisional--
+	}
+	return int(r.checks.Add(1))
 }
 
 // lastSeen returns when the client last sent a datagram through a POP.
@@ -210,36 +271,90 @@ type popConn struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 
-	mu     sync.RWMutex
-	routes map[netip.AddrPort]*route // guarded by mu
+	mu          sync.RWMutex
+	routes      map[netip.AddrPort]*route // guarded by mu
+	provisional int                       // unconfirmed routes; guarded by mu
+	provQueue   []netip.AddrPort          // unconfirmed routes, oldest first (may hold stale entries); guarded by mu
 }
 
-// maxRoutesPerPOP bounds the return routes of one POP conn: a route is
-// made by any datagram with a well-formed header, before Pion has looked
-// at it, so without a bound forged headers could grow the map.
+// maxRoutesPerPOP bounds the return routes of one POP conn.
 const maxRoutesPerPOP = 1 << 16
 
-// learn records the return route for a client. The common case (same
-// ingress, same relay) only refreshes a timestamp under a read lock. It
-// reports false when the table is full and the client is new.
-func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now time.Time) bool {
+// learn records the return route for a client from an authenticated
+// header. The common case (same header, same relay) only refreshes a
+// timestamp under a read lock. A new client address gets a provisional
+// route (see route); a known one keeps its confirmation when the header
+// changes (another relay replica, a restarted global relay). It reports
+// false when the table is full and the client is new.
+func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now int64) bool {
 	h.ToClient = true
+	h.KeyID = 0 // the to-client header is sealed afresh
 	c.mu.RLock()
 	r := c.routes[h.Client]
 	c.mu.RUnlock()
 	if r != nil && r.hdr == h && r.relay == relay {
-		r.lastSeen.Store(now.UnixNano())
+		r.lastSeen.Store(now)
 		return true
 	}
-	nr := &route{hdr: h, relay: relay}
-	nr.lastSeen.Store(now.UnixNano())
+	nr := &route{hdr: h, relay: relay, created: now}
+	nr.lastSeen.Store(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.routes[h.Client]; !ok && len(c.routes) >= maxRoutesPerPOP {
+	old := c.routes[h.Client]
+	if old != nil {
+		nr.created = old.created
+		nr.checks.Store(old.checks.Load())
+		if old.confirmed.Load() {
+			nr.confirmed.Store(true)
+		} else {
+			c.provisional-- // counted again below
+		}
+	} else if len(c.routes) >= maxRoutesPerPOP {
 		return false
+	}
+	if !nr.confirmed.Load() {
+		if old == nil {
+			for c.provisional >= maxProvisional && len(c.provQueue) > 0 {
+				c.evictOldestProvisional()
+			}
+			c.provQueue = append(c.provQueue, h.Client)
+		}
+		c.provisional++
 	}
 	c.routes[h.Client] = nr
 	return true
+}
+
+// evictOldestProvisional removes the oldest route still unconfirmed.
+// Callers hold mu.
+func (c *popConn) evictOldestProvisional() {
+	for len(c.provQueue) > 0 {
+		a := c.provQueue[0]
+		c.provQueue = c.provQueue[1:]
+		if r := c.routes[a]; r != nil && !r.confirmed.Load() {
+			c.remove(a, r)
+			c.sock.m.drop(dropProvisionalEvicted)
+			return
+		}
+	}
+}
+
+// remove forgets a route. Callers hold mu.
+func (c *popConn) remove(a netip.AddrPort, r *route) {
+	delete(c.routes, a)
+	if !r.confirmed.Load() {
+		c.provisional--
+	}
+	if len(c.provQueue) > 2*maxProvisional {
+		// Drop stale entries (confirmed or removed) now and then.
+		q := c.provQueue[:0]
+		for _, a := range c.provQueue {
+			if r := c.routes[a]; r != nil && !r.confirmed.Load() {
+				q = append(q, a)
+			}
+		}
+		c.provQueue = q
+	}
 }
 
 // WriteToAddrPort sends b to a client through the cluster relay and global
@@ -257,6 +372,12 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
+	if !r.confirmed.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
+		// Only the answer to a check may go to an address Pion has not
+		// authenticated: no DTLS flight or media toward a spoofed source.
+		c.sock.m.drop(dropProvisional)
+		return 0, errProvisional
+	}
 	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
 	hl, err := r.hdr.Put(buf[:])
@@ -265,6 +386,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		return 0, errors.New("transceiver: datagram too large")
 	}
 	copy(buf[hl:], b)
+	c.sock.keys.Load().Seal(buf[:hl+len(b)], hl)
 	if err := c.sock.out.send(buf[:hl+len(b)], r.relay); err != nil {
 		c.sock.m.writeErrors.Inc()
 		return 0, err
@@ -285,29 +407,33 @@ func (c *popConn) Close() error {
 // the return route of its client, so only the cluster's own relays may
 // send them. Lookups are lock-free; Set replaces the whole set.
 type RelaySet struct {
-	addrs atomic.Pointer[map[netip.AddrPort]struct{}]
+	addrs  atomic.Pointer[map[netip.AddrPort]struct{}]
+	joined atomic.Bool // has held at least one relay
 }
 
-// Set replaces the trusted relays.
+// Set replaces the trusted relays. Addresses are unmapped, as datagram
+// sources are.
 func (r *RelaySet) Set(addrs []netip.AddrPort) {
 	m := make(map[netip.AddrPort]struct{}, len(addrs))
 	for _, a := range addrs {
-		m[a] = struct{}{}
+		m[netip.AddrPortFrom(a.Addr().Unmap(), a.Port())] = struct{}{}
 	}
 	r.addrs.Store(&m)
+	if len(m) > 0 {
+		r.joined.Store(true)
+	}
 }
 
 // Trusted reports whether a datagram from addr is accepted. A nil set, or
-// one not yet filled by gossip, trusts everyone: a pod must not drop its
-// first calls while the cluster pool is still joining.
+// one that has never held a relay, trusts everyone (the bootstrap: a pod
+// must not drop its first calls while the cluster pool is still joining;
+// the MAC still applies). A set that has held relays and is now empty
+// trusts no one: a partition or a rollout that leaves no live relay must
+// not open the pod.
 func (r *RelaySet) Trusted(addr netip.AddrPort) bool {
-	if r == nil {
+	if r == nil || !r.joined.Load() {
 		return true
 	}
-	m := r.addrs.Load()
-	if m == nil || len(*m) == 0 {
-		return true
-	}
-	_, ok := (*m)[addr]
+	_, ok := (*r.addrs.Load())[addr]
 	return ok
 }

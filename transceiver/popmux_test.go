@@ -23,7 +23,7 @@ func newTestMux(t *testing.T) *popMux {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newPodSocket(conn, 7, 3, nil, m, time.Now)
+	s := newPodSocket(conn, 7, 3, testHop, nil, m, time.Now)
 	pc, _, err := s.popConn(1, netip.MustParseAddrPort("192.0.2.1:3478"))
 	if err != nil {
 		t.Fatal(err)

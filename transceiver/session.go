@@ -178,21 +178,31 @@ func (s *session) popOf(addr string, port uint16) uint16 {
 	return s.popByVIP[netip.AddrPortFrom(ip, port)]
 }
 
-// onBindingRequest runs for every ICE check. It switches the selected pair
-// to the POP the check came through when the current POP has gone silent
-// for this client: the client is reaching us only through the other POP.
+// onBindingRequest runs for every ICE check that Pion has authenticated
+// (USERNAME and MESSAGE-INTEGRITY of this session). It confirms the
+// client's return route: only now may the pod send DTLS or media to that
+// address (until then the route carries STUN responses only).
 //
-// It also selects the preferred POP's pair on the first authenticated check
-// through it, before the client nominates: a lite server can do no checks of
-// its own, and browsers send their nominating check a ping interval (about
-// 50 ms) after the first one succeeds. Selecting at once lets the DTLS
-// handshake start with the first check's response. Only the preferred POP is
-// selected this way, so an early choice never pins a call to the backup; a
-// later nomination of the same pair changes nothing.
-func (s *session) onBindingRequest(_ *stun.Message, local, _ ice.Candidate, _ *ice.CandidatePair) bool {
+// It switches the selected pair to the POP the check came through when the
+// current POP has gone silent for this client: the client is reaching us
+// only through the other POP.
+//
+// It also selects the preferred POP's pair early, before the client
+// nominates: a lite server can do no checks of its own, and browsers send
+// their nominating check a ping interval (about 50 ms) after the first one
+// succeeds. The early choice waits for the second authenticated check from
+// the address, so one check from a spoofed source (with the spoofer's own
+// credentials) never starts DTLS flights toward it. Only the preferred POP
+// is selected this way, so an early choice never pins a call to the
+// backup; a later nomination of the same pair changes nothing.
+func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
-	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination {
+	checks := 0
+	if ip, err := netip.ParseAddr(remote.Address()); err == nil && pop != 0 {
+		checks = s.t.sock.confirm(pop, netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port())))
+	}
+	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination && checks >= earlySelectChecks {
 		s.t.m.earlySelects.Inc()
 		return true
 	}
@@ -214,6 +224,10 @@ func (s *session) onBindingRequest(_ *stun.Message, local, _ ice.Candidate, _ *i
 	s.t.log.Info("switching session to another POP", "session", s.id, "from_pop", cur, "to_pop", pop)
 	return true
 }
+
+// earlySelectChecks is how many authenticated checks an address must have
+// sent before its pair is selected ahead of nomination.
+const earlySelectChecks = 2
 
 func (s *session) armConnectTimer(d time.Duration) {
 	s.mu.Lock()

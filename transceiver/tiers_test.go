@@ -25,11 +25,30 @@ type tiers struct {
 	pc              *popConn
 	session         *muxConn // the one session the checks are for
 	ufrag           string
+	sock            *podSocket
+	gr              *globalrelay.Relay
+	cr              *clusterrelay.Relay
 	grReg, crReg    *prometheus.Registry
 	podReg          *prometheus.Registry
 	keys            *token.Keyring
 	clientAddr, vip netip.AddrPort
 	stop            func()
+}
+
+// testHop is the inter-tier key of cluster 7, the tests' cluster.
+var testHop = func() *encap.Keyring {
+	k, err := encap.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{7}, encap.KeyLen)})
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// sealed returns h and payload sealed with testHop, as a cluster relay
+// forwards it.
+func sealed(t testing.TB, h encap.Header, payload string) []byte {
+	t.Helper()
+	return sealedWith(t, testHop, h, payload)
 }
 
 func udp4(t testing.TB) *net.UDPConn {
@@ -53,7 +72,8 @@ func startTiers(t *testing.T) *tiers {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := newPodSocket(podConn, 7, 3, nil, m, time.Now)
+	sock := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
+	tr.sock = sock
 	tr.vip = netip.MustParseAddrPort("127.0.0.2:3478")
 	if tr.pc, _, err = sock.popConn(1, tr.vip); err != nil {
 		t.Fatal(err)
@@ -66,18 +86,20 @@ func startTiers(t *testing.T) *tiers {
 		t.Fatal(err)
 	}
 	tr.session = sc.(*muxConn)
-	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, Registerer: tr.crReg, Logger: quiet,
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet,
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet,
+		HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
 		Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
 		[]globalrelay.Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr.pub = gr.PublicAddr()
+	tr.gr, tr.cr = gr, cr
 	tr.client = udp4(t)
 	tr.clientAddr = tr.client.LocalAddr().(*net.UDPAddr).AddrPort()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -113,6 +135,8 @@ func (tr *tiers) check(t *testing.T) {
 	if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, m.Raw) {
 		t.Fatal("the check did not reach the pod")
 	}
+	// As Pion does once the check's MESSAGE-INTEGRITY verifies.
+	tr.sock.confirm(1, tr.clientAddr)
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.
@@ -189,4 +213,74 @@ func TestDatagramSizeLimitAcrossTiers(t *testing.T) {
 	if got, ok := tr.readPod(t, 100*time.Millisecond); ok {
 		t.Errorf("an oversize datagram reached the pod (%d bytes)", len(got))
 	}
+}
+
+// TestHopKeyRotationWithoutRestart: keys rotate on running tiers in the
+// documented three steps (add the new key everywhere, make it current
+// everywhere, retire the old one) and a call's datagrams cross every tier
+// in both directions after each step; after retirement, a datagram sealed
+// with the old key is refused as unknown_key.
+func TestHopKeyRotationWithoutRestart(t *testing.T) {
+	tr := startTiers(t)
+	tr.check(t)
+	newKey := bytes.Repeat([]byte{0x77}, encap.KeyLen)
+	oldKey := bytes.Repeat([]byte{7}, encap.KeyLen)
+	ring := func(current uint8, keys map[uint8][]byte) *encap.Keyring {
+		k, err := encap.NewKeyring(current, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	set := func(k *encap.Keyring) {
+		tr.gr.SetHopKeys(encap.NewClusterKeys(map[uint16]*encap.Keyring{7: k}))
+		tr.cr.SetHopKeys(k)
+		tr.sock.keys.Store(k)
+	}
+	roundTrip := func(step string) {
+		t.Helper()
+		pkt := []byte{0x80, 0, 1, 2, 3}
+		if _, err := tr.client.WriteToUDPAddrPort(pkt, tr.pub); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, pkt) {
+			t.Fatalf("%s: uplink lost", step)
+		}
+		if _, err := tr.pc.WriteToAddrPort(pkt, tr.clientAddr); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		_ = tr.client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 100)
+		if n, _, err := tr.client.ReadFromUDPAddrPort(buf); err != nil || !bytes.Equal(buf[:n], pkt) {
+			t.Fatalf("%s: downlink lost (%v)", step, err)
+		}
+	}
+	roundTrip("before")
+	set(ring(1, map[uint8][]byte{1: oldKey, 2: newKey}))
+	roundTrip("new key accepted")
+	set(ring(2, map[uint8][]byte{1: oldKey, 2: newKey}))
+	roundTrip("new key current")
+	old := ring(1, map[uint8][]byte{1: oldKey})
+	set(ring(2, map[uint8][]byte{2: newKey}))
+	roundTrip("old key retired")
+	// A sender still on the old key is refused by the cluster relay.
+	stale := sealedWith(t, old, encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: tr.clientAddr, Ingress: tr.gr.IngressAddrs()[0]}, "stale")
+	if _, err := tr.client.WriteToUDPAddrPort(stale, tr.cr.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the stale datagram to be counted", func() bool {
+		return metricValue(t, tr.crReg, "rtcedge_clusterrelay_dropped_packets_total", "encap_unknown_key") == 1
+	})
+}
+
+func sealedWith(t testing.TB, k *encap.Keyring, h encap.Header, payload string) []byte {
+	t.Helper()
+	b, err := h.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := len(b)
+	b = append(b, payload...)
+	k.Seal(b, hl)
+	return b
 }

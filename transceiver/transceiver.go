@@ -27,6 +27,7 @@ import (
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
@@ -73,6 +74,14 @@ type Config struct {
 	// batches of datagrams (recvmmsg) and running their receive path;
 	// default one per core (GOMAXPROCS), at most 4.
 	Readers int
+	// HopKeys are the cluster's inter-tier MAC keys (required): datagrams
+	// whose tag does not verify are dropped before anything else, replies
+	// are sealed. SetHopKeys replaces them without a restart.
+	HopKeys *encap.Keyring
+	// SessionAPISecret is the cluster's bearer secret: Handler refuses
+	// session API requests without it (health probes excepted). Empty: no
+	// credentials needed (dev worlds and tests).
+	SessionAPISecret string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -114,6 +123,8 @@ func (c *Config) Validate() error {
 		return errors.New("transceiver config: token keyring is required")
 	case c.Backend == nil:
 		return errors.New("transceiver config: backend is required")
+	case c.HopKeys == nil:
+		return errors.New("transceiver config: inter-tier hop keys are required")
 	case c.MaxSessions < 0:
 		return errors.New("transceiver config: max sessions must not be negative")
 	case c.Readers < 0:
@@ -217,7 +228,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	// of the reader at a few hundred sessions, and the kernel drops
 	// silently. Best effort: the kernel caps it at net.core.rmem_max.
 	_ = conn.SetReadBuffer(podReadBuffer)
-	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.Relays, m, cfg.Now)
+	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.HopKeys, cfg.Relays, m, cfg.Now)
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)

@@ -65,6 +65,9 @@ func newPod(t *testing.T, cfg Config) *pod {
 		cfg.Cluster = 7
 	}
 	cfg.Pod, cfg.Keys, cfg.Backend, cfg.Logger, cfg.Registerer = 3, keys, loopBackend{}, quiet, reg
+	if cfg.HopKeys == nil {
+		cfg.HopKeys = testHop
+	}
 	tr, err := New(cfg, conn)
 	if err != nil {
 		conn.Close()
@@ -250,13 +253,7 @@ func TestPodSocketDrops(t *testing.T) {
 	defer relay.Close()
 	client := netip.MustParseAddrPort("198.51.100.1:5000")
 	ingress := netip.MustParseAddrPort("127.0.0.1:9")
-	pkt := func(h encap.Header, payload string) []byte {
-		b, err := h.AppendTo(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return append(b, payload...)
-	}
+	pkt := func(h encap.Header, payload string) []byte { return sealed(t, h, payload) }
 	good := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: ingress}
 	for _, tc := range []struct {
 		name   string
@@ -411,8 +408,7 @@ func TestUnknownRelayDropped(t *testing.T) {
 	}
 	defer stranger.Close()
 	h := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: netip.MustParseAddrPort("198.51.100.1:5000"), Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
-	b, _ := h.AppendTo(nil)
-	if _, err := stranger.WriteToUDPAddrPort(append(b, 'x'), p.addr); err != nil {
+	if _, err := stranger.WriteToUDPAddrPort(sealed(t, h, "x"), p.addr); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the drop to be counted", func() bool {

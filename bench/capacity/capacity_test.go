@@ -11,10 +11,20 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/transceiver"
 	"github.com/rtcedge/rtcedge/transceiver/echo"
 )
+
+// testHop is the inter-tier key the test pod and its link share.
+var testHop = func() *encap.Keyring {
+	k, err := encap.NewKeyring(1, map[uint8][]byte{1: make([]byte, encap.KeyLen)})
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -31,7 +41,7 @@ func startPod(t *testing.T) (*net.UDPConn, string) {
 		t.Fatal(err)
 	}
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: 1, Pod: 1, Keys: keys, Backend: echo.Backend{},
+		Cluster: 1, Pod: 1, Keys: keys, HopKeys: testHop, Backend: echo.Backend{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, conn)
 	if err != nil {
@@ -53,7 +63,7 @@ func startPod(t *testing.T) (*net.UDPConn, string) {
 // in-process pod through a Link, and their audio comes back.
 func TestFleetEchoes(t *testing.T) {
 	conn, api := startPod(t)
-	link, err := NewLink(LinkConfig{Pod: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Cluster: 1, PodID: 1, POP: 1})
+	link, err := NewLink(LinkConfig{Pod: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Cluster: 1, PodID: 1, POP: 1, HopKeys: testHop})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func TestPodCPUPerSession(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	link, err := NewLink(LinkConfig{Pod: pod.Data, Cluster: 1, PodID: 1, POP: 1})
+	link, err := NewLink(LinkConfig{Pod: pod.Data, Cluster: 1, PodID: 1, POP: 1, HopKeys: pod.HopKeys})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,9 @@ type LinkConfig struct {
 	Cluster uint16
 	PodID   uint16
 	POP     uint16 // the POP ID sessions are created with
+	// HopKeys is the cluster's inter-tier key, shared with the pod: the
+	// link seals what it sends as the cluster relay would have.
+	HopKeys *encap.Keyring
 }
 
 // Link is one UDP socket standing in for the global and cluster relays
@@ -120,6 +123,9 @@ var bufPool = sync.Pool{New: func() any { return new([maxDatagram + encap.MaxLen
 // NewLink opens a loopback socket on port 0 and starts reading it. Close
 // stops the reader and every client conn.
 func NewLink(cfg LinkConfig) (*Link, error) {
+	if cfg.HopKeys == nil {
+		return nil, errors.New("capacity: link needs the pod's hop keys")
+	}
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		return nil, err
@@ -286,6 +292,7 @@ func (c *clientConn) WriteToAddrPort(b []byte, _ netip.AddrPort) (int, error) {
 	defer bufPool.Put(buf)
 	copy(buf[:], c.hdr[:c.hdrLen])
 	copy(buf[c.hdrLen:], b)
+	c.link.cfg.HopKeys.Seal(buf[:c.hdrLen+len(b)], c.hdrLen)
 	if c.link.record(buf[:c.hdrLen+len(b)], c.hdrLen) {
 		return len(b), nil
 	}

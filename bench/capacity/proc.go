@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // clockTicks is USER_HZ, the unit of CPU times in /proc/<pid>/stat; it is
@@ -36,6 +38,7 @@ type Pod struct {
 	Data    netip.AddrPort // the pod's UDP socket
 	API     string         // session API base URL
 	Metrics string         // /metrics URL
+	HopKeys *encap.Keyring // the pod's inter-tier key: what a Link must seal with
 }
 
 // PodOptions are the optional settings of StartPod.
@@ -69,9 +72,18 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	p := &Pod{done: make(chan struct{}), profileDir: opts.ProfileDir}
+	hop := make([]byte, encap.KeyLen)
+	if _, err := rand.Read(hop); err != nil {
+		return nil, err
+	}
+	hopKeys, err := encap.NewKeyring(1, map[uint8][]byte{1: hop})
+	if err != nil {
+		return nil, err
+	}
+	p := &Pod{done: make(chan struct{}), HopKeys: hopKeys, profileDir: opts.ProfileDir}
 	p.cmd = exec.Command(bin, "transceiver", "-config", cfgPath)
-	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key))
+	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key),
+		"RTCEDGE_HOP_KEYS=1/1:"+base64.StdEncoding.EncodeToString(hop))
 	if opts.ProfileDir != "" {
 		p.cmd.Env = append(p.cmd.Env, "RTCEDGE_PROFILE_DIR="+opts.ProfileDir)
 	}

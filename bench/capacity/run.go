@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 		return nil, err
 	}
 	defer pod.Stop()
-	link, err := NewLink(LinkConfig{Pod: pod.Data, Cluster: 1, PodID: 1, POP: 1})
+	link, err := NewLink(LinkConfig{Pod: pod.Data, Cluster: 1, PodID: 1, POP: 1, HopKeys: pod.HopKeys})
 	if err != nil {
 		return nil, err
 	}

@@ -30,6 +30,13 @@ func TestExampleConfigsParse(t *testing.T) {
 	_, _ = rand.Read(key)
 	t.Setenv("RTCEDGE_TOKEN_KEYS", "1:"+base64.StdEncoding.EncodeToString(key))
 	t.Setenv("RTCEDGE_GOSSIP_KEY", base64.StdEncoding.EncodeToString(key))
+	t.Setenv("RTCEDGE_HOP_KEYS", "1/1:"+base64.StdEncoding.EncodeToString(key[:16]))
+	for _, v := range []string{"RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_CLUSTER_GOSSIP_KEY"} {
+		t.Setenv(v, base64.StdEncoding.EncodeToString(key))
+	}
+	for _, v := range []string{"RTCEDGE_APP_API_KEY", "RTCEDGE_SESSION_API_SECRET", "RTCEDGE_SESSION_API_SECRET_1"} {
+		t.Setenv(v, "example-secret-0123456789")
+	}
 	t.Setenv("POD_IP", "10.0.0.9")
 	for _, tc := range []struct {
 		file string
@@ -70,12 +77,13 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	t.Setenv("RTCEDGE_TOKEN_KEYS", "1:"+base64.StdEncoding.EncodeToString(key))
+	t.Setenv("RTCEDGE_HOP_KEYS", "1/1:"+base64.StdEncoding.EncodeToString(key[:16]))
 	gossip := "  bind: 127.0.0.1:0\n  insecure: true\n"
 	base := map[string]string{
 		"transceiver":  "cluster: 1\npod: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\ngossip:\n" + gossip,
 		"clusterrelay": "cluster: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\ncluster_gossip:\n" + gossip + "global_gossip:\n" + gossip,
 		"globalrelay":  "pop: 1\npublic_addr: 127.0.0.1:0\ninternal_addr: 127.0.0.1\ngossip:\n" + gossip,
-		"signaling":    "listen_addr: 127.0.0.1:0\ncatalogue: c.yaml\n",
+		"signaling":    "listen_addr: 127.0.0.1:0\ncatalogue: c.yaml\nallow_anonymous: true\n",
 	}
 	mk := map[string]func() validated{
 		"transceiver":  func() validated { return &transceiver.NodeConfig{} },
@@ -100,6 +108,8 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 		{"globalrelay", "workers: -1\n", "workers"},
 		{"globalrelay", "internal_addr: somewhere\n", "internal_addr"},
 		{"globalrelay", "public_addr: 3478\n", "public_addr"},
+		{"globalrelay", "token_lifetime: 30m\n", "token_lifetime"},
+		{"transceiver", "cluster: 2\n", "hop key for cluster 2"},
 		{"signaling", "", ""},
 		{"signaling", "rate_per_second: -1\n", "rate_per_second"},
 		{"signaling", "rate_burst: -3\n", "rate_burst"},

@@ -38,7 +38,7 @@ func TestDevSteeringFromTerminal(t *testing.T) {
 	dev := proctest.Start(t, bin, proctest.Spec{Name: "dev", Args: []string{"dev", "-http", "127.0.0.1:0", "-metrics", "",
 		"-pop-port", "0", "-geoip", path, "-trust-proxy", "127.0.0.0/8", "-trust-proxy", "::1/128"}})
 	var url string
-	waitCondition(t, 30*time.Second, "the dev world to print its URL", func() bool {
+	proctest.Await(t, 30*time.Second, "the dev world to print its URL", func() bool {
 		for _, l := range dev.Lines() {
 			if _, u, ok := strings.Cut(l, "signaling + demo page: "); ok {
 				url = strings.TrimSpace(u)

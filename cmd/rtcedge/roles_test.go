@@ -36,7 +36,10 @@ func TestRolesAsProcesses(t *testing.T) {
 	dir := t.TempDir()
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	env := []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key)}
+	hop := make([]byte, 16)
+	_, _ = rand.Read(hop)
+	env := []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key),
+		"RTCEDGE_HOP_KEYS=1/1:" + base64.StdEncoding.EncodeToString(hop)}
 	gossip := func(join string) string {
 		s := "  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n"
 		if join != "" {
@@ -65,7 +68,7 @@ func TestRolesAsProcesses(t *testing.T) {
 			"    clusters:\n      - {id: 1, name: eu-central-1, session_api: %q}\n"+
 			"    pops:\n      - {id: 1, name: fra, vip: %q}\n", crUp["api"], grUp["public"]))
 	sig := startRole(t, bin, "signaling", proctest.WriteFile(t, dir, "signaling.yaml",
-		"listen_addr: 127.0.0.1:0\ndrain_delay: 200ms\ncatalogue: "+catalogue+"\ndemo_page: true\n"+
+		"listen_addr: 127.0.0.1:0\ndrain_delay: 200ms\ncatalogue: "+catalogue+"\ndemo_page: true\nallow_anonymous: true\n"+
 			"gossip:\n  name: sig-1\n"+gossip(crUp["global_gossip"])), env)
 	url := sig.WaitLog(t, "signaling up", 10*time.Second)["url"]
 
@@ -91,7 +94,7 @@ func TestRolesAsProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr.WaitLog(t, "draining", 5*time.Second)
-	waitCondition(t, 10*time.Second, "signaling to refuse new calls", func() bool {
+	proctest.Await(t, 10*time.Second, "signaling to refuse new calls", func() bool {
 		c, err := probe.Dial(ctx, probe.Config{SignalingURL: url, Logger: quiet})
 		if err == nil {
 			c.Close() // placed before the drain reached signaling
@@ -101,7 +104,7 @@ func TestRolesAsProcesses(t *testing.T) {
 		return errors.As(err, &he) && he.Status == http.StatusServiceUnavailable
 	})
 	before := call.Stats().Received
-	waitCondition(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return call.Stats().Received >= before+25 })
+	proctest.Await(t, 5*time.Second, "the draining pod's call to keep echoing", func() bool { return call.Stats().Received >= before+25 })
 	if err := call.Hangup(ctx); err != nil {
 		t.Fatalf("hang up: %v", err)
 	}
@@ -113,7 +116,7 @@ func TestRolesAsProcesses(t *testing.T) {
 
 func waitRegions(t *testing.T, url string, limit time.Duration) {
 	t.Helper()
-	waitCondition(t, limit, "signaling to see cluster 1 healthy through gossip", func() bool {
+	proctest.Await(t, limit, "signaling to see cluster 1 healthy through gossip", func() bool {
 		resp, err := http.Get(url + "/v1/regions")
 		if err != nil {
 			return false
@@ -132,15 +135,4 @@ func waitRegions(t *testing.T, url string, limit time.Duration) {
 		c := body.Regions[0].Clusters[0]
 		return c.Known && c.Healthy
 	})
-}
-
-func waitCondition(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

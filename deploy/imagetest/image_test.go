@@ -203,6 +203,7 @@ func newWorld(t *testing.T) *world {
 	}
 	w.env = []string{
 		"RTCEDGE_TOKEN_KEYS=1:" + random(32),
+		"RTCEDGE_HOP_KEYS=1/1:" + random(16), // the examples' cluster 1
 		"RTCEDGE_GOSSIP_KEY=" + random(32),
 		"RTCEDGE_API_KEYS=sk-imagetest-" + random(12),
 		"RTCEDGE_CLIENT_SECRET_KEY=" + random(32),

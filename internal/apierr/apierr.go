@@ -1,7 +1,11 @@
 // Package apierr writes rtcedge's JSON error bodies, the same shape on the
-// public API and the internal session API:
+// public API and the internal session API, and the shape of OpenAI's error
+// object:
 //
-//	{"error": {"type": "invalid_request_error", "code": "no_audio", "message": "..."}}
+//	{"error": {"type": "invalid_request_error", "code": "no_audio", "message": "...", "param": null}}
+//
+// "param" names the request parameter at fault ("session.model") and is
+// null when no single parameter is.
 package apierr
 
 import (
@@ -31,11 +35,22 @@ type Detail struct {
 	Type    string `json:"type"`
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Param is the parameter at fault; nil is written as null.
+	Param *string `json:"param"`
 }
 
-// Write sends an error response. A positive retryAfter sets Retry-After in
-// whole seconds (at least 1).
+// Write sends an error response with a null param. A positive retryAfter
+// sets Retry-After in whole seconds (at least 1).
 func Write(w http.ResponseWriter, status int, typ, code, msg string, retryAfter time.Duration) {
+	write(w, status, Detail{Type: typ, Code: code, Message: msg}, retryAfter)
+}
+
+// WriteParam sends an error response naming the parameter at fault.
+func WriteParam(w http.ResponseWriter, status int, typ, code, msg, param string) {
+	write(w, status, Detail{Type: typ, Code: code, Message: msg, Param: &param}, 0)
+}
+
+func write(w http.ResponseWriter, status int, d Detail, retryAfter time.Duration) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -44,5 +59,5 @@ func Write(w http.ResponseWriter, status int, typ, code, msg string, retryAfter 
 		h.Set("Retry-After", strconv.Itoa(max(secs, 1)))
 	}
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(Body{Error: Detail{Type: typ, Code: code, Message: msg}})
+	_ = json.NewEncoder(w).Encode(Body{Error: d})
 }

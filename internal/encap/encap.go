@@ -1,28 +1,39 @@
-// Package encap implements the relay encapsulation header (WIRE.md
+// Package encap implements the relay encapsulation header (docs/wire.md
 // section 2), carried in front of every client datagram between tiers:
 // global relay ⇄ cluster relay ⇄ transceiver.
 //
-// The header names the cluster, pod and POP of the flow, the client's real
-// address and the global relay replica that owns the flow. With it the
-// cluster relay routes every packet with no per-flow state, the transceiver
-// sees the client's real address, and the return path finds the ingress
-// replica. The client's datagram follows the header byte for byte.
+// The header names the cluster, pod and POP of the flow, the routing token
+// that opened it, the client's real address and the global relay replica
+// that owns the flow. With it the cluster relay routes every packet with no
+// per-flow state, the transceiver sees the client's real address, and the
+// return path finds the ingress replica. The client's datagram follows the
+// header byte for byte.
 //
-// Layout (big-endian):
+// Every header ends in a 64-bit tag, SipHash-2-4 under the cluster's hop
+// key (Keyring) over the header and the payload length, so a host without
+// the key can neither forge a header nor alter one it has seen. Receivers
+// call Decode (parse, no state) and then Keyring.Verify before acting on
+// any field.
+//
+// Layout (version 2, big-endian):
 //
 //	0      magic 0x5E
 //	1      version<<4 | flags (bit 0 to-client, bit 1 client IPv6,
 //	       bit 2 ingress IPv6, bit 3 reserved = 0)
-//	2..3   cluster ID
-//	4..5   pod ID
-//	6..7   POP ID
-//	8..9   client port
-//	10..   client IP (4 or 16 bytes)
+//	2      key ID of the hop key the tag is made with
+//	3      reserved = 0
+//	4..5   cluster ID
+//	6..7   pod ID
+//	8..9   POP ID
+//	10..15 token: nonce of the routing token that opened the flow (0: none)
+//	16..17 client port
+//	18..   client IP (4 or 16 bytes)
 //	..     ingress port (2), ingress IP (4 or 16 bytes)
+//	..     tag (8): SipHash-2-4(key, header without tag || payload length)
 //
 // The magic 0x5E lies outside every range of RFC 7983, so an encapsulated
-// datagram can never be mistaken for STUN, DTLS or RTP. Decode and Put do
-// not allocate.
+// datagram can never be mistaken for STUN, DTLS or RTP. Decode, Put, Seal
+// and Verify do not allocate.
 package encap
 
 import (
@@ -35,11 +46,13 @@ const (
 	// Magic is the first byte of every encapsulated datagram.
 	Magic = 0x5E
 	// Version is the header version this package writes and accepts.
-	Version = 1
+	Version = 2
+	// TagLen is the length of the MAC tag that ends every header.
+	TagLen = 8
 	// MinLen is the header length with IPv4 client and ingress addresses.
-	MinLen = 20
+	MinLen = fixedLen + 2*(2+4) + TagLen
 	// MaxLen is the header length with IPv6 client and ingress addresses.
-	MaxLen = 44
+	MaxLen = MinLen + 2*extraPerV6Addr
 	// MaxPayload is the largest client datagram any tier carries: the
 	// global relay drops a longer one from a client at once, and the
 	// cluster relay and the pod accept MaxPayload under any header, so a
@@ -55,8 +68,9 @@ const (
 	flagClientV6   = 1 << 1
 	flagIngressV6  = 1 << 2
 	flagReserved   = 1 << 3
-	fixedLen       = 10 // magic, version/flags, cluster, pod, POP, client port
+	fixedLen       = 16 // magic, version/flags, key ID, reserved, cluster, pod, POP, token
 	extraPerV6Addr = 16 - 4
+	offKeyID       = 2
 )
 
 // Header is the relay encapsulation header. Client and Ingress are
@@ -66,6 +80,9 @@ type Header struct {
 	// ToClient is the direction flag (bit 0): false toward the
 	// transceiver, true toward the client.
 	ToClient bool
+	// KeyID is the hop key the tag was made with. Decode fills it in;
+	// Keyring.Seal overwrites it with the keyring's current ID.
+	KeyID uint8
 	// Cluster is the cluster that owns the flow.
 	Cluster uint16
 	// Pod is the transceiver pod that owns the flow.
@@ -73,6 +90,10 @@ type Header struct {
 	// POP is the public ingress (relay VIP) where the client's packets
 	// enter; the transceiver picks its per-POP virtual conn by it.
 	POP uint16
+	// Token is the nonce of the routing token that opened the flow, so
+	// that a flow restored from the return path counts against its
+	// token's cap; zero when unknown.
+	Token [6]byte
 	// Client is the client's public address as seen by the global relay.
 	Client netip.AddrPort
 	// Ingress is the internal address of the global relay replica that
@@ -80,8 +101,8 @@ type Header struct {
 	Ingress netip.AddrPort
 }
 
-// Len returns the encoded length of h: MinLen plus 12 for each IPv6
-// address.
+// Len returns the encoded length of h, tag included: MinLen plus 12 for
+// each IPv6 address.
 func (h *Header) Len() int {
 	n := MinLen
 	if !is4(h.Client.Addr()) {
@@ -98,9 +119,10 @@ func (h *Header) Len() int {
 // which Put rejects anyway.
 func is4(a netip.Addr) bool { return !a.Is6() || a.Is4In6() }
 
-// Put writes h into b[:h.Len()] and returns the length written. It fails
-// with ErrShortBuffer if b is too small and ErrAddr if Client or Ingress
-// is not a valid address. Put does not allocate.
+// Put writes h into b[:h.Len()] with a zero tag and returns the length
+// written; Keyring.Seal then signs the datagram. It fails with
+// ErrShortBuffer if b is too small and ErrAddr if Client or Ingress is not
+// a valid address. Put does not allocate.
 func (h *Header) Put(b []byte) (int, error) {
 	if !h.Client.Addr().IsValid() || !h.Ingress.Addr().IsValid() {
 		return 0, ErrAddr
@@ -115,17 +137,21 @@ func (h *Header) Put(b []byte) (int, error) {
 		flags |= flagToClient
 	}
 	b[0] = Magic
-	binary.BigEndian.PutUint16(b[2:4], h.Cluster)
-	binary.BigEndian.PutUint16(b[4:6], h.Pod)
-	binary.BigEndian.PutUint16(b[6:8], h.POP)
-	off, v6 := putAddrPort(b, 8, h.Client)
+	b[offKeyID] = h.KeyID
+	b[3] = 0
+	binary.BigEndian.PutUint16(b[4:6], h.Cluster)
+	binary.BigEndian.PutUint16(b[6:8], h.Pod)
+	binary.BigEndian.PutUint16(b[8:10], h.POP)
+	copy(b[10:16], h.Token[:])
+	off, v6 := putAddrPort(b, fixedLen, h.Client)
 	if v6 {
 		flags |= flagClientV6
 	}
-	_, v6 = putAddrPort(b, off, h.Ingress)
+	off, v6 = putAddrPort(b, off, h.Ingress)
 	if v6 {
 		flags |= flagIngressV6
 	}
+	clear(b[off:n])
 	b[1] = Version<<4 | flags
 	return n, nil
 }
@@ -144,9 +170,9 @@ func putAddrPort(b []byte, off int, ap netip.AddrPort) (int, bool) {
 	return off + copy(b[off:], ip[:]), true
 }
 
-// AppendTo appends the encoding of h to b and returns the extended slice;
-// it allocates only if b lacks capacity for Len more bytes. On error b is
-// returned with its original length.
+// AppendTo appends the encoding of h (zero tag) to b and returns the
+// extended slice; it allocates only if b lacks capacity for Len more bytes.
+// On error b is returned with its original length.
 func (h *Header) AppendTo(b []byte) ([]byte, error) {
 	n := h.Len()
 	start := len(b)
@@ -158,9 +184,11 @@ func (h *Header) AppendTo(b []byte) ([]byte, error) {
 }
 
 // Decode parses the header at the start of b. n is the header length; the
-// client's datagram is b[n:]. Errors are the bare sentinels ErrShort,
-// ErrMagic, ErrVersion, ErrReservedFlag and ErrAddr. Decode does not
-// allocate and does not retain b.
+// client's datagram is b[n:]. Decode does not authenticate: call
+// Keyring.Verify(b, n) with the key of h.Cluster before trusting any field.
+// Errors are the bare sentinels ErrShort, ErrMagic, ErrVersion,
+// ErrReservedFlag and ErrAddr. Decode does not allocate and does not
+// retain b.
 func Decode(b []byte) (h Header, n int, err error) {
 	if len(b) < 2 {
 		return Header{}, 0, ErrShort
@@ -185,11 +213,16 @@ func Decode(b []byte) (h Header, n int, err error) {
 	if len(b) < n {
 		return Header{}, 0, ErrShort
 	}
+	if b[3] != 0 {
+		return Header{}, 0, ErrReservedFlag
+	}
 	h.ToClient = flags&flagToClient != 0
-	h.Cluster = binary.BigEndian.Uint16(b[2:4])
-	h.Pod = binary.BigEndian.Uint16(b[4:6])
-	h.POP = binary.BigEndian.Uint16(b[6:8])
-	off := 8
+	h.KeyID = b[offKeyID]
+	h.Cluster = binary.BigEndian.Uint16(b[4:6])
+	h.Pod = binary.BigEndian.Uint16(b[6:8])
+	h.POP = binary.BigEndian.Uint16(b[8:10])
+	copy(h.Token[:], b[10:16])
+	off := fixedLen
 	var ok bool
 	if h.Client, off, ok = readAddrPort(b, off, flags&flagClientV6 != 0); !ok {
 		return Header{}, 0, ErrAddr

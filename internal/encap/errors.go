@@ -12,8 +12,15 @@ var (
 	ErrMagic = errors.New("encap: bad magic")
 	// ErrVersion means the version nibble is not Version.
 	ErrVersion = errors.New("encap: unknown version")
-	// ErrReservedFlag means the reserved flag bit 3 is set.
+	// ErrReservedFlag means the reserved flag bit 3 or the reserved byte 3
+	// is set.
 	ErrReservedFlag = errors.New("encap: reserved flag set")
+	// ErrUnknownKey means the header's key ID names no hop key of the
+	// header's cluster that the receiver holds: a sender without the
+	// cluster's keys, or a key retired too early.
+	ErrUnknownKey = errors.New("encap: unknown hop key")
+	// ErrMAC means the tag does not match: forged or altered in flight.
+	ErrMAC = errors.New("encap: bad MAC")
 	// ErrShortBuffer means the buffer given to Put is smaller than Len.
 	ErrShortBuffer = errors.New("encap: buffer too small for header")
 	// ErrAddr means an address is not usable: a zero netip.AddrPort when
@@ -35,6 +42,8 @@ const (
 	ReasonVersion
 	ReasonReserved
 	ReasonAddr
+	ReasonUnknownKey
+	ReasonMAC
 	numReasons
 )
 
@@ -42,7 +51,7 @@ const (
 // counters can be created (at zero) at start-up.
 var Reasons = [numReasons]string{
 	ReasonOther: "other", ReasonShort: "short", ReasonMagic: "magic", ReasonVersion: "version",
-	ReasonReserved: "reserved", ReasonAddr: "addr",
+	ReasonReserved: "reserved", ReasonAddr: "addr", ReasonUnknownKey: "unknown_key", ReasonMAC: "mac",
 }
 
 // String returns the reason's metric label.
@@ -67,6 +76,10 @@ func ReasonOf(err error) Reason {
 		return ReasonReserved
 	case err == ErrAddr || errors.Is(err, ErrAddr):
 		return ReasonAddr
+	case err == ErrMAC || errors.Is(err, ErrMAC):
+		return ReasonMAC
+	case err == ErrUnknownKey || errors.Is(err, ErrUnknownKey):
+		return ReasonUnknownKey
 	default:
 		return ReasonOther
 	}

@@ -43,10 +43,19 @@ type Config struct {
 	Bind          netip.AddrPort // gossip bind address (UDP and TCP); port 0 picks a free port, see LocalAddr
 	Advertise     netip.AddrPort // optional address others should use, e.g. behind NAT
 	WAN           bool           // base timings: memberlist.DefaultWANConfig instead of DefaultLANConfig
-	SecretKey     []byte         // AES key, 16/24/32 bytes; every member of a pool must share it
+	SecretKey     []byte         // AES key, 16/24/32 bytes: the primary key, which encrypts; every member of a pool must hold it
 	AllowInsecure bool           // permit a nil SecretKey (dev and tests only)
-	Fast          bool           // loopback timings, see the Fast* constants
-	Logger        *slog.Logger   // nil means slog.Default()
+	// Keys are further keys this member accepts (decrypts with) besides
+	// SecretKey, for rotation without a partition (see README: install,
+	// use, remove). Each is 16, 24 or 32 bytes.
+	Keys [][]byte
+	// CheckMeta, when set, vets every member's decoded meta (against the
+	// region catalogue: known clusters and POPs, allowed addresses,
+	// bounded capacity). A member it refuses is left out of Members and
+	// counted like undecodable meta, so nothing routes to it.
+	CheckMeta func(Meta) error
+	Fast      bool         // loopback timings, see the Fast* constants
+	Logger    *slog.Logger // nil means slog.Default()
 }
 
 // validate checks cfg before anything is opened, so New fails without side
@@ -67,6 +76,14 @@ func (cfg *Config) validate() error {
 	default:
 		return fmt.Errorf("secret key is %d bytes, want 16, 24 or 32: %w", len(cfg.SecretKey), ErrInvalidConfig)
 	}
+	if len(cfg.Keys) > 0 && len(cfg.SecretKey) == 0 {
+		return fmt.Errorf("keys without a primary secret key: %w", ErrInvalidConfig)
+	}
+	for i, k := range cfg.Keys {
+		if n := len(k); n != 16 && n != 24 && n != 32 {
+			return fmt.Errorf("key %d is %d bytes, want 16, 24 or 32: %w", i, n, ErrInvalidConfig)
+		}
+	}
 	return nil
 }
 
@@ -86,7 +103,9 @@ func (cfg *Config) memberlistConfig() *memberlist.Config {
 		mc.AdvertisePort = int(cfg.Advertise.Port())
 	}
 	if len(cfg.SecretKey) > 0 {
-		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
+		// A keyring from the start, so keys can be installed and removed
+		// while running; the primary encrypts, every key decrypts.
+		mc.Keyring, _ = memberlist.NewKeyring(cloneKeys(cfg.Keys), append([]byte(nil), cfg.SecretKey...))
 	}
 	if cfg.Fast {
 		mc.ProbeInterval = FastProbeInterval
@@ -99,4 +118,12 @@ func (cfg *Config) memberlistConfig() *memberlist.Config {
 		mc.GossipToTheDeadTime = FastGossipToTheDead
 	}
 	return mc
+}
+
+func cloneKeys(keys [][]byte) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = append([]byte(nil), k...)
+	}
+	return out
 }

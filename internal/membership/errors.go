@@ -20,6 +20,12 @@ var (
 	// members are left out of Members and counted, never trusted.
 	ErrMalformedMeta = errors.New("membership: malformed meta")
 
+	// ErrRefusedMeta means a member's metadata decoded but Config.CheckMeta
+	// refused it (an unknown cluster, a session API outside the allowed
+	// networks, a capacity out of bounds). Such members are left out of
+	// Members and counted with the undecodable ones.
+	ErrRefusedMeta = errors.New("membership: meta refused")
+
 	// ErrLeft is returned by UpdateMeta after Leave: gossiping new meta
 	// would announce the node alive again.
 	ErrLeft = errors.New("membership: pool has left")

@@ -85,7 +85,10 @@ func (m Meta) encode(leaving bool) ([]byte, error) {
 	b = binary.BigEndian.AppendUint16(b, m.Pod)
 	b = binary.BigEndian.AppendUint16(b, m.POP)
 	if m.Data.Addr().IsValid() {
-		ip := m.Data.Addr().AsSlice() // drops any zone: data addresses are routable
+		// Unmapped, and without any zone: data addresses are routable,
+		// and packet sources are always unmapped, so a mapped address
+		// would never match one.
+		ip := m.Data.Addr().Unmap().AsSlice()
 		b = append(b, byte(len(ip)))
 		b = append(b, ip...)
 	} else {
@@ -133,6 +136,7 @@ func decodeMeta(b []byte) (Meta, bool, error) {
 	case 4, 16:
 		if ip := d.bytes(n); ip != nil {
 			addr, _ = netip.AddrFromSlice(ip)
+			addr = addr.Unmap() // ::ffff:a.b.c.d from an older encoder
 		}
 	default:
 		d.fail("address length")

@@ -30,7 +30,6 @@ func TestMetaRoundTrip(t *testing.T) {
 		{"realistic transceiver", realisticMeta()},
 		{"global relay ipv6", Meta{Role: RoleGlobalRelay, Region: "us-east-1", POP: 3,
 			Data: netip.MustParseAddrPort("[2001:db8::1]:3478"), Load: 1 << 40, Capacity: -1}},
-		{"ipv4-mapped", Meta{Role: RoleClusterRelay, Data: netip.MustParseAddrPort("[::ffff:10.0.0.1]:9")}},
 		{"signaling", Meta{Role: RoleSignaling, API: "https://signal.example.net"}},
 	}
 	for _, tt := range tests {
@@ -150,4 +149,23 @@ func FuzzMetaUnmarshal(f *testing.F) {
 			t.Fatalf("decoded meta does not re-encode: %v", err)
 		}
 	})
+}
+
+// TestMetaDataUnmapped: an advertised data address written as
+// ::ffff:a.b.c.d is gossiped and read back as plain IPv4, the form every
+// packet source has; otherwise no datagram from it would ever match.
+func TestMetaDataUnmapped(t *testing.T) {
+	m := realisticMeta()
+	m.Data = netip.MustParseAddrPort("[::ffff:10.1.2.3]:7000")
+	b, err := m.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Meta
+	if err := got.UnmarshalBinary(b); err != nil {
+		t.Fatal(err)
+	}
+	if want := netip.MustParseAddrPort("10.1.2.3:7000"); got.Data != want {
+		t.Fatalf("Data = %v, want %v", got.Data, want)
+	}
 }

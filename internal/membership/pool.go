@@ -35,6 +35,8 @@ type Pool struct {
 	log       *slog.Logger
 	retention time.Duration // how long dead/left members stay in Members
 	updateTO  time.Duration // how long UpdateMeta waits for its broadcast
+	checkMeta func(Meta) error
+	keyring   *memberlist.Keyring // nil without a secret key; safe for concurrent use
 
 	// lifeMu serialises UpdateMeta, Leave and Close: meta changes are
 	// gossiped in the order they were made, and memberlist is never asked
@@ -92,6 +94,8 @@ func New(cfg Config, meta Meta) (*Pool, error) {
 		meta:      meta,
 		metaRaw:   raw,
 		members:   make(map[string]*memberEntry),
+		checkMeta: cfg.CheckMeta,
+		keyring:   mc.Keyring,
 	}
 	mc.Delegate = (*delegate)(p)
 	mc.Events = (*events)(p)
@@ -314,10 +318,15 @@ func (p *Pool) observeLocked(n *memberlist.Node, state State) {
 		e.gone = time.Time{}
 	}
 	m, leaving, err := decodeMeta(n.Meta)
+	if err == nil && p.checkMeta != nil && n.Name != p.name {
+		if cerr := p.checkMeta(m); cerr != nil {
+			err = fmt.Errorf("%w: %w", ErrRefusedMeta, cerr)
+		}
+	}
 	if err != nil {
 		p.badMeta.Add(1)
 		if e.ok || isNew {
-			p.log.Warn("member meta undecodable; member ignored", "member", n.Name, "err", err)
+			p.log.Warn("member meta refused; member ignored", "member", n.Name, "err", err)
 		}
 		e.ok = false
 		return
@@ -421,4 +430,52 @@ func (p *Pool) Watch(ctx context.Context, fn func([]Member)) {
 			}
 		}
 	}
+}
+
+// InstallKey adds a key to the keyring: this member now also accepts
+// messages encrypted with it. Step 1 of a rotation, on every member.
+func (p *Pool) InstallKey(key []byte) error {
+	kr := p.keyring
+	if kr == nil {
+		return fmt.Errorf("membership: install key: %w: the pool has no keyring (no secret key)", ErrInvalidConfig)
+	}
+	if err := kr.AddKey(append([]byte(nil), key...)); err != nil {
+		return fmt.Errorf("membership: install key: %w", err)
+	}
+	return nil
+}
+
+// UseKey makes an installed key the primary one, which encrypts
+// everything this member sends. Step 2, once every member has installed it.
+func (p *Pool) UseKey(key []byte) error {
+	kr := p.keyring
+	if kr == nil {
+		return fmt.Errorf("membership: use key: %w: the pool has no keyring (no secret key)", ErrInvalidConfig)
+	}
+	if err := kr.UseKey(key); err != nil {
+		return fmt.Errorf("membership: use key: %w", err)
+	}
+	return nil
+}
+
+// RemoveKey drops a key that is not the primary one. Step 3, once every
+// member uses the new key.
+func (p *Pool) RemoveKey(key []byte) error {
+	kr := p.keyring
+	if kr == nil {
+		return fmt.Errorf("membership: remove key: %w: the pool has no keyring (no secret key)", ErrInvalidConfig)
+	}
+	if err := kr.RemoveKey(key); err != nil {
+		return fmt.Errorf("membership: remove key: %w", err)
+	}
+	return nil
+}
+
+// Keys returns the installed keys, the primary first.
+func (p *Pool) Keys() [][]byte {
+	kr := p.keyring
+	if kr == nil {
+		return nil
+	}
+	return kr.GetKeys()
 }

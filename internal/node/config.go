@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -100,15 +101,26 @@ type Gossip struct {
 	Bind      string   `yaml:"bind"`      // e.g. 0.0.0.0:7946
 	Advertise string   `yaml:"advertise"` // address others reach us at; default: bind
 	Join      []string `yaml:"join"`      // seeds, e.g. a headless Service name
-	// Key is the base64 gossip encryption key; prefer $RTCEDGE_GOSSIP_KEY.
-	Key      string `yaml:"key"`
-	Insecure bool   `yaml:"insecure"` // allow no key (dev only)
-	Fast     bool   `yaml:"fast"`     // loopback-tight timings (tests, dev)
+	// Key is the pool's base64 encryption key (the primary: it
+	// encrypts). Give every pool its own, e.g. key: ${RTCEDGE_GLOBAL_GOSSIP_KEY}
+	// and key: ${RTCEDGE_CLUSTER_GOSSIP_KEY}, so that a transceiver never
+	// holds the global pool's key; $RTCEDGE_GOSSIP_KEY is used only for a
+	// pool whose key is unset.
+	Key string `yaml:"key"`
+	// Keys are further base64 keys accepted during a rotation
+	// (docs/operations.md: install, use, remove).
+	Keys     []string `yaml:"keys"`
+	Insecure bool     `yaml:"insecure"` // allow no key (dev only)
+	Fast     bool     `yaml:"fast"`     // loopback-tight timings (tests, dev)
+	// CheckMeta vets members' metadata (membership.Config.CheckMeta); set
+	// by the role from its catalogue, not from the file.
+	CheckMeta func(membership.Meta) error `yaml:"-"`
 }
 
-// ApplyEnv takes the key from $RTCEDGE_GOSSIP_KEY when set.
+// ApplyEnv takes the key from $RTCEDGE_GOSSIP_KEY when the pool's own key
+// is unset.
 func (g *Gossip) ApplyEnv() {
-	if env := os.Getenv(EnvGossipKey); env != "" {
+	if env := os.Getenv(EnvGossipKey); env != "" && g.Key == "" {
 		g.Key = env
 	}
 }
@@ -128,7 +140,12 @@ func (g *Gossip) Validate(what string) error {
 			return fmt.Errorf("%s.key: %w", what, err)
 		}
 	} else if !g.Insecure {
-		return fmt.Errorf("%s: no gossip key: set $%s (or insecure: true, dev only)", what, EnvGossipKey)
+		return fmt.Errorf("%s: no gossip key: set %s.key (or $%s; insecure: true, dev only)", what, what, EnvGossipKey)
+	}
+	for i, k := range g.Keys {
+		if _, err := base64.StdEncoding.DecodeString(k); err != nil {
+			return fmt.Errorf("%s.keys[%d]: %w", what, i, err)
+		}
 	}
 	return nil
 }
@@ -160,9 +177,17 @@ func (g *Gossip) Open(suffix string, wan bool, meta membership.Meta, log *slog.L
 			return nil, fmt.Errorf("gossip key: %w", err)
 		}
 	}
+	var keys [][]byte
+	for _, k := range g.Keys {
+		b, err := base64.StdEncoding.DecodeString(k)
+		if err != nil {
+			return nil, fmt.Errorf("gossip keys: %w", err)
+		}
+		keys = append(keys, b)
+	}
 	return membership.New(membership.Config{
-		Name: name + suffix, Bind: bind, Advertise: adv, WAN: wan, SecretKey: key,
-		AllowInsecure: g.Insecure, Fast: g.Fast, Logger: log,
+		Name: name + suffix, Bind: bind, Advertise: adv, WAN: wan, SecretKey: key, Keys: keys,
+		AllowInsecure: g.Insecure, Fast: g.Fast, CheckMeta: g.CheckMeta, Logger: log,
 	}, meta)
 }
 
@@ -261,7 +286,10 @@ func DataSocket(conn *net.UDPConn, bind, advertise string) (*net.UDPConn, netip.
 	return conn, data, nil
 }
 
-// Advertised is advertise when set, else bound; a wildcard is refused.
+// Advertised is advertise when set, else bound; a wildcard is refused. The
+// result is unmapped (::ffff:a.b.c.d becomes a.b.c.d): packet sources are
+// always unmapped, so a mapped advertised address would match none of them
+// and every reply would be dropped.
 func Advertised(what string, bound netip.AddrPort, advertise string) (netip.AddrPort, error) {
 	ap := bound
 	if advertise != "" {
@@ -270,6 +298,7 @@ func Advertised(what string, bound netip.AddrPort, advertise string) (netip.Addr
 			return netip.AddrPort{}, fmt.Errorf("%s_advertise %q: %w", what, advertise, err)
 		}
 	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if ap.Addr().IsUnspecified() {
 		return netip.AddrPort{}, fmt.Errorf("%s address %v is not one others can reach: set %s_advertise (e.g. \"${POD_IP}:%d\")", what, ap, what, ap.Port())
 	}
@@ -314,4 +343,97 @@ func SetDraining(pool *membership.Pool, log *slog.Logger) {
 	if err := pool.UpdateMeta(func(m *membership.Meta) { m.Draining = true }); err != nil {
 		log.Warn("gossip draining announcement failed", "pool", pool.Name(), "err", err)
 	}
+}
+
+// EnvHopKeys holds the inter-tier MAC keys (docs/wire.md §2) as
+// "CLUSTER/ID:BASE64[,...]": a global relay needs every cluster it serves,
+// a transceiver or cluster relay uses its own cluster's (and should be
+// given only those). Per cluster the first key listed signs; all are
+// accepted.
+const EnvHopKeys = "RTCEDGE_HOP_KEYS"
+
+// HopKeys configures the inter-tier datagram MAC keys.
+type HopKeys struct {
+	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_HOP_KEYS.
+	Keys []string `yaml:"keys"`
+	// File, when set, holds the specs instead (separated by commas or
+	// newlines, e.g. a mounted Kubernetes Secret). The node reads it again
+	// every HopKeysReload and applies a changed, valid set without a
+	// restart: this is how keys rotate (docs/operations.md).
+	File string `yaml:"file"`
+}
+
+// HopKeysReload is how often a node re-reads HopKeys.File.
+const HopKeysReload = 10 * time.Second
+
+// ApplyEnv takes the keys from $RTCEDGE_HOP_KEYS when set.
+func (k *HopKeys) ApplyEnv() {
+	if env := os.Getenv(EnvHopKeys); env != "" {
+		k.Keys = strings.Split(env, ",")
+	}
+}
+
+// ClusterKeys builds the keyrings of every cluster listed (global relay);
+// it is also HopKeys' validation.
+func (k *HopKeys) ClusterKeys() (*encap.ClusterKeys, error) {
+	specs := k.Keys
+	if k.File != "" {
+		b, err := os.ReadFile(k.File)
+		if err != nil {
+			return nil, fmt.Errorf("hop_keys.file: %w", err)
+		}
+		specs = strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
+	}
+	var clean []string
+	for _, s := range specs {
+		if s = strings.TrimSpace(s); s != "" {
+			clean = append(clean, s)
+		}
+	}
+	if len(clean) == 0 {
+		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys, hop_keys.file or $%s", EnvHopKeys)
+	}
+	return encap.ParseClusterKeys(clean)
+}
+
+// WatchHopKeys re-reads k.File every period (nodes use HopKeysReload)
+// until ctx ends and
+// hands every changed, valid key set to apply; an unreadable or invalid
+// file is logged and the keys in use stay. Without a file it returns at
+// once.
+func WatchHopKeys(ctx context.Context, k HopKeys, period time.Duration, log *slog.Logger, apply func(*encap.ClusterKeys)) error {
+	if k.File == "" {
+		return nil
+	}
+	last, _ := os.ReadFile(k.File)
+	for Sleep(ctx, period) {
+		b, err := os.ReadFile(k.File)
+		if err != nil || string(b) == string(last) {
+			if err != nil {
+				log.Error("hop keys file unreadable; keeping the keys in use", "err", err)
+			}
+			continue
+		}
+		keys, err := k.ClusterKeys()
+		if err != nil {
+			log.Error("hop keys file invalid; keeping the keys in use", "err", err)
+			continue
+		}
+		last = b
+		apply(keys)
+		log.Info("hop keys reloaded", "file", k.File)
+	}
+	return nil
+}
+
+// Keyring builds one cluster's keyring (transceiver, cluster relay).
+func (k *HopKeys) Keyring(cluster uint16) (*encap.Keyring, error) {
+	all, err := k.ClusterKeys()
+	if err != nil {
+		return nil, err
+	}
+	if r := all.For(cluster); r != nil {
+		return r, nil
+	}
+	return nil, fmt.Errorf("no inter-tier hop key for cluster %d in hop_keys.keys or $%s", cluster, EnvHopKeys)
 }

@@ -423,3 +423,16 @@ func WriteFile(t testing.TB, dir, name, content string) string {
 	}
 	return path
 }
+
+// Await polls cond every 50ms until it holds, failing the test after limit.
+// For states that live in other processes, with no event to subscribe to.
+func Await(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -351,9 +351,9 @@ func TestMemoryTTL(t *testing.T) {
 		do      func()
 		wantTTL time.Duration // 0: no entry
 	}{
-		{"stored", func() { c.Store(x, Route{1, 1}) }, ttl},
+		{"stored", func() { c.Store(x, Route{Cluster: 1, Pod: 1}) }, ttl},
 		{"half a TTL later", func() { advance(ttl / 2) }, ttl / 2},
-		{"refreshed", func() { c.Store(x, Route{1, 1}) }, ttl},
+		{"refreshed", func() { c.Store(x, Route{Cluster: 1, Pod: 1}) }, ttl},
 		{"expired", func() { advance(ttl) }, 0},
 	}
 	for _, st := range steps {
@@ -367,7 +367,7 @@ func TestMemoryTTL(t *testing.T) {
 	if r, ok := lookup(t, c, x); ok {
 		t.Fatalf("lookup of expired entry = %v", r)
 	}
-	c.Store(addr(1), Route{2, 2}) // a write after a TTL sweeps the expired entry
+	c.Store(addr(1), Route{Cluster: 2, Pod: 2}) // a write after a TTL sweeps the expired entry
 	flush(t, c)
 	if n := c.MemoryStore().Len(); n != 1 {
 		t.Fatalf("store holds %d entries after a sweep; want 1", n)
@@ -389,7 +389,7 @@ func TestEnqueueDoesNotAllocate(t *testing.T) {
 		name string
 		f    func()
 	}{
-		{"Store", func() { c.Store(addrs[i%len(addrs)], Route{1, 2}); i++ }},
+		{"Store", func() { c.Store(addrs[i%len(addrs)], Route{Cluster: 1, Pod: 2}); i++ }},
 		{"Delete", func() { c.Delete(addrs[i%len(addrs)]); i++ }},
 		{"Lookup", func() { c.Lookup(addrs[i%n], done); i++ }},
 		{"Lookup coalesced or dropped", func() { c.Lookup(addrs[0], done) }},

@@ -40,10 +40,11 @@ func TestRedisTTL(t *testing.T) {
 	run(t, c)
 
 	key := DefaultKeyPrefix + "203.0.113.9:6000"
-	c.Store(x, Route{Cluster: 0x0102, Pod: 0x0304})
+	c.Store(x, Route{Cluster: 0x0102, Pod: 0x0304, Token: [6]byte{5, 6, 7, 8, 9, 10}, KeyID: 11, Tag: 0x1213141516171819})
 	flush(t, c)
-	if v, err := admin.Get(ctx, key).Bytes(); err != nil || string(v) != "\x01\x02\x03\x04" {
-		t.Fatalf("GET %s = %q, %v; want 4 bytes 01 02 03 04", key, v, err)
+	const want = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x12\x13\x14\x15\x16\x17\x18\x19"
+	if v, err := admin.Get(ctx, key).Bytes(); err != nil || string(v) != want {
+		t.Fatalf("GET %s = %q, %v; want %q (cluster, pod, token, key ID, tag)", key, v, err, want)
 	}
 	steps := []struct {
 		name string
@@ -234,12 +235,12 @@ func TestRedisSlow(t *testing.T) {
 		run(t, c)
 		t.Cleanup(srv.Kill) // runs before the workers are stopped: frees a round trip stuck on a paused server
 		flush(t, c)
-		c.Store(addr(1), Route{1, 1}) // a connection is open before the pause
+		c.Store(addr(1), Route{Cluster: 1, Pod: 1}) // a connection is open before the pause
 		flush(t, c)
 		srv.Pause()
 		defer srv.Resume()
 		start := time.Now()
-		c.Store(addr(2), Route{1, 1})
+		c.Store(addr(2), Route{Cluster: 1, Pod: 1})
 		flush(t, c) // returns only once the round trip has given up
 		t.Logf("a write round trip to a paused server ended after %v (Timeout 100ms)", time.Since(start).Round(time.Millisecond))
 		if s := c.Stats(); s.WritesError != 1 || s.Up {
@@ -260,7 +261,7 @@ func TestRedisSlow(t *testing.T) {
 		c := w(t, srv, Config{Timeout: time.Hour, QueueLen: queue, BatchMax: batch, LookupsPerSec: 1e6})
 		run(t, c)
 		t.Cleanup(srv.Kill) // runs before the workers are stopped: frees a round trip stuck on a paused server
-		c.Store(addr(0), Route{1, 1})
+		c.Store(addr(0), Route{Cluster: 1, Pod: 1})
 		flush(t, c)
 		srv.Pause()
 		d := burst(c, n)

@@ -29,8 +29,18 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Route is what a cache stores for a client address.
-type Route struct{ Cluster, Pod uint16 }
+// Route is what a cache stores for a client address: the flow's cluster
+// and pod, the nonce of the routing token that opened it (so a restored
+// flow counts against its token's cap), and a MAC by the writer (key ID
+// and tag, see encap.Keyring.SealRoute) so that a process able to write
+// to the cache cannot point a client's flow elsewhere. The cache stores
+// the fields as given; the global relay seals and verifies.
+type Route struct {
+	Cluster, Pod uint16
+	Token        [6]byte
+	KeyID        uint8
+	Tag          uint64
+}
 
 // Cache is used by global relays. Implementations never block the caller:
 // Store, Lookup and Delete enqueue work and return at once (dropping, and

@@ -8,11 +8,20 @@
 //	POST   SessionsPath        CreateRequest  -> 201 CreateResponse, 400/503/5xx apierr body
 //	DELETE SessionsPath/{id}                  -> 204, 404
 //	GET    StatusPath                         -> 200 (PodStatus on a pod)
+//
+// Every hop authenticates with a per-cluster bearer secret (Authorize,
+// RequireSecret) over the transport the deployment gives it (TLS, see
+// docs/operations.md).
 package sessionapi
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
+	"net/http"
 	"net/netip"
+
+	"github.com/rtcedge/rtcedge/internal/apierr"
 )
 
 // Paths of the internal session API, the same on a pod and on a cluster's
@@ -54,4 +63,37 @@ type PodStatus struct {
 	Sessions int    `json:"sessions"`
 	Capacity int    `json:"capacity"`
 	Draining bool   `json:"draining"`
+}
+
+// Authorize sets the bearer secret of a request to a session API; an empty
+// secret leaves the request without credentials.
+func Authorize(req *http.Request, secret string) {
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
+}
+
+// RequireSecret wraps a session API handler so that every request but the
+// health probes (/livez, /readyz, answered without credentials for
+// kubelets) must carry "Authorization: Bearer <secret>"; others get 401.
+// The comparison takes the same time whatever the presented value. An
+// empty secret returns h unchanged (dev worlds and tests).
+func RequireSecret(secret string, h http.Handler) http.Handler {
+	if secret == "" {
+		return h
+	}
+	want := sha256.Sum256([]byte("Bearer " + secret))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/livez" || r.URL.Path == "/readyz" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "unauthorized",
+				"the session API needs the cluster's bearer secret", 0)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -2,6 +2,8 @@ package sessionapi
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"testing"
 )
@@ -36,5 +38,44 @@ func TestCreateRequestWireForm(t *testing.T) {
 				t.Fatalf("round trip: %+v", back)
 			}
 		})
+	}
+}
+
+func TestRequireSecret(t *testing.T) {
+	inner := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	h := RequireSecret("s3cret-of-cluster-1", inner)
+	tests := []struct {
+		name, path, auth string
+		want             int
+	}{
+		{"no credentials", SessionsPath, "", http.StatusUnauthorized},
+		{"wrong secret", SessionsPath, "Bearer s3cret-of-cluster-2", http.StatusUnauthorized},
+		{"secret without scheme", SessionsPath, "s3cret-of-cluster-1", http.StatusUnauthorized},
+		{"prefix of the secret", StatusPath, "Bearer s3cret", http.StatusUnauthorized},
+		{"right secret", SessionsPath, "Bearer s3cret-of-cluster-1", http.StatusTeapot},
+		{"status with the secret", StatusPath, "Bearer s3cret-of-cluster-1", http.StatusTeapot},
+		{"liveness probe", "/livez", "", http.StatusTeapot},
+		{"readiness probe", "/readyz", "", http.StatusTeapot},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, tc.path, nil)
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tc.want {
+				t.Fatalf("status %d, want %d", rec.Code, tc.want)
+			}
+		})
+	}
+	// Authorize produces what RequireSecret accepts.
+	req := httptest.NewRequest(http.MethodPost, SessionsPath, nil)
+	Authorize(req, "s3cret-of-cluster-1")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusTeapot {
+		t.Fatalf("Authorize: status %d", rec.Code)
 	}
 }

@@ -14,7 +14,9 @@
 //	0      version<<4 | keyID
 //	1..2   cluster ID (big-endian, 0 invalid)
 //	3..4   pod ID (big-endian)
-//	5..10  nonce
+//	5..6   mint hour: hours since the Unix epoch, mod 65536 (part of the
+//	       nonce; a coarse mint time so relays refuse old tokens)
+//	7..10  nonce: 32 random bits
 //	11..14 first 4 bytes of HMAC-SHA256(key[keyID], bytes 0..10)
 package token
 
@@ -25,8 +27,9 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
-	"strconv"
-	"strings"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/keyspec"
 )
 
 const (
@@ -75,8 +78,29 @@ type Token struct {
 	// Pod is the transceiver pod that owns the session, unique among the
 	// live pods of its cluster.
 	Pod uint16
-	// Nonce makes every token unique.
+	// Nonce makes every token unique: its first two bytes are the mint
+	// hour (see MintHour), the other four are random.
 	Nonce [6]byte
+}
+
+// hourOf returns t's hour counter: hours since the Unix epoch, mod 65536.
+func hourOf(t time.Time) uint16 { return uint16(t.Unix() / 3600) }
+
+// MintHour returns the hour counter the token was minted in.
+func (t Token) MintHour() uint16 { return binary.BigEndian.Uint16(t.Nonce[0:2]) }
+
+// Expired reports whether the token is at least lifetime old at now, at
+// the hour counter's resolution: a token is refused from the start of the
+// hour in which it is certainly lifetime old, so at most lifetime + 1h
+// after minting. A token minted up to one hour "ahead" (clock skew
+// between pod and relay) is not expired. The counter wraps after about
+// 7.5 years, far longer than any key is kept.
+func (t Token) Expired(now time.Time, lifetime time.Duration) bool {
+	age := int(hourOf(now) - t.MintHour()) // mod 65536
+	if age == 0xffff {
+		return false
+	}
+	return time.Duration(age-1)*time.Hour >= lifetime
 }
 
 // macKey holds the HMAC pads of one key, precomputed so that Verify needs
@@ -125,41 +149,24 @@ func NewKeyring(current uint8, keys map[uint8][]byte) (*Keyring, error) {
 // ParseKeySpec parses a key given as "ID:BASE64" (standard base64, padding
 // optional), as found in config files and flags, e.g. "3:AAECAwQF...".
 func ParseKeySpec(spec string) (id uint8, key []byte, err error) {
-	idStr, b64, ok := strings.Cut(spec, ":")
-	if !ok {
-		return 0, nil, fmt.Errorf("token: key spec %q: want ID:BASE64", redact(spec))
-	}
-	n, err := strconv.ParseUint(idStr, 10, 8)
-	if err != nil || n > maxKeyID {
-		return 0, nil, fmt.Errorf("token: key spec: key ID %q not in 0..%d", idStr, maxKeyID)
-	}
-	key, err = base64.RawStdEncoding.DecodeString(strings.TrimRight(b64, "="))
-	if err != nil {
-		// The error text can quote key material; keep only the fact.
-		return 0, nil, fmt.Errorf("token: key spec for ID %d: key is not valid base64", n)
-	}
-	if len(key) != KeyLen {
-		return 0, nil, fmt.Errorf("token: key spec for ID %d: key is %d bytes, want %d", n, len(key), KeyLen)
-	}
-	return uint8(n), key, nil
-}
-
-// redact keeps a key spec's ID part only, so that errors never print keys.
-func redact(spec string) string {
-	if len(spec) > 3 {
-		return spec[:3] + "…"
-	}
-	return spec
+	return keyspec.Parse("token", spec, maxKeyID, KeyLen)
 }
 
 // CurrentKeyID returns the key ID that Mint uses.
 func (k *Keyring) CurrentKeyID() uint8 { return k.current }
 
-// Mint returns a fresh token for (cluster, pod) under the current key, with
-// a nonce from crypto/rand. Cluster 0 is rejected with ErrCluster.
+// Mint returns a fresh token for (cluster, pod) under the current key,
+// minted now. Cluster 0 is rejected with ErrCluster.
 func (k *Keyring) Mint(cluster, pod uint16) (string, error) {
+	return k.MintAt(cluster, pod, time.Now())
+}
+
+// MintAt is Mint with the mint time given: the nonce is the hour counter
+// of now and 32 bits from crypto/rand.
+func (k *Keyring) MintAt(cluster, pod uint16, now time.Time) (string, error) {
 	t := Token{KeyID: k.current, Cluster: cluster, Pod: pod}
-	if _, err := rand.Read(t.Nonce[:]); err != nil {
+	binary.BigEndian.PutUint16(t.Nonce[0:2], hourOf(now))
+	if _, err := rand.Read(t.Nonce[2:]); err != nil {
 		return "", fmt.Errorf("token: read nonce: %w", err)
 	}
 	return k.Encode(t)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // vectorKey is the WIRE.md test key: bytes 0x00..0x1f.
@@ -384,4 +385,40 @@ func reasonLabel(err error) string {
 		return ""
 	}
 	return ReasonOf(err).String()
+}
+
+// TestMintHourAndExpiry: a token carries the hour it was minted in, and is
+// expired once it is certainly lifetime old (at most lifetime + 1h after
+// minting), never before; a token from one hour "ahead" (clock skew) is
+// fresh.
+func TestMintHourAndExpiry(t *testing.T) {
+	k, err := NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{9}, KeyLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mint := time.Date(2026, 12, 1, 10, 30, 0, 0, time.UTC)
+	u, err := k.MintAt(3, 4, mint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := k.Verify([]byte(u))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.MintHour() != uint16(mint.Unix()/3600) {
+		t.Fatalf("MintHour = %d, want %d", tok.MintHour(), mint.Unix()/3600)
+	}
+	const life = 24 * time.Hour
+	for _, tc := range []struct {
+		at      time.Duration // after mint
+		expired bool
+	}{
+		{0, false}, {30 * time.Minute, false}, {23 * time.Hour, false}, {24 * time.Hour, false},
+		{24*time.Hour + 29*time.Minute, false}, {24*time.Hour + 30*time.Minute, true}, {40 * time.Hour, true},
+		{-time.Hour, false}, {-2 * time.Hour, true},
+	} {
+		if got := tok.Expired(mint.Add(tc.at), life); got != tc.expired {
+			t.Errorf("Expired %v after mint = %v, want %v", tc.at, got, tc.expired)
+		}
+	}
 }

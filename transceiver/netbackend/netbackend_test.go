@@ -110,6 +110,43 @@ func TestEchoOverTheNetwork(t *testing.T) {
 	}
 }
 
+// TestHelloConfigIsJSON: the hello carries the session config as the JSON
+// object docs/backend-protocol.md promises (not base64 of its bytes), and
+// the echo backend quotes it back.
+func TestHelloConfigIsJSON(t *testing.T) {
+	raw := make(chan []byte, 1)
+	addr := startServer(t, func(ctx context.Context, c *Conn) {
+		b, _ := json.Marshal(c.Hello)
+		raw <- b
+		EchoHandler(ctx, c)
+	})
+	b := &Backend{Addr: addr}
+	out := newSink()
+	const cfg = `{"instructions":"SERVER-CHOSEN","model":"m"}`
+	h, err := b.Open(context.Background(), transceiver.SessionInfo{ID: "rtc_b", Cluster: 1, Pod: 2, Config: []byte(cfg)}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var hello map[string]json.RawMessage
+	if err := json.Unmarshal(<-raw, &hello); err != nil {
+		t.Fatal(err)
+	}
+	if string(hello["config"]) != cfg {
+		t.Fatalf("hello config %s, want the object %s", hello["config"], cfg)
+	}
+	h.Event([]byte(`{"type":"ping"}`))
+	out.wait(t, 1)
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	var reply struct {
+		Config json.RawMessage `json:"config"`
+	}
+	if json.Unmarshal(out.events[0], &reply) != nil || string(reply.Config) != cfg {
+		t.Fatalf("echo reply %s does not quote the config", out.events[0])
+	}
+}
+
 // TestCloseEndsBackendSession: closing the pod's handler closes the
 // connection, which ends the backend's handler.
 func TestCloseEndsBackendSession(t *testing.T) {

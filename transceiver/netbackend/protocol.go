@@ -18,6 +18,7 @@ package netbackend
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,8 +43,10 @@ type Hello struct {
 	Session string `json:"session"`
 	Cluster uint16 `json:"cluster"`
 	Pod     uint16 `json:"pod"`
-	// Config is the client's session configuration, if any (raw JSON).
-	Config []byte `json:"config,omitempty"`
+	// Config is the session's effective configuration, if any: a JSON
+	// object carried as is (for a call placed with a client secret, the
+	// app server's config with the client's permitted additions).
+	Config json.RawMessage `json:"config,omitempty"`
 }
 
 // appendFrame appends one frame to b.

@@ -160,7 +160,9 @@ func accept(c net.Conn) (*Conn, error) {
 
 // EchoHandler is the reference backend over the network: audio comes back
 // unchanged, every event is answered with an event quoting it (the same
-// reply as the in-process echo backend).
+// reply as the in-process echo backend) and, when the session has one, the
+// session config the hello carried, so a caller can see what the backend
+// was told.
 func EchoHandler(_ context.Context, c *Conn) {
 	for {
 		typ, p, d, err := c.Read()
@@ -174,6 +176,9 @@ func EchoHandler(_ context.Context, c *Conn) {
 			}
 		case FrameEvent:
 			reply := map[string]any{"type": "rtcedge.echo", "session": c.Hello.Session}
+			if len(c.Hello.Config) > 0 && json.Valid(c.Hello.Config) {
+				reply["config"] = c.Hello.Config
+			}
 			if json.Valid(p) {
 				reply["echo"] = json.RawMessage(p)
 			} else {

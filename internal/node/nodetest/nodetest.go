@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/token"
@@ -110,4 +112,17 @@ func Run(t testing.TB, n Runner) (stop func()) {
 		stop()
 	})
 	return stop
+}
+
+// HopKeys is an inter-tier key spec with one random key per cluster.
+func HopKeys(t testing.TB, clusters ...uint16) node.HopKeys {
+	var k node.HopKeys
+	for _, c := range clusters {
+		key := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(key); err != nil {
+			t.Fatal(err)
+		}
+		k.Keys = append(k.Keys, fmt.Sprintf("%d/1:%s", c, base64.StdEncoding.EncodeToString(key)))
+	}
+	return k
 }

@@ -1,0 +1,120 @@
+package signaling
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// DefaultClientSessionFields are the top-level session fields a browser
+// holding a client secret may set in the "session" part of a /calls offer
+// when Config.ClientSessionFields is nil: how the call sounds and is
+// transcribed, never what it costs or what the model is told. The model,
+// instructions, tools, prompt and tracing are the app server's, fixed when
+// it mints the secret.
+var DefaultClientSessionFields = []string{
+	"type", "voice", "speed", "audio", "turn_detection",
+	"input_audio_format", "output_audio_format", "input_audio_transcription", "input_audio_noise_reduction",
+	"modalities", "output_modalities", "temperature", "max_response_output_tokens", "max_output_tokens", "include",
+}
+
+// sessionFieldError names a client session field that may not be set.
+type sessionFieldError struct{ field string }
+
+func (e *sessionFieldError) Error() string {
+	return fmt.Sprintf("session.%s is fixed by the server that minted the client secret", e.field)
+}
+
+// canonicalSession checks that a session is a JSON object of bounded size
+// and returns it compacted with its keys sorted (so equal configs encode
+// equally), or nil for an absent or empty one.
+func canonicalSession(raw json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return nil, nil
+	}
+	if len(raw) > maxSessionJSON {
+		return nil, fmt.Errorf("the session is over %d bytes", maxSessionJSON)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		return nil, errors.New("the session must be a JSON object")
+	}
+	if len(obj) == 0 {
+		return nil, nil
+	}
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("encode session: %w", err)
+	}
+	return out, nil
+}
+
+// mergeSession lays the server's session over the client's: the server's
+// fields always win (objects are merged key by key, the server's keys
+// winning), the client adds only fields on allow, and a client field off
+// that list is refused unless it repeats the server's value. Both inputs
+// are JSON objects or empty; the result is canonical.
+func mergeSession(server, client json.RawMessage, allow []string) (json.RawMessage, error) {
+	var s, c map[string]any
+	if len(server) > 0 {
+		if err := json.Unmarshal(server, &s); err != nil {
+			return nil, fmt.Errorf("server session: %w", err)
+		}
+	}
+	if len(client) > 0 {
+		if err := json.Unmarshal(client, &c); err != nil {
+			return nil, errors.New("the session must be a JSON object")
+		}
+	}
+	if s == nil {
+		s = map[string]any{}
+	}
+	for k, cv := range c {
+		sv, fixed := s[k]
+		if !slices.Contains(allow, k) {
+			if fixed && jsonEqual(sv, cv) {
+				continue
+			}
+			return nil, &sessionFieldError{field: k}
+		}
+		if fixed {
+			s[k] = overlay(sv, cv)
+		} else {
+			s[k] = cv
+		}
+	}
+	if len(s) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(s)
+}
+
+// overlay merges two JSON values with top's winning: objects key by key,
+// anything else top as it is.
+func overlay(top, under any) any {
+	t, ok1 := top.(map[string]any)
+	u, ok2 := under.(map[string]any)
+	if !ok1 || !ok2 {
+		return top
+	}
+	out := make(map[string]any, len(t)+len(u))
+	for k, v := range u {
+		out[k] = v
+	}
+	for k, v := range t {
+		if uv, ok := u[k]; ok {
+			out[k] = overlay(v, uv)
+		} else {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func jsonEqual(a, b any) bool {
+	x, err1 := json.Marshal(a)
+	y, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+}
