@@ -34,7 +34,7 @@ func main() {
 
 func run() error {
 	bin := flag.String("bin", "", "rtcedge binary (default: build one into a temporary directory)")
-	stepsFlag := flag.String("steps", "50,100,200,300,400,500,600,700", "session counts to hold, ascending")
+	stepsFlag := flag.String("steps", "50,100,200,300,400,500,600,700,800,1000", "session counts to hold, ascending")
 	window := flag.Duration("window", 8*time.Second, "measurement window per step")
 	idle := flag.Duration("idle", 3*time.Second, "also measure each step with the audio stopped for this long (0: skip)")
 	settle := flag.Duration("settle", 3*time.Second, "wait after setting up a step before measuring")
@@ -42,7 +42,7 @@ func run() error {
 	maxLoss := flag.Float64("max-loss", 0.005, "loss limit for a step to count as held")
 	cores := flag.Int("cores", 2, "cores of the machine the projection is for")
 	target := flag.Float64("target", 0.8, "CPU share of those cores the projection allows the pod")
-	limit := flag.Duration("timeout", 6*time.Minute, "bound on the whole run")
+	limit := flag.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	jsonPath := flag.String("json", "", "also write the run (machine, load, steps, fit) as JSON to this file")
 	profDir := flag.String("profile", "", "write the pod's CPU, heap and allocation profiles (pprof) into this directory")
 	profStep := flag.Int("profile-step", 300, "with -profile: profile the first step of at least this many sessions")
