@@ -325,6 +325,15 @@ type Summary struct {
 	Target          float64 `json:"target"`             // share of those cores the projection allows
 	MaxHeldSessions int     `json:"max_held_sessions"`  // the largest step held under MaxLoss on this machine
 	MaxLoss         float64 `json:"max_loss"`
+	// The same from the pod's CPU against the datagrams it took in, over
+	// every held step whatever the machine's load: a starved load
+	// generator sends less, and the pod's cost per datagram stays
+	// measurable where the per-session fit has no step under the busy
+	// limit. Per session = per datagram × 50 pps.
+	DatagramSteps      int     `json:"datagram_fit_steps"`
+	CPUPerDatagram     float64 `json:"cpu_seconds_per_datagram"`
+	DatagramBase       float64 `json:"datagram_fit_base"`
+	ProjectedDatagrams int     `json:"projected_sessions_from_datagrams"`
 }
 
 // Summarize fits cost = base + slope × sessions (least squares) over the
@@ -335,12 +344,14 @@ type Summary struct {
 // alone.
 func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary {
 	s := Summary{Cores: cores, Target: target, MaxLoss: maxLoss}
-	var xs, cpu, idle, rss, heap []float64
+	var xs, cpu, idle, rss, heap, pps, dcpu []float64
 	for _, st := range steps {
 		if st.Loss > maxLoss {
 			continue
 		}
 		s.MaxHeldSessions = max(s.MaxHeldSessions, st.Sessions)
+		pps = append(pps, st.PodPPSIn)
+		dcpu = append(dcpu, st.PodCPU)
 		if st.BoxBusy > target*float64(cores) {
 			continue
 		}
@@ -351,6 +362,12 @@ func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary
 		heap = append(heap, float64(st.PodHeap))
 	}
 	s.Steps = len(xs)
+	if s.DatagramSteps = len(pps); len(pps) >= 2 {
+		s.CPUPerDatagram, s.DatagramBase = fit(pps, dcpu)
+		if s.CPUPerDatagram > 0 {
+			s.ProjectedDatagrams = int((float64(cores)*target - max(0, s.DatagramBase)) / (s.CPUPerDatagram * 50))
+		}
+	}
 	if len(xs) < 2 {
 		return s
 	}
@@ -391,8 +408,13 @@ func Table(steps []Step, sum Summary) string {
 	for _, st := range steps {
 		b.WriteString(st.line() + "\n")
 	}
+	if sum.DatagramSteps >= 2 {
+		fmt.Fprintf(&b, "per datagram, over %d held steps whatever the load: %.1f µs of pod CPU (base %.1f %%); %.3f %% of a core per session at 50 pps; projected %d sessions on %d cores at %.0f %%\n",
+			sum.DatagramSteps, 1e6*sum.CPUPerDatagram, 100*sum.DatagramBase, 100*50*sum.CPUPerDatagram,
+			sum.ProjectedDatagrams, sum.Cores, 100*sum.Target)
+	}
 	if sum.Steps < 2 {
-		b.WriteString("too few steps under the loss limit to fit a cost per session\n")
+		b.WriteString("too few steps under the loss limit and the busy limit to fit a cost per session\n")
 		return b.String()
 	}
 	fmt.Fprintf(&b, "fit over %d steps with loss <= %.1f%% and the machine under %.0f%% busy:\n", sum.Steps, 100*sum.MaxLoss, 100*sum.Target)
