@@ -115,6 +115,13 @@ type Config struct {
 	// client; default 30s. Consent checks every few seconds keep live calls.
 	FlowIdle time.Duration
 	MaxFlows int // cap on the flow table; default 262144
+	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
+	// detection (failover.go): a flow leaves its cluster relay when
+	// replies stop for SilenceAfter (or 3× their usual interval) or a
+	// check goes unanswered for CheckTimeout (or 4× the flow's check
+	// round trip), and avoids it for AvoidFor. Defaults
+	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
+	SilenceAfter, CheckTimeout, AvoidFor time.Duration
 	// CacheRefresh is how often a live flow is written to the cache again,
 	// so that it outlives the cache TTL for as long as the call runs;
 	// default 20s (a third of the cache's default TTL).
@@ -125,8 +132,23 @@ type Config struct {
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
 	Batch int
+	// LockThreads runs each worker's two read loops on OS threads of
+	// their own (runtime.LockOSThread) instead of the Go scheduler's
+	// shared ones. See docs/benchmarks.md for what it costs.
+	LockThreads bool
+	// CPUs, when set, pins worker i's read loops to CPU CPUs[i mod
+	// len(CPUs)] (sched_setaffinity on their locked threads; implies
+	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
+	CPUs []int
+	// Bundle sends the datagrams of one receive batch that go to the same
+	// cluster relay as one bundle (docs/bundle.md): fewer datagrams for
+	// the kernel, nothing waits. Turn it on only once every cluster relay
+	// and pod reads bundles (this version and later do; replies in bundles
+	// are always read).
+	Bundle bool
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -156,6 +178,7 @@ type Relay struct {
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 
 	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
+	suspects  suspects     // cluster relays avoided on data-plane evidence (failover.go)
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
@@ -185,6 +208,11 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
 	}
+	for _, c := range cfg.CPUs {
+		if c < 0 {
+			return nil, fmt.Errorf("globalrelay config: CPU %d is negative", c)
+		}
+	}
 	if cfg.FlowIdle == 0 {
 		cfg.FlowIdle = 30 * time.Second
 	}
@@ -199,6 +227,15 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	if cfg.FlowQuiet == 0 {
 		cfg.FlowQuiet = 3 * time.Second
+	}
+	if cfg.SilenceAfter <= 0 {
+		cfg.SilenceAfter = DefaultSilenceAfter
+	}
+	if cfg.CheckTimeout <= 0 {
+		cfg.CheckTimeout = DefaultCheckTimeout
+	}
+	if cfg.AvoidFor <= 0 {
+		cfg.AvoidFor = DefaultAvoidFor
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -311,9 +348,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	loop := func(conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
+	loop := func(cpu int, toCluster bool, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
+		if cpu >= 0 || r.cfg.LockThreads {
+			// Never unlocked: the thread ends with the loop.
+			if err := udpio.LockThread(cpu); err != nil {
+				r.log.Warn("read loop not pinned", "err", err)
+			}
+		}
 		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
+		if toCluster {
+			hooks.Bundle, hooks.Bundled = r.cfg.Bundle, r.bundled
+		} else {
+			// Cluster relays may bundle replies; always read bundles.
+			hooks.Unbundle, hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+		}
 		var err error
 		if r.cfg.Batch > 1 {
 			err = udpio.ForwardBatch(conn, dst, headroom, limit, r.cfg.Batch, decide, hooks)
@@ -325,16 +374,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.Close()
 	}
-	for _, w := range r.workers {
+	for i, w := range r.workers {
+		cpu := -1
+		if len(r.cfg.CPUs) > 0 {
+			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
+		}
 		wg.Add(2)
-		go loop(w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		go loop(cpu, true, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		})
-		go loop(w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
+		go loop(cpu, false, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
-	// The coarse clock ticks often (it stamps flows); the expiry scan,
-	// which locks every shard in turn, runs a few times per FlowIdle.
-	tick := time.NewTicker(time.Second / 4)
+	// The coarse clock ticks often (it stamps flows and times the
+	// failure detection); the expiry scan, which locks every shard in
+	// turn, runs a few times per FlowIdle.
+	tick := time.NewTicker(clockTick)
 	defer tick.Stop()
 	scanEvery := min(max(r.cfg.FlowIdle/8, time.Second/4), 5*time.Second)
 	lastScan := time.Now()
@@ -363,9 +417,14 @@ func (r *Relay) Run(ctx context.Context) error {
 
 func (r *Relay) writeErr(error) { r.m.writeErrors.Inc() }
 
+func (r *Relay) bundled(bundles, datagrams int) {
+	r.m.bundles.Add(float64(bundles))
+	r.m.bundledPackets.Add(float64(datagrams))
+}
+
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
-	if n := r.flows.expire(cutoff); n > 0 {
+	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
 	}
 	r.m.flows.Set(float64(r.flows.len()))
@@ -438,13 +497,16 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 		// New flows, and live ones every CacheRefresh: the entry must
 		// outlive its TTL for as long as the call runs.
 		f.lastStored.Store(now)
-		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce}
-		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce)
+		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce, Stored: uint32(now / int64(time.Second))}
+		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce, rt.Stored)
 		r.cfg.Cache.Store(from, rt)
 	}
 	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
 	if !ok {
 		return nil, netip.AddrPort{}, false
+	}
+	if stunErr == nil {
+		watchCheck(f, now) // a verified Binding Request: the pod must answer it
 	}
 	keys.Seal(out, hl)
 	return out, relay, true
@@ -454,7 +516,7 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 // a zero tag) in front of the datagram at buf[encap.MaxLen:][:n]; the
 // caller seals it.
 func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.AddrPort, now int64) ([]byte, int, netip.AddrPort, bool) {
-	relay, ok := f.relay(r.cfg.Clusters, from)
+	relay, ok := r.relayFor(f, from, now)
 	if !ok {
 		r.m.drops.Inc(dropNoClusterRelay)
 		return nil, 0, netip.AddrPort{}, false
@@ -480,6 +542,10 @@ func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now in
 	switch {
 	case !r.sourceOK(from):
 		r.m.drops.Inc(dropBadSource)
+		return nil
+	case r.hopKeys.Load().For(tok.Cluster) == nil:
+		// A flow we could not seal for: refuse it before it exists.
+		r.m.drops.Inc(dropNoHopKey)
 		return nil
 	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
 		r.m.drops.Inc(dropTokenExpired)
@@ -519,7 +585,15 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	if route.Cluster == 0 {
 		return
 	}
-	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.KeyID, route.Tag); err != nil {
+	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.Stored, route.KeyID, route.Tag); err != nil {
+		r.m.cacheRejected.Inc()
+		return
+	}
+	// A live flow's entry is rewritten every CacheRefresh: an older one is
+	// a dead flow's, or replayed by someone who can write to the cache.
+	// A few seconds "ahead" are clock skew between replicas.
+	age := r.now.Load()/int64(time.Second) - int64(route.Stored)
+	if age > int64(3*r.cfg.CacheRefresh/time.Second) || age < -5 {
 		r.m.cacheRejected.Inc()
 		return
 	}
@@ -616,11 +690,13 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			r.m.flowsRestoredReturn.Inc()
 			// The next client datagram writes it to the cache
 			// (lastStored is zero).
+			f = nf
 		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
 		r.m.drops.Inc(dropFlowMismatch)
 		return nil, netip.AddrPort{}, false
 	}
+	r.watchReply(f, from, r.now.Load())
 	r.m.toClient.Inc()
 	r.m.toClientBytes.Add(float64(n - hl))
 	return pkt[hl:], h.Client, true
@@ -634,6 +710,9 @@ type metrics struct {
 	toClusterBytes, toClientBytes           prometheus.Counter
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
+	bundles, bundledPackets                 prometheus.Counter
+	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
+	suspects                                prometheus.Gauge
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
@@ -648,7 +727,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
 	})
 	expired := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets.",
+		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
 	})
 	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
@@ -673,21 +752,39 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_cache_rejected_total",
 		Help: "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.",
 	})
+	bundles := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bundles_sent_total", Help: "Bundles sent to cluster relays (Config.Bundle).",
+	})
+	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bundled_packets_total", Help: "Datagrams sent to cluster relays inside bundles.",
+	})
+	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_relay_repicks_total",
+		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; avoided: another flow's evidence).",
+	}, []string{"reason"})
+	suspects := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "rtcedge_globalrelay_relay_suspects",
+		Help: "Cluster relays every flow avoids because one left a check unanswered (until they answer or the avoidance ends).",
+	})
 	m := &metrics{
+		repicks: map[string]prometheus.Counter{}, suspects: suspects,
 		takeovers: takeovers, cacheRejected: cacheRejected,
 		flows: flows, flowsCreated: created, flowsExpired: expired,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
 		flowsRestoredCache:  restored.WithLabelValues("cache"),
 		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
-		writeErrors: writeErrors,
-		drops:       udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
-		encapDrops:  udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
-		stunDrops:   udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
-		tokenDrops:  udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
+		writeErrors: writeErrors, bundles: bundles, bundledPackets: bundledPackets,
+		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
+		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
+		stunDrops:  udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
+		tokenDrops: udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
+	}
+	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided} {
+		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected} {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

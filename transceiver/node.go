@@ -92,10 +92,15 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 			return nil, err
 		}
 	}
-	n.life.Serve("session API", s.API, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}
+	n.apiURL = cfg.APITLS.URL(n.apiURL)
+	api, err := cfg.APITLS.Listener(s.API)
+	if err != nil {
+		return nil, err
+	}
+	n.life.Serve("session API", api, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err

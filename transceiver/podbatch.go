@@ -6,21 +6,20 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
-// Batched I/O on the pod socket: every reader takes up to ioBatch datagrams
-// per recvmmsg, and one writer sends what the sessions queued with sendmmsg.
-// Under load both cut the system calls per datagram; when datagrams trickle
-// in, a batch is one datagram and the cost is that of a plain read or write.
-// Neither allocates per datagram (TestBatchIONoAllocs). On systems without
-// recvmmsg/sendmmsg (podbatch_other.go) a batch is always one datagram.
-
-// ioBatch is the most datagrams one read or write system call moves.
-const ioBatch = 32
+// Batched I/O on the pod socket, through udpio.BatchConn (recvmmsg and
+// sendmmsg, nothing allocated per datagram): every reader (readLoop) takes
+// up to podBatch datagrams per call, and the sessions' datagrams leave in
+// batches through outQueue. Under load both cut the system calls per
+// datagram; when datagrams trickle in, a batch is one datagram and the cost
+// is that of a plain read or write.
 
 // defaultReaders is how many goroutines read the pod socket when
-// Config.Readers is zero: one per core the process may use, at most 4. Every
-// reader runs the whole receive path of its datagrams (header, route,
+// Config.Readers is zero: one per core the process may use, at most 4.
+// Every reader runs the whole receive path of its datagrams (header, route,
 // session queue), so one core is no longer the ceiling of a pod.
 func defaultReaders() int { return min(runtime.GOMAXPROCS(0), 4) }
 
@@ -31,45 +30,6 @@ func defaultReaders() int { return min(runtime.GOMAXPROCS(0), 4) }
 // queue evenly. Datagrams of one client may then be handed on out of order
 // when two readers race; audio packets of one session are 20 ms apart, and
 // SRTP, SCTP and DTLS all tolerate reordering.
-
-// readBatches reads the socket until it is closed and hands every datagram
-// to handle. It never blocks on Pion: a full session queue drops the
-// datagram. Several readBatches may run at once on one socket.
-func (s *podSocket) readBatches() error {
-	r, err := newBatchReader(s.conn)
-	if err != nil {
-		return err
-	}
-	defer r.release()
-	for {
-		n, err := r.read()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
-		for i := range n {
-			buf, size, from, trunc := r.message(i)
-			if trunc {
-				// Filled the buffer: maybe truncated, never a WebRTC datagram.
-				s.m.drop(dropOversize)
-				continue
-			}
-			if s.handle(buf, size, unmap(from)) {
-				r.replace(i) // handed on: the slot gets a fresh buffer
-			}
-		}
-	}
-}
-
-func unmap(a netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-}
 
 // outQueue is the pod socket's send side, shared by every session. A
 // session's goroutine queues its datagram (send); if no other goroutine is
@@ -83,7 +43,7 @@ type outQueue struct {
 	// Static after newOutQueue.
 	conn *net.UDPConn
 	m    *metrics
-	w    *batchWriter // used by the goroutine that set flushing
+	bc   *udpio.BatchConn // written only by the goroutine that set flushing
 
 	mu       sync.Mutex
 	pending  *outBatch // filled by send; guarded by mu
@@ -94,13 +54,12 @@ type outQueue struct {
 // outBatch is one batch of datagrams to send, in preallocated slots.
 type outBatch struct {
 	n    int
-	bufs [ioBatch]podBuf
-	lens [ioBatch]int
-	to   [ioBatch]netip.AddrPort
+	bufs [podBatch]podBuf
+	ms   [podBatch]udpio.Msg
 }
 
 func newOutQueue(conn *net.UDPConn, m *metrics) *outQueue {
-	return &outQueue{conn: conn, m: m, w: newBatchWriter(conn), pending: &outBatch{}, spare: &outBatch{}}
+	return &outQueue{conn: conn, m: m, bc: udpio.NewBatchConn(conn, podBatch), pending: &outBatch{}, spare: &outBatch{}}
 }
 
 // send queues a copy of pkt for to and, unless another goroutine is already
@@ -109,14 +68,14 @@ func newOutQueue(conn *net.UDPConn, m *metrics) *outQueue {
 // when the queue was full.
 func (q *outQueue) send(pkt []byte, to netip.AddrPort) error {
 	q.mu.Lock()
-	if q.pending.n == ioBatch {
+	if q.pending.n == podBatch {
 		q.mu.Unlock()
 		_, err := q.conn.WriteToUDPAddrPort(pkt, to)
 		return err
 	}
 	b := q.pending
-	b.lens[b.n] = copy(b.bufs[b.n][:], pkt)
-	b.to[b.n] = to
+	n := copy(b.bufs[b.n][:], pkt)
+	b.ms[b.n] = udpio.Msg{Buf: b.bufs[b.n][:n], Addr: to}
 	b.n++
 	if q.flushing {
 		q.mu.Unlock()
@@ -140,15 +99,14 @@ func (q *outQueue) send(pkt []byte, to netip.AddrPort) error {
 // skipped, so one unreachable relay does not hold back the rest.
 func (q *outQueue) flush(b *outBatch) {
 	for sent := 0; sent < b.n; {
-		k, err := q.w.write(b, sent)
+		k, err := q.bc.WriteBatch(b.ms[sent:b.n])
+		sent += k
 		if err != nil {
 			q.m.writeErrors.Inc()
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
 			sent++
-			continue
 		}
-		sent += k
 	}
 }

@@ -62,6 +62,14 @@ func udp4(t testing.TB) *net.UDPConn {
 
 func startTiers(t *testing.T) *tiers {
 	t.Helper()
+	return startTiersBatch(t, 0, false)
+}
+
+// startTiersBatch is startTiers with both relays reading and writing up
+// to batch datagrams per system call (0 or 1: one), and sending bundles
+// when bundle is set.
+func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
+	t.Helper()
 	keys, err := token.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{1}, token.KeyLen)})
 	if err != nil {
 		t.Fatal(err)
@@ -86,12 +94,12 @@ func startTiers(t *testing.T) *tiers {
 		t.Fatal(err)
 	}
 	tr.session = sc.(*muxConn)
-	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet,
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet,
+	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
 		Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
 		[]globalrelay.Worker{{Public: pub, Internal: in}})
@@ -106,7 +114,7 @@ func startTiers(t *testing.T) *tiers {
 	done := make(chan struct{}, 3)
 	go func() { _ = gr.Run(ctx); done <- struct{}{} }()
 	go func() { _ = cr.Run(ctx); done <- struct{}{} }()
-	go func() { _ = sock.readBatches(); done <- struct{}{} }()
+	go func() { _ = sock.readLoop(); done <- struct{}{} }()
 	tr.stop = func() {
 		cancel()
 		podConn.Close()
@@ -120,9 +128,19 @@ func startTiers(t *testing.T) *tiers {
 	return tr
 }
 
+// mapClient routes a client address to the tiers' session, as the POP's
+// mux does after a check from it.
+func (tr *tiers) mapClient(c netip.AddrPort) {
+	m := tr.pc.mux
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byAddr[c] = tr.session
+	tr.session.addrs = append(tr.session.addrs, c)
+}
+
 // check sends a valid ICE check for the pod, which opens the flow, and
 // waits for it at the pod.
-func (tr *tiers) check(t *testing.T) {
+func (tr *tiers) check(t testing.TB) {
 	t.Helper()
 	m, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(tr.ufrag+":clnt"),
 		stun.NewShortTermIntegrity("password-password-pass"), stun.Fingerprint)
@@ -140,7 +158,7 @@ func (tr *tiers) check(t *testing.T) {
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.
-func (tr *tiers) readPod(t *testing.T, wait time.Duration) ([]byte, bool) {
+func (tr *tiers) readPod(t testing.TB, wait time.Duration) ([]byte, bool) {
 	t.Helper()
 	_ = tr.session.SetReadDeadline(time.Now().Add(wait))
 	buf := make([]byte, 4096)
