@@ -54,8 +54,9 @@ bench:
 
 # Transceiver capacity (docs/benchmarks.md): the pod as its own process under
 # a stepped load of 50 pps voice sessions; a few minutes, prints a table.
+# CAPACITY_FLAGS adds flags, e.g. -steps 300 -profile bin/capacity-prof.
 bench-capacity: build
-	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN)
+	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN) -json bin/bench-capacity.json $(CAPACITY_FLAGS)
 
 # Relays against a minimal C forwarder (docs/benchmarks.md, "Relays at the
 # limit of one hop"): direct, C, naive Go, global relay, and the two-tier

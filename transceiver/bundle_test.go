@@ -20,6 +20,9 @@ func TestTiersBundles(t *testing.T) {
 	ingress := udp4(t) // plays a global relay worker's internal socket
 	defer ingress.Close()
 	clients := []netip.AddrPort{netip.MustParseAddrPort("192.0.2.1:1000"), netip.MustParseAddrPort("192.0.2.2:2000"), netip.MustParseAddrPort("192.0.2.3:3000")}
+	for _, c := range clients {
+		tr.mapClient(c) // as if each had sent the session a check
+	}
 	b := encap.StartBundle(nil)
 	var payloads [][]byte
 	for i, c := range clients {
@@ -39,8 +42,8 @@ func TestTiersBundles(t *testing.T) {
 	}
 	buf := make([]byte, 2048)
 	for i, c := range clients {
-		_ = tr.pc.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, from, err := tr.pc.ReadFromAddrPort(buf)
+		_ = tr.session.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := tr.session.ReadFromAddrPort(buf)
 		if err != nil || from != c || !bytes.Equal(buf[:n], payloads[i]) {
 			t.Fatalf("item %d: %x from %v (%v), want %x from %v", i, buf[:n], from, err, payloads[i], c)
 		}

@@ -111,8 +111,8 @@ func (s *session) stopFollow() {
 	}
 }
 
-// inject hands Pion's mux reader a datagram as if it had arrived from a
-// client through this POP. It reports false when the conn is closed or its
+// inject hands a datagram to its session (popMux) as if it had arrived
+// from a client through this POP. It reports false when the conn is closed or its
 // queue is full.
 func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	select {
@@ -122,11 +122,9 @@ func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	}
 	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], b)
-	select {
-	case c.in <- datagram{buf: buf, n: n, from: from}:
-		return true
-	default:
+	if _, ok := c.mux.deliver(buf, n, from); !ok {
 		bufPool.Put(buf)
 		return false
 	}
+	return true
 }

@@ -21,7 +21,12 @@ const (
 	dropWrongPod
 	dropEmpty
 	dropUnknownPOP
-	dropQueueFull
+	// dropSessionQueue: the session's own queue (sessionQueueLen) is full,
+	// its ICE reader has stalled for a second's worth of its datagrams.
+	dropSessionQueue
+	// dropUnknownClient: from a client address no session of the POP
+	// knows, and not a STUN Binding Request naming one of its ufrags.
+	dropUnknownClient
 	dropNoRoute
 	dropOversize
 	dropRouteTable
@@ -34,7 +39,7 @@ const (
 // dropLabels is the "reason" label of every dropReason, indexed by it.
 var dropLabels = [numDropReasons]string{
 	dropOther: "other", dropDirection: "wrong_direction", dropWrongPod: "wrong_pod", dropEmpty: "empty",
-	dropUnknownPOP: "unknown_pop", dropQueueFull: "queue_full", dropNoRoute: "no_route", dropOversize: "oversize",
+	dropUnknownPOP: "unknown_pop", dropSessionQueue: "session_queue_full", dropUnknownClient: "unknown_client", dropNoRoute: "no_route", dropOversize: "oversize",
 	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
 }

@@ -18,11 +18,6 @@ import (
 // one byte, so that a longer datagram is seen as such and dropped.
 type podBuf = [encap.MaxDatagram + 1]byte
 
-// inQueueLen bounds how many datagrams wait for Pion's mux reader per POP.
-// A full queue drops new datagrams (counted) instead of blocking the socket
-// reader, so one slow POP cannot stall the others.
-const inQueueLen = 1024
-
 // errNoRoute is returned by popConn writes for a client address that has
 // sent nothing through this pod recently: there is no header to answer with.
 var errNoRoute = errors.New("transceiver: no relay route to client")
@@ -31,7 +26,8 @@ var errNoRoute = errors.New("transceiver: no relay route to client")
 // client address Pion has not authenticated yet.
 var errProvisional = errors.New("transceiver: route to client not yet authenticated")
 
-// datagram is one client datagram waiting for Pion, in a pooled buffer.
+// datagram is one client datagram waiting for a session's ICE reader
+// (popmux.go), in a pooled buffer.
 type datagram struct {
 	buf  *podBuf
 	n    int
@@ -82,6 +78,7 @@ type podSocket struct {
 	// restarts translates checks of ICE-restarted sessions (restart.go);
 	// set once after construction.
 	restarts *restartTable
+	out      *outQueue // batched sends (podbatch.go)
 
 	tcp tcpSide // ICE-TCP clients (tcp.go)
 
@@ -90,7 +87,8 @@ type podSocket struct {
 }
 
 func newPodSocket(conn *net.UDPConn, cluster, pod uint16, keys *encap.Keyring, relays *RelaySet, m *metrics, now func() time.Time) *podSocket {
-	s := &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{}}
+	s := &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{},
+		out: newOutQueue(conn, m)}
 	s.keys.Store(keys)
 	s.tcp.init(s)
 	return s
@@ -119,10 +117,10 @@ func (s *podSocket) popConn(id uint16, vip netip.AddrPort) (*popConn, bool, erro
 				id:     id,
 				vip:    vip,
 				local:  net.UDPAddrFromAddrPort(vip),
-				in:     make(chan datagram, inQueueLen),
 				closed: make(chan struct{}),
 				routes: map[netip.AddrPort]*route{},
 			}
+			pc.mux = newPOPMux(pc)
 			s.pops[id] = pc
 			s.mu.Unlock()
 			return pc, true, nil
@@ -147,7 +145,8 @@ func (s *podSocket) lookup(id uint16) *popConn {
 const podBatch = 32
 
 // readLoop reads the socket until it is closed, a batch per system call.
-// It never blocks on Pion: a full POP queue drops the datagram.
+// It never blocks on Pion: a full session queue drops the datagram.
+// Several readLoops may run on one socket (Config.Readers).
 func (s *podSocket) readLoop() error {
 	bc := udpio.NewBatchConn(s.conn, podBatch)
 	bufs := make([]*podBuf, podBatch)
@@ -213,6 +212,7 @@ func (s *podSocket) unbundle(b []byte, from netip.AddrPort) {
 
 // handle routes one datagram from a cluster relay to its POP conn. It
 // reports whether buf was handed on (and must not be reused by the caller).
+// Several socket readers call it at once.
 func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	pkt := buf[:n]
 	if !s.relays.Trusted(from) {
@@ -257,15 +257,13 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
 	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
-	select {
-	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
-		s.m.packetsIn.Inc()
-		s.m.bytesIn.Add(float64(n - hl))
-		return true
-	default:
-		s.m.drop(dropQueueFull)
+	if reason, ok := pc.mux.deliver(buf, n-hl, h.Client); !ok {
+		s.m.drop(reason)
 		return false
 	}
+	s.m.packetsIn.Inc()
+	s.m.bytesIn.Add(float64(n - hl))
+	return true
 }
 
 // sweep forgets routes idle for longer than ttl, and provisional ones older
@@ -336,7 +334,7 @@ func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool
 	return time.Unix(0, r.lastSeen.Load()), true
 }
 
-// closeAll closes every POP conn, which ends Pion's mux readers.
+// closeAll closes every POP conn: writes through it fail from then on.
 func (s *podSocket) closeAll() {
 	s.tcp.closeAll()
 	s.mu.Lock()
@@ -346,21 +344,20 @@ func (s *podSocket) closeAll() {
 	}
 }
 
-// popConn is the net.PacketConn Pion's UDP mux reads for one POP. Its
-// LocalAddr is the POP's VIP, so host candidates name the VIP; its peers are
-// the clients' real addresses taken from the encapsulation header.
+// popConn is one POP's side of the pod socket: its ICE mux (popmux.go),
+// whose conns' LocalAddr is the POP's VIP, so host candidates name the VIP,
+// and the return routes to its clients, whose addresses are the real ones
+// taken from the encapsulation header.
 type popConn struct {
 	// Static after construction.
 	sock  *podSocket
 	id    uint16
 	vip   netip.AddrPort
 	local *net.UDPAddr
+	mux   *popMux
 
-	in        chan datagram
 	closed    chan struct{}
 	closeOnce sync.Once
-
-	readDeadline atomic.Pointer[time.Time]
 
 	mu          sync.RWMutex
 	routes      map[netip.AddrPort]*route // guarded by mu
@@ -448,20 +445,6 @@ func (c *popConn) remove(a netip.AddrPort, r *route) {
 	}
 }
 
-// ReadFromAddrPort implements ice.AddrPortReaderWriter.
-func (c *popConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
-	return readInbox(c.in, c.closed, &c.readDeadline, b)
-}
-
-// ReadFrom implements net.PacketConn.
-func (c *popConn) ReadFrom(b []byte) (int, net.Addr, error) {
-	n, from, err := c.ReadFromAddrPort(b)
-	if err != nil {
-		return 0, nil, err
-	}
-	return n, net.UDPAddrFromAddrPort(from), nil
-}
-
 // WriteToAddrPort sends b to a client through the cluster relay and global
 // relay replica its packets last came through.
 func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
@@ -491,35 +474,11 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	return written, nil
 }
 
-// WriteTo implements net.PacketConn.
-func (c *popConn) WriteTo(b []byte, addr net.Addr) (int, error) {
-	ua, ok := addr.(*net.UDPAddr)
-	if !ok {
-		return 0, errors.New("transceiver: not a UDP address")
-	}
-	return c.WriteToAddrPort(b, ua.AddrPort())
-}
-
-// Close ends reads with io.EOF, which makes Pion's mux shut down cleanly.
+// Close makes writes through the POP fail from then on.
 func (c *popConn) Close() error {
 	c.closeOnce.Do(func() { close(c.closed) })
 	return nil
 }
-
-// LocalAddr is the POP's VIP: what Pion advertises as the host candidate.
-func (c *popConn) LocalAddr() net.Addr { return c.local }
-
-// SetDeadline sets the read deadline; writes never block.
-func (c *popConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
-
-// SetReadDeadline bounds ReadFrom calls started after it.
-func (c *popConn) SetReadDeadline(t time.Time) error {
-	c.readDeadline.Store(&t)
-	return nil
-}
-
-// SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
-func (c *popConn) SetWriteDeadline(time.Time) error { return nil }
 
 // RelaySet is the set of cluster relays whose datagrams the pod accepts
 // (their data addresses, from the cluster pool). A datagram's header sets

@@ -37,6 +37,13 @@ func benchPodReader(b *testing.B, pps int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// One session conn takes every client: the mux routes known addresses
+	// to their session (the STUN that would teach it them is not the point).
+	sc, err := pc.mux.GetConn("bench-session-ufrag1", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	session := sc.(*muxConn)
 	readDone := make(chan struct{})
 	go func() { _ = sock.readLoop(); close(readDone) }()
 	got := make(chan int, 1)
@@ -44,7 +51,7 @@ func benchPodReader(b *testing.B, pps int) {
 		buf := make([]byte, 2048)
 		n := 0
 		for { // no deadline: a deadline arms a timer per read
-			if _, _, err := pc.ReadFromAddrPort(buf); err != nil {
+			if _, _, err := session.ReadFromAddrPort(buf); err != nil {
 				got <- n
 				return
 			}
@@ -58,6 +65,9 @@ func benchPodReader(b *testing.B, pps int) {
 	for i := range msgs {
 		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 40000)
 		msgs[i] = udpio.Msg{Buf: sealed(b, encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: c, Ingress: ingress}, string(make([]byte, 120))), Addr: to}
+		pc.mux.mu.Lock()
+		pc.mux.byAddr[c] = session
+		pc.mux.mu.Unlock()
 	}
 	wr := udpio.NewBatchConn(relay, 32)
 	// Open every client's route first (as Pion's authentication would).
@@ -88,6 +98,7 @@ func benchPodReader(b *testing.B, pps int) {
 	elapsed := time.Since(start)
 	time.Sleep(300 * time.Millisecond) // let the queues drain
 	pc.Close()
+	session.Close()
 	delivered := <-got - clients // the route-opening datagrams
 	b.StopTimer()
 	var queueFull float64
@@ -95,7 +106,7 @@ func benchPodReader(b *testing.B, pps int) {
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if mf.GetName() == "rtcedge_transceiver_dropped_packets_total" && l.GetValue() == "queue_full" {
+				if mf.GetName() == "rtcedge_transceiver_dropped_packets_total" && l.GetValue() == "session_queue_full" {
 					queueFull += m.GetCounter().GetValue()
 				}
 			}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/datachannel"
 	"github.com/pion/ice/v4"
 	"github.com/pion/rtp"
 	"github.com/pion/stun/v4"
@@ -49,8 +51,10 @@ type session struct {
 	outTSFrac int64      // sub-tick remainder of the RTP clock in ns·Hz, guarded by outMu
 
 	mu           sync.Mutex
-	dc           *webrtc.DataChannel // guarded by mu
-	connectTimer *time.Timer         // guarded by mu
+	events       datachannel.ReadWriteCloser // the open events channel (detached), nil before; guarded by mu
+	closing      bool                        // teardown has begun: no new readers; guarded by mu
+	connectTimer *time.Timer                 // guarded by mu
+	readers      sync.WaitGroup              // the events reader; Add under mu while !closing
 
 	follow      follower     // a path change waiting for the old address to go silent (follow.go)
 	restartedAt atomic.Int64 // unix nanos of the last ICE restart not yet followed by a check (restart.go)
@@ -123,7 +127,12 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", fmt.Errorf("add track: %w", err)
 	}
-	// Reading the sender's RTCP lets the interceptors see receiver reports.
+	// Reading the sender's RTCP passes the client's sender reports (which
+	// Pion delivers to every SSRC they name, ours included) through the
+	// receiver-report interceptor: it needs their timestamps for the
+	// LSR/DLSR fields from which the browser computes its round-trip time
+	// (remote-inbound-rtp roundTripTime). The RTCP of the client's own
+	// stream is not read; its buffer is bounded (rtcpReadBuffer).
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
@@ -340,13 +349,59 @@ func (s *session) onDataChannel(dc *webrtc.DataChannel) {
 		_ = dc.Close()
 		return
 	}
-	s.mu.Lock()
-	s.dc = dc
-	s.mu.Unlock()
-	dc.OnMessage(func(msg webrtc.DataChannelMessage) {
-		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
-		s.handler.Event(msg.Data)
+	// Detached (sizeForVoice): the session reads the channel itself.
+	dc.OnOpen(func() {
+		raw, err := dc.Detach()
+		if err != nil {
+			s.t.log.Warn("detach events channel", "session", s.id, "err", err)
+			return
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			_ = raw.Close()
+			return
+		}
+		s.events = raw
+		s.readers.Add(1)
+		s.mu.Unlock()
+		go s.readEvents(raw)
 	})
+}
+
+// Event buffer: small JSON events fit the first size; a larger message
+// grows the buffer (the message waits in SCTP meanwhile) up to the
+// largest message the pod accepts.
+const (
+	eventReadBuffer = 4 << 10
+	maxEventSize    = 256 << 10
+)
+
+// readEvents hands the events channel's messages to the backend until the
+// channel or the call ends.
+func (s *session) readEvents(raw datachannel.ReadWriteCloser) {
+	defer s.readers.Done()
+	defer func() {
+		s.mu.Lock()
+		if s.events == raw {
+			s.events = nil
+		}
+		s.mu.Unlock()
+	}()
+	buf := make([]byte, eventReadBuffer)
+	for {
+		n, _, err := raw.ReadDataChannel(buf)
+		if errors.Is(err, io.ErrShortBuffer) && len(buf) < maxEventSize {
+			buf = make([]byte, min(2*len(buf), maxEventSize))
+			continue
+		}
+		if err != nil {
+			_ = raw.Close()
+			return
+		}
+		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
+		s.handler.Event(buf[:n])
+	}
 }
 
 // End implements Ender: the backend side is gone, so the call ends.
@@ -380,13 +435,14 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 // SendEvent implements Sink.
 func (s *session) SendEvent(data []byte) error {
 	s.mu.Lock()
-	dc := s.dc
+	ev := s.events
 	s.mu.Unlock()
-	if dc == nil || dc.ReadyState() != webrtc.DataChannelStateOpen {
+	if ev == nil {
 		return errChannelNotOpen
 	}
 	// Text, as OpenAI sends events: clients JSON.parse(e.data).
-	return dc.SendText(string(data))
+	_, err := ev.WriteDataChannel(data, true)
+	return err
 }
 
 func (s *session) isIdle(now time.Time, timeout time.Duration) bool {
@@ -414,6 +470,7 @@ func (s *session) teardown() {
 		s.stopFollow()
 		s.t.restarts.forget(s)
 		s.mu.Lock()
+		s.closing = true
 		if s.connectTimer != nil {
 			s.connectTimer.Stop()
 		}
@@ -422,5 +479,9 @@ func (s *session) teardown() {
 			_ = s.handler.Close()
 		}
 		_ = s.pc.GracefulClose()
+		// Closing the PeerConnection ends the SCTP association, which ends
+		// the events reader's read: no goroutine of the session outlives
+		// teardown.
+		s.readers.Wait()
 	})
 }

@@ -365,7 +365,7 @@ func (s *podSocket) send(hdr *encap.Header, relay netip.AddrPort, b []byte) (int
 	}
 	copy(buf[hl:], b)
 	s.keys.Load().Seal(buf[:hl+len(b)], hl)
-	if _, err := s.conn.WriteToUDPAddrPort(buf[:hl+len(b)], relay); err != nil {
+	if err := s.out.send(buf[:hl+len(b)], relay); err != nil { // batched (podbatch.go); it copies
 		s.m.writeErrors.Inc()
 		return 0, err
 	}

@@ -16,9 +16,9 @@ func tiersRound(t testing.TB) func() {
 	tr.check(t)
 	// Reads without a deadline (a deadline arms a timer per read); a
 	// watchdog ends a stuck run instead.
-	_ = tr.pc.SetReadDeadline(time.Time{})
+	_ = tr.session.SetReadDeadline(time.Time{})
 	_ = tr.client.SetReadDeadline(time.Time{})
-	watchdog := time.AfterFunc(2*time.Minute, func() { tr.pc.Close(); tr.client.Close() })
+	watchdog := time.AfterFunc(2*time.Minute, func() { tr.session.Close(); tr.client.Close() })
 	t.Cleanup(func() { watchdog.Stop() })
 	media := make([]byte, 160)
 	media[0] = 0x80 // RTP
@@ -27,7 +27,7 @@ func tiersRound(t testing.TB) func() {
 		if _, err := tr.client.WriteToUDPAddrPort(media, tr.pub); err != nil {
 			t.Fatal(err)
 		}
-		n, from, err := tr.pc.ReadFromAddrPort(buf)
+		n, from, err := tr.session.ReadFromAddrPort(buf)
 		if err != nil || n != len(media) || from != tr.clientAddr {
 			t.Fatalf("pod read %d bytes from %v: %v", n, from, err)
 		}

@@ -23,6 +23,8 @@ type tiers struct {
 	client          *net.UDPConn
 	pub             netip.AddrPort
 	pc              *popConn
+	session         *muxConn // the one session the checks are for
+	ufrag           string
 	sock            *podSocket
 	gr              *globalrelay.Relay
 	cr              *clusterrelay.Relay
@@ -84,6 +86,14 @@ func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
 	if tr.pc, _, err = sock.popConn(1, tr.vip); err != nil {
 		t.Fatal(err)
 	}
+	if tr.ufrag, err = keys.Mint(7, 3); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := tr.pc.mux.GetConn(tr.ufrag, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.session = sc.(*muxConn)
 	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
@@ -118,15 +128,21 @@ func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
 	return tr
 }
 
+// mapClient routes a client address to the tiers' session, as the POP's
+// mux does after a check from it.
+func (tr *tiers) mapClient(c netip.AddrPort) {
+	m := tr.pc.mux
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byAddr[c] = tr.session
+	tr.session.addrs = append(tr.session.addrs, c)
+}
+
 // check sends a valid ICE check for the pod, which opens the flow, and
 // waits for it at the pod.
 func (tr *tiers) check(t testing.TB) {
 	t.Helper()
-	ufrag, err := tr.keys.Mint(7, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(ufrag+":clnt"),
+	m, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(tr.ufrag+":clnt"),
 		stun.NewShortTermIntegrity("password-password-pass"), stun.Fingerprint)
 	if err != nil {
 		t.Fatal(err)
@@ -144,9 +160,9 @@ func (tr *tiers) check(t testing.TB) {
 // readPod returns the next client datagram the pod hands to WebRTC.
 func (tr *tiers) readPod(t testing.TB, wait time.Duration) ([]byte, bool) {
 	t.Helper()
-	_ = tr.pc.SetReadDeadline(time.Now().Add(wait))
+	_ = tr.session.SetReadDeadline(time.Now().Add(wait))
 	buf := make([]byte, 4096)
-	n, from, err := tr.pc.ReadFromAddrPort(buf)
+	n, from, err := tr.session.ReadFromAddrPort(buf)
 	if err != nil {
 		return nil, false
 	}

@@ -70,6 +70,10 @@ type Config struct {
 	// Relays, when set, limits the datagrams the pod accepts to those from
 	// the cluster's relays (FollowRelays keeps it in step with gossip).
 	Relays *RelaySet
+	// Readers is how many goroutines read the pod socket, each taking
+	// batches of datagrams (recvmmsg) and running their receive path;
+	// default one per core (GOMAXPROCS), at most 4.
+	Readers int
 	// HopKeys are the cluster's inter-tier MAC keys (required): datagrams
 	// whose tag does not verify are dropped before anything else, replies
 	// are sealed. SetHopKeys replaces them without a restart.
@@ -104,6 +108,9 @@ func (c *Config) applyDefaults() {
 	def(&c.FailedTimeout, 15*time.Second)
 	def(&c.SCTPRTOMax, time.Second)
 	def(&c.RouteTTL, 2*time.Minute)
+	if c.Readers == 0 {
+		c.Readers = defaultReaders()
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -125,6 +132,8 @@ func (c *Config) Validate() error {
 		return errors.New("transceiver config: inter-tier hop keys are required")
 	case c.MaxSessions < 0:
 		return errors.New("transceiver config: max sessions must not be negative")
+	case c.Readers < 0:
+		return errors.New("transceiver config: readers must not be negative")
 	case c.DTLSRole != "" && c.DTLSRole != "client" && c.DTLSRole != "server":
 		return fmt.Errorf("transceiver config: dtls role %q: want client or server", c.DTLSRole)
 	}
@@ -171,12 +180,12 @@ type Transceiver struct {
 	restarts *restartTable
 
 	mu       sync.Mutex
-	muxes    map[uint16]*ice.UDPMuxDefault // per POP, guarded by mu
-	sessions map[string]*session           // guarded by mu
-	reserved int                           // sessions being created, guarded by mu
-	draining bool                          // guarded by mu
-	closed   bool                          // guarded by mu
-	drained  chan struct{}                 // closed when draining and no sessions remain; guarded by mu
+	muxes    map[uint16]*popMux  // per POP, guarded by mu
+	sessions map[string]*session // guarded by mu
+	reserved int                 // sessions being created, guarded by mu
+	draining bool                // guarded by mu
+	closed   bool                // guarded by mu
+	drained  chan struct{}       // closed when draining and no sessions remain; guarded by mu
 
 	wg           sync.WaitGroup // session teardown goroutines
 	creates      sync.WaitGroup // CreateSession calls past reserve; Close waits for them
@@ -203,9 +212,9 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	}, webrtc.RTPCodecTypeAudio); err != nil {
 		return nil, fmt.Errorf("register opus: %w", err)
 	}
-	ir := &interceptor.Registry{}
-	if err := webrtc.RegisterDefaultInterceptors(me, ir); err != nil {
-		return nil, fmt.Errorf("register interceptors: %w", err)
+	ir, err := voiceInterceptors()
+	if err != nil {
+		return nil, err
 	}
 
 	t := &Transceiver{
@@ -214,7 +223,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		m:        m,
 		me:       me,
 		ir:       ir,
-		muxes:    map[uint16]*ice.UDPMuxDefault{},
+		muxes:    map[uint16]*popMux{},
 		sessions: map[string]*session{},
 		runDone:  make(chan struct{}),
 
@@ -246,6 +255,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	}
 	se.SetICETimeouts(cfg.DisconnectedTimeout, cfg.FailedTimeout, 2*time.Second)
 	se.SetSCTPRTOMax(cfg.SCTPRTOMax)
+	sizeForVoice(&se)
 	t.base = se
 	return t, nil
 }
@@ -261,7 +271,7 @@ var opusCapability = webrtc.RTPCodecCapability{
 // called; then it closes the transceiver. It returns nil on a normal stop.
 func (t *Transceiver) Run(ctx context.Context) error {
 	readDone := make(chan error, 1)
-	go func() { readDone <- t.sock.readLoop() }()
+	go func() { readDone <- t.readAll() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var err error
@@ -282,6 +292,23 @@ func (t *Transceiver) Run(ctx context.Context) error {
 	}
 	t.Close()
 	return fmt.Errorf("read pod socket: %w", err)
+}
+
+// readAll runs the socket's readers until the socket is closed, and
+// returns the first reader's error.
+func (t *Transceiver) readAll() error {
+	errs := make(chan error, t.cfg.Readers)
+	for range t.cfg.Readers {
+		go func() { errs <- t.sock.readLoop() }()
+	}
+	var first error
+	for range t.cfg.Readers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			_ = t.sock.conn.Close() // stop the other readers too
+		}
+	}
+	return first
 }
 
 // housekeep expires idle sessions and stale routes.
@@ -432,15 +459,10 @@ func (t *Transceiver) muxesFor(pops []POPAddr) ([]ice.UDPMux, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: POP %d: %v", ErrBadPOP, p.ID, err)
 		}
-		mux := t.muxes[p.ID]
-		if created || mux == nil {
-			mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{
-				UDPConn: pc,
-				Logger:  pionLoggers{t.log}.NewLogger("udpmux"),
-			})
-			t.muxes[p.ID] = mux
+		if created {
+			t.muxes[p.ID] = pc.mux
 		}
-		out = append(out, mux)
+		out = append(out, pc.mux)
 	}
 	return out, nil
 }

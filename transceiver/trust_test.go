@@ -39,9 +39,11 @@ func unitSocketAt(t *testing.T, relays *RelaySet, now func() time.Time) (*podSoc
 	return sock, pc, reg
 }
 
-// feed hands one datagram to the socket as if read from relay, draining
-// the POP queue so it never fills.
+// feed hands one datagram to the socket as if read from relay, as if its
+// client belonged to a session (feedSession) whose queue it drains so that
+// it never fills.
 func feed(sock *podSocket, pc *popConn, pkt []byte, relay netip.AddrPort) bool {
+	c := feedSession(pc, pkt)
 	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], pkt)
 	ok := sock.handle(buf, n, relay)
@@ -49,11 +51,29 @@ func feed(sock *podSocket, pc *popConn, pkt []byte, relay netip.AddrPort) bool {
 		bufPool.Put(buf)
 	}
 	select {
-	case d := <-pc.in:
+	case d := <-c.in:
 		bufPool.Put(d.buf)
 	default:
 	}
 	return ok
+}
+
+// feedSession maps the client address of pkt's header to one session conn
+// of the POP, the one every fed datagram goes to (normally the mux learns
+// addresses from STUN checks).
+func feedSession(pc *popConn, pkt []byte) *muxConn {
+	m := pc.mux
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.byUfrag["feed"]
+	if c == nil {
+		c = &muxConn{mux: m, ufrag: "feed", in: make(chan datagram, sessionQueueLen), closed: make(chan struct{})}
+		m.byUfrag["feed"] = c
+	}
+	if h, _, err := encap.Decode(pkt); err == nil {
+		m.byAddr[h.Client] = c
+	}
+	return c
 }
 
 var unitRelay = netip.MustParseAddrPort("127.0.0.1:9")

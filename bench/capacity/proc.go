@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -29,9 +30,10 @@ const clockTicks = 100
 // so that its CPU time and memory can be read apart from the load
 // generator's.
 type Pod struct {
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
+	cmd        *exec.Cmd
+	done       chan struct{}
+	waitErr    error
+	profileDir string
 
 	Data    netip.AddrPort // the pod's UDP socket
 	API     string         // session API base URL
@@ -39,18 +41,34 @@ type Pod struct {
 	HopKeys *encap.Keyring // the pod's inter-tier key: what a Link must seal with
 }
 
+// PodOptions are the optional settings of StartPod.
+type PodOptions struct {
+	// ProfileDir, when set, lets Profile write CPU and heap profiles of the
+	// pod there (the pod's RTCEDGE_PROFILE_DIR).
+	ProfileDir string
+	// Extra is appended to the pod's YAML config as is.
+	Extra string
+}
+
 // StartPod starts `bin transceiver` on loopback (every port 0) with a
 // config written to dir, and waits until it is up. The pod takes up to
 // maxSessions sessions. Stop it with Stop.
-func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, error) {
+func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOptions) (*Pod, error) {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
+	// The pod does not log where its metrics listener is, so it gets a
+	// port that was free a moment ago (the only port not chosen by the
+	// kernel at bind time; a clash fails the start, it does not mislead).
+	metricsAddr, err := freeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
 	cfgPath := filepath.Join(dir, "transceiver.yaml")
 	cfg := fmt.Sprintf("region: capacity\ncluster: 1\npod: 1\ndata_addr: 127.0.0.1:0\napi_addr: 127.0.0.1:0\n"+
-		"metrics_addr: 127.0.0.1:0\nmax_sessions: %d\ndrain_timeout: 2s\nlog_level: info\n"+
-		"gossip:\n  name: capacity-pod\n  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n", maxSessions)
+		"metrics_addr: %s\nmax_sessions: %d\ndrain_timeout: 2s\nlog_level: info\n"+
+		"gossip:\n  name: capacity-pod\n  bind: 127.0.0.1:0\n  insecure: true\n  fast: true\n%s", metricsAddr, maxSessions, opts.Extra)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
@@ -62,10 +80,13 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 	if err != nil {
 		return nil, err
 	}
-	p := &Pod{done: make(chan struct{}), HopKeys: hopKeys}
+	p := &Pod{done: make(chan struct{}), HopKeys: hopKeys, profileDir: opts.ProfileDir}
 	p.cmd = exec.Command(bin, "transceiver", "-config", cfgPath)
 	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key),
 		"RTCEDGE_HOP_KEYS=1/1:"+base64.StdEncoding.EncodeToString(hop))
+	if opts.ProfileDir != "" {
+		p.cmd.Env = append(p.cmd.Env, "RTCEDGE_PROFILE_DIR="+opts.ProfileDir)
+	}
 	p.cmd.Stdout = io.Discard
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -76,7 +97,6 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 	}
 	type upInfo struct {
 		data, api string
-		listening []string
 	}
 	up := make(chan upInfo, 1)
 	go func() {
@@ -85,8 +105,6 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 		for sc.Scan() {
 			f := logFields(sc.Text())
 			switch f["msg"] {
-			case "listening":
-				info.listening = append(info.listening, f["addr"])
 			case "transceiver up":
 				info.data, info.api = f["data"], f["api"]
 				up <- info
@@ -106,15 +124,7 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 			return nil, fmt.Errorf("transceiver data address %q: %w", info.data, err)
 		}
 		p.API = info.api
-		for _, a := range info.listening {
-			if "http://"+a != p.API {
-				p.Metrics = "http://" + a + "/metrics"
-			}
-		}
-		if p.Metrics == "" {
-			p.Stop()
-			return nil, errors.New("transceiver did not log its metrics address")
-		}
+		p.Metrics = "http://" + metricsAddr + "/metrics"
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("transceiver exited before it was up: %v", p.waitErr)
@@ -122,6 +132,16 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int) (*Pod, erro
 		p.Stop()
 		return nil, fmt.Errorf("transceiver not up: %w", ctx.Err())
 	}
+}
+
+// freeLoopbackPort returns a loopback address whose port was free.
+func freeLoopbackPort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // Stop sends SIGTERM (the pod drains with a 2 s deadline) and kills the
@@ -133,6 +153,38 @@ func (p *Pod) Stop() {
 	case <-time.After(10 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+	}
+}
+
+// StartProfile starts a CPU profile of the pod (SIGUSR1, see PodOptions).
+func (p *Pod) StartProfile() error {
+	if p.profileDir == "" {
+		return errors.New("capacity: pod started without a profile directory")
+	}
+	return p.cmd.Process.Signal(syscall.SIGUSR1)
+}
+
+// StopProfile stops the CPU profile and has the pod write its heap and
+// allocation profiles; it waits until they are written.
+func (p *Pod) StopProfile(ctx context.Context) error {
+	last := filepath.Join(p.profileDir, "allocs.pprof")
+	_ = os.Remove(last)
+	if err := p.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+		return err
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		if fi, err := os.Stat(last); err == nil && fi.Size() > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod profiles not written: %w", ctx.Err())
+		case <-tick.C:
+		}
 	}
 }
 
@@ -249,18 +301,7 @@ func UDPRcvbufErrors() int64 {
 }
 
 // LoadAvg returns the first field of /proc/loadavg.
-func LoadAvg() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
+func LoadAvg() float64 { return LoadAvgs()[0] }
 
 // Scrape reads the pod's /metrics and returns every sample summed by
 // metric name (labels dropped), which is what the report needs.

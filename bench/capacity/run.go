@@ -37,31 +37,39 @@ type RunConfig struct {
 	DataChannel bool
 	// Progress, when set, gets one line per event worth telling.
 	Progress io.Writer
+	// ProfileDir and ProfileStep, when both set, profile the pod (CPU over
+	// the measurement window, then heap and allocations) at the first step
+	// of at least ProfileStep sessions; the files land in ProfileDir.
+	ProfileDir  string
+	ProfileStep int
+	// PodConfig is appended to the pod's YAML config (e.g. "dtls_role: server").
+	PodConfig string
 }
 
 // Step is what one session count measured.
 type Step struct {
-	Sessions      int
-	SetupFailures int
-	SetupSecs     float64 // time to add this step's sessions
-	Sent, Echoed  int64
-	Loss          float64
-	RTTP50        time.Duration
-	RTTP99        time.Duration
+	Sessions      int           `json:"sessions"`
+	SetupFailures int           `json:"setup_failures"`
+	SetupSecs     float64       `json:"setup_seconds"` // time to add this step's sessions
+	Sent          int64         `json:"sent"`
+	Echoed        int64         `json:"echoed"`
+	Loss          float64       `json:"loss"` // ratio, 0..1
+	RTTP50        time.Duration `json:"rtt_p50_ns"`
+	RTTP99        time.Duration `json:"rtt_p99_ns"`
 
-	PodCPU     float64 // share of one core, audio on
-	PodIdleCPU float64 // share of one core, audio off (-1: not measured)
-	PodRSS     int64   // bytes, at the end of the window
-	PodHeap    int64   // go_memstats_heap_inuse_bytes
-	Goroutines int
-	PodPPSIn   float64 // client datagrams into the pod per second
-	PodPPSOut  float64
-	PodDrops   float64 // datagrams the pod dropped during the window
-	Rcvbuf     int64   // UDP receive-buffer overflows on the machine during the window
+	PodCPU     float64 `json:"pod_cpu"`        // share of one core, audio on
+	PodIdleCPU float64 `json:"pod_idle_cpu"`   // share of one core, audio off (-1: not measured)
+	PodRSS     int64   `json:"pod_rss_bytes"`  // at the end of the window
+	PodHeap    int64   `json:"pod_heap_bytes"` // go_memstats_heap_inuse_bytes
+	Goroutines int     `json:"pod_goroutines"`
+	PodPPSIn   float64 `json:"pod_pps_in"` // client datagrams into the pod per second
+	PodPPSOut  float64 `json:"pod_pps_out"`
+	PodDrops   float64 `json:"pod_drops"`     // datagrams the pod dropped during the window
+	Rcvbuf     int64   `json:"rcvbuf_errors"` // UDP receive-buffer overflows on the machine during the window
 
-	GenCPU  float64 // load generator's share of one core
-	BoxBusy float64 // whole machine, cores busy (2.0 = both cores)
-	Load1   float64 // /proc/loadavg at the end of the window
+	GenCPU  float64 `json:"gen_cpu"`  // load generator's share of one core
+	BoxBusy float64 `json:"box_busy"` // whole machine, cores busy (2.0 = both cores)
+	Load1   float64 `json:"load1"`    // /proc/loadavg at the end of the window
 }
 
 // Run starts a pod, holds each step's session count with 50 pps voice
@@ -86,7 +94,11 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if len(cfg.Steps) == 0 {
 		return nil, errors.New("capacity: no steps")
 	}
-	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100)
+	profile := ""
+	if cfg.ProfileStep > 0 {
+		profile = cfg.ProfileDir
+	}
+	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100, PodOptions{ProfileDir: profile, Extra: cfg.PodConfig})
 	if err != nil {
 		return nil, err
 	}
@@ -106,8 +118,11 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	fleet.SetAudio(true)
 
 	var steps []Step
+	profiled := false
 	for _, n := range cfg.Steps {
-		st, err := runStep(ctx, cfg, pod, fleet, n)
+		prof := profile != "" && !profiled && n >= cfg.ProfileStep
+		profiled = profiled || prof
+		st, err := runStep(ctx, cfg, pod, fleet, n, prof)
 		if err != nil {
 			return steps, err
 		}
@@ -196,7 +211,7 @@ func takeSnapshot(ctx context.Context, pod *Pod) (snapshot, error) {
 	return s, err
 }
 
-func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int) (Step, error) {
+func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int, profile bool) (Step, error) {
 	st := Step{PodIdleCPU: -1}
 	fmt.Fprintf(cfg.Progress, "step %d: setting up %d calls\n", n, n-fleet.Size())
 	t0 := time.Now()
@@ -216,12 +231,23 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int) 
 	if err != nil {
 		return st, err
 	}
+	if profile {
+		if err := pod.StartProfile(); err != nil {
+			return st, err
+		}
+	}
 	if err := sleepCtx(ctx, cfg.Window); err != nil {
 		return st, err
 	}
 	b, err := takeSnapshot(ctx, pod)
 	if err != nil {
 		return st, err
+	}
+	if profile {
+		if err := pod.StopProfile(ctx); err != nil {
+			return st, err
+		}
+		fmt.Fprintf(cfg.Progress, "step %d: pod profiles in %s\n", n, cfg.ProfileDir)
 	}
 	// Echoes of the window's last packets may still be on their way: give
 	// them the probe's one second.
@@ -288,17 +314,26 @@ const tableHeader = "  ses  loss%  rtt50ms rtt99ms  pod%  idle%  rssMB heapMB   
 
 // Summary is the per-session cost fitted over the steps.
 type Summary struct {
-	Steps           int     // steps in the fit (loss under MaxLoss)
-	CPUPerSession   float64 // share of one core, audio on
-	CPUBase         float64 // intercept: the pod with no sessions
-	IdlePerSession  float64 // share of one core, audio off (0: not measured)
-	RSSPerSession   float64 // bytes
-	HeapPerSession  float64 // bytes
-	Projected       int     // sessions at Target of Cores
-	Cores           int     // cores the projection gives the pod
-	Target          float64 // share of those cores the projection allows
-	MaxHeldSessions int     // the largest step held under MaxLoss on this machine
-	MaxLoss         float64
+	Steps           int     `json:"fit_steps"`        // steps in the fit (loss under MaxLoss)
+	CPUPerSession   float64 `json:"cpu_per_session"`  // share of one core, audio on
+	CPUBase         float64 `json:"cpu_base"`         // intercept: the pod with no sessions
+	IdlePerSession  float64 `json:"idle_per_session"` // share of one core, audio off (0: not measured)
+	RSSPerSession   float64 `json:"rss_per_session_bytes"`
+	HeapPerSession  float64 `json:"heap_per_session_bytes"`
+	Projected       int     `json:"projected_sessions"` // sessions at Target of Cores
+	Cores           int     `json:"cores"`              // cores the projection gives the pod
+	Target          float64 `json:"target"`             // share of those cores the projection allows
+	MaxHeldSessions int     `json:"max_held_sessions"`  // the largest step held under MaxLoss on this machine
+	MaxLoss         float64 `json:"max_loss"`
+	// The same from the pod's CPU against the datagrams it took in, over
+	// every held step whatever the machine's load: a starved load
+	// generator sends less, and the pod's cost per datagram stays
+	// measurable where the per-session fit has no step under the busy
+	// limit. Per session = per datagram × 50 pps.
+	DatagramSteps      int     `json:"datagram_fit_steps"`
+	CPUPerDatagram     float64 `json:"cpu_seconds_per_datagram"`
+	DatagramBase       float64 `json:"datagram_fit_base"`
+	ProjectedDatagrams int     `json:"projected_sessions_from_datagrams"`
 }
 
 // Summarize fits cost = base + slope × sessions (least squares) over the
@@ -309,12 +344,14 @@ type Summary struct {
 // alone.
 func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary {
 	s := Summary{Cores: cores, Target: target, MaxLoss: maxLoss}
-	var xs, cpu, idle, rss, heap []float64
+	var xs, cpu, idle, rss, heap, pps, dcpu []float64
 	for _, st := range steps {
 		if st.Loss > maxLoss {
 			continue
 		}
 		s.MaxHeldSessions = max(s.MaxHeldSessions, st.Sessions)
+		pps = append(pps, st.PodPPSIn)
+		dcpu = append(dcpu, st.PodCPU)
 		if st.BoxBusy > target*float64(cores) {
 			continue
 		}
@@ -325,6 +362,12 @@ func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary
 		heap = append(heap, float64(st.PodHeap))
 	}
 	s.Steps = len(xs)
+	if s.DatagramSteps = len(pps); len(pps) >= 2 {
+		s.CPUPerDatagram, s.DatagramBase = fit(pps, dcpu)
+		if s.CPUPerDatagram > 0 {
+			s.ProjectedDatagrams = int((float64(cores)*target - max(0, s.DatagramBase)) / (s.CPUPerDatagram * 50))
+		}
+	}
 	if len(xs) < 2 {
 		return s
 	}
@@ -365,8 +408,13 @@ func Table(steps []Step, sum Summary) string {
 	for _, st := range steps {
 		b.WriteString(st.line() + "\n")
 	}
+	if sum.DatagramSteps >= 2 {
+		fmt.Fprintf(&b, "per datagram, over %d held steps whatever the load: %.1f µs of pod CPU (base %.1f %%); %.3f %% of a core per session at 50 pps; projected %d sessions on %d cores at %.0f %%\n",
+			sum.DatagramSteps, 1e6*sum.CPUPerDatagram, 100*sum.DatagramBase, 100*50*sum.CPUPerDatagram,
+			sum.ProjectedDatagrams, sum.Cores, 100*sum.Target)
+	}
 	if sum.Steps < 2 {
-		b.WriteString("too few steps under the loss limit to fit a cost per session\n")
+		b.WriteString("too few steps under the loss limit and the busy limit to fit a cost per session\n")
 		return b.String()
 	}
 	fmt.Fprintf(&b, "fit over %d steps with loss <= %.1f%% and the machine under %.0f%% busy:\n", sum.Steps, 100*sum.MaxLoss, 100*sum.Target)

@@ -10,13 +10,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,7 +34,7 @@ func main() {
 
 func run() error {
 	bin := flag.String("bin", "", "rtcedge binary (default: build one into a temporary directory)")
-	stepsFlag := flag.String("steps", "50,100,200,300,400,500,600,700", "session counts to hold, ascending")
+	stepsFlag := flag.String("steps", "50,100,200,300,400,500,600,700,800,1000", "session counts to hold, ascending")
 	window := flag.Duration("window", 8*time.Second, "measurement window per step")
 	idle := flag.Duration("idle", 3*time.Second, "also measure each step with the audio stopped for this long (0: skip)")
 	settle := flag.Duration("settle", 3*time.Second, "wait after setting up a step before measuring")
@@ -42,7 +42,11 @@ func run() error {
 	maxLoss := flag.Float64("max-loss", 0.005, "loss limit for a step to count as held")
 	cores := flag.Int("cores", 2, "cores of the machine the projection is for")
 	target := flag.Float64("target", 0.8, "CPU share of those cores the projection allows the pod")
-	limit := flag.Duration("timeout", 6*time.Minute, "bound on the whole run")
+	limit := flag.Duration("timeout", 10*time.Minute, "bound on the whole run")
+	jsonPath := flag.String("json", "", "also write the run (machine, load, steps, fit) as JSON to this file")
+	profDir := flag.String("profile", "", "write the pod's CPU, heap and allocation profiles (pprof) into this directory")
+	profStep := flag.Int("profile-step", 300, "with -profile: profile the first step of at least this many sessions")
+	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'dtls_role: server'")
 	flag.Parse()
 
 	var steps []int
@@ -69,16 +73,41 @@ func run() error {
 	ctx, cancel := context.WithTimeout(ctx, *limit)
 	defer cancel()
 
-	start := time.Now()
-	fmt.Printf("transceiver capacity: %s, %d CPUs, %s, load before %.2f\n",
-		start.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.Version(), capacity.LoadAvg())
+	if *profDir != "" {
+		if *profDir, err = filepath.Abs(*profDir); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(*profDir, 0o755); err != nil {
+			return err
+		}
+	} else {
+		*profStep = 0
+	}
+
+	rep := capacity.Report{Started: time.Now().UTC(), Before: capacity.ReadMachine()}
+	rep.Settings.Window, rep.Settings.IdleWindow, rep.Settings.DataChannel, rep.Settings.PodConfig = *window, *idle, *dc, *podCfg
+	fmt.Printf("transceiver capacity: %s, %d CPUs (%s), %s, load before %.2f %.2f %.2f\n",
+		rep.Started.Format("2006-01-02 15:04 UTC"), rep.Before.CPUs, rep.Before.CPUModel, rep.Before.GoVersion,
+		rep.Before.Load[0], rep.Before.Load[1], rep.Before.Load[2])
 	fmt.Printf("50 pps x 80 B Opus-like audio each way per session, data channel %v, window %v, idle %v\n", *dc, *window, *idle)
 	steps2, err := capacity.Run(ctx, capacity.RunConfig{
 		Bin: *bin, Dir: dir, Steps: steps, Settle: *settle, Window: *window, IdleWindow: *idle,
-		DataChannel: *dc, Progress: os.Stderr,
+		DataChannel: *dc, Progress: os.Stderr, ProfileDir: *profDir, ProfileStep: *profStep, PodConfig: *podCfg,
 	})
+	rep.Steps = steps2
+	rep.Summary = capacity.Summarize(steps2, *maxLoss, *cores, *target)
+	rep.After = capacity.ReadMachine()
+	rep.Seconds = time.Since(rep.Started).Seconds()
+	if err != nil {
+		rep.Error = err.Error()
+	}
 	fmt.Println()
-	fmt.Print(capacity.Table(steps2, capacity.Summarize(steps2, *maxLoss, *cores, *target)))
-	fmt.Printf("took %.0f s\n", time.Since(start).Seconds())
+	fmt.Print(capacity.Table(steps2, rep.Summary))
+	fmt.Printf("took %.0f s; load after %.2f %.2f %.2f\n", rep.Seconds, rep.After.Load[0], rep.After.Load[1], rep.After.Load[2])
+	if *jsonPath != "" {
+		if werr := rep.WriteJSON(*jsonPath); werr != nil {
+			return errors.Join(err, fmt.Errorf("write %s: %w", *jsonPath, werr))
+		}
+	}
 	return err
 }

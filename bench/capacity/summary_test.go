@@ -1,0 +1,44 @@
+package capacity
+
+import (
+	"math"
+	"testing"
+)
+
+// TestSummarize: the per-session fit uses only held steps with the machine
+// under the busy limit; the per-datagram fit uses every held step, so it
+// still projects on a loaded machine.
+func TestSummarize(t *testing.T) {
+	// A pod costing 10 % of a core plus 20 µs per datagram in; 50 pps per
+	// session.
+	step := func(n int, busy, loss float64) Step {
+		pps := 50 * float64(n)
+		return Step{Sessions: n, Loss: loss, PodPPSIn: pps, PodCPU: 0.10 + 20e-6*pps, BoxBusy: busy, PodIdleCPU: -1}
+	}
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9*math.Max(1, math.Abs(want)) }
+	for _, tc := range []struct {
+		name                string
+		steps               []Step
+		fitSteps, dgSteps   int
+		wantPerSession      float64
+		wantProjectedDgrams int
+		wantMaxHeld         int
+	}{
+		{"quiet machine", []Step{step(100, 0.5, 0), step(200, 0.9, 0), step(400, 1.7, 0.001), step(500, 1.9, 0.02)},
+			2, 3, 0.001, 1500, 400},
+		{"loaded machine", []Step{step(100, 1.9, 0), step(300, 2.0, 0)}, 0, 2, 0, 1500, 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Summarize(tc.steps, 0.005, 2, 0.8)
+			if s.Steps != tc.fitSteps || s.DatagramSteps != tc.dgSteps || s.MaxHeldSessions != tc.wantMaxHeld {
+				t.Errorf("steps %d/%d, held %d; want %d/%d, %d", s.Steps, s.DatagramSteps, s.MaxHeldSessions, tc.fitSteps, tc.dgSteps, tc.wantMaxHeld)
+			}
+			if !near(s.CPUPerSession, tc.wantPerSession) {
+				t.Errorf("per session %v, want %v", s.CPUPerSession, tc.wantPerSession)
+			}
+			if !near(s.CPUPerDatagram, 20e-6) || !near(s.DatagramBase, 0.10) || s.ProjectedDatagrams != tc.wantProjectedDgrams {
+				t.Errorf("per datagram %v base %v projected %d; want 20e-6, 0.10, %d", s.CPUPerDatagram, s.DatagramBase, s.ProjectedDatagrams, tc.wantProjectedDgrams)
+			}
+		})
+	}
+}

@@ -1,0 +1,291 @@
+package transceiver
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/stunmsg"
+)
+
+// sessionQueueLen bounds the datagrams waiting for one session's ICE reader.
+// A session carries about 60 datagrams a second (50 audio, RTCP, SCTP), so
+// 64 is a second of its traffic: far longer than any scheduling stall of
+// a pod with CPU to spare. A full queue drops that session's datagram
+// (dropSessionQueue) and no other session's.
+const sessionQueueLen = 64
+
+// maxAddrsPerSession bounds the client addresses one session is reached
+// from (host, server reflexive, a NAT rebinding or two). A new address
+// beyond it replaces the oldest.
+const maxAddrsPerSession = 8
+
+// errUfragInUse is returned by GetConn for a ufrag that already has a conn
+// on the POP: every session mints its own, so this is a second gather.
+var errUfragInUse = errors.New("transceiver: ICE ufrag already has a conn on this POP")
+
+// popMux is the ice.UDPMux of one POP. It replaces Pion's UDPMuxDefault,
+// whose single reader goroutine per POP took every datagram from a queue
+// and handed it on to the session: here the pod socket's readers hand each
+// datagram straight to its session's queue (deliver), so there is one
+// goroutine hand-off less per datagram, no per-POP bottleneck, and a slow
+// session fills only its own queue.
+//
+// Routing is as in Pion's mux: by client address, learnt from the first
+// STUN Binding Request whose USERNAME names the session's server ufrag.
+// Datagrams from an unknown address that are not such a request are
+// dropped (dropUnknownClient).
+type popMux struct {
+	// Static after newPOPMux.
+	pc    *popConn
+	addrs []net.Addr
+
+	mu      sync.RWMutex
+	byUfrag map[string]*muxConn         // guarded by mu
+	byAddr  map[netip.AddrPort]*muxConn // guarded by mu
+	closed  bool                        // guarded by mu
+}
+
+func newPOPMux(pc *popConn) *popMux {
+	return &popMux{
+		pc:      pc,
+		addrs:   []net.Addr{pc.local},
+		byUfrag: map[string]*muxConn{},
+		byAddr:  map[netip.AddrPort]*muxConn{},
+	}
+}
+
+// GetConn implements ice.UDPMux: the conn of one session (its server ufrag)
+// on this POP.
+func (m *popMux) GetConn(ufrag string, _ net.Addr) (net.PacketConn, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, io.ErrClosedPipe
+	}
+	if m.byUfrag[ufrag] != nil {
+		return nil, errUfragInUse
+	}
+	c := &muxConn{mux: m, ufrag: ufrag, in: make(chan datagram, sessionQueueLen), closed: make(chan struct{})}
+	m.byUfrag[ufrag] = c
+	return c, nil
+}
+
+// RemoveConnByUfrag implements ice.UDPMux.
+func (m *popMux) RemoveConnByUfrag(ufrag string) {
+	m.mu.Lock()
+	c := m.byUfrag[ufrag]
+	if c != nil {
+		m.removeLocked(c)
+	}
+	m.mu.Unlock()
+	if c != nil {
+		c.shut()
+	}
+}
+
+// GetListenAddresses implements ice.UDPMux: the POP's VIP.
+func (m *popMux) GetListenAddresses() []net.Addr { return m.addrs }
+
+// Close implements ice.UDPMux: it ends every session conn of the POP.
+func (m *popMux) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	conns := make([]*muxConn, 0, len(m.byUfrag))
+	for _, c := range m.byUfrag {
+		conns = append(conns, c)
+		m.removeLocked(c)
+	}
+	m.mu.Unlock()
+	for _, c := range conns {
+		c.shut()
+	}
+	return nil
+}
+
+func (m *popMux) removeLocked(c *muxConn) {
+	if m.byUfrag[c.ufrag] == c {
+		delete(m.byUfrag, c.ufrag)
+	}
+	for _, a := range c.addrs {
+		if m.byAddr[a] == c {
+			delete(m.byAddr, a)
+		}
+	}
+	c.addrs = nil
+}
+
+// deliver hands one client datagram (buf[:n], already stripped of its
+// header) to its session. It reports true when buf was handed on and must
+// not be reused by the caller, else why it was not. Safe for concurrent use
+// by several socket readers.
+func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, bool) {
+	m.mu.RLock()
+	c := m.byAddr[from]
+	m.mu.RUnlock()
+	if c == nil {
+		if c = m.learn(buf[:n], from); c == nil {
+			return dropUnknownClient, false
+		}
+	}
+	select {
+	case c.in <- datagram{buf: buf, n: n, from: from}:
+		return 0, true
+	default:
+		return dropSessionQueue, false
+	}
+}
+
+// learn maps a new client address to the session its STUN Binding Request
+// names. Pion's agent then checks the request's MESSAGE-INTEGRITY; an
+// address learnt from a forged request only ever reaches that check.
+func (m *popMux) learn(pkt []byte, from netip.AddrPort) *muxConn {
+	user, err := stunmsg.Username(pkt)
+	if err != nil {
+		return nil
+	}
+	ufrag, err := stunmsg.ServerUfrag(user)
+	if err != nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.byUfrag[string(ufrag)]
+	if c == nil {
+		return nil
+	}
+	if prev := m.byAddr[from]; prev != nil && prev != c {
+		prev.dropAddrLocked(from)
+	}
+	if len(c.addrs) >= maxAddrsPerSession {
+		if m.byAddr[c.addrs[0]] == c {
+			delete(m.byAddr, c.addrs[0])
+		}
+		c.addrs = append(c.addrs[:0], c.addrs[1:]...)
+	}
+	c.addrs = append(c.addrs, from)
+	m.byAddr[from] = c
+	return c
+}
+
+// muxConn is one session's net.PacketConn on one POP, the conn Pion's ICE
+// agent reads its host candidate from.
+type muxConn struct {
+	// Static after GetConn.
+	mux   *popMux
+	ufrag string
+
+	in        chan datagram
+	closed    chan struct{}
+	closeOnce sync.Once
+
+	readDeadline atomic.Pointer[time.Time]
+
+	addrs []netip.AddrPort // client addresses routed here; guarded by mux.mu
+}
+
+func (c *muxConn) dropAddrLocked(a netip.AddrPort) {
+	for i, x := range c.addrs {
+		if x == a {
+			c.addrs = append(c.addrs[:i], c.addrs[i+1:]...)
+			return
+		}
+	}
+}
+
+// ReadFromAddrPort implements ice.AddrPortReaderWriter.
+func (c *muxConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	var timeout <-chan time.Time
+	if d := c.readDeadline.Load(); d != nil && !d.IsZero() {
+		wait := time.Until(*d)
+		if wait <= 0 {
+			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+		}
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case d := <-c.in:
+		n := copy(b, d.buf[:d.n])
+		bufPool.Put(d.buf)
+		return n, d.from, nil
+	case <-c.closed:
+		return 0, netip.AddrPort{}, io.EOF
+	case <-timeout:
+		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+	}
+}
+
+// ReadFrom implements net.PacketConn.
+func (c *muxConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, from, err := c.ReadFromAddrPort(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	return n, net.UDPAddrFromAddrPort(from), nil
+}
+
+// WriteToAddrPort sends through the POP's relays (popConn).
+func (c *muxConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	select {
+	case <-c.closed:
+		return 0, net.ErrClosed
+	default:
+	}
+	return c.mux.pc.WriteToAddrPort(b, addr)
+}
+
+// WriteTo implements net.PacketConn.
+func (c *muxConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	ua, ok := addr.(*net.UDPAddr)
+	if !ok {
+		return 0, errors.New("transceiver: not a UDP address")
+	}
+	return c.WriteToAddrPort(b, ua.AddrPort())
+}
+
+// Close removes the conn from its POP and ends reads with io.EOF.
+func (c *muxConn) Close() error {
+	c.mux.mu.Lock()
+	c.mux.removeLocked(c)
+	c.mux.mu.Unlock()
+	c.shut()
+	return nil
+}
+
+// shut ends reads; the caller has removed the conn from the mux. Datagrams
+// still queued go back to the pool.
+func (c *muxConn) shut() {
+	c.closeOnce.Do(func() {
+		close(c.closed)
+		for {
+			select {
+			case d := <-c.in:
+				bufPool.Put(d.buf)
+			default:
+				return
+			}
+		}
+	})
+}
+
+// LocalAddr is the POP's VIP.
+func (c *muxConn) LocalAddr() net.Addr { return c.mux.pc.local }
+
+// SetDeadline sets the read deadline; writes never block.
+func (c *muxConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
+
+// SetReadDeadline bounds ReadFrom calls started after it.
+func (c *muxConn) SetReadDeadline(t time.Time) error {
+	c.readDeadline.Store(&t)
+	return nil
+}
+
+// SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
+func (c *muxConn) SetWriteDeadline(time.Time) error { return nil }
