@@ -57,6 +57,8 @@ type route struct {
 	created   int64        // unix nanoseconds when the client address was first seen
 	confirmed atomic.Bool  // Pion authenticated a check from the address
 	checks    atomic.Int32 // authenticated checks seen from the address
+	reachable atomic.Bool  // the address answered our probe, or sent a second check (reach.go)
+	reach     *reach       // shared by the routes of one address
 }
 
 const (
@@ -206,6 +208,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropRouteTable)
 		return false
 	}
+	if pc.answer(h.Client, pkt[hl:]) {
+		return false // the answer to our own probe: not Pion's
+	}
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
@@ -238,6 +243,9 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 			if r.lastSeen.Load() < cutoff || (!r.confirmed.Load() && r.created < provCutoff) {
 				pc.remove(addr, r)
 			}
+			for range r.expireHeld(now.UnixNano()) {
+				s.m.drop(dropHeldExpired)
+			}
 		}
 		left += len(pc.routes)
 		pc.mu.Unlock()
@@ -254,15 +262,29 @@ func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
 		return 0
 	}
 	pc.mu.Lock()
-	defer pc.mu.Unlock()
 	r := pc.routes[client]
 	if r == nil {
+		pc.mu.Unlock()
 		return 0
 	}
 	if !r.confirmed.Swap(true) {
 		pc.provisional--
 	}
-	return int(r.checks.Add(1))
+	n := int(r.checks.Add(1))
+	pc.mu.Unlock()
+	if n >= 2 {
+		// A second authenticated check: the proof for a client that does
+		// not answer probes.
+		pc.prove(r)
+	}
+	return n
+}
+
+// route returns the client's route, nil if none.
+func (c *popConn) route(client netip.AddrPort) *route {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.routes[client]
 }
 
 // lastSeen returns when the client last sent a datagram through a POP.
@@ -330,14 +352,15 @@ func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now int64) bool {
 		r.lastSeen.Store(now)
 		return true
 	}
-	nr := &route{hdr: h, relay: relay, created: now}
+	nr := &route{hdr: h, relay: relay, created: now, reach: &reach{}}
 	nr.lastSeen.Store(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.routes[h.Client]
 	if old != nil {
-		nr.created = old.created
+		nr.created, nr.reach = old.created, old.reach
 		nr.checks.Store(old.checks.Load())
+		nr.reachable.Store(old.reachable.Load())
 		if old.confirmed.Load() {
 			nr.confirmed.Store(true)
 		} else {
@@ -439,28 +462,44 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
-	if !r.confirmed.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
-		// Only the answer to a check may go to an address Pion has not
-		// authenticated: no DTLS flight or media toward a spoofed source.
-		c.sock.m.drop(dropProvisional)
-		return 0, errProvisional
+	if !r.reachable.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
+		if !r.confirmed.Load() {
+			// Only the answer to a check may go to an address Pion has
+			// not authenticated: no DTLS flight or media toward it.
+			c.sock.m.drop(dropProvisional)
+			return 0, errProvisional
+		}
+		// Authenticated, not yet proven to be the client's: wait for
+		// the probe's answer (reach.go).
+		if !c.hold(r, b, c.sock.now().UnixNano()) {
+			c.sock.m.drop(dropHeldOverflow)
+		}
+		return len(b), nil
 	}
+	if err := c.send(r, b); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// send writes b to the client through the route's relay, sealed.
+func (c *popConn) send(r *route, b []byte) error {
 	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
 	hl, err := r.hdr.Put(buf[:])
 	if err != nil || len(b) > encap.MaxPayload {
 		c.sock.m.drop(dropOversize)
-		return 0, errors.New("transceiver: datagram too large")
+		return errors.New("transceiver: datagram too large")
 	}
 	copy(buf[hl:], b)
 	c.sock.keys.Load().Seal(buf[:hl+len(b)], hl)
 	if _, err := c.sock.conn.WriteToUDPAddrPort(buf[:hl+len(b)], r.relay); err != nil {
 		c.sock.m.writeErrors.Inc()
-		return 0, err
+		return err
 	}
 	c.sock.m.packetsOut.Inc()
 	c.sock.m.bytesOut.Add(float64(len(b)))
-	return len(b), nil
+	return nil
 }
 
 // WriteTo implements net.PacketConn.

@@ -171,27 +171,42 @@ func (s *session) popOf(addr string, port uint16) uint16 {
 
 // onBindingRequest runs for every ICE check that Pion has authenticated
 // (USERNAME and MESSAGE-INTEGRITY of this session). It confirms the
-// client's return route: only now may the pod send DTLS or media to that
-// address (until then the route carries STUN responses only).
+// client's return route; on the first check from an address through the
+// preferred POP it also sends the address a probe of its own (reach.go):
+// DTLS and media toward an address wait for the probe's answer or a second
+// authenticated check, so a check from a spoofed source (with the
+// spoofer's own credentials) never starts DTLS flights toward it.
 //
 // It switches the selected pair to the POP the check came through when the
 // current POP has gone silent for this client: the client is reaching us
 // only through the other POP.
 //
-// It also selects the preferred POP's pair early, before the client
-// nominates: a lite server can do no checks of its own, and browsers send
-// their nominating check a ping interval (about 50 ms) after the first one
-// succeeds. The early choice waits for the second authenticated check from
-// the address, so one check from a spoofed source (with the spoofer's own
-// credentials) never starts DTLS flights toward it. Only the preferred POP
-// is selected this way, so an early choice never pins a call to the
-// backup; a later nomination of the same pair changes nothing.
-func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
+// It also selects the preferred POP's pair on the first authenticated check
+// through it, before the client nominates: a lite server can do no checks of
+// its own, and browsers send their nominating check a ping interval (about
+// 50 ms) after the first one succeeds. Selecting at once lets the DTLS
+// handshake start as soon as the probe's answer has proven the address, one
+// round trip after the first check. Only the preferred POP is selected this
+// way, so an early choice never pins a call to the backup; a later
+// nomination of the same pair changes nothing.
+func (s *session) onBindingRequest(m *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	checks := 0
 	if ip, err := netip.ParseAddr(remote.Address()); err == nil && pop != 0 {
-		checks = s.t.sock.confirm(pop, netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port())))
+		client := netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port()))
+		// Probe only where the pair is selected early: a full agent that
+		// gets a check on a succeeded pair may nominate it at once, and
+		// that must be the preferred POP, not whichever answered first.
+		// Elsewhere the address is proven by its second check (usually the
+		// nomination).
+		checks = s.t.sock.confirm(pop, client)
+		if checks == 1 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination {
+			var user stun.Username
+			if rd := s.pc.RemoteDescription(); rd != nil && user.GetFrom(m) == nil {
+				s.t.sock.probe(pop, client, user.String(), rd.SDP)
+			}
+		}
 	}
 	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination && checks >= earlySelectChecks {
 		s.t.m.earlySelects.Inc()
@@ -217,8 +232,9 @@ func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate,
 }
 
 // earlySelectChecks is how many authenticated checks an address must have
-// sent before its pair is selected ahead of nomination.
-const earlySelectChecks = 2
+// sent before its pair is selected ahead of nomination. One is safe since
+// DTLS toward the address waits for the return-routability proof.
+const earlySelectChecks = 1
 
 func (s *session) armConnectTimer(d time.Duration) {
 	s.mu.Lock()

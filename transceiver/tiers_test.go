@@ -129,8 +129,10 @@ func (tr *tiers) check(t *testing.T) {
 	if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, m.Raw) {
 		t.Fatal("the check did not reach the pod")
 	}
-	// As Pion does once the check's MESSAGE-INTEGRITY verifies.
+	// As Pion does once the check's MESSAGE-INTEGRITY verifies, and as
+	// the answer to the pod's probe does (reach.go).
 	tr.sock.confirm(1, tr.clientAddr)
+	tr.pc.prove(tr.pc.route(tr.clientAddr))
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.
