@@ -69,10 +69,16 @@ type Config struct {
 	// SetHopKeys replaces them without a restart.
 	HopKeys *encap.Keyring
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
-	Batch      int
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil: metrics are not registered
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
+	Batch int
+	// LockThreads runs the read loop on an OS thread of its own
+	// (runtime.LockOSThread); CPUs, when set, also pins it to CPUs[0]
+	// (sched_setaffinity; implies LockThreads). As in globalrelay.Config.
+	LockThreads bool
+	CPUs        []int
+	Logger      *slog.Logger          // default slog.Default()
+	Registerer  prometheus.Registerer // nil: metrics are not registered
 }
 
 // Relay forwards between global relays and the pods of one cluster over one
@@ -130,11 +136,31 @@ func (r *Relay) Run(ctx context.Context) error {
 		WriteErr: func(error) { r.m.writeErrors.Inc() },
 		Oversize: func() { r.m.drops.Inc(dropOversize) },
 	}
+	forward := func() error {
+		if r.cfg.Batch > 1 {
+			return udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
+		}
+		return udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
+	}
 	var err error
-	if r.cfg.Batch > 1 {
-		err = udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
+	if len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
+		// A goroutine of its own that ends with the loop: the lock is
+		// never undone, so the runtime retires the pinned thread with it
+		// and the caller's goroutine is left as it was.
+		cpu := -1
+		if len(r.cfg.CPUs) > 0 {
+			cpu = r.cfg.CPUs[0]
+		}
+		done := make(chan error, 1)
+		go func() {
+			if perr := udpio.LockThread(cpu); perr != nil {
+				r.log.Warn("read loop not pinned", "err", perr)
+			}
+			done <- forward()
+		}()
+		err = <-done
 	} else {
-		err = udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
+		err = forward()
 	}
 	r.Close()
 	if err != nil {

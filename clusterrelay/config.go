@@ -27,7 +27,9 @@ type NodeConfig struct {
 	DataAdvertise string `yaml:"data_advertise"`
 	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string `yaml:"api_advertise"`
-	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	Batch         int    `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	LockThreads   bool   `yaml:"lock_threads"` // Config.LockThreads
+	CPUs          []int  `yaml:"cpus"`         // Config.CPUs
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
@@ -61,6 +63,9 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("batch", c.Batch),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
+	}
+	for _, cpu := range c.CPUs {
+		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
 		errs = append(errs, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // Defaults of the global relay role.
@@ -40,10 +41,18 @@ type NodeConfig struct {
 	InternalAddr string `yaml:"internal_addr"`
 	Workers      int    `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
 	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
-	// call; 1: one datagram per call (allocation-free); default 32.
-	Batch    int           `yaml:"batch"`
-	FlowIdle time.Duration `yaml:"flow_idle"`
-	MaxFlows int           `yaml:"max_flows"`
+	// call; 1: one datagram per call; default 32. Neither allocates.
+	Batch int `yaml:"batch"`
+	// LockThreads, CPUs and Steering place the workers (Config.LockThreads,
+	// Config.CPUs; Steering is how the kernel spreads the public
+	// SO_REUSEPORT sockets' datagrams: "hash" (default: by 4-tuple, a flow
+	// stays on one worker), "cpu" (the worker pinned to the CPU the
+	// datagram arrives on) or "incoming_cpu"). See docs/benchmarks.md.
+	LockThreads bool          `yaml:"lock_threads"`
+	CPUs        []int         `yaml:"cpus"`
+	Steering    string        `yaml:"steering"`
+	FlowIdle    time.Duration `yaml:"flow_idle"`
+	MaxFlows    int           `yaml:"max_flows"`
 	// Clusters are the cluster IDs this POP serves: the replica is ready
 	// once it knows a live cluster relay of each. Catalogue, a region
 	// catalogue file, adds all of its clusters. Neither set: ready once it
@@ -104,6 +113,12 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("max_flows", c.MaxFlows),
 		node.NotNegative("ready_wait", c.ReadyWait),
 		c.Gossip.Validate("gossip"),
+	}
+	if _, err := udpio.ParseSteering(c.Steering); err != nil {
+		errs = append(errs, err)
+	}
+	for _, cpu := range c.CPUs {
+		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if c.POP == 0 {
 		errs = append(errs, errors.New("pop must be non-zero"))

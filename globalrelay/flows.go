@@ -18,6 +18,7 @@ type flow struct {
 	lastSeen     atomic.Int64 // coarse unix nanos of the last packet from the client
 	lastStored   atomic.Int64 // coarse unix nanos of the last write to the route cache
 	choice       atomic.Pointer[relayChoice]
+	watch        relayWatch // is the chosen relay still answering? (failover.go)
 }
 
 // tokenKey identifies one minted token (one session's server ufrag).
@@ -32,23 +33,12 @@ type tokenKey struct {
 // many source ports.
 const maxFlowsPerToken = 8
 
-// relayChoice caches RelayFor's answer for one directory generation.
+// relayChoice caches the flow's relay for one directory generation and one
+// generation of the suspects (failover.go).
 type relayChoice struct {
-	gen   uint64
-	addr  netip.AddrPort
-	found bool
-}
-
-// relay returns the flow's cluster relay, re-picking it only when the
-// directory has changed since the last pick.
-func (f *flow) relay(dir ClusterDirectory, client netip.AddrPort) (netip.AddrPort, bool) {
-	gen := dir.Generation()
-	if c := f.choice.Load(); c != nil && c.gen == gen {
-		return c.addr, c.found
-	}
-	addr, ok := dir.RelayFor(f.cluster, client)
-	f.choice.Store(&relayChoice{gen: gen, addr: addr, found: ok})
-	return addr, ok
+	gen, sgen uint64
+	addr      netip.AddrPort
+	found     bool
 }
 
 // flowShards spreads the table over independently locked maps so workers on
@@ -159,12 +149,17 @@ func (t *flowTable) release(f *flow) {
 
 // expire removes flows not seen since cutoff and returns how many it removed.
 func (t *flowTable) expire(cutoff int64) int {
+	return t.removeIf(func(f *flow) bool { return f.lastSeen.Load() < cutoff })
+}
+
+// removeIf removes the flows gone says are gone and returns how many.
+func (t *flowTable) removeIf(gone func(*flow) bool) int {
 	removed := 0
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
 		for a, f := range s.m {
-			if f.lastSeen.Load() < cutoff {
+			if gone(f) {
 				delete(s.m, a)
 				t.release(f)
 				removed++

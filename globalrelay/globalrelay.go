@@ -115,6 +115,13 @@ type Config struct {
 	// client; default 30s. Consent checks every few seconds keep live calls.
 	FlowIdle time.Duration
 	MaxFlows int // cap on the flow table; default 262144
+	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
+	// detection (failover.go): a flow leaves its cluster relay when
+	// replies stop for SilenceAfter (or 3× their usual interval) or a
+	// check goes unanswered for CheckTimeout (or 4× the flow's check
+	// round trip), and avoids it for AvoidFor. Defaults
+	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
+	SilenceAfter, CheckTimeout, AvoidFor time.Duration
 	// CacheRefresh is how often a live flow is written to the cache again,
 	// so that it outlives the cache TTL for as long as the call runs;
 	// default 20s (a third of the cache's default TTL).
@@ -125,8 +132,17 @@ type Config struct {
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
 	Batch int
+	// LockThreads runs each worker's two read loops on OS threads of
+	// their own (runtime.LockOSThread) instead of the Go scheduler's
+	// shared ones. See docs/benchmarks.md for what it costs.
+	LockThreads bool
+	// CPUs, when set, pins worker i's read loops to CPU CPUs[i mod
+	// len(CPUs)] (sched_setaffinity on their locked threads; implies
+	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
+	CPUs []int
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -156,6 +172,7 @@ type Relay struct {
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 
 	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
+	suspects  suspects     // cluster relays avoided on data-plane evidence (failover.go)
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
@@ -185,6 +202,11 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
 	}
+	for _, c := range cfg.CPUs {
+		if c < 0 {
+			return nil, fmt.Errorf("globalrelay config: CPU %d is negative", c)
+		}
+	}
 	if cfg.FlowIdle == 0 {
 		cfg.FlowIdle = 30 * time.Second
 	}
@@ -199,6 +221,15 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	if cfg.FlowQuiet == 0 {
 		cfg.FlowQuiet = 3 * time.Second
+	}
+	if cfg.SilenceAfter <= 0 {
+		cfg.SilenceAfter = DefaultSilenceAfter
+	}
+	if cfg.CheckTimeout <= 0 {
+		cfg.CheckTimeout = DefaultCheckTimeout
+	}
+	if cfg.AvoidFor <= 0 {
+		cfg.AvoidFor = DefaultAvoidFor
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -311,8 +342,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	loop := func(conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
+	loop := func(cpu int, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
+		if cpu >= 0 || r.cfg.LockThreads {
+			// Never unlocked: the thread ends with the loop.
+			if err := udpio.LockThread(cpu); err != nil {
+				r.log.Warn("read loop not pinned", "err", err)
+			}
+		}
 		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
 		var err error
 		if r.cfg.Batch > 1 {
@@ -325,16 +362,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.Close()
 	}
-	for _, w := range r.workers {
+	for i, w := range r.workers {
+		cpu := -1
+		if len(r.cfg.CPUs) > 0 {
+			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
+		}
 		wg.Add(2)
-		go loop(w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		go loop(cpu, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		})
-		go loop(w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
+		go loop(cpu, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
-	// The coarse clock ticks often (it stamps flows); the expiry scan,
-	// which locks every shard in turn, runs a few times per FlowIdle.
-	tick := time.NewTicker(time.Second / 4)
+	// The coarse clock ticks often (it stamps flows and times the
+	// failure detection); the expiry scan, which locks every shard in
+	// turn, runs a few times per FlowIdle.
+	tick := time.NewTicker(clockTick)
 	defer tick.Stop()
 	scanEvery := min(max(r.cfg.FlowIdle/8, time.Second/4), 5*time.Second)
 	lastScan := time.Now()
@@ -365,7 +407,7 @@ func (r *Relay) writeErr(error) { r.m.writeErrors.Inc() }
 
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
-	if n := r.flows.expire(cutoff); n > 0 {
+	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
 	}
 	r.m.flows.Set(float64(r.flows.len()))
@@ -446,6 +488,9 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 	if !ok {
 		return nil, netip.AddrPort{}, false
 	}
+	if stunErr == nil {
+		watchCheck(f, now) // a verified Binding Request: the pod must answer it
+	}
 	keys.Seal(out, hl)
 	return out, relay, true
 }
@@ -454,7 +499,7 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 // a zero tag) in front of the datagram at buf[encap.MaxLen:][:n]; the
 // caller seals it.
 func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.AddrPort, now int64) ([]byte, int, netip.AddrPort, bool) {
-	relay, ok := f.relay(r.cfg.Clusters, from)
+	relay, ok := r.relayFor(f, from, now)
 	if !ok {
 		r.m.drops.Inc(dropNoClusterRelay)
 		return nil, 0, netip.AddrPort{}, false
@@ -628,11 +673,13 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			r.m.flowsRestoredReturn.Inc()
 			// The next client datagram writes it to the cache
 			// (lastStored is zero).
+			f = nf
 		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
 		r.m.drops.Inc(dropFlowMismatch)
 		return nil, netip.AddrPort{}, false
 	}
+	r.watchReply(f, from, r.now.Load())
 	r.m.toClient.Inc()
 	r.m.toClientBytes.Add(float64(n - hl))
 	return pkt[hl:], h.Client, true
@@ -646,6 +693,8 @@ type metrics struct {
 	toClusterBytes, toClientBytes           prometheus.Counter
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
+	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
+	suspects                                prometheus.Gauge
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
@@ -660,7 +709,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
 	})
 	expired := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets.",
+		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
 	})
 	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
@@ -685,7 +734,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_cache_rejected_total",
 		Help: "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.",
 	})
+	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_relay_repicks_total",
+		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; avoided: another flow's evidence).",
+	}, []string{"reason"})
+	suspects := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "rtcedge_globalrelay_relay_suspects",
+		Help: "Cluster relays every flow avoids because one left a check unanswered (until they answer or the avoidance ends).",
+	})
 	m := &metrics{
+		repicks: map[string]prometheus.Counter{}, suspects: suspects,
 		takeovers: takeovers, cacheRejected: cacheRejected,
 		flows: flows, flowsCreated: created, flowsExpired: expired,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
@@ -698,8 +756,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stunDrops:   udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
 		tokenDrops:  udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
+	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided} {
+		m.repicks[reason] = repicks.WithLabelValues(reason)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected} {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, repicks, suspects} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

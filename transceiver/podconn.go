@@ -10,8 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/stun/v4"
+
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // podBuf is one datagram buffer of the pod socket: the largest datagram
@@ -82,6 +85,9 @@ type podSocket struct {
 	m       *metrics
 	now     func() time.Time
 	keys    atomic.Pointer[encap.Keyring]
+	// restarts translates checks of ICE-restarted sessions (restart.go);
+	// set once after construction.
+	restarts *restartTable
 
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
@@ -139,14 +145,28 @@ func (s *podSocket) lookup(id uint16) *popConn {
 	return pc
 }
 
-// readLoop reads the socket until it is closed. It never blocks on Pion: a
-// full POP queue drops the datagram.
+// podBatch is the most datagrams the pod socket reads per system call
+// (recvmmsg through udpio.BatchConn: no allocation per datagram).
+const podBatch = 32
+
+// readLoop reads the socket until it is closed, a batch per system call.
+// It never blocks on Pion: a full POP queue drops the datagram.
 func (s *podSocket) readLoop() error {
+	bc := udpio.NewBatchConn(s.conn, podBatch)
+	bufs := make([]*podBuf, podBatch)
+	ms := make([]udpio.Msg, podBatch)
+	for i := range bufs {
+		bufs[i] = bufPool.Get().(*podBuf)
+		ms[i].Buf = bufs[i][:]
+	}
+	defer func() {
+		for _, b := range bufs {
+			bufPool.Put(b)
+		}
+	}()
 	for {
-		buf := bufPool.Get().(*podBuf)
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf[:])
+		n, err := bc.ReadBatch(ms)
 		if err != nil {
-			bufPool.Put(buf)
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
@@ -156,15 +176,17 @@ func (s *podSocket) readLoop() error {
 			}
 			return err
 		}
-		if n > encap.MaxDatagram {
-			// Longer than any tier forwards: never a WebRTC datagram.
-			s.m.drop(dropOversize)
-			bufPool.Put(buf)
-			continue
-		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if !s.handle(buf, n, from) {
-			bufPool.Put(buf)
+		for i := range n {
+			if ms[i].N > encap.MaxDatagram {
+				// Longer than any tier forwards: never a WebRTC datagram.
+				s.m.drop(dropOversize)
+				continue
+			}
+			// Sources are unmapped by BatchConn.
+			if s.handle(bufs[i], ms[i].N, ms[i].Addr) {
+				bufs[i] = bufPool.Get().(*podBuf) // handed on: take a fresh one
+				ms[i].Buf = bufs[i][:]
+			}
 		}
 	}
 }
@@ -214,6 +236,7 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
+	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
 	select {
 	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
 		s.m.packetsIn.Inc()
@@ -254,9 +277,11 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 }
 
 // confirm marks the client's route through a POP as authenticated by Pion
-// and returns how many authenticated checks it has seen from the client (0
-// if there is no route).
-func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
+// and returns how many authenticated checks (distinct transaction IDs: a
+// check presented again by the address follower counts once) it has seen
+// from the client, 0 if there is no route. A second distinct check proves
+// the address (reach.go) for clients that do not answer probes.
+func (s *podSocket) confirm(pop uint16, client netip.AddrPort, txID [stun.TransactionIDSize]byte) int {
 	pc := s.lookup(pop)
 	if pc == nil {
 		return 0
@@ -270,11 +295,16 @@ func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
 	if !r.confirmed.Swap(true) {
 		pc.provisional--
 	}
-	n := int(r.checks.Add(1))
+	r.reach.mu.Lock()
+	fresh := r.reach.lastTx != txID
+	r.reach.lastTx = txID
+	r.reach.mu.Unlock()
+	n := int(r.checks.Load())
+	if fresh {
+		n = int(r.checks.Add(1))
+	}
 	pc.mu.Unlock()
-	if n >= 2 {
-		// A second authenticated check: the proof for a client that does
-		// not answer probes.
+	if fresh && n >= 2 {
 		pc.prove(r)
 	}
 	return n
@@ -462,6 +492,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
+	b = c.sock.restarts.rewriteOut(b)
 	if !r.reachable.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
 		if !r.confirmed.Load() {
 			// Only the answer to a check may go to an address Pion has

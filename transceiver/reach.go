@@ -42,6 +42,7 @@ type reach struct {
 	pwd    string   // the client's ICE password, to check the answer
 	held   [][]byte // DTLS/media waiting for the proof, oldest first
 	heldAt int64    // unix nanos when the oldest was held
+	lastTx [12]byte // transaction ID of the last authenticated check (confirm)
 }
 
 var icePwdRE = regexp.MustCompile(`a=ice-pwd:(\S+)`)

@@ -102,7 +102,7 @@ func TestForgedHeaderAtPodChangesNothing(t *testing.T) {
 func TestRouteTableCannotBeFilled(t *testing.T) {
 	sock, pc, _ := unitSocket(t, nil)
 	caller := netip.MustParseAddrPort("198.51.100.31:5000")
-	if !feed(sock, pc, sealed(t, clientHeader(caller), "check"), unitRelay) || sock.confirm(1, caller) != 1 {
+	if !feed(sock, pc, sealed(t, clientHeader(caller), "check"), unitRelay) || sock.confirm(1, caller, [12]byte{1}) != 1 {
 		t.Fatal("caller's check did not make a route")
 	}
 	for i := range 70000 {
@@ -110,7 +110,7 @@ func TestRouteTableCannotBeFilled(t *testing.T) {
 		feed(sock, pc, sealed(t, clientHeader(a), "x"), unitRelay)
 	}
 	newcomer := netip.MustParseAddrPort("198.51.100.32:5000")
-	if !feed(sock, pc, sealed(t, clientHeader(newcomer), "check"), unitRelay) || sock.confirm(1, newcomer) != 1 {
+	if !feed(sock, pc, sealed(t, clientHeader(newcomer), "check"), unitRelay) || sock.confirm(1, newcomer, [12]byte{1}) != 1 {
 		t.Fatal("a new caller got no route after the flood")
 	}
 	pc.mu.RLock()
@@ -272,7 +272,7 @@ func TestProvisionalRoutesExpireQuickly(t *testing.T) {
 	sock, pc, _ := unitSocketAt(t, nil, func() time.Time { return clock })
 	spoofed, caller := netip.MustParseAddrPort("198.51.100.40:1"), netip.MustParseAddrPort("198.51.100.41:1")
 	feed(sock, pc, sealed(t, clientHeader(caller), "x"), unitRelay)
-	sock.confirm(1, caller)
+	sock.confirm(1, caller, [12]byte{1})
 	age := func(a netip.AddrPort) (time.Duration, bool) {
 		pc.mu.RLock()
 		defer pc.mu.RUnlock()

@@ -1,0 +1,290 @@
+package globalrelay
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Data-plane failure detection. Gossip is the source of membership, but the
+// global pool runs memberlist's WAN timings in production (5 s probes, a
+// suspicion timeout of tens of seconds), far too slow for a call whose
+// cluster relay died. The relay sees the failure sooner in its own
+// traffic: the client keeps sending and nothing comes back. Two kinds of
+// evidence, each acted on at once and without asking anyone:
+//
+//   - silence: a flow whose replies had been arriving (a few intervals
+//     measured) gets none for SilenceAfter, or three times its usual
+//     interval between replies if that is longer (a model that is not
+//     talking sends only RTCP, about once a second), capped at maxSilence. The flow alone moves to the
+//     next cluster relay of its cluster (rendezvous order) and avoids the
+//     silent one for AvoidFor. Moving a flow is harmless when the guess is
+//     wrong: cluster relays hold no flow state and the pod follows the
+//     relay its datagrams come from.
+//   - an unanswered check: a STUN Binding Request forwarded through a relay
+//     got no reply at all within CheckTimeout (or four times the flow's
+//     check round trip, if longer). A live transceiver answers every check,
+//     so this is evidence against the relay itself: every flow avoids it
+//     for AvoidFor (new calls included), unless every relay of its cluster
+//     is avoided.
+//
+// Any datagram from a relay clears the suspicion against it. Avoidance is
+// bounded in time; by then gossip has declared a dead member dead.
+
+// Defaults of the failure detection settings in Config.
+const (
+	DefaultSilenceAfter = 300 * time.Millisecond
+	DefaultCheckTimeout = 400 * time.Millisecond
+	DefaultAvoidFor     = 30 * time.Second
+	// maxSilence caps the adaptive silence limit.
+	maxSilence = 3 * time.Second
+	// maxStrikes caps the back-off of a flow that gets no reply through
+	// any relay (its pod is gone): limits double per re-pick, up to 16×.
+	maxStrikes = 4
+	// minReplies is how many intervals between replies (in clock ticks)
+	// a flow must have seen before silence is judged.
+	minReplies = 4
+	// firstCheckTimeout is the check timeout of a flow with no measured
+	// check round trip yet: the cluster may be on another continent.
+	firstCheckTimeout = time.Second
+	// clockTick is the resolution of the relay's coarse clock, and so of
+	// the failure detection.
+	clockTick = 50 * time.Millisecond
+)
+
+// Re-pick reasons (the label of rtcedge_globalrelay_relay_repicks_total).
+const (
+	RepickSilence = "silence"
+	RepickCheck   = "check"
+	RepickAvoided = "avoided" // another flow's evidence
+)
+
+// relayWatch is what a flow knows about its cluster relay's liveness. All
+// times are coarse unix nanos; zero means never.
+type relayWatch struct {
+	since     atomic.Int64 // when the flow started using its current relay
+	lastReply atomic.Int64 // last datagram toward the client
+	replyGap  atomic.Int64 // smoothed interval between replies (EWMA, 1/8)
+	checkAt   atomic.Int64 // forwarding time of the oldest check not yet followed by a reply
+	checkRTT  atomic.Int64 // smoothed time from a check to the next reply
+	replies   atomic.Int32 // reply intervals measured, up to minReplies
+	strikes   atomic.Int32 // re-picks since the last reply: each doubles the limits
+	avoid     atomic.Pointer[avoidance]
+}
+
+// avoidance is a relay one flow found silent.
+type avoidance struct {
+	addr  netip.AddrPort
+	until int64
+}
+
+// suspects are the cluster relays every flow avoids, each until a deadline.
+// Readers on the packet path load gen only; the map is read when a flow
+// re-picks, which is rare.
+type suspects struct {
+	gen  atomic.Uint64
+	snap atomic.Pointer[map[netip.AddrPort]int64] // immutable; replaced under mu
+	mu   sync.Mutex
+}
+
+func (s *suspects) until(addr netip.AddrPort) int64 {
+	if m := s.snap.Load(); m != nil {
+		return (*m)[addr]
+	}
+	return 0
+}
+
+// set adds (until > 0) or removes (until == 0) addr, dropping expired
+// entries; it reports whether anything changed.
+func (s *suspects) set(addr netip.AddrPort, until, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.snap.Load()
+	next := map[netip.AddrPort]int64{}
+	if old != nil {
+		for a, u := range *old {
+			if u > now && a != addr {
+				next[a] = u
+			}
+		}
+	}
+	if until > 0 {
+		next[addr] = until
+	}
+	if old != nil && len(*old) == len(next) && (*old)[addr] == next[addr] {
+		return false
+	}
+	s.snap.Store(&next)
+	s.gen.Add(1)
+	return true
+}
+
+// count returns how many relays are avoided at now.
+func (s *suspects) count(now int64) int {
+	n := 0
+	if m := s.snap.Load(); m != nil {
+		for _, u := range *m {
+			if u > now {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// avoidingDirectory is implemented by directories that can skip relays
+// (Clusters does); with another directory, flows only follow gossip.
+type avoidingDirectory interface {
+	RelayForAvoiding(cluster uint16, client netip.AddrPort, avoid func(netip.AddrPort) bool) (netip.AddrPort, bool)
+}
+
+// RelayForAvoiding is RelayFor over the cluster's usable replicas for
+// which avoid is false; when avoid rules out all of them, it is RelayFor.
+func (c *Clusters) RelayForAvoiding(cluster uint16, client netip.AddrPort, avoid func(netip.AddrPort) bool) (netip.AddrPort, bool) {
+	var best netip.AddrPort
+	var bestScore uint64
+	found := false
+	for _, r := range c.snap.Load().usable[cluster] {
+		if avoid(r) {
+			continue
+		}
+		if s := score(client, r); !found || s >= bestScore {
+			best, bestScore, found = r, s, true
+		}
+	}
+	if found {
+		return best, true
+	}
+	return c.RelayFor(cluster, client)
+}
+
+// relayFor returns the flow's cluster relay. It re-picks when the
+// directory or the suspects changed since the last pick, or when the
+// flow's own watch says its relay went silent (see the comment at the top
+// of this file).
+func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool) {
+	w := &f.watch
+	gen, sgen := r.cfg.Clusters.Generation(), r.suspects.gen.Load()
+	c := f.choice.Load()
+	if c != nil && c.gen == gen && c.sgen == sgen && c.found {
+		if reason := r.evidence(w, now); reason != "" {
+			r.m.repicks[reason].Inc()
+			until := now + int64(r.cfg.AvoidFor)
+			if reason == RepickCheck && r.suspects.set(c.addr, until, now) {
+				r.m.suspects.Set(float64(r.suspects.count(now)))
+				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
+			}
+			w.avoid.Store(&avoidance{addr: c.addr, until: until})
+			if n := w.strikes.Load(); n < maxStrikes {
+				w.strikes.Store(n + 1)
+			}
+			c = nil
+		}
+	}
+	if c == nil || c.gen != gen || c.sgen != sgen {
+		addr, ok := r.pick(f, client, now)
+		if c != nil && c.found && addr != c.addr && c.gen == gen {
+			// Only the suspects changed: another flow's evidence moved this one.
+			r.m.repicks[RepickAvoided].Inc()
+		}
+		if c == nil || addr != c.addr {
+			w.since.Store(now)
+			w.checkAt.Store(0)
+		}
+		c = &relayChoice{gen: gen, sgen: sgen, addr: addr, found: ok}
+		f.choice.Store(c)
+	}
+	return c.addr, c.found
+}
+
+// watchCheck records that a Binding Request of the flow was forwarded: a
+// reply must follow within the check timeout.
+func watchCheck(f *flow, now int64) {
+	if f.watch.checkAt.Load() == 0 {
+		f.watch.checkAt.Store(now)
+	}
+}
+
+// evidence returns why the flow's current relay should be left, or "".
+func (r *Relay) evidence(w *relayWatch, now int64) string {
+	strikes := w.strikes.Load()
+	if at := w.checkAt.Load(); at != 0 {
+		limit := int64(firstCheckTimeout)
+		if rtt := w.checkRTT.Load(); rtt > 0 {
+			limit = max(int64(r.cfg.CheckTimeout), 4*rtt)
+		}
+		if now-at >= limit<<strikes {
+			return RepickCheck
+		}
+	}
+	last := w.lastReply.Load()
+	if w.replies.Load() < minReplies {
+		return "" // no usual interval yet: the check timeout judges it
+	}
+	limit := min(max(int64(r.cfg.SilenceAfter), 3*w.replyGap.Load()), int64(maxSilence))
+	if now-max(last, w.since.Load()) >= limit<<strikes {
+		return RepickSilence
+	}
+	return ""
+}
+
+// pick chooses the flow's relay, skipping suspects and the relay the flow
+// itself found silent, while their avoidance lasts.
+func (r *Relay) pick(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool) {
+	ad, ok := r.cfg.Clusters.(avoidingDirectory)
+	if !ok {
+		return r.cfg.Clusters.RelayFor(f.cluster, client)
+	}
+	own := f.watch.avoid.Load()
+	if own != nil && own.until <= now {
+		own = nil
+	}
+	if own == nil && r.suspects.count(now) == 0 {
+		return r.cfg.Clusters.RelayFor(f.cluster, client) // no closure: the first packet stays cheap
+	}
+	return ad.RelayForAvoiding(f.cluster, client, func(a netip.AddrPort) bool {
+		return (own != nil && a == own.addr) || r.suspects.until(a) > now
+	})
+}
+
+// watchReply records a datagram toward the client that came from relay:
+// the flow's relay is alive, and so is relay, whatever was suspected.
+func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
+	w := &f.watch
+	if last := w.lastReply.Load(); last != now {
+		if last != 0 {
+			// Longer gaps count fast (a model that stopped talking must
+			// not look like a dead relay for long), shorter ones slowly.
+			g, gap := w.replyGap.Load(), now-last
+			if gap > g {
+				g += (gap - g) / 2
+			} else {
+				g -= (g - gap) / 8
+			}
+			w.replyGap.Store(g)
+			if n := w.replies.Load(); n < minReplies {
+				w.replies.Store(n + 1)
+			}
+		}
+		w.lastReply.Store(now)
+	}
+	if at := w.checkAt.Load(); at != 0 {
+		rtt := now - at
+		if old := w.checkRTT.Load(); old > 0 {
+			rtt = old + (rtt-old)/4
+		}
+		w.checkRTT.Store(max(rtt, 1))
+		w.checkAt.Store(0)
+	}
+	if r.suspects.until(relay) != 0 && r.suspects.set(relay, 0, now) {
+		r.m.suspects.Set(float64(r.suspects.count(now)))
+		r.log.Info("cluster relay answers again", "relay", relay)
+	}
+	if a := w.avoid.Load(); a != nil && a.addr == relay {
+		w.avoid.Store(nil)
+	}
+	if w.strikes.Load() != 0 {
+		w.strikes.Store(0)
+	}
+}

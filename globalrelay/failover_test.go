@@ -1,0 +1,224 @@
+package globalrelay
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+)
+
+// relay12b is a second cluster relay of cluster 0x12 in the failover tests.
+var relay12b = netip.MustParseAddrPort("127.0.0.1:11")
+
+// failoverUnit is a unit whose cluster 0x12 has two relays, with a client
+// whose flow rendezvous-hashes to relay12 and one that hashes to relay12b.
+type failoverUnit struct {
+	*unit
+	t       *testing.T
+	clients map[netip.AddrPort]netip.AddrPort // preferred relay → a client that prefers it
+	hdr     map[netip.AddrPort]encap.Header   // per client: the header of its flow
+}
+
+func newFailoverUnit(t *testing.T) *failoverUnit {
+	u := newUnit(t, Config{})
+	dir := u.r.cfg.Clusters.(*Clusters)
+	dir.Set([]Replica{{Cluster: 0x12, Addr: relay12}, {Cluster: 0x12, Addr: relay12b}, {Cluster: 0x13, Addr: relay13}})
+	f := &failoverUnit{unit: u, t: t, clients: map[netip.AddrPort]netip.AddrPort{}, hdr: map[netip.AddrPort]encap.Header{}}
+	for port := uint16(40000); len(f.clients) < 2; port++ {
+		c := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+		if r, _ := dir.RelayFor(0x12, c); f.clients[r] == (netip.AddrPort{}) {
+			f.clients[r] = c
+		}
+	}
+	return f
+}
+
+// forward hands a client datagram to the relay and returns the cluster
+// relay it went to.
+func (f *failoverUnit) forward(client netip.AddrPort, pkt []byte) netip.AddrPort {
+	f.t.Helper()
+	copy(f.buf[encap.MaxLen:], pkt)
+	out, to, ok := f.r.fromClient(f.buf, len(pkt), client, f.ingress)
+	if !ok {
+		f.t.Fatalf("datagram from %v not forwarded", client)
+	}
+	h, _, err := encap.Decode(out)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.hdr[client] = h
+	return to
+}
+
+// answer hands the relay a reply for client's flow from relay.
+func (f *failoverUnit) answer(client, relay netip.AddrPort) {
+	f.t.Helper()
+	h := f.hdr[client]
+	h.ToClient = true
+	b, err := h.AppendTo(nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	hl := len(b)
+	b = append(b, 0x80, 1, 2, 3)
+	f.hop.For(h.Cluster).Seal(b, hl)
+	if _, _, ok := f.r.toClient(b, len(b), relay); !ok {
+		f.t.Fatalf("reply from %v for %v dropped", relay, client)
+	}
+}
+
+// call runs an echo call on client for d from the current clock: media
+// every 20 ms, each answered by the relay it went to when that relay is
+// alive. It returns the relays used, in order of first use.
+func (f *failoverUnit) call(client netip.AddrPort, from, d time.Duration, alive func(netip.AddrPort) bool) []netip.AddrPort {
+	f.t.Helper()
+	var used []netip.AddrPort
+	for at := from; at < from+d; at += 20 * time.Millisecond {
+		f.at(at)
+		to := f.forward(client, media)
+		if len(used) == 0 || used[len(used)-1] != to {
+			used = append(used, to)
+		}
+		if alive(to) {
+			f.answer(client, to)
+		}
+	}
+	return used
+}
+
+// open starts client's flow at time 0 with a check for pod, answered by
+// the relay it went to.
+func (f *failoverUnit) open(client netip.AddrPort, pod uint16) {
+	f.t.Helper()
+	f.at(0)
+	f.answer(client, f.forward(client, f.check(f.t, 0x12, pod, 0)))
+}
+
+// clientOf returns a client address after after whose flow would hash to
+// relay.
+func (f *failoverUnit) clientOf(relay, after netip.AddrPort) netip.AddrPort {
+	for c := netip.AddrPortFrom(after.Addr(), after.Port()+1); ; c = netip.AddrPortFrom(c.Addr(), c.Port()+1) {
+		if r, _ := f.r.cfg.Clusters.RelayFor(0x12, c); r == relay {
+			return c
+		}
+	}
+}
+
+func (f *failoverUnit) repicks(reason string) float64 {
+	return counter(f.t, f.reg, "rtcedge_globalrelay_relay_repicks_total", "reason", reason)
+}
+
+func (f *failoverUnit) suspects() int { return f.r.suspects.count(f.r.now.Load()) }
+
+func all(netip.AddrPort) bool { return true }
+
+// TestSilentClusterRelayIsLeft: a flow whose cluster relay stops answering
+// (the client keeps sending) moves to the cluster's other relay within
+// SilenceAfter plus a clock tick, without any change in gossip; the other
+// flows are not moved by one flow's silence.
+func TestSilentClusterRelayIsLeft(t *testing.T) {
+	f := newFailoverUnit(t)
+	a, other := f.clients[relay12], f.clients[relay12b]
+	f.open(a, 7)
+	f.open(other, 8)
+	if used := f.call(a, 0, time.Second, all); len(used) != 1 || used[0] != relay12 {
+		t.Fatalf("healthy call used relays %v, want only %v", used, relay12)
+	}
+	// relay12 dies: nothing comes back through it, the client goes on.
+	moved := time.Duration(0)
+	for at := time.Second; at < 3*time.Second && moved == 0; at += 20 * time.Millisecond {
+		f.at(at)
+		if f.forward(a, media) == relay12b {
+			moved = at - time.Second
+		}
+	}
+	t.Logf("silent relay left after %v of silence", moved)
+	if moved == 0 || moved > DefaultSilenceAfter+clockTick {
+		t.Fatalf("the flow left its silent relay after %v, want within %v", moved, DefaultSilenceAfter+clockTick)
+	}
+	if n := f.repicks(RepickSilence); n != 1 {
+		t.Errorf("repicks{silence} = %v, want 1", n)
+	}
+	if n := f.suspects(); n != 0 {
+		t.Errorf("one flow's silence made %v relays suspect for everyone, want 0", n)
+	}
+	if to := f.forward(other, media); to != relay12b {
+		t.Errorf("the other flow moved to %v", to)
+	}
+}
+
+// TestUnansweredCheckMakesRelaySuspect: a check through a relay that gets
+// no reply at all makes every flow avoid that relay (new ones too) until
+// it answers again; a relay that answers is trusted again at once.
+func TestUnansweredCheckMakesRelaySuspect(t *testing.T) {
+	f := newFailoverUnit(t)
+	a := f.clients[relay12]
+	f.open(a, 7)
+	f.call(a, 0, 200*time.Millisecond, all)
+	// A consent check through relay12 right after the last reply, never
+	// answered; the client's next datagram comes CheckTimeout later.
+	f.at(220 * time.Millisecond)
+	if to := f.forward(a, f.check(t, 0x12, 7, 0)); to != relay12 {
+		t.Fatalf("check went to %v", to)
+	}
+	f.at(220*time.Millisecond + DefaultCheckTimeout)
+	if to := f.forward(a, media); to != relay12b {
+		t.Fatalf("%v after an unanswered check the flow still uses %v", DefaultCheckTimeout, to)
+	}
+	if n := f.repicks(RepickCheck); n != 1 {
+		t.Errorf("repicks{check} = %v, want 1", n)
+	}
+	if n := f.suspects(); n != 1 {
+		t.Errorf("suspects = %v, want 1", n)
+	}
+	// A new call whose client hashes to relay12 starts on relay12b.
+	fresh := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))
+	if to := f.forward(fresh, f.check(t, 0x12, 9, 0)); to != relay12b {
+		t.Errorf("a new flow was sent to the suspect relay %v", to)
+	}
+	// relay12 answers (a late reply): trusted again, new flows go back.
+	f.answer(a, relay12)
+	if n := f.suspects(); n != 0 {
+		t.Errorf("after relay12 answered, suspects = %v, want 0", n)
+	}
+	late := f.clientOf(relay12, fresh)
+	if to := f.forward(late, f.check(t, 0x12, 10, 0)); to != relay12 {
+		t.Errorf("after relay12 answered again a new flow went to %v", to)
+	}
+}
+
+// TestNoReplyAnywhereBacksOff: when no relay answers (the pod is gone), the
+// flow does not flap between relays every SilenceAfter: each re-pick
+// doubles the limits.
+func TestNoReplyAnywhereBacksOff(t *testing.T) {
+	f := newFailoverUnit(t)
+	a := f.clients[relay12]
+	f.open(a, 7)
+	f.call(a, 0, time.Second, all)
+	f.call(a, time.Second, 10*time.Second, func(netip.AddrPort) bool { return false })
+	n := f.repicks(RepickSilence) + f.repicks(RepickCheck)
+	t.Logf("10 s without any reply: %v re-picks", n)
+	if n < 1 || n > 6 {
+		t.Errorf("%v re-picks in 10 s without replies, want 1–6 (back-off)", n)
+	}
+}
+
+// TestQuietModelIsNotAFailure: a call whose server side sends only RTCP
+// (about once a second) while the client talks is never moved.
+func TestQuietModelIsNotAFailure(t *testing.T) {
+	f := newFailoverUnit(t)
+	a := f.clients[relay12]
+	f.open(a, 7)
+	next := time.Duration(0)
+	for at := time.Duration(0); at < 15*time.Second; at += 20 * time.Millisecond {
+		f.at(at)
+		if to := f.forward(a, media); to != relay12 {
+			t.Fatalf("at %v the quiet call moved to %v", at, to)
+		}
+		if at >= next {
+			f.answer(a, relay12)
+			next += time.Second
+		}
+	}
+}
