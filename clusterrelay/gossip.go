@@ -85,6 +85,10 @@ func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir 
 	})
 }
 
+// RepublishInterval is how often PublishAggregate announces an unchanged
+// aggregate again.
+const RepublishInterval = 10 * time.Second
+
 // PublishAggregate keeps this replica's metadata in the global pool current
 // with the cluster's aggregate load and capacity, so that global relays
 // and signaling can skip a full or empty cluster. The replica also reports
@@ -96,12 +100,18 @@ func PublishAggregate(ctx context.Context, global *membership.Pool, dir *Directo
 	defer tick.Stop()
 	first := true
 	var last membership.Meta
+	var published time.Time
 	for {
 		load, capacity, ready := dir.Aggregate()
 		draining := ready == 0 || (stopping != nil && stopping())
-		if first || load != last.Load || capacity != last.Capacity || draining != last.Draining {
+		// Unchanged state is announced again every RepublishInterval: a
+		// broadcast lost under load would otherwise wait for the global
+		// pool's push-pull (60 s with WAN timings), and global relays would
+		// meanwhile not use this replica.
+		if first || load != last.Load || capacity != last.Capacity || draining != last.Draining || time.Since(published) >= RepublishInterval {
 			_ = global.UpdateMeta(func(m *membership.Meta) { m.Load, m.Capacity, m.Draining = load, capacity, draining })
 			last.Load, last.Capacity, last.Draining, first = load, capacity, draining, false
+			published = time.Now()
 		}
 		select {
 		case <-ctx.Done():

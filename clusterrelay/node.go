@@ -59,7 +59,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
@@ -74,11 +74,20 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 			return nil, err
 		}
 	}
-	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: env.HTTPClient, Logger: env.Logger})
-	n.life.Serve("session API", s.API, node.NewHTTPServer(front.Handler(), env.Logger))
+	podClient, err := cfg.APITLS.Client(env.HTTPClient)
+	if err != nil {
+		return nil, err
+	}
+	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger})
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}
+	n.apiURL = cfg.APITLS.URL(n.apiURL)
+	api, err := cfg.APITLS.Listener(s.API)
+	if err != nil {
+		return nil, err
+	}
+	n.life.Serve("session API", api, node.NewHTTPServer(front.Handler(), env.Logger))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err

@@ -24,14 +24,21 @@ func podOf(t *testing.T, c *probe.Call) uint16 {
 	return id.Pod
 }
 
-// loopbackOnly keeps a client's candidates on loopback: a host address
-// would be a second client address, whose flow the kernel may hash to
-// another global relay replica.
+// loopbackOnly keeps a client's candidates on loopback (IPv4: Pion
+// gathers no ::1 candidate): a host address would be a second client
+// address, whose flow the kernel may hash to another global relay replica.
 func loopbackOnly(ip net.IP) bool { return ip.IsLoopback() }
 
 func dial(t *testing.T, ctx context.Context, w *devworld.World) *probe.Call {
 	t.Helper()
-	c, err := probe.Dial(ctx, probe.Config{SignalingURL: w.SignalingURL, IPFilter: loopbackOnly, Logger: testLogger()})
+	return dialFiltered(t, ctx, w, nil)
+}
+
+// dialFiltered is dial with the client's candidates limited to filter's
+// addresses (nil: all).
+func dialFiltered(t *testing.T, ctx context.Context, w *devworld.World, filter func(net.IP) bool) *probe.Call {
+	t.Helper()
+	c, err := probe.Dial(ctx, probe.Config{SignalingURL: w.SignalingURL, IPFilter: filter, Logger: testLogger()})
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}

@@ -91,7 +91,7 @@ func TestFlowMovesBetweenReplicas(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	call := dial(t, ctx, w)
+	call := dialFiltered(t, ctx, w, loopbackOnly) // one client address: the flow lives on one replica
 	eventually(t, 5*time.Second, "25 echoes", func() bool { return call.Stats().Received >= 25 })
 
 	rg := w.Regions[0]

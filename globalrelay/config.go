@@ -48,11 +48,14 @@ type NodeConfig struct {
 	// SO_REUSEPORT sockets' datagrams: "hash" (default: by 4-tuple, a flow
 	// stays on one worker), "cpu" (the worker pinned to the CPU the
 	// datagram arrives on) or "incoming_cpu"). See docs/benchmarks.md.
-	LockThreads bool          `yaml:"lock_threads"`
-	CPUs        []int         `yaml:"cpus"`
-	Steering    string        `yaml:"steering"`
-	FlowIdle    time.Duration `yaml:"flow_idle"`
-	MaxFlows    int           `yaml:"max_flows"`
+	LockThreads bool   `yaml:"lock_threads"`
+	CPUs        []int  `yaml:"cpus"`
+	Steering    string `yaml:"steering"`
+	// Bundle is Config.Bundle: off by default, for a fleet whose cluster
+	// relays and pods all read bundles.
+	Bundle   bool          `yaml:"bundle"`
+	FlowIdle time.Duration `yaml:"flow_idle"`
+	MaxFlows int           `yaml:"max_flows"`
 	// Clusters are the cluster IDs this POP serves: the replica is ready
 	// once it knows a live cluster relay of each. Catalogue, a region
 	// catalogue file, adds all of its clusters. Neither set: ready once it

@@ -143,6 +143,12 @@ type Config struct {
 	// len(CPUs)] (sched_setaffinity on their locked threads; implies
 	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
 	CPUs []int
+	// Bundle sends the datagrams of one receive batch that go to the same
+	// cluster relay as one bundle (docs/bundle.md): fewer datagrams for
+	// the kernel, nothing waits. Turn it on only once every cluster relay
+	// and pod reads bundles (this version and later do; replies in bundles
+	// are always read).
+	Bundle bool
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -342,7 +348,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	loop := func(cpu int, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
+	loop := func(cpu int, toCluster bool, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
 		if cpu >= 0 || r.cfg.LockThreads {
 			// Never unlocked: the thread ends with the loop.
@@ -351,6 +357,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
+		if toCluster {
+			hooks.Bundle, hooks.Bundled = r.cfg.Bundle, r.bundled
+		} else {
+			// Cluster relays may bundle replies; always read bundles.
+			hooks.Unbundle, hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+		}
 		var err error
 		if r.cfg.Batch > 1 {
 			err = udpio.ForwardBatch(conn, dst, headroom, limit, r.cfg.Batch, decide, hooks)
@@ -368,10 +380,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
 		}
 		wg.Add(2)
-		go loop(cpu, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		go loop(cpu, true, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		})
-		go loop(cpu, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
+		go loop(cpu, false, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
 	// The coarse clock ticks often (it stamps flows and times the
 	// failure detection); the expiry scan, which locks every shard in
@@ -404,6 +416,11 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 func (r *Relay) writeErr(error) { r.m.writeErrors.Inc() }
+
+func (r *Relay) bundled(bundles, datagrams int) {
+	r.m.bundles.Add(float64(bundles))
+	r.m.bundledPackets.Add(float64(datagrams))
+}
 
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
@@ -693,6 +710,7 @@ type metrics struct {
 	toClusterBytes, toClientBytes           prometheus.Counter
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
+	bundles, bundledPackets                 prometheus.Counter
 	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
 	suspects                                prometheus.Gauge
 	drops                                   *udpio.Drops[dropReason]
@@ -734,6 +752,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_cache_rejected_total",
 		Help: "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.",
 	})
+	bundles := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bundles_sent_total", Help: "Bundles sent to cluster relays (Config.Bundle).",
+	})
+	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bundled_packets_total", Help: "Datagrams sent to cluster relays inside bundles.",
+	})
 	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_relay_repicks_total",
 		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; avoided: another flow's evidence).",
@@ -750,17 +774,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		flowsRestoredCache:  restored.WithLabelValues("cache"),
 		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
-		writeErrors: writeErrors,
-		drops:       udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
-		encapDrops:  udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
-		stunDrops:   udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
-		tokenDrops:  udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
+		writeErrors: writeErrors, bundles: bundles, bundledPackets: bundledPackets,
+		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
+		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
+		stunDrops:  udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
+		tokenDrops: udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
 	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided} {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, repicks, suspects} {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

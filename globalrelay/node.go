@@ -31,6 +31,14 @@ type Sockets struct {
 // the replica knows no live cluster relay of a cluster it serves.
 var ErrNoClusterRelay = errors.New("globalrelay: no live cluster relay known")
 
+// ErrRestoring is Ready's answer while the replica loads its POP's routes
+// from the route cache.
+var ErrRestoring = errors.New("globalrelay: loading routes from the route cache")
+
+// RestoreLimit bounds the bulk load of the route cache at start; after it
+// the replica reports ready anyway and recovers the rest by lookups.
+const RestoreLimit = 5 * time.Second
+
 // Node is one global relay replica as a process runs it: the relay, its
 // route cache, and its membership of the global pool, from which it
 // learns the cluster relays.
@@ -43,6 +51,7 @@ type Node struct {
 	served   []uint16
 	pool     *membership.Pool
 	warm     atomic.Bool // Ready's start-up gate has passed
+	restored atomic.Bool // the bulk load of the route cache is over (or there is none)
 }
 
 // NewNode builds a global relay node from cfg (defaults applied,
@@ -104,10 +113,25 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.Go("route cache", cache.Run)
 	}
 	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
-		Cache: cache, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
+		Cache: cache, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
+	if loader, ok := cache.(routecache.Loader); ok {
+		// A restarted replica takes its POP's recent flows in bulk before
+		// it reports ready, instead of one lookup per lost datagram.
+		n.life.Go("route cache load", func(ctx context.Context) error {
+			defer n.restored.Store(true)
+			ctx, cancel := context.WithTimeout(ctx, RestoreLimit)
+			defer cancel()
+			if k, err := loader.Load(ctx); err != nil {
+				env.Logger.Warn("route cache load failed; flows recover by lookups", "restored", k, "err", err)
+			}
+			return nil
+		})
+	} else {
+		n.restored.Store(true)
+	}
 	n.life.Go("relay", func(ctx context.Context) error {
 		n.awaitReady(ctx)
 		return n.relay.Run(ctx)
@@ -203,6 +227,8 @@ func (n *Node) Ready() error {
 		return node.ErrClosed
 	case n.relay.Draining():
 		return errors.New("globalrelay: draining")
+	case !n.restored.Load():
+		return ErrRestoring
 	case n.warm.Load():
 		return nil
 	}

@@ -1,6 +1,7 @@
 package globalrelay
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/node/nodetest"
 	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/testredis"
 )
 
 // fakeClusterRelay joins the global pool as a cluster relay of cluster
@@ -169,4 +171,52 @@ func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 		t.Errorf("stopped with %d flows", n.Relay().Flows())
 	}
 	t.Logf("drained in %v", time.Since(start))
+}
+
+// TestRestartedReplicaLoadsRoutesBeforeReady: a replica started over a
+// Redis that holds its POP's flows loads them all in bulk and holds them
+// by the time it first reports ready, before any client datagram.
+func TestRestartedReplicaLoadsRoutesBeforeReady(t *testing.T) {
+	const flows = 500
+	redis := testredis.Start(t)
+	hop := nodetest.HopKeys(t, 1, 2)
+	keys, err := hop.ClusterKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := routecache.Open(redis.URL(), routecache.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go writer.Run(ctx)
+	for i := range flows {
+		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 5000)
+		r := routecache.Route{Cluster: 1, Pod: 3, Token: [6]byte{0, 0, 0, 0, byte(i >> 8), byte(i)}, Stored: uint32(time.Now().Unix())}
+		r.KeyID, r.Tag = keys.For(1).SealRoute(client, r.Cluster, r.Pod, r.Token, r.Stored)
+		writer.Store(client, r)
+	}
+	if err := writer.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	writer.Close()
+
+	c1 := fakeClusterRelay(t, "cr-1", 1, false, "")
+	fakeClusterRelay(t, "cr-2", 2, false, c1.LocalAddr().String())
+	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
+		HopKeys: hop, RedisURL: redis.URL(), Token: nodetest.Keys(t), Gossip: nodetest.Gossip("gr", c1.LocalAddr().String())},
+		Sockets{}, node.Env{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	if err := n.Ready(); !errors.Is(err, ErrRestoring) {
+		t.Fatalf("Ready before the load = %v, want ErrRestoring", err)
+	}
+	nodetest.Run(t, n) // Cleanup closes it (a graceful stop would wait for the flows to go idle)
+	nodetest.Await(t, "the replica to be ready", func() bool { return n.Ready() == nil })
+	if got := n.Relay().Flows(); got != flows {
+		t.Errorf("ready with %d flows, want the %d from Redis", got, flows)
+	}
 }

@@ -47,7 +47,11 @@ type Config struct {
 	// candidates on (tests keep everything on loopback with it); nil means
 	// every address.
 	IPFilter func(net.IP) bool
-	Logger   *slog.Logger
+	// PacketConn, when set, is the client's one UDP socket: its ICE runs
+	// over a UDP mux on it instead of sockets of its own (tests put the
+	// client behind a netsim NAT this way). Close closes it.
+	PacketConn net.PacketConn
+	Logger     *slog.Logger
 }
 
 // Timings are measured from the moment the offer is posted.
@@ -63,6 +67,7 @@ type Call struct {
 	cfg Config
 	log *slog.Logger
 	pc  *webrtc.PeerConnection
+	mux *ice.UDPMuxDefault // over Config.PacketConn; nil without one
 	out *webrtc.TrackLocalStaticRTP
 	dc  *webrtc.DataChannel
 
@@ -142,6 +147,10 @@ func (c *Call) setup() error {
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
 	if c.cfg.IPFilter != nil {
 		se.SetIPFilter(c.cfg.IPFilter)
+	}
+	if c.cfg.PacketConn != nil {
+		c.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: c.cfg.PacketConn})
+		se.SetICEUDPMux(c.mux)
 	}
 	me := &webrtc.MediaEngine{}
 	if err := me.RegisterDefaultCodecs(); err != nil {
@@ -420,8 +429,12 @@ func (c *Call) Hangup(ctx context.Context) error {
 func (c *Call) Close() error {
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
+	var err error
 	if c.pc != nil {
-		return c.pc.GracefulClose()
+		err = c.pc.GracefulClose()
 	}
-	return nil
+	if c.mux != nil {
+		_ = c.mux.Close() // and with it Config.PacketConn
+	}
+	return err
 }

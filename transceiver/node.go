@@ -74,7 +74,7 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	n.tr, err = New(Config{
 		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, HopKeys: hop, Backend: backend, Relays: n.relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
-		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, SessionAPISecret: cfg.SessionAPISecret,
+		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, SessionAPISecret: cfg.SessionAPISecret, SessionAPISecretHash: cfg.SessionAPISecretSHA256,
 		Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
 	}, s.Data)
 	if err != nil {
@@ -92,10 +92,15 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 			return nil, err
 		}
 	}
-	n.life.Serve("session API", s.API, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}
+	n.apiURL = cfg.APITLS.URL(n.apiURL)
+	api, err := cfg.APITLS.Listener(s.API)
+	if err != nil {
+		return nil, err
+	}
+	n.life.Serve("session API", api, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err

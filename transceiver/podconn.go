@@ -182,11 +182,34 @@ func (s *podSocket) readLoop() error {
 				s.m.drop(dropOversize)
 				continue
 			}
+			if encap.IsBundle(bufs[i][:ms[i].N]) {
+				s.unbundle(bufs[i][:ms[i].N], ms[i].Addr)
+				continue
+			}
 			// Sources are unmapped by BatchConn.
 			if s.handle(bufs[i], ms[i].N, ms[i].Addr) {
 				bufs[i] = bufPool.Get().(*podBuf) // handed on: take a fresh one
 				ms[i].Buf = bufs[i][:]
 			}
+		}
+	}
+}
+
+// unbundle hands every item of a bundle (docs/bundle.md) to handle as if
+// it had come alone from the bundle's sender, each in a pooled buffer of
+// its own. A malformed bundle is dropped whole.
+func (s *podSocket) unbundle(b []byte, from netip.AddrPort) {
+	if _, err := encap.CheckBundle(b); err != nil {
+		s.m.encapDrops.Inc(encap.ReasonOf(err))
+		return
+	}
+	for off := encap.BundleHeaderLen; off < len(b); {
+		var item []byte
+		item, off = encap.NextItem(b, off)
+		buf := bufPool.Get().(*podBuf)
+		n := copy(buf[:], item)
+		if !s.handle(buf, n, from) {
+			bufPool.Put(buf)
 		}
 	}
 }
@@ -492,6 +515,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
+	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
 	if !r.reachable.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
 		if !r.confirmed.Load() {
@@ -505,12 +529,12 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		if !c.hold(r, b, c.sock.now().UnixNano()) {
 			c.sock.m.drop(dropHeldOverflow)
 		}
-		return len(b), nil
+		return written, nil
 	}
 	if err := c.send(r, b); err != nil {
 		return 0, err
 	}
-	return len(b), nil
+	return written, nil
 }
 
 // send writes b to the client through the route's relay, sealed.

@@ -10,9 +10,9 @@ import (
 // tiersRound returns one media datagram's round trip through every tier:
 // client → global relay → cluster relay → pod socket → (what Pion reads
 // and writes) → cluster relay → global relay → client, both relays with
-// batches of 32 and the pod socket's batched reader.
+// batches of 32 and bundling on, and the pod socket's batched reader.
 func tiersRound(t testing.TB) func() {
-	tr := startTiersBatch(t, 32)
+	tr := startTiersBatch(t, 32, true)
 	tr.check(t)
 	// Reads without a deadline (a deadline arms a timer per read); a
 	// watchdog ends a stuck run instead.

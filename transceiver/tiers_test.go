@@ -60,12 +60,13 @@ func udp4(t testing.TB) *net.UDPConn {
 
 func startTiers(t *testing.T) *tiers {
 	t.Helper()
-	return startTiersBatch(t, 0)
+	return startTiersBatch(t, 0, false)
 }
 
 // startTiersBatch is startTiers with both relays reading and writing up
-// to batch datagrams per system call (0 or 1: one).
-func startTiersBatch(t testing.TB, batch int) *tiers {
+// to batch datagrams per system call (0 or 1: one), and sending bundles
+// when bundle is set.
+func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
 	t.Helper()
 	keys, err := token.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{1}, token.KeyLen)})
 	if err != nil {
@@ -83,12 +84,12 @@ func startTiersBatch(t testing.TB, batch int) *tiers {
 	if tr.pc, _, err = sock.popConn(1, tr.vip); err != nil {
 		t.Fatal(err)
 	}
-	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet, Batch: batch,
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet, Batch: batch,
+	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
 		Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
 		[]globalrelay.Worker{{Public: pub, Internal: in}})
@@ -136,10 +137,7 @@ func (tr *tiers) check(t testing.TB) {
 	if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, m.Raw) {
 		t.Fatal("the check did not reach the pod")
 	}
-	// As Pion does once the check's MESSAGE-INTEGRITY verifies, and as
-	// the answer to the pod's probe does (reach.go).
-	tr.sock.confirm(1, tr.clientAddr, [12]byte{1})
-	tr.pc.prove(tr.pc.route(tr.clientAddr))
+	tr.authenticated(tr.clientAddr)
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.
@@ -286,4 +284,12 @@ func sealedWith(t testing.TB, k *encap.Keyring, h encap.Header, payload string) 
 	b = append(b, payload...)
 	k.Seal(b, hl)
 	return b
+}
+
+// authenticated does for a client address what Pion's check verification
+// (confirm) and the answer to the pod's probe (reach.go) do: its route may
+// carry DTLS and media.
+func (tr *tiers) authenticated(c netip.AddrPort) {
+	tr.sock.confirm(1, c, [12]byte{1})
+	tr.pc.prove(tr.pc.route(c))
 }

@@ -78,6 +78,11 @@ type Config struct {
 	// session API requests without it (health probes excepted). Empty: no
 	// credentials needed (dev worlds and tests).
 	SessionAPISecret string
+	// SessionAPISecretHash, instead of the secret, is its
+	// sessionapi.SecretHash: the pod verifies the front's secret without
+	// holding it, so a compromised pod cannot call its cluster's other
+	// pods. It wins over SessionAPISecret.
+	SessionAPISecretHash string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered

@@ -7,6 +7,7 @@
 //	globalrelay  → the global relay (package globalrelay, production defaults) → echo as its cluster
 //	c-chain      → C forwarder → C forwarder → echo
 //	chain        → global relay → cluster relay → echo as the pod
+//	chain-bundle   the chain with both relays sending bundles (docs/bundle.md)
 //
 // at voice load (many flows at 50 pps) and at a flood (few flows, high
 // rate), and reports per path the CPU each forwarding process spends per
@@ -52,10 +53,27 @@ const (
 	PathGlobalRelay = "globalrelay"
 	PathCChain      = "c-chain"
 	PathChain       = "chain"
+	PathChainBundle = "chain-bundle"
 )
 
 // AllPaths is every path of a full run.
-var AllPaths = []string{PathDirect, PathC, PathNaive, PathGlobalRelay, PathCChain, PathChain}
+var AllPaths = []string{PathDirect, PathC, PathNaive, PathGlobalRelay, PathCChain, PathChain, PathChainBundle}
+
+// Variants of the global relay alone, measured when asked for by name
+// (-paths): the relay's worker placement options. "2w" variants run two
+// workers with the process on every CPU; the others one, on the hop's core.
+var Variants = map[string]struct {
+	Options    string // grEnv
+	AllCPUs    bool   // the process may use every CPU
+	EchoBundle bool   // the echo (as the cluster relay) bundles its replies
+}{
+	"globalrelay-bundle":         {"bundle=1", false, true},
+	"globalrelay-locked":         {"lock=1", false, false},
+	"globalrelay-2w-hash":        {"workers=2", true, false},
+	"globalrelay-2w-hash-pinned": {"workers=2 cpus=0:1", true, false},
+	"globalrelay-2w-cpu":         {"workers=2 cpus=0:1 steer=cpu", true, false},
+	"globalrelay-2w-incoming":    {"workers=2 cpus=0:1 steer=incoming_cpu", true, false},
+}
 
 // Load is one offered load: Flows client addresses sending PPS datagrams a
 // second each.
@@ -202,8 +220,8 @@ func (c *Config) defaults() error {
 		c.Progress = io.Discard
 	}
 	for _, p := range c.Paths {
-		if !contains(AllPaths, p) {
-			return fmt.Errorf("unknown path %q (want %s)", p, strings.Join(AllPaths, ", "))
+		if _, ok := Variants[p]; !ok && !contains(AllPaths, p) {
+			return fmt.Errorf("unknown path %q (want %s or a variant)", p, strings.Join(AllPaths, ", "))
 		}
 	}
 	return nil
@@ -331,7 +349,7 @@ func compare(ts []Trial) {
 			t.AddedP50, t.AddedP99 = t.RTTp50-d.RTTp50, t.RTTp99-d.RTTp99
 		}
 		base := PathC
-		if t.Path == PathChain || t.Path == PathCChain {
+		if t.Path == PathChain || t.Path == PathChainBundle || t.Path == PathCChain {
 			base = PathCChain
 		}
 		if c := find(base, t.Load.Name); c != nil && c.CPUPerPkt > 0 && t.CPUPerPkt > 0 {
@@ -405,8 +423,16 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		}
 		return c, err
 	}
+	grOpts, crOpts, echoOpts := "", "", ""
+	if path == PathChainBundle {
+		grOpts, crOpts = "bundle=1", "bundle=1"
+	}
+	if Variants[path].EchoBundle {
+		echoOpts = "bundle=1"
+	}
 	goRole := func(role string, cpus []int, rt int, target string) (*child, error) {
-		return start(role, cpus, rt, cfg.Exe, []string{RoleEnv + "=" + role, keyEnv + "=" + r.keyHex}, target)
+		return start(role, cpus, rt, cfg.Exe, []string{RoleEnv + "=" + role, keyEnv + "=" + r.keyHex,
+			grEnv + "=" + grOpts, crEnv + "=" + crOpts, echoEnv + "=" + echoOpts}, target)
 	}
 	hopRT := 0
 	if cfg.RT > 0 {
@@ -457,11 +483,23 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		if err = add(cfwd(cfg.GenCPUs, target)); err == nil {
 			err = add(cfwd(hopCPUs, hops[0].rd.Addr))
 		}
-	case PathChain:
+	case PathChain, PathChainBundle:
 		keys = r.keys
 		if err = add(goRole(roleClusterRelay, cfg.GenCPUs, hopRT, target)); err == nil {
 			err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, hops[0].rd.Addr))
 		}
+	default: // a variant of the global relay alone (defaults checked it)
+		keys = r.keys
+		v := Variants[path]
+		grOpts = v.Options
+		cpus := hopCPUs
+		if v.AllCPUs {
+			cpus = nil
+			for c := range runtime.NumCPU() {
+				cpus = append(cpus, c)
+			}
+		}
+		err = add(goRole(roleGlobalRelay, cpus, hopRT, target))
 	}
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -34,6 +35,60 @@ const RoleEnv = "RTCEDGE_RELAYBENCH_ROLE"
 // keyEnv carries the token key (hex) to the children; the hop key (the
 // inter-tier MAC key of the bench's cluster) is derived from it.
 const keyEnv = "RTCEDGE_RELAYBENCH_KEY"
+
+// grEnv carries a global relay variant's options to its child:
+// "workers=N lock=1 cpus=0:1 steer=cpu", every part optional.
+const grEnv = "RTCEDGE_RELAYBENCH_GR"
+
+// crEnv and echoEnv carry "bundle=1" to the cluster relay and the echo:
+// they then send bundles (the echo as a cluster relay would its replies).
+const (
+	crEnv   = "RTCEDGE_RELAYBENCH_CR"
+	echoEnv = "RTCEDGE_RELAYBENCH_ECHO"
+)
+
+// grOptions is a global relay variant: what the node config's workers,
+// lock_threads, cpus and steering would say.
+type grOptions struct {
+	workers int // 0: one per CPU (GOMAXPROCS), the production default
+	lock    bool
+	cpus    []int
+	steer   udpio.Steering
+	bundle  bool
+}
+
+func parseGROptions(s string) (grOptions, error) {
+	var o grOptions
+	for _, f := range strings.Fields(s) {
+		k, v, _ := strings.Cut(f, "=")
+		var err error
+		switch k {
+		case "workers":
+			o.workers, err = strconv.Atoi(v)
+		case "lock":
+			o.lock = v == "1"
+		case "cpus":
+			for _, c := range strings.Split(v, ":") {
+				n, cerr := strconv.Atoi(c)
+				if cerr != nil {
+					err = cerr
+				}
+				o.cpus = append(o.cpus, n)
+			}
+		case "steer":
+			o.steer, err = udpio.ParseSteering(v)
+		case "bundle":
+			o.bundle = v == "1"
+
+		default:
+			err = fmt.Errorf("unknown option %q", k)
+		}
+		if err != nil {
+			return o, fmt.Errorf("%s %q: %w", grEnv, s, err)
+		}
+	}
+	return o, nil
+}
 
 // Roles a child process can play. Each prints one JSON line (ready) on
 // stdout when its sockets are open and runs until SIGTERM or until its
@@ -102,7 +157,8 @@ func runRole(role, target string) error {
 		}
 		announce(ready{Addr: udpio.LocalAddrPort(c).String()})
 		go func() { <-ctx.Done(); c.Close() }()
-		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, globalrelay.DefaultBatch, reflector(hop), udpio.Hooks{})
+		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, globalrelay.DefaultBatch, reflector(hop),
+			udpio.Hooks{Unbundle: true, Bundle: os.Getenv(echoEnv) == "bundle=1"})
 	case roleNaive:
 		return runNaive(ctx, to)
 	case roleClusterRelay:
@@ -111,7 +167,7 @@ func runRole(role, target string) error {
 			return err
 		}
 		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, HopKeys: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
-			Batch: clusterrelay.DefaultBatch, Logger: quiet}, c)
+			Batch: clusterrelay.DefaultBatch, Bundle: os.Getenv(crEnv) == "bundle=1", Logger: quiet}, c)
 		if err != nil {
 			c.Close()
 			return err
@@ -123,10 +179,21 @@ func runRole(role, target string) error {
 		if err != nil {
 			return err
 		}
-		// Production defaults of `rtcedge globalrelay`: one worker per
-		// CPU (GOMAXPROCS: one when pinned to one core), batches of 32.
-		pubs, ins, err := udpio.ListenWorkerPairs(loop, loop, runtime.GOMAXPROCS(0))
+		opt, err := parseGROptions(os.Getenv(grEnv))
 		if err != nil {
+			return err
+		}
+		// Production defaults of `rtcedge globalrelay` unless the variant
+		// says otherwise: one worker per CPU (GOMAXPROCS: one when pinned
+		// to one core), batches of 32, hash steering, threads unlocked.
+		if opt.workers == 0 {
+			opt.workers = runtime.GOMAXPROCS(0)
+		}
+		pubs, ins, err := udpio.ListenWorkerPairs(loop, loop, opt.workers)
+		if err != nil {
+			return err
+		}
+		if err := udpio.Steer(pubs, opt.steer, opt.cpus); err != nil {
 			return err
 		}
 		ws := make([]globalrelay.Worker, len(pubs))
@@ -136,7 +203,7 @@ func runRole(role, target string) error {
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
 			HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
 			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Batch:    globalrelay.DefaultBatch, Logger: quiet}, ws)
+			Batch:    globalrelay.DefaultBatch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()

@@ -227,7 +227,7 @@ func TestPeekDirection(t *testing.T) {
 }
 
 func TestReason(t *testing.T) {
-	errs := []error{ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr, ErrUnknownKey, ErrMAC}
+	errs := []error{ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr, ErrUnknownKey, ErrMAC, ErrBundle}
 	seen := map[string]bool{}
 	for _, err := range errs {
 		r := reasonLabel(err)

@@ -24,16 +24,17 @@ var writeResultNames = [numWriteResults]string{"ok", "error", "dropped"}
 type lookupResult uint8
 
 const (
-	lookupHit         lookupResult = iota // found; done was called
-	lookupMiss                            // no entry (or expired)
-	lookupError                           // the round trip failed, or the value was malformed
-	lookupDropped                         // queue full, too many waiters, or cache closed
-	lookupRateLimited                     // over LookupsPerSec
-	lookupCoalesced                       // joined a lookup already in flight
+	lookupHit           lookupResult = iota // found; done was called
+	lookupMiss                              // no entry (or expired)
+	lookupError                             // the round trip failed, or the value was malformed
+	lookupDropped                           // queue full, too many waiters, or cache closed
+	lookupRateLimited                       // over LookupsPerSec
+	lookupCoalesced                         // joined a lookup already in flight
+	lookupPrefixLimited                     // over the source prefix's PrefixLookupsPerSec
 	numLookupResults
 )
 
-var lookupResultNames = [numLookupResults]string{"hit", "miss", "error", "dropped", "rate_limited", "coalesced"}
+var lookupResultNames = [numLookupResults]string{"hit", "miss", "error", "dropped", "rate_limited", "coalesced", "prefix_limited"}
 
 // roundTripOp is the "op" label of rtcedge_routecache_round_trip_seconds.
 type roundTripOp uint8
@@ -63,10 +64,14 @@ func (e *engine) registerMetrics(reg prometheus.Registerer) error {
 		c := &e.lookupCount[i]
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "rtcedge_routecache_lookups_total",
-			Help:        "Route cache lookup requests by result: hit, miss, error, dropped, rate_limited, coalesced.",
+			Help:        "Route cache lookup requests by result: hit, miss, error, dropped, rate_limited (the whole budget), coalesced, prefix_limited (the source prefix's share).",
 			ConstLabels: prometheus.Labels{"result": name},
 		}, func() float64 { return float64(c.Load()) }))
 	}
+	cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "rtcedge_routecache_loaded_total",
+		Help: "Route cache entries handed over in bulk at start (Load), before the relay reports ready.",
+	}, func() float64 { return float64(e.loaded.Load()) }))
 	rtt := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rtcedge_routecache_round_trip_seconds",
 		Help:    "Duration of route cache round trips (one pipeline each), by op: write, lookup.",

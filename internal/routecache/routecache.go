@@ -80,9 +80,13 @@ type Cache interface {
 type Config struct {
 	TTL           time.Duration // default 60s (a flow lives 30s idle; consent checks refresh it)
 	QueueLen      int           // pending writes and lookups each; default 4096
-	LookupsPerSec float64       // default 2000, burst = same
-	BatchMax      int           // max commands per pipeline; default 256
-	FlushInterval time.Duration // how long a write may wait to be batched; default 5ms
+	LookupsPerSec float64       // default 20000, burst = same: the whole cache's budget
+	// PrefixLookupsPerSec is each source prefix's (IPv4 /24, IPv6 /48)
+	// share of the lookup budget, burst the same; default 1000. A flood
+	// from one network then leaves the rest to everyone else.
+	PrefixLookupsPerSec float64
+	BatchMax            int           // max commands per pipeline; default 256
+	FlushInterval       time.Duration // how long a write may wait to be batched; default 5ms
 	// Timeout bounds each Redis round trip; default 100ms (a slow Redis
 	// must not back up the queue). The client must honour context
 	// deadlines (redis.Options.ContextTimeoutEnabled, as Open sets it), or
@@ -106,11 +110,13 @@ type Config struct {
 const (
 	DefaultTTL           = 60 * time.Second
 	DefaultQueueLen      = 4096
-	DefaultLookupsPerSec = 2000
-	DefaultBatchMax      = 256
-	DefaultFlushInterval = 5 * time.Millisecond
-	DefaultTimeout       = 100 * time.Millisecond
-	DefaultKeyPrefix     = "rtcedge:flow:"
+	DefaultLookupsPerSec = 20000
+	// DefaultPrefixLookupsPerSec is Config.PrefixLookupsPerSec's default.
+	DefaultPrefixLookupsPerSec = 1000
+	DefaultBatchMax            = 256
+	DefaultFlushInterval       = 5 * time.Millisecond
+	DefaultTimeout             = 100 * time.Millisecond
+	DefaultKeyPrefix           = "rtcedge:flow:"
 )
 
 // sanitized zeroes invalid fields, so that withDefaults replaces them.
@@ -120,6 +126,7 @@ func (c Config) sanitized() Config {
 	}
 	c.QueueLen = max(c.QueueLen, 0)
 	c.LookupsPerSec = max(c.LookupsPerSec, 0)
+	c.PrefixLookupsPerSec = max(c.PrefixLookupsPerSec, 0)
 	c.BatchMax = max(c.BatchMax, 0)
 	c.FlushInterval = max(c.FlushInterval, 0)
 	c.Timeout = max(c.Timeout, 0)
@@ -136,6 +143,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LookupsPerSec == 0 {
 		c.LookupsPerSec = DefaultLookupsPerSec
+	}
+	if c.PrefixLookupsPerSec == 0 {
+		c.PrefixLookupsPerSec = DefaultPrefixLookupsPerSec
 	}
 	if c.BatchMax == 0 {
 		c.BatchMax = DefaultBatchMax
@@ -162,6 +172,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: QueueLen %d", ErrInvalidConfig, c.QueueLen)
 	case c.LookupsPerSec < 0:
 		return c, fmt.Errorf("%w: LookupsPerSec %v", ErrInvalidConfig, c.LookupsPerSec)
+	case c.PrefixLookupsPerSec < 0:
+		return c, fmt.Errorf("%w: PrefixLookupsPerSec %v", ErrInvalidConfig, c.PrefixLookupsPerSec)
 	case c.BatchMax < 1:
 		return c, fmt.Errorf("%w: BatchMax %d", ErrInvalidConfig, c.BatchMax)
 	case c.FlushInterval < 0:
@@ -180,7 +192,9 @@ type Stats struct {
 
 	LookupsHit, LookupsMiss, LookupsError uint64
 	LookupsDropped, LookupsRateLimited    uint64
+	LookupsPrefixLimited                  uint64 // over the source prefix's share
 	LookupsCoalesced                      uint64
+	Loaded                                uint64 // entries handed over by Load
 	WriteRoundTrips, LookupRoundTrips     uint64
 	QueuedWrites, QueuedLookups           int
 	Up                                    bool // the last round trip was answered
@@ -230,6 +244,7 @@ type engine struct {
 	log     *slog.Logger
 	be      backend
 	limiter *rate.Limiter
+	prefix  *prefixBudget // guarded by mu
 	writes  chan writeOp
 	lookups chan netip.AddrPort
 	rtt     [2]prometheus.Observer // by roundTripOp
@@ -243,7 +258,8 @@ type engine struct {
 	writeCount  [numWriteResults]atomic.Uint64
 	lookupCount [numLookupResults]atomic.Uint64
 	roundTrips  [2]atomic.Uint64 // by roundTripOp
-	up          atomic.Int32     // 1 answered, 0 not, -1 no round trip yet
+	loaded      atomic.Uint64
+	up          atomic.Int32 // 1 answered, 0 not, -1 no round trip yet
 
 	// Guarded by mu: the lookups queued or in a round trip, by address.
 	mu       sync.Mutex
@@ -274,6 +290,7 @@ func newEngine(cfg Config, be backend, kind string) (*engine, error) {
 		log:     cfg.Logger.With("component", "routecache", "backend", kind),
 		be:      be,
 		limiter: rate.NewLimiter(rate.Limit(cfg.LookupsPerSec), burst),
+		prefix:  newPrefixBudget(cfg.PrefixLookupsPerSec),
 		writes:  make(chan writeOp, cfg.QueueLen),
 		lookups: make(chan netip.AddrPort, cfg.QueueLen),
 		// Sized for the most lookups that can be in flight (a full queue
@@ -339,7 +356,13 @@ func (e *engine) lookup(client netip.AddrPort, done func(Route)) {
 		e.lookupCount[lookupCoalesced].Add(1)
 		return
 	}
-	if !e.limiter.AllowN(e.cfg.Now(), 1) {
+	now := e.cfg.Now()
+	if !e.prefix.allow(client.Addr(), now.UnixNano()) {
+		e.mu.Unlock()
+		e.lookupCount[lookupPrefixLimited].Add(1)
+		return
+	}
+	if !e.limiter.AllowN(now, 1) {
 		e.mu.Unlock()
 		e.lookupCount[lookupRateLimited].Add(1)
 		return
@@ -380,20 +403,22 @@ func (e *engine) flush(ctx context.Context) error {
 
 func (e *engine) stats() Stats {
 	return Stats{
-		WritesOK:           e.writeCount[writeOK].Load(),
-		WritesError:        e.writeCount[writeError].Load(),
-		WritesDropped:      e.writeCount[writeDropped].Load(),
-		LookupsHit:         e.lookupCount[lookupHit].Load(),
-		LookupsMiss:        e.lookupCount[lookupMiss].Load(),
-		LookupsError:       e.lookupCount[lookupError].Load(),
-		LookupsDropped:     e.lookupCount[lookupDropped].Load(),
-		LookupsRateLimited: e.lookupCount[lookupRateLimited].Load(),
-		LookupsCoalesced:   e.lookupCount[lookupCoalesced].Load(),
-		WriteRoundTrips:    e.roundTrips[opWrite].Load(),
-		LookupRoundTrips:   e.roundTrips[opLookup].Load(),
-		QueuedWrites:       len(e.writes),
-		QueuedLookups:      len(e.lookups),
-		Up:                 e.up.Load() == 1,
+		WritesOK:             e.writeCount[writeOK].Load(),
+		WritesError:          e.writeCount[writeError].Load(),
+		WritesDropped:        e.writeCount[writeDropped].Load(),
+		LookupsHit:           e.lookupCount[lookupHit].Load(),
+		LookupsMiss:          e.lookupCount[lookupMiss].Load(),
+		LookupsError:         e.lookupCount[lookupError].Load(),
+		LookupsDropped:       e.lookupCount[lookupDropped].Load(),
+		LookupsRateLimited:   e.lookupCount[lookupRateLimited].Load(),
+		LookupsCoalesced:     e.lookupCount[lookupCoalesced].Load(),
+		LookupsPrefixLimited: e.lookupCount[lookupPrefixLimited].Load(),
+		Loaded:               e.loaded.Load(),
+		WriteRoundTrips:      e.roundTrips[opWrite].Load(),
+		LookupRoundTrips:     e.roundTrips[opLookup].Load(),
+		QueuedWrites:         len(e.writes),
+		QueuedLookups:        len(e.lookups),
+		Up:                   e.up.Load() == 1,
 	}
 }
 

@@ -3,6 +3,7 @@
 package udpio
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -48,5 +49,28 @@ func TestForwardBatchNoAllocs(t *testing.T) {
 	round() // the loop's first read parks it in the poller: settle that first
 	if allocs := testing.AllocsPerRun(200, round); allocs != 0 {
 		t.Errorf("%v allocations per 8 forwarded datagrams", allocs)
+	}
+}
+
+// TestBundlingNoAllocs: a loop that bundles feeding a loop that unbundles
+// allocates nothing per datagram either.
+func TestBundlingNoAllocs(t *testing.T) {
+	a, b, sink, client := listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0")
+	toB, toSink := LocalAddrPort(b), LocalAddrPort(sink)
+	done := make(chan error, 2)
+	pass := func(to netip.AddrPort) Decide {
+		return func(buf []byte, n int, _ netip.AddrPort) ([]byte, netip.AddrPort, bool) { return buf[:n], to, true }
+	}
+	go func() { done <- ForwardBatch(a, a, 0, 1600, 32, pass(toB), Hooks{Bundle: true}) }()
+	go func() { done <- ForwardBatch(b, b, 0, 1600, 32, pass(toSink), Hooks{Unbundle: true}) }()
+	defer func() { a.Close(); b.Close(); <-done; <-done }()
+	pkt := encapsulated(t, 1, make([]byte, 100)...)
+	buf := make([]byte, 2048)
+	dst := LocalAddrPort(a)
+	_ = sink.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	round := func() { eightThrough(t, client, sink, dst, pkt, buf) }
+	round()
+	if allocs := testing.AllocsPerRun(200, round); allocs != 0 {
+		t.Errorf("%v allocations per 8 datagrams bundled and unbundled", allocs)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // Msg is one datagram of a batch.
@@ -89,17 +91,31 @@ func (b *BatchConn) WriteBatch(ms []Msg) (int, error) {
 // datagrams per recvmmsg and sends the results with one sendmmsg. Under
 // load this cuts the per-datagram syscall cost; when datagrams trickle in,
 // batches are of one and it behaves like Forward. Message headers and
-// addresses are preallocated: no allocation per datagram. Semantics
-// otherwise match Forward.
+// addresses are preallocated: no allocation per datagram. With
+// hooks.Unbundle it splits the bundles it reads, with hooks.Bundle it
+// bundles what it sends (docs/bundle.md). Semantics otherwise match
+// Forward.
 func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Decide, hooks Hooks) error {
 	batch = max(batch, 1)
-	rd, wr := NewBatchConn(conn, batch), NewBatchConn(dst, batch)
+	if hooks.Unbundle && headroom != 0 {
+		return errors.New("udpio: unbundling needs headroom 0")
+	}
+	// Every item of every bundle of a batch may yield a datagram.
+	outs := batch
+	if hooks.Unbundle {
+		outs = batch * encap.MaxBundleItems
+	}
+	rd, wr := NewBatchConn(conn, batch), NewBatchConn(dst, min(outs, maxWriteBatch))
 	bufs := make([][]byte, batch)
 	in := make([]Msg, batch)
-	out := make([]Msg, batch)
+	out := make([]Msg, outs)
 	for i := range batch {
 		bufs[i] = make([]byte, headroom+limit+1)
 		in[i].Buf = bufs[i][headroom:]
+	}
+	var bd *bundler
+	if hooks.Bundle {
+		bd = newBundler(outs)
 	}
 	for {
 		n, err := rd.ReadBatch(in)
@@ -119,6 +135,10 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Dec
 				hooks.oversize()
 				continue
 			}
+			if hooks.Unbundle && encap.IsBundle(in[i].Buf[:in[i].N]) {
+				k = unbundle(in[i].Buf[:in[i].N], in[i].Addr, decide, out, k, hooks)
+				continue
+			}
 			pkt, to, ok := decide(bufs[i], in[i].N, in[i].Addr)
 			if !ok {
 				continue
@@ -126,10 +146,41 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Dec
 			out[k].Buf, out[k].Addr = pkt, to
 			k++
 		}
-		if err := writeAll(wr, out[:k], hooks); err != nil {
+		send := out[:k]
+		if bd != nil && k > 1 {
+			var bundles, items int
+			send, bundles, items = bd.pack(send)
+			if bundles > 0 && hooks.Bundled != nil {
+				hooks.Bundled(bundles, items)
+			}
+		}
+		if err := writeAll(wr, send, hooks); err != nil {
 			return nil
 		}
 	}
+}
+
+// maxWriteBatch is the most datagrams one sendmmsg takes (UIO_MAXIOV).
+const maxWriteBatch = 1024
+
+// unbundle decides every item of a bundle into out[k:] and returns the new
+// k. A malformed bundle is dropped whole.
+func unbundle(b []byte, from netip.AddrPort, decide Decide, out []Msg, k int, hooks Hooks) int {
+	if _, err := encap.CheckBundle(b); err != nil {
+		hooks.badBundle()
+		return k
+	}
+	for off := encap.BundleHeaderLen; off < len(b); {
+		var item []byte
+		item, off = encap.NextItem(b, off)
+		pkt, to, ok := decide(item, len(item), from)
+		if !ok {
+			continue
+		}
+		out[k].Buf, out[k].Addr = pkt, to
+		k++
+	}
+	return k
 }
 
 // writeAll sends ms, skipping a datagram the kernel refuses (one bad peer

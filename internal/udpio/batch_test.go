@@ -161,16 +161,20 @@ func forwardRound(t testing.TB) func() {
 	pkt, buf := make([]byte, 120), make([]byte, 2048)
 	dst := LocalAddrPort(conn)
 	_ = sink.SetReadDeadline(time.Now().Add(2 * time.Minute))
-	return func() {
-		for range 8 {
-			if _, err := client.WriteToUDPAddrPort(pkt, dst); err != nil {
-				t.Fatal(err)
-			}
+	return func() { eightThrough(t, client, sink, dst, pkt, buf) }
+}
+
+// eightThrough sends 8 copies of pkt from client to dst and reads 8
+// datagrams at sink.
+func eightThrough(t testing.TB, client, sink *net.UDPConn, dst netip.AddrPort, pkt, buf []byte) {
+	for range 8 {
+		if _, err := client.WriteToUDPAddrPort(pkt, dst); err != nil {
+			t.Fatal(err)
 		}
-		for range 8 {
-			if _, _, err := sink.ReadFromUDPAddrPort(buf); err != nil {
-				t.Fatal(err)
-			}
+	}
+	for range 8 {
+		if _, _, err := sink.ReadFromUDPAddrPort(buf); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

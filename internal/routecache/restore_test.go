@@ -1,0 +1,96 @@
+package routecache
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestLoad: a new replica gets every live entry of the shared store in
+// bulk through OnFound (several SCAN pages with Redis); entries under
+// another key prefix are not among them.
+func TestLoad(t *testing.T) {
+	const n = 2500 // > 2 SCAN pages
+	for _, im := range impls {
+		t.Run(im.name, func(t *testing.T) {
+			w := im.newWorld(t)
+			writer := w.replica(t, Config{})
+			run(t, writer)
+			want := map[netip.AddrPort]Route{}
+			for i := range n {
+				r := Route{Cluster: uint16(1 + i%7), Pod: uint16(i % 300), KeyID: 1, Tag: uint64(i)}
+				writer.Store(addr(i), r)
+				want[addr(i)] = r
+			}
+			flush(t, writer)
+			if im.name == "redis" { // the in-process store has no key prefix
+				other := w.replica(t, Config{KeyPrefix: "other:"})
+				run(t, other)
+				other.Store(addr(n+1), Route{Cluster: 9})
+				flush(t, other)
+			}
+
+			var mu sync.Mutex
+			got := map[netip.AddrPort]Route{}
+			fresh := w.replica(t, Config{OnFound: func(a netip.AddrPort, r Route) {
+				mu.Lock()
+				got[a] = r
+				mu.Unlock()
+			}})
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			start := time.Now()
+			k, err := fresh.(Loader).Load(ctx)
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			t.Logf("%s: loaded %d entries in %v", im.name, k, time.Since(start))
+			mu.Lock()
+			defer mu.Unlock()
+			if k != n || len(got) != n {
+				t.Fatalf("Load found %d (%d distinct), want %d", k, len(got), n)
+			}
+			for a, r := range want {
+				if got[a] != r {
+					t.Fatalf("entry %v = %+v, want %+v", a, got[a], r)
+				}
+			}
+			if s := fresh.Stats(); s.Loaded != n {
+				t.Errorf("Stats.Loaded = %d, want %d", s.Loaded, n)
+			}
+		})
+	}
+}
+
+// TestPrefixBudget: a flood of lookups from one /24 spends only that
+// prefix's share; lookups from other prefixes still get through, and the
+// refused ones are counted as prefix_limited.
+func TestPrefixBudget(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := NewMemory(Config{LookupsPerSec: 10000, PrefixLookupsPerSec: 100, QueueLen: 20000, Now: func() time.Time { return now }})
+	defer c.Close()
+	flood := netip.MustParseAddr("198.51.100.7")
+	for port := range 5000 {
+		c.Lookup(netip.AddrPortFrom(flood, uint16(1000+port)), nil)
+	}
+	s := c.Stats()
+	if s.QueuedLookups != 100 || s.LookupsPrefixLimited != 4900 {
+		t.Fatalf("flood from one /24: %d queued, %d prefix-limited; want 100 and 4900", s.QueuedLookups, s.LookupsPrefixLimited)
+	}
+	for i := range 200 {
+		c.Lookup(netip.AddrPortFrom(netip.AddrFrom4([4]byte{203, 0, byte(i), 1}), 5000), nil)
+	}
+	if s := c.Stats(); s.QueuedLookups != 300 {
+		t.Errorf("200 lookups from 200 other prefixes during the flood: %d queued in all, want 300", s.QueuedLookups)
+	}
+	// The prefix's budget refills at its rate.
+	now = now.Add(100 * time.Millisecond)
+	for port := range 50 {
+		c.Lookup(netip.AddrPortFrom(flood, uint16(9000+port)), nil)
+	}
+	if s := c.Stats(); s.QueuedLookups != 310 {
+		t.Errorf("100 ms later the flooding prefix got %d more lookups, want 10", s.QueuedLookups-300)
+	}
+}
