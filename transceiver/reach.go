@@ -27,8 +27,9 @@ import (
 // nomination.
 
 const (
-	// maxHeld bounds the datagrams a route holds while unproven.
-	maxHeld = 8
+	// maxHeld bounds the datagrams a route holds while unproven: some
+	// 600 ms of a call's downlink, more than a probe round trip.
+	maxHeld = 32
 	// heldTTL is how long held datagrams wait for the proof.
 	heldTTL = 2e9 // nanoseconds
 )
