@@ -235,6 +235,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
 	se.SetIncludeLoopbackCandidate(true)
+	se.DisableActiveTCP(true) // never dial out to a client's passive TCP candidate (tcp.go)
 	role := webrtc.DTLSRoleClient
 	if cfg.DTLSRole == "server" {
 		role = webrtc.DTLSRoleServer

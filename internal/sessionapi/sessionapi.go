@@ -38,6 +38,9 @@ const (
 type POP struct {
 	ID  uint16         `json:"id"`
 	VIP netip.AddrPort `json:"vip"`
+	// TCPPort is the POP's ICE-TCP port on the VIP's address; 0: the
+	// answer offers no TCP candidate for this POP.
+	TCPPort uint16 `json:"tcp_port,omitempty"`
 }
 
 // CreateRequest is the JSON body of POST SessionsPath.
