@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/stun/v4"
+
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -52,6 +54,8 @@ type route struct {
 	created   int64        // unix nanoseconds when the client address was first seen
 	confirmed atomic.Bool  // Pion authenticated a check from the address
 	checks    atomic.Int32 // authenticated checks seen from the address
+	reachable atomic.Bool  // the address answered our probe, or sent a second check (reach.go)
+	reach     *reach       // shared by the routes of one address
 }
 
 const (
@@ -253,6 +257,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropRouteTable)
 		return false
 	}
+	if pc.answer(h.Client, pkt[hl:]) {
+		return false // the answer to our own probe: not Pion's
+	}
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
@@ -284,6 +291,9 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 			if r.lastSeen.Load() < cutoff || (!r.confirmed.Load() && r.created < provCutoff) {
 				pc.remove(addr, r)
 			}
+			for range r.expireHeld(now.UnixNano()) {
+				s.m.drop(dropHeldExpired)
+			}
 		}
 		left += len(pc.routes)
 		pc.mu.Unlock()
@@ -292,9 +302,11 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 }
 
 // confirm marks the client's route through a POP as authenticated by Pion
-// and returns how many authenticated checks it has seen from the client (0
-// if there is no route).
-func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
+// and returns how many authenticated checks (distinct transaction IDs: a
+// check presented again by the address follower counts once) it has seen
+// from the client, 0 if there is no route. A second distinct check proves
+// the address (reach.go) for clients that do not answer probes.
+func (s *podSocket) confirm(pop uint16, client netip.AddrPort, txID [stun.TransactionIDSize]byte) int {
 	if s.tcp.peer(pop, client) != nil {
 		// A TCP client's address is proven by its handshake with the
 		// global relay: one authenticated check is enough.
@@ -305,15 +317,34 @@ func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
 		return 0
 	}
 	pc.mu.Lock()
-	defer pc.mu.Unlock()
 	r := pc.routes[client]
 	if r == nil {
+		pc.mu.Unlock()
 		return 0
 	}
 	if !r.confirmed.Swap(true) {
 		pc.provisional--
 	}
-	return int(r.checks.Add(1))
+	r.reach.mu.Lock()
+	fresh := r.reach.lastTx != txID
+	r.reach.lastTx = txID
+	r.reach.mu.Unlock()
+	n := int(r.checks.Load())
+	if fresh {
+		n = int(r.checks.Add(1))
+	}
+	pc.mu.Unlock()
+	if fresh && n >= 2 {
+		pc.prove(r)
+	}
+	return n
+}
+
+// route returns the client's route, nil if none.
+func (c *popConn) route(client netip.AddrPort) *route {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.routes[client]
 }
 
 // lastSeen returns when the client last sent a datagram through a POP.
@@ -384,14 +415,15 @@ func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now int64) bool {
 		r.lastSeen.Store(now)
 		return true
 	}
-	nr := &route{hdr: h, relay: relay, created: now}
+	nr := &route{hdr: h, relay: relay, created: now, reach: &reach{}}
 	nr.lastSeen.Store(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.routes[h.Client]
 	if old != nil {
-		nr.created = old.created
+		nr.created, nr.reach = old.created, old.reach
 		nr.checks.Store(old.checks.Load())
+		nr.reachable.Store(old.reachable.Load())
 		if old.confirmed.Load() {
 			nr.confirmed.Store(true)
 		} else {
@@ -460,18 +492,32 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
-	if !r.confirmed.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
-		// Only the answer to a check may go to an address Pion has not
-		// authenticated: no DTLS flight or media toward a spoofed source.
-		c.sock.m.drop(dropProvisional)
-		return 0, errProvisional
-	}
 	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
-	if _, err := c.sock.send(&r.hdr, r.relay, b); err != nil {
+	if !r.reachable.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
+		if !r.confirmed.Load() {
+			// Only the answer to a check may go to an address Pion has
+			// not authenticated: no DTLS flight or media toward it.
+			c.sock.m.drop(dropProvisional)
+			return 0, errProvisional
+		}
+		// Authenticated, not yet proven to be the client's: wait for
+		// the probe's answer (reach.go).
+		if !c.hold(r, b, c.sock.now().UnixNano()) {
+			c.sock.m.drop(dropHeldOverflow)
+		}
+		return written, nil
+	}
+	if err := c.send(r, b); err != nil {
 		return 0, err
 	}
 	return written, nil
+}
+
+// send writes b to the client through the route's relay, sealed.
+func (c *popConn) send(r *route, b []byte) error {
+	_, err := c.sock.send(&r.hdr, r.relay, b)
+	return err
 }
 
 // Close makes writes through the POP fail from then on.
