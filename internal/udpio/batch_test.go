@@ -262,7 +262,7 @@ func BenchmarkForwardCPU(b *testing.B) {
 			}
 			b.StopTimer()
 			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
-			cpu := time.Duration(r1.Utime.Nano()+r1.Stime.Nano()-r0.Utime.Nano()-r0.Stime.Nano())
+			cpu := time.Duration(r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano())
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/datagram")
 		})
 	}

@@ -99,7 +99,9 @@ func (m *mmsg) doWrite(fd uintptr) bool { return m.wr.call(fd, unix.SYS_SENDMMSG
 
 // call makes the half's system call on fd. It reports false when the
 // socket is not ready (the runtime then waits for it in the poller).
-func (h *mmsgHalf) call(fd uintptr, trap uintptr, op string) bool { return h.callFlags(fd, trap, 0, op) }
+func (h *mmsgHalf) call(fd uintptr, trap uintptr, op string) bool {
+	return h.callFlags(fd, trap, 0, op)
+}
 
 func (h *mmsgHalf) callFlags(fd uintptr, trap uintptr, flags int, op string) bool {
 	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), uintptr(flags), 0, 0)
