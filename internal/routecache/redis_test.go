@@ -100,13 +100,17 @@ func TestRedisPipelining(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			applyClientDefaults(opt, Config{Timeout: DefaultTimeout})
+			// This test counts pipelines, not deadlines: a round trip slower
+			// than the production 100 ms (-race on a loaded 2-core box) must
+			// not turn into a write error.
+			const timeout = 10 * time.Second
+			applyClientDefaults(opt, Config{Timeout: timeout})
 			client := redis.NewClient(opt)
 			t.Cleanup(func() { _ = client.Close() })
 			hook := &pipelineCounter{}
 			client.AddHook(hook)
 			reg := prometheus.NewRegistry()
-			c, err := NewRedis(Config{BatchMax: tc.batchMax, QueueLen: tc.n, Registerer: reg}, client)
+			c, err := NewRedis(Config{BatchMax: tc.batchMax, QueueLen: tc.n, Timeout: timeout, Registerer: reg}, client)
 			if err != nil {
 				t.Fatal(err)
 			}
