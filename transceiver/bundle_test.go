@@ -49,9 +49,10 @@ func TestTiersBundles(t *testing.T) {
 		}
 	}
 	// Replies: each client's goes back toward the ingress (once Pion would
-	// have authenticated the client's check: confirm stands in for it).
+	// have authenticated the client's check and the client answered the
+	// pod's probe: authenticated stands in for both).
 	for i, c := range clients {
-		tr.sock.confirm(1, c)
+		tr.authenticated(c)
 		if _, err := tr.pc.WriteToAddrPort([]byte{0x80, byte(i)}, c); err != nil {
 			t.Fatal(err)
 		}

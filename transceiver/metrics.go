@@ -33,6 +33,8 @@ const (
 	dropUnknownRelay
 	dropProvisional
 	dropProvisionalEvicted
+	dropHeldOverflow
+	dropHeldExpired
 	numDropReasons
 )
 
@@ -42,6 +44,7 @@ var dropLabels = [numDropReasons]string{
 	dropUnknownPOP: "unknown_pop", dropSessionQueue: "session_queue_full", dropUnknownClient: "unknown_client", dropNoRoute: "no_route", dropOversize: "oversize",
 	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
+	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired",
 }
 
 // String returns the reason's label.
@@ -75,6 +78,8 @@ type metrics struct {
 	setupSeconds prometheus.Histogram
 	routes       prometheus.Gauge
 	popSwitches  prometheus.Counter
+	reachProbes  prometheus.Counter
+	reachProven  prometheus.Counter
 	earlySelects prometheus.Counter
 	path         *pathMetrics // address changes, ICE restarts (pathmetrics.go)
 }
@@ -135,6 +140,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtcedge_transceiver_early_selects_total",
 			Help: "Sessions whose preferred POP pair was selected on the first check, before the client nominated.",
 		}),
+		reachProbes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_reach_probes_total",
+			Help: "Binding Requests the pod sent to a client address after its first authenticated check, to prove the address before DTLS goes there.",
+		}),
+		reachProven: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_reach_proven_total",
+			Help: "Client addresses proven by the answer to the pod's probe.",
+		}),
 		routes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtcedge_transceiver_client_routes",
 			Help: "Client return routes (client address per POP) currently remembered.",
@@ -152,8 +165,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range append([]prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
-		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects},
-		m.path.collectors()...) {
+		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects,
+		m.reachProbes, m.reachProven}, m.path.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register transceiver metrics: %w", err)
 		}

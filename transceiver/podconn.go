@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/stun/v4"
+
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -52,6 +54,8 @@ type route struct {
 	created   int64        // unix nanoseconds when the client address was first seen
 	confirmed atomic.Bool  // Pion authenticated a check from the address
 	checks    atomic.Int32 // authenticated checks seen from the address
+	reachable atomic.Bool  // the address answered our probe, or sent a second check (reach.go)
+	reach     *reach       // shared by the routes of one address
 }
 
 const (
@@ -80,6 +84,8 @@ type podSocket struct {
 	restarts *restartTable
 	out      *outQueue // batched sends (podbatch.go)
 
+	tcp tcpSide // ICE-TCP clients (tcp.go)
+
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
 }
@@ -88,6 +94,7 @@ func newPodSocket(conn *net.UDPConn, cluster, pod uint16, keys *encap.Keyring, r
 	s := &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{},
 		out: newOutQueue(conn, m)}
 	s.keys.Store(keys)
+	s.tcp.init(s)
 	return s
 }
 
@@ -238,6 +245,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropOversize)
 		return false
 	}
+	if h.TCP {
+		return s.tcp.handle(buf, n, hl, h, from)
+	}
 	pc := s.lookup(h.POP)
 	if pc == nil {
 		s.m.drop(dropUnknownPOP)
@@ -246,6 +256,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	if !pc.learn(h, from, s.now().UnixNano()) {
 		s.m.drop(dropRouteTable)
 		return false
+	}
+	if pc.answer(h.Client, pkt[hl:]) {
+		return false // the answer to our own probe: not Pion's
 	}
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
@@ -278,35 +291,67 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 			if r.lastSeen.Load() < cutoff || (!r.confirmed.Load() && r.created < provCutoff) {
 				pc.remove(addr, r)
 			}
+			for range r.expireHeld(now.UnixNano()) {
+				s.m.drop(dropHeldExpired)
+			}
 		}
 		left += len(pc.routes)
 		pc.mu.Unlock()
 	}
-	return left
+	return left + s.tcp.sweep(cutoff)
 }
 
 // confirm marks the client's route through a POP as authenticated by Pion
-// and returns how many authenticated checks it has seen from the client (0
-// if there is no route).
-func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
+// and returns how many authenticated checks (distinct transaction IDs: a
+// check presented again by the address follower counts once) it has seen
+// from the client, 0 if there is no route. A second distinct check proves
+// the address (reach.go) for clients that do not answer probes.
+func (s *podSocket) confirm(pop uint16, client netip.AddrPort, txID [stun.TransactionIDSize]byte) int {
+	if s.tcp.peer(pop, client) != nil {
+		// A TCP client's address is proven by its handshake with the
+		// global relay: one authenticated check is enough.
+		return earlySelectChecks
+	}
 	pc := s.lookup(pop)
 	if pc == nil {
 		return 0
 	}
 	pc.mu.Lock()
-	defer pc.mu.Unlock()
 	r := pc.routes[client]
 	if r == nil {
+		pc.mu.Unlock()
 		return 0
 	}
 	if !r.confirmed.Swap(true) {
 		pc.provisional--
 	}
-	return int(r.checks.Add(1))
+	r.reach.mu.Lock()
+	fresh := r.reach.lastTx != txID
+	r.reach.lastTx = txID
+	r.reach.mu.Unlock()
+	n := int(r.checks.Load())
+	if fresh {
+		n = int(r.checks.Add(1))
+	}
+	pc.mu.Unlock()
+	if fresh && n >= 2 {
+		pc.prove(r)
+	}
+	return n
+}
+
+// route returns the client's route, nil if none.
+func (c *popConn) route(client netip.AddrPort) *route {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.routes[client]
 }
 
 // lastSeen returns when the client last sent a datagram through a POP.
 func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool) {
+	if p := s.tcp.peer(pop, client); p != nil {
+		return time.Unix(0, p.lastSeen.Load()), true
+	}
 	pc := s.lookup(pop)
 	if pc == nil {
 		return time.Time{}, false
@@ -322,6 +367,7 @@ func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool
 
 // closeAll closes every POP conn: writes through it fail from then on.
 func (s *podSocket) closeAll() {
+	s.tcp.closeAll()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, pc := range s.pops {
@@ -369,14 +415,15 @@ func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now int64) bool {
 		r.lastSeen.Store(now)
 		return true
 	}
-	nr := &route{hdr: h, relay: relay, created: now}
+	nr := &route{hdr: h, relay: relay, created: now, reach: &reach{}}
 	nr.lastSeen.Store(now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.routes[h.Client]
 	if old != nil {
-		nr.created = old.created
+		nr.created, nr.reach = old.created, old.reach
 		nr.checks.Store(old.checks.Load())
+		nr.reachable.Store(old.reachable.Load())
 		if old.confirmed.Load() {
 			nr.confirmed.Store(true)
 		} else {
@@ -445,30 +492,32 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropNoRoute)
 		return 0, errNoRoute
 	}
-	if !r.confirmed.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
-		// Only the answer to a check may go to an address Pion has not
-		// authenticated: no DTLS flight or media toward a spoofed source.
-		c.sock.m.drop(dropProvisional)
-		return 0, errProvisional
-	}
 	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
-	buf := bufPool.Get().(*podBuf)
-	defer bufPool.Put(buf)
-	hl, err := r.hdr.Put(buf[:])
-	if err != nil || len(b) > encap.MaxPayload {
-		c.sock.m.drop(dropOversize)
-		return 0, errors.New("transceiver: datagram too large")
+	if !r.reachable.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
+		if !r.confirmed.Load() {
+			// Only the answer to a check may go to an address Pion has
+			// not authenticated: no DTLS flight or media toward it.
+			c.sock.m.drop(dropProvisional)
+			return 0, errProvisional
+		}
+		// Authenticated, not yet proven to be the client's: wait for
+		// the probe's answer (reach.go).
+		if !c.hold(r, b, c.sock.now().UnixNano()) {
+			c.sock.m.drop(dropHeldOverflow)
+		}
+		return written, nil
 	}
-	copy(buf[hl:], b)
-	c.sock.keys.Load().Seal(buf[:hl+len(b)], hl)
-	if err := c.sock.out.send(buf[:hl+len(b)], r.relay); err != nil {
-		c.sock.m.writeErrors.Inc()
+	if err := c.send(r, b); err != nil {
 		return 0, err
 	}
-	c.sock.m.packetsOut.Inc()
-	c.sock.m.bytesOut.Add(float64(len(b)))
 	return written, nil
+}
+
+// send writes b to the client through the route's relay, sealed.
+func (c *popConn) send(r *route, b []byte) error {
+	_, err := c.sock.send(&r.hdr, r.relay, b)
+	return err
 }
 
 // Close makes writes through the POP fail from then on.

@@ -91,6 +91,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
+	t.setupTCP(&se, s, req.POPs) // passive TCP candidates (tcp.go)
 	se.SetICEBindingRequestHandler(s.onBindingRequest)
 	api := webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(t.me), webrtc.WithInterceptorRegistry(t.ir))
 	pc, err := api.NewPeerConnection(webrtc.Configuration{BundlePolicy: webrtc.BundlePolicyMaxBundle})
@@ -206,9 +207,12 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 
 // onBindingRequest runs for every ICE check that Pion has authenticated
 // (USERNAME and MESSAGE-INTEGRITY of this session): a check that reaches it
-// was sent by someone holding the session's ICE password. It confirms the
-// client's return route: only now may the pod send DTLS or media to that
-// address (until then the route carries STUN responses only).
+// was sent by someone holding the session's ICE password, not necessarily
+// by the owner of its source address. It confirms the client's return
+// route, and on the first check from an address it sends the address a
+// probe of its own (reach.go): DTLS and media toward an address wait for
+// the probe's answer or a second check, so a check from a spoofed source
+// (with the spoofer's own credentials) never starts DTLS flights toward it.
 //
 // It moves the selected pair to the check's pair when the client is
 // reaching us only that way: the check came from another client address (a
@@ -221,17 +225,27 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 // It also selects the preferred POP's pair early, before the client
 // nominates: a lite server can do no checks of its own, and browsers send
 // their nominating check a ping interval (about 50 ms) after the first one
-// succeeds. The early choice waits for the second authenticated check from
-// the address, so one check from a spoofed source (with the spoofer's own
-// credentials) never starts DTLS flights toward it. Only the preferred POP
-// is selected this way, so an early choice never pins a call to the
-// backup; a later nomination of the same pair changes nothing.
+// succeeds. Selecting at once lets the DTLS handshake start as soon as the
+// probe's answer has proven the address, one round trip after the first
+// check. Only the preferred POP is selected this way, so an early choice
+// never pins a call to the backup; a later nomination of the same pair
+// changes nothing.
 func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	checks := 0
-	if ip, err := netip.ParseAddr(remote.Address()); err == nil && pop != 0 {
-		checks = s.t.sock.confirm(pop, netip.AddrPortFrom(ip.Unmap(), uint16(remote.Port())))
+	if client, ok := candidateAddr(remote); ok && pop != 0 {
+		checks = s.t.sock.confirm(pop, client, msg.TransactionID)
+		// Before a pair is selected, probe only through the preferred
+		// POP (or a check that nominates): a full agent that gets a check
+		// on a succeeded pair may nominate that pair at once, and that
+		// must not be whichever POP answered first.
+		if checks == 1 && (cur != 0 || pop == s.preferredPOP || msg.Contains(stun.AttrUseCandidate)) {
+			var user stun.Username
+			if rd := s.pc.RemoteDescription(); rd != nil && user.GetFrom(msg) == nil {
+				s.t.sock.probe(pop, client, user.String(), rd.SDP)
+			}
+		}
 	}
 	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination && checks >= earlySelectChecks {
 		s.t.m.earlySelects.Inc()
@@ -277,8 +291,9 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 }
 
 // earlySelectChecks is how many authenticated checks an address must have
-// sent before its pair is selected ahead of nomination.
-const earlySelectChecks = 2
+// sent before its pair is selected ahead of nomination. One is safe since
+// DTLS toward the address waits for the return-routability proof.
+const earlySelectChecks = 1
 
 func (s *session) armConnectTimer(d time.Duration) {
 	s.mu.Lock()

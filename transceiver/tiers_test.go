@@ -153,8 +153,7 @@ func (tr *tiers) check(t testing.TB) {
 	if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, m.Raw) {
 		t.Fatal("the check did not reach the pod")
 	}
-	// As Pion does once the check's MESSAGE-INTEGRITY verifies.
-	tr.sock.confirm(1, tr.clientAddr)
+	tr.authenticated(tr.clientAddr)
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.
@@ -301,4 +300,12 @@ func sealedWith(t testing.TB, k *encap.Keyring, h encap.Header, payload string) 
 	b = append(b, payload...)
 	k.Seal(b, hl)
 	return b
+}
+
+// authenticated does for a client address what Pion's check verification
+// (confirm) and the answer to the pod's probe (reach.go) do: its route may
+// carry DTLS and media.
+func (tr *tiers) authenticated(c netip.AddrPort) {
+	tr.sock.confirm(1, c, [12]byte{1})
+	tr.pc.prove(tr.pc.route(c))
 }

@@ -122,7 +122,7 @@ func TestForgedHeaderAtPodChangesNothing(t *testing.T) {
 func TestRouteTableCannotBeFilled(t *testing.T) {
 	sock, pc, _ := unitSocket(t, nil)
 	caller := netip.MustParseAddrPort("198.51.100.31:5000")
-	if !feed(sock, pc, sealed(t, clientHeader(caller), "check"), unitRelay) || sock.confirm(1, caller) != 1 {
+	if !feed(sock, pc, sealed(t, clientHeader(caller), "check"), unitRelay) || sock.confirm(1, caller, [12]byte{1}) != 1 {
 		t.Fatal("caller's check did not make a route")
 	}
 	for i := range 70000 {
@@ -130,7 +130,7 @@ func TestRouteTableCannotBeFilled(t *testing.T) {
 		feed(sock, pc, sealed(t, clientHeader(a), "x"), unitRelay)
 	}
 	newcomer := netip.MustParseAddrPort("198.51.100.32:5000")
-	if !feed(sock, pc, sealed(t, clientHeader(newcomer), "check"), unitRelay) || sock.confirm(1, newcomer) != 1 {
+	if !feed(sock, pc, sealed(t, clientHeader(newcomer), "check"), unitRelay) || sock.confirm(1, newcomer, [12]byte{1}) != 1 {
 		t.Fatal("a new caller got no route after the flood")
 	}
 	pc.mu.RLock()
@@ -183,10 +183,13 @@ var (
 
 // TestSpoofedCheckStartsNoDTLS: one Binding Request from a spoofed client
 // address, carrying valid credentials of a session (the spoofer's own),
-// gets its STUN answer and nothing else: no DTLS flight goes toward the
-// spoofed address. Before, early pair selection started the DTLS handshake
-// toward it on that single check. A second check from the address does
-// select it (the early selection still saves a browser its ping interval).
+// gets its STUN answer and the pod's one return-routability probe, nothing
+// else: no DTLS flight goes toward the spoofed address, and a forged answer
+// to the probe changes nothing. Before, early pair selection started the
+// DTLS handshake toward it on that single check. The real owner of the
+// address answers the probe (with the client's ICE password), and DTLS
+// starts at once: the early selection still saves a browser its ping
+// interval.
 func TestSpoofedCheckStartsNoDTLS(t *testing.T) {
 	p := newPod(t, Config{})
 	offer := testsdp.Offer(t)
@@ -195,13 +198,21 @@ func TestSpoofedCheckStartsNoDTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.t.EndSession(res.ID)
-	cu, su, spwd := ufragRE.FindStringSubmatch(offer), ufragRE.FindStringSubmatch(res.Answer), pwdRE.FindStringSubmatch(res.Answer)
-	if cu == nil || su == nil || spwd == nil {
+	cu, cpwd := ufragRE.FindStringSubmatch(offer), pwdRE.FindStringSubmatch(offer)
+	su, spwd := ufragRE.FindStringSubmatch(res.Answer), pwdRE.FindStringSubmatch(res.Answer)
+	if cu == nil || cpwd == nil || su == nil || spwd == nil {
 		t.Fatal("no ICE credentials in offer/answer")
 	}
 	relay := udp4(t)
 	defer relay.Close()
 	spoofed := netip.MustParseAddrPort("198.51.100.34:6000")
+	send := func(payload []byte) {
+		h := clientHeader(spoofed)
+		h.Ingress = relay.LocalAddr().(*net.UDPAddr).AddrPort()
+		if _, err := relay.WriteToUDPAddrPort(sealed(t, h, string(payload)), p.addr); err != nil {
+			t.Fatal(err)
+		}
+	}
 	check := func() {
 		m, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(su[1]+":"+cu[1]),
 			ice.PriorityAttr(1<<24), ice.AttrControlling(42),
@@ -209,15 +220,11 @@ func TestSpoofedCheckStartsNoDTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := clientHeader(spoofed)
-		h.Ingress = relay.LocalAddr().(*net.UDPAddr).AddrPort()
-		if _, err := relay.WriteToUDPAddrPort(sealed(t, h, string(m.Raw)), p.addr); err != nil {
-			t.Fatal(err)
-		}
+		send(m.Raw)
 	}
-	// read returns the class of every datagram the pod sends toward the
-	// spoofed address within d.
-	read := func(d time.Duration) (stunN, dtlsN int) {
+	// read returns what the pod sends toward the spoofed address within d:
+	// STUN messages and the count of DTLS datagrams.
+	read := func(d time.Duration) (msgs []*stun.Message, dtlsN int) {
 		buf := make([]byte, 2048)
 		deadline := time.Now().Add(d)
 		for {
@@ -232,25 +239,46 @@ func TestSpoofedCheckStartsNoDTLS(t *testing.T) {
 			}
 			switch c := buf[hl]; {
 			case c < 4:
-				stunN++
+				m := &stun.Message{Raw: append([]byte(nil), buf[hl:n]...)}
+				if err := m.Decode(); err != nil {
+					t.Fatal(err)
+				}
+				msgs = append(msgs, m)
 			case c >= 20 && c <= 63:
 				dtlsN++
 			}
 		}
 	}
 	check()
-	if s, d := read(1500 * time.Millisecond); s != 1 || d != 0 {
-		t.Fatalf("after one spoofed check the pod sent %d STUN and %d DTLS datagrams; want 1 and 0", s, d)
+	msgs, dtlsN := read(1500 * time.Millisecond)
+	var probe *stun.Message
+	for _, m := range msgs {
+		if m.Type == stun.BindingRequest {
+			probe = m
+		}
 	}
-	check()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, d := read(200 * time.Millisecond); d > 0 {
-			break
+	if len(msgs) != 2 || probe == nil || dtlsN != 0 {
+		t.Fatalf("after one spoofed check the pod sent %d STUN (probe %v) and %d DTLS datagrams; want the answer, one probe, no DTLS", len(msgs), probe != nil, dtlsN)
+	}
+	var user stun.Username
+	if err := user.GetFrom(probe); err != nil || user.String() != cu[1]+":"+su[1] || stun.NewShortTermIntegrity(cpwd[1]).Check(probe) != nil {
+		t.Fatalf("the probe is not a check with the client's credentials: %v %q", err, user.String())
+	}
+	answer := func(pwd string) {
+		m, err := stun.Build(probe, stun.BindingSuccess, &stun.XORMappedAddress{IP: net.IPv4(127, 0, 0, 2), Port: 3478},
+			stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a second authenticated check did not start DTLS: the test cannot tell the difference")
-		}
+		send(m.Raw)
+	}
+	answer("a-guess-at-the-clients-password") // a spoofer cannot compute the answer
+	if _, d := read(1000 * time.Millisecond); d != 0 {
+		t.Fatalf("a forged answer to the probe released %d DTLS datagrams", d)
+	}
+	answer(cpwd[1]) // the real owner of the address
+	if _, d := read(3 * time.Second); d == 0 {
+		t.Fatal("the probe's true answer did not release DTLS: the test cannot tell the difference")
 	}
 }
 
@@ -264,7 +292,7 @@ func TestProvisionalRoutesExpireQuickly(t *testing.T) {
 	sock, pc, _ := unitSocketAt(t, nil, func() time.Time { return clock })
 	spoofed, caller := netip.MustParseAddrPort("198.51.100.40:1"), netip.MustParseAddrPort("198.51.100.41:1")
 	feed(sock, pc, sealed(t, clientHeader(caller), "x"), unitRelay)
-	sock.confirm(1, caller)
+	sock.confirm(1, caller, [12]byte{1})
 	age := func(a netip.AddrPort) (time.Duration, bool) {
 		pc.mu.RLock()
 		defer pc.mu.RUnlock()

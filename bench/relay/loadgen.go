@@ -17,7 +17,9 @@ import (
 
 // Payload layout of a load datagram (payloadLen bytes, RTP-like first
 // byte so that every tier treats it as media): [8:16] send time in ns since
-// the generator's epoch, [16:20] flow index, [20:24] payloadMagic.
+// the generator's epoch, [16:20] flow index, [20:24] payloadMagic, [24:28]
+// the generator's ID (a late echo of an earlier attempt, whose sockets had
+// the same ports, is ignored rather than counted as stray).
 const (
 	payloadLen   = 120
 	payloadMagic = 0x52424e43
@@ -33,6 +35,7 @@ const histBuckets = 50_000
 type gen struct {
 	flows []*net.UDPConn
 	epoch time.Time
+	id    uint32
 
 	// The window: datagrams sent in [winStart, winEnd) (ns since epoch)
 	// are counted, and so are their echoes whenever they arrive.
@@ -45,7 +48,7 @@ type gen struct {
 }
 
 func newGen(n int) (*gen, error) {
-	g := &gen{epoch: time.Now()}
+	g := &gen{epoch: time.Now(), id: uint32(time.Now().UnixNano())}
 	g.winStart.Store(1 << 62)
 	for range n {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -113,6 +116,9 @@ func (g *gen) read(idx int, c *net.UDPConn) {
 			return
 		}
 		now := time.Since(g.epoch).Nanoseconds()
+		if n == payloadLen && binary.BigEndian.Uint32(buf[20:24]) == payloadMagic && binary.BigEndian.Uint32(buf[24:28]) != g.id {
+			continue // an earlier attempt's
+		}
 		if n != payloadLen || binary.BigEndian.Uint32(buf[20:24]) != payloadMagic || int(binary.BigEndian.Uint32(buf[16:20])) != idx {
 			g.stray.Add(1)
 			continue
@@ -139,6 +145,7 @@ func (g *gen) send(target netip.AddrPort, pps int, stop <-chan struct{}) error {
 	pkt := make([]byte, payloadLen)
 	pkt[0] = 0x80
 	binary.BigEndian.PutUint32(pkt[20:24], payloadMagic)
+	binary.BigEndian.PutUint32(pkt[24:28], g.id)
 	begin := time.Since(g.epoch)
 	var k int64
 	for {

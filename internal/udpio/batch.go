@@ -106,6 +106,11 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Dec
 		outs = batch * encap.MaxBundleItems
 	}
 	rd, wr := NewBatchConn(conn, batch), NewBatchConn(dst, min(outs, maxWriteBatch))
+	if hooks.BlockingReads && rd.mm != nil {
+		if err := rd.mm.makeBlocking(); err != nil {
+			return err
+		}
+	}
 	bufs := make([][]byte, batch)
 	in := make([]Msg, batch)
 	out := make([]Msg, outs)

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,10 @@ type mmsg struct {
 	wr  mmsgHalf
 	rfn func(fd uintptr) bool // method values made once: passing them does not allocate
 	wfn func(fd uintptr) bool
+	// blocking: the socket was made blocking with a receive timeout, and
+	// reads wait in recvmmsg (MSG_WAITFORONE) like a C forwarder instead
+	// of in the runtime's poller (experimental, see ForwardBatchBlocking).
+	blocking bool
 }
 
 type mmsgHalf struct {
@@ -83,14 +88,23 @@ func (m *mmsg) read(ms []Msg) (int, error) {
 	return h.n, nil
 }
 
-func (m *mmsg) doRead(fd uintptr) bool { return m.rd.call(fd, unix.SYS_RECVMMSG, "recvmmsg") }
+func (m *mmsg) doRead(fd uintptr) bool {
+	if m.blocking {
+		return m.rd.callFlags(fd, unix.SYS_RECVMMSG, unix.MSG_WAITFORONE, "recvmmsg")
+	}
+	return m.rd.call(fd, unix.SYS_RECVMMSG, "recvmmsg")
+}
 
 func (m *mmsg) doWrite(fd uintptr) bool { return m.wr.call(fd, unix.SYS_SENDMMSG, "sendmmsg") }
 
 // call makes the half's system call on fd. It reports false when the
 // socket is not ready (the runtime then waits for it in the poller).
 func (h *mmsgHalf) call(fd uintptr, trap uintptr, op string) bool {
-	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), 0, 0, 0)
+	return h.callFlags(fd, trap, 0, op)
+}
+
+func (h *mmsgHalf) callFlags(fd uintptr, trap uintptr, flags int, op string) bool {
+	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), uintptr(flags), 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
@@ -174,4 +188,25 @@ func putSockaddr(sa *unix.RawSockaddrInet6, ap netip.AddrPort, v6 bool) uint32 {
 	sa.Addr = a.As16() // As16 maps IPv4
 	sa.Scope_id = 0
 	return unix.SizeofSockaddrInet6
+}
+
+// makeBlocking clears O_NONBLOCK on c's socket and sets a receive timeout,
+// so a read can wait inside recvmmsg; the timeout bounds how long Close
+// waits for a blocked read.
+func (m *mmsg) makeBlocking() error {
+	var serr error
+	err := m.rc.Control(func(fd uintptr) {
+		if serr = unix.SetNonblock(int(fd), false); serr != nil {
+			return
+		}
+		tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
+		serr = unix.SetsockoptTimeval(int(fd), unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	})
+	if err != nil {
+		return err
+	}
+	if serr == nil {
+		m.blocking = true
+	}
+	return serr
 }

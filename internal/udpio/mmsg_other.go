@@ -12,3 +12,5 @@ func newMmsg(*net.UDPConn, int) (*mmsg, bool) { return nil, false }
 
 func (*mmsg) read([]Msg) (int, error)  { panic("unreachable") }
 func (*mmsg) write([]Msg) (int, error) { panic("unreachable") }
+
+func (*mmsg) makeBlocking() error { return nil }

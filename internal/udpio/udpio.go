@@ -29,6 +29,11 @@ type Hooks struct {
 	// bundles and the datagrams they carried.
 	Bundle  bool
 	Bundled func(bundles, datagrams int)
+	// BlockingReads (experimental, Linux) makes conn blocking with a
+	// 50 ms receive timeout and waits for datagrams inside recvmmsg, as a
+	// C forwarder does, instead of in the runtime's poller. Closing conn
+	// then takes up to 50 ms.
+	BlockingReads bool
 }
 
 func (h Hooks) badBundle() {

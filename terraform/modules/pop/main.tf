@@ -40,6 +40,7 @@ locals {
       bind      = "0.0.0.0:7947"
       advertise = "$${POD_IP}:7947"
       join      = var.global_gossip_join
+      key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"
     }
   }
 }
@@ -147,7 +148,7 @@ resource "kubernetes_deployment_v1" "globalrelay" {
           }
 
           dynamic "env" {
-            for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GOSSIP_KEY"]
+            for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
             content {
               name = env.value
               value_from {

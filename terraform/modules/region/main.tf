@@ -48,6 +48,7 @@ locals {
       bind      = "0.0.0.0:7946"
       advertise = "$${POD_IP}:7946"
       join      = [local.cluster_gossip_join]
+      key       = "$${RTCEDGE_CLUSTER_GOSSIP_KEY}" # the cluster pool's own: a pod never holds the global pool's
     }
   }
 
@@ -65,11 +66,13 @@ locals {
       bind      = "0.0.0.0:7946"
       advertise = "$${POD_IP}:7946"
       join      = [local.cluster_gossip_join]
+      key       = "$${RTCEDGE_CLUSTER_GOSSIP_KEY}"
     }
     global_gossip = {
       bind      = "0.0.0.0:7947"
       advertise = "$${POD_IP}:7947"
       join      = var.global_gossip_join
+      key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"
     }
   }
 
@@ -89,13 +92,16 @@ locals {
       bind      = "0.0.0.0:7947"
       advertise = "$${POD_IP}:7947"
       join      = var.global_gossip_join
+      key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"
     }
   }
 
   # Secret keys each role reads (docs/operations.md); a role gets only its own.
-  transceiver_secret_keys  = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_GOSSIP_KEY"]
-  clusterrelay_secret_keys = ["RTCEDGE_GOSSIP_KEY"]
-  signaling_secret_keys    = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GOSSIP_KEY"]
+  # Each gossip pool has its own key: transceivers, the most exposed code,
+  # hold only the cluster pool's.
+  transceiver_secret_keys  = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  clusterrelay_secret_keys = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  signaling_secret_keys    = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
   # Absent keys are tolerated only where the role has a default.
   optional_secret_keys = ["RTCEDGE_TOKEN_CURRENT"]
 }
