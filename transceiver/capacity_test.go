@@ -106,10 +106,11 @@ func (bp *benchPod) record(b *testing.B, n int) [][]byte {
 // isEcho tells the echoed audio (RTP, payload type 111 as the answer
 // negotiates) from the pod's other traffic to the client.
 func isEcho(pkt []byte) bool {
-	// Skip the encapsulation header: its length depends on the address
-	// families, both IPv4 here.
-	const hl = 20
-	return len(pkt) > hl+12 && pkt[hl] >= 128 && pkt[hl] <= 191 && pkt[hl+1]&0x7f == 111
+	// Skip the encapsulation header, whose length depends on the address
+	// families and the inter-tier tag: a fixed offset read nothing but
+	// misses once the header grew, and every echo timed out.
+	_, hl, err := encap.Decode(pkt)
+	return err == nil && len(pkt) > hl+12 && pkt[hl] >= 128 && pkt[hl] <= 191 && pkt[hl+1]&0x7f == 111
 }
 
 func cpuTime() time.Duration {
