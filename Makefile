@@ -19,7 +19,7 @@ ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --ex
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
 
-.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity image soak
+.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
 
 run: build
 	./$(BIN) dev
@@ -64,6 +64,14 @@ soak:
 # a stepped load of 50 pps voice sessions; a few minutes, prints a table.
 bench-capacity: build
 	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN)
+
+# Relays against a minimal C forwarder (docs/benchmarks.md, "Relays at the
+# limit of one hop"): direct, C, naive Go, global relay, and the two-tier
+# chain against two chained C forwarders, voice and flood, each process
+# pinned; a few minutes, prints a table and writes bin/bench-relay.json.
+# Needs gcc; run as root for SCHED_FIFO (see the doc).
+bench-relay:
+	$(GO) run ./bench/relay/cmd/relaybench -json bin/bench-relay.json $(BENCH_RELAY_FLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

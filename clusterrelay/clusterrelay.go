@@ -69,8 +69,19 @@ type Config struct {
 	// SetHopKeys replaces them without a restart.
 	HopKeys *encap.Keyring
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
-	Batch      int
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
+	Batch int
+	// LockThreads runs the read loop on an OS thread of its own
+	// (runtime.LockOSThread); CPUs, when set, also pins it to CPUs[0]
+	// (sched_setaffinity; implies LockThreads). As in globalrelay.Config.
+	LockThreads bool
+	CPUs        []int
+	// Bundle sends the datagrams of one receive batch that go to the same
+	// pod or global relay ingress as one bundle (docs/bundle.md). Turn it
+	// on once every pod and global relay reads bundles; bundles from
+	// global relays are always read.
+	Bundle     bool
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
 }
@@ -127,14 +138,41 @@ func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
 	hooks := udpio.Hooks{
-		WriteErr: func(error) { r.m.writeErrors.Inc() },
-		Oversize: func() { r.m.drops.Inc(dropOversize) },
+		WriteErr:  func(error) { r.m.writeErrors.Inc() },
+		Oversize:  func() { r.m.drops.Inc(dropOversize) },
+		Unbundle:  true,
+		BadBundle: func() { r.m.encapDrops.Inc(encap.ReasonBundle) },
+		Bundle:    r.cfg.Bundle,
+		Bundled: func(bundles, datagrams int) {
+			r.m.bundles.Add(float64(bundles))
+			r.m.bundledPackets.Add(float64(datagrams))
+		},
+	}
+	forward := func() error {
+		if r.cfg.Batch > 1 {
+			return udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
+		}
+		return udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
 	}
 	var err error
-	if r.cfg.Batch > 1 {
-		err = udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
+	if len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
+		// A goroutine of its own that ends with the loop: the lock is
+		// never undone, so the runtime retires the pinned thread with it
+		// and the caller's goroutine is left as it was.
+		cpu := -1
+		if len(r.cfg.CPUs) > 0 {
+			cpu = r.cfg.CPUs[0]
+		}
+		done := make(chan error, 1)
+		go func() {
+			if perr := udpio.LockThread(cpu); perr != nil {
+				r.log.Warn("read loop not pinned", "err", perr)
+			}
+			done <- forward()
+		}()
+		err = <-done
 	} else {
-		err = udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
+		err = forward()
 	}
 	r.Close()
 	if err != nil {
@@ -215,6 +253,7 @@ type metrics struct {
 	toPod, toClient           prometheus.Counter
 	toPodBytes, toClientBytes prometheus.Counter
 	writeErrors               prometheus.Counter
+	bundles, bundledPackets   prometheus.Counter
 	drops                     *udpio.Drops[dropReason]
 	encapDrops                *udpio.Drops[encap.Reason]
 }
@@ -236,15 +275,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_clusterrelay_write_errors_total",
 		Help: "Failed sends.",
 	})
+	bundles := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_clusterrelay_bundles_sent_total",
+		Help: "Bundles sent to pods and global relays (Config.Bundle).",
+	})
+	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_clusterrelay_bundled_packets_total",
+		Help: "Datagrams sent inside bundles.",
+	})
 	m := &metrics{
 		toPod: packets.WithLabelValues("to_pod"), toClient: packets.WithLabelValues("to_client"),
 		toPodBytes: bytes.WithLabelValues("to_pod"), toClientBytes: bytes.WithLabelValues("to_client"),
-		writeErrors: writeErrors,
-		drops:       udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
-		encapDrops:  udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
+		writeErrors: writeErrors, bundles: bundles, bundledPackets: bundledPackets,
+		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
+		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{packets, bytes, drops, writeErrors} {
+		for _, c := range []prometheus.Collector{packets, bytes, drops, writeErrors, bundles, bundledPackets} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register clusterrelay metrics: %w", err)
 			}

@@ -3,7 +3,6 @@ package clusterrelay
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -91,17 +90,21 @@ func drops(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 // names, replies go to the ingress the header names — but only from that
 // pod; everything else is dropped and counted, never sent anywhere.
 func TestForwardAndDrop(t *testing.T) {
-	for _, batch := range []int{0, 32} {
-		t.Run(fmt.Sprintf("batch-%d", batch), func(t *testing.T) { testForwardAndDrop(t, batch) })
+	for _, tc := range []struct {
+		name  string
+		batch int
+		cpus  []int
+	}{{"batch-0", 0, nil}, {"batch-32", 32, nil}, {"batch-32-pinned", 32, []int{0}}} {
+		t.Run(tc.name, func(t *testing.T) { testForwardAndDrop(t, tc.batch, tc.cpus) })
 	}
 }
 
-func testForwardAndDrop(t *testing.T, batch int) {
+func testForwardAndDrop(t *testing.T, batch int, cpus []int) {
 	pod1, pod2, ingress, stranger := listen(t), listen(t), listen(t), listen(t)
 	reg := prometheus.NewRegistry()
 	conn := listen(t)
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
-		HopKeys: testHop, Batch: batch, Logger: quiet, Registerer: reg}, conn)
+		HopKeys: testHop, Batch: batch, CPUs: cpus, Logger: quiet, Registerer: reg}, conn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // Defaults of the cluster relay role.
@@ -27,7 +28,10 @@ type NodeConfig struct {
 	DataAdvertise string `yaml:"data_advertise"`
 	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string `yaml:"api_advertise"`
-	Batch         int    `yaml:"batch"` // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	Batch         int    `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
+	LockThreads   bool   `yaml:"lock_threads"` // Config.LockThreads
+	CPUs          []int  `yaml:"cpus"`         // Config.CPUs
+	Bundle        bool   `yaml:"bundle"`       // Config.Bundle; off by default
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
@@ -35,6 +39,9 @@ type NodeConfig struct {
 	// SessionAPISecret is the cluster's session API bearer secret, required
 	// from signaling and presented to the pods; empty: none.
 	SessionAPISecret string `yaml:"session_api_secret"`
+	// APITLS serves the front over TLS (cert, key) and verifies the pods'
+	// session APIs with ca, the cluster CA.
+	APITLS sessionapi.TLS `yaml:"api_tls"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
@@ -58,9 +65,13 @@ func (c *NodeConfig) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
+		c.APITLS.Validate("api_tls"),
 		node.NotNegative("batch", c.Batch),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
+	}
+	for _, cpu := range c.CPUs {
+		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
 		errs = append(errs, err)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -58,21 +59,35 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
 	n.life.Go("relay", n.relay.Run)
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+			n.relay.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+		})
+	})
 	if s.API == nil {
 		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
 			return nil, err
 		}
 	}
-	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: env.HTTPClient, Logger: env.Logger})
-	n.life.Serve("session API", s.API, node.NewHTTPServer(front.Handler(), env.Logger))
+	podClient, err := cfg.APITLS.Client(env.HTTPClient)
+	if err != nil {
+		return nil, err
+	}
+	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger})
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}
+	n.apiURL = cfg.APITLS.URL(n.apiURL)
+	api, err := cfg.APITLS.Listener(s.API)
+	if err != nil {
+		return nil, err
+	}
+	n.life.Serve("session API", api, node.NewHTTPServer(front.Handler(), env.Logger))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err

@@ -24,8 +24,8 @@ func TestNodeReadyAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := NewNode(NodeConfig{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", HopKeys: nodetest.HopKeys(t, 4),
-		Common:        node.Common{DrainTimeout: 2 * time.Second},
+	n, err := NewNode(NodeConfig{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		Common: node.Common{DrainTimeout: 2 * time.Second}, HopKeys: nodetest.HopKeys(t, 4),
 		ClusterGossip: nodetest.Gossip("cr", seedPod.LocalAddr().String()), GlobalGossip: nodetest.Gossip("cr", watcher.LocalAddr().String())},
 		Sockets{Metrics: metrics}, node.Env{Logger: quiet})
 	if err != nil {

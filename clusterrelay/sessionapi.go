@@ -13,7 +13,6 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
-	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
 // The cluster's session API front. Signaling knows one session API per
@@ -98,6 +97,7 @@ func (f *Front) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+sessionsPath, f.create)
 	mux.HandleFunc("DELETE "+sessionsPath+"/{id}", f.delete)
+	mux.HandleFunc("PATCH "+sessionsPath+"/{id}", f.restart) // ICE restart (restart.go)
 	mux.HandleFunc("GET "+sessionapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		load, capacity, ready := f.cfg.Pods.Aggregate()
 		w.Header().Set("Content-Type", "application/json")
@@ -153,26 +153,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *Front) delete(w http.ResponseWriter, r *http.Request) {
-	raw := r.PathValue("id")
-	id, err := sessionid.Parse(raw)
-	if err != nil || id.Cluster != f.cfg.Cluster {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
-		return
-	}
-	for _, p := range f.cfg.Pods.PodInfos() {
-		if p.ID != id.Pod {
-			continue
-		}
-		status, hdr, resp, err := f.forward(r.Context(), http.MethodDelete, p.API+sessionsPath+"/"+raw, nil)
-		if err != nil {
-			apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "pod_unreachable", "the session's pod did not answer", 0)
-			return
-		}
-		copyResponse(w, status, hdr, resp)
-		return
-	}
-	// The pod is gone, and its sessions with it.
-	apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+	f.toSessionPod(w, r, http.MethodDelete, nil)
 }
 
 func (f *Front) forward(ctx context.Context, method, url string, body []byte) (int, http.Header, []byte, error) {

@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
@@ -97,6 +99,10 @@ type Config struct {
 	// NetBackend runs the echo backend as a network service (the
 	// netbackend protocol over loopback TCP) instead of in process.
 	NetBackend bool
+	// SessionAPITLS runs every session API (pods, cluster fronts) over TLS
+	// with a throwaway CA that signaling and the fronts verify, as
+	// production does (docs/operations.md).
+	SessionAPITLS bool
 	// NoRouteCache runs the global relays without any shared cache: a
 	// restarted relay then recovers flows only from the next STUN check
 	// (or a reply from the cluster side).
@@ -182,9 +188,12 @@ type World struct {
 	// world, so the dev world runs the internal APIs authenticated as
 	// production does.
 	apiSecrets map[uint16]string
-	errMu      sync.Mutex
-	errs       []error
-	nodes      []*running // in start order; stopped in reverse
+	// apiTLS and apiCA are the session APIs' TLS (SessionAPITLS): the
+	// servers' certificate and the clients' CA.
+	apiTLS, apiCA sessionapi.TLS
+	errMu         sync.Mutex
+	errs          []error
+	nodes         []*running // in start order; stopped in reverse
 }
 
 // running is one node's Run goroutine.
@@ -309,6 +318,17 @@ func (w *World) start() error {
 		w.run(new(running), "backend", b) // the first node, so it stops last
 		w.backend = b.Addr()
 	}
+	if cfg.SessionAPITLS {
+		// The files are read while the nodes are built, then removed.
+		dir, err := os.MkdirTemp("", "rtcedge-dev-ca-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if w.apiTLS, w.apiCA, err = sessionapi.WriteDevCA(dir, net.IPv4(127, 0, 0, 1)); err != nil {
+			return err
+		}
+	}
 	w.apiSecrets = map[uint16]string{}
 	for _, spec := range cfg.Regions {
 		w.clusters = append(w.clusters, spec.Cluster)
@@ -372,6 +392,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
 		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed), SessionAPISecret: w.apiSecrets[spec.Cluster],
+		APITLS: w.apiTLS,
 	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -391,6 +412,7 @@ func (w *World) startClusterRelayGen(spec RegionSpec, i, gen int, clusterSeed, g
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		HopKeys: w.hop, ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, globalSeed),
 		SessionAPISecret: w.apiSecrets[spec.Cluster],
+		APITLS:           sessionapi.TLS{Cert: w.apiTLS.Cert, Key: w.apiTLS.Key, CA: w.apiCA.CA},
 	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i), "gen", strconv.Itoa(gen)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -488,11 +510,11 @@ func (w *World) startSignaling() error {
 		return err
 	}
 	scfg := signaling.NodeConfig{
-		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, TrustedProxies: trusted,
+		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, CloudflareRanges: trusted,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
 		// Without keys the dev world is open: the demo page mints its own
 		// client secrets.
-		AllowAnonymous: len(w.cfg.APIKeys) == 0, SessionAPISecrets: w.apiSecrets,
+		AllowAnonymous: len(w.cfg.APIKeys) == 0, SessionAPISecrets: w.apiSecrets, SessionAPITLS: w.apiCA,
 		// Everything in the dev world comes from one address and a few
 		// credentials; limits meant for the internet would throttle load
 		// tests.

@@ -31,7 +31,7 @@ func startWorld(t *testing.T, cfg devworld.Config) *devworld.World {
 }
 
 // metricSum adds up every sample of a metric family whose labels include
-// all of want.
+// all of want (for a histogram, its observation count).
 func metricSum(t *testing.T, reg prometheus.Gatherer, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -55,6 +55,8 @@ func metricSum(t *testing.T, reg prometheus.Gatherer, name string, want map[stri
 				}
 			}
 			switch {
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
 			case m.Counter != nil:
 				sum += m.GetCounter().GetValue()
 			case m.Gauge != nil:

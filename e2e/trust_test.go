@@ -184,3 +184,31 @@ func TestRogueGossipMemberGetsNoOffers(t *testing.T) {
 		t.Error("the rogue endpoint was never counted as refused")
 	}
 }
+
+// TestSessionAPIsOverTLS: with every session API on TLS (a cluster CA that
+// signaling and the fronts verify) and bearer secrets, calls are placed
+// and hung up as before, through the production node wiring.
+func TestSessionAPIsOverTLS(t *testing.T) {
+	w := startWorld(t, devworld.Config{SessionAPITLS: true})
+	for _, rg := range w.Regions {
+		for _, p := range rg.Pods {
+			if !strings.HasPrefix(p.API, "https://") {
+				t.Fatalf("pod session API %s is not https", p.API)
+			}
+		}
+		for _, cr := range rg.ClusterRelays {
+			if !strings.HasPrefix(cr.Front, "https://") {
+				t.Fatalf("cluster front %s is not https", cr.Front)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	call := dial(t, ctx, w)
+	if err := call.WaitEcho(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := call.Hangup(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -237,6 +237,7 @@ func BenchmarkThroughput(b *testing.B) {
 				n++
 			}
 		}()
+		b.ReportAllocs()
 		b.ResetTimer()
 		start := time.Now()
 		for i := 0; i < b.N; i++ {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // Defaults of the global relay role.
@@ -40,8 +41,19 @@ type NodeConfig struct {
 	InternalAddr string `yaml:"internal_addr"`
 	Workers      int    `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
 	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
-	// call; 1: one datagram per call (allocation-free); default 32.
-	Batch    int           `yaml:"batch"`
+	// call; 1: one datagram per call; default 32. Neither allocates.
+	Batch int `yaml:"batch"`
+	// LockThreads, CPUs and Steering place the workers (Config.LockThreads,
+	// Config.CPUs; Steering is how the kernel spreads the public
+	// SO_REUSEPORT sockets' datagrams: "hash" (default: by 4-tuple, a flow
+	// stays on one worker), "cpu" (the worker pinned to the CPU the
+	// datagram arrives on) or "incoming_cpu"). See docs/benchmarks.md.
+	LockThreads bool   `yaml:"lock_threads"`
+	CPUs        []int  `yaml:"cpus"`
+	Steering    string `yaml:"steering"`
+	// Bundle is Config.Bundle: off by default, for a fleet whose cluster
+	// relays and pods all read bundles.
+	Bundle   bool          `yaml:"bundle"`
 	FlowIdle time.Duration `yaml:"flow_idle"`
 	MaxFlows int           `yaml:"max_flows"`
 	// Clusters are the cluster IDs this POP serves: the replica is ready
@@ -104,6 +116,12 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("max_flows", c.MaxFlows),
 		node.NotNegative("ready_wait", c.ReadyWait),
 		c.Gossip.Validate("gossip"),
+	}
+	if _, err := udpio.ParseSteering(c.Steering); err != nil {
+		errs = append(errs, err)
+	}
+	for _, cpu := range c.CPUs {
+		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if c.POP == 0 {
 		errs = append(errs, errors.New("pop must be non-zero"))

@@ -149,12 +149,17 @@ func (t *flowTable) release(f *flow) {
 
 // expire removes flows not seen since cutoff and returns how many it removed.
 func (t *flowTable) expire(cutoff int64) int {
+	return t.removeIf(func(f *flow) bool { return f.lastSeen.Load() < cutoff })
+}
+
+// removeIf removes the flows gone says are gone and returns how many.
+func (t *flowTable) removeIf(gone func(*flow) bool) int {
 	removed := 0
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
 		for a, f := range s.m {
-			if f.lastSeen.Load() < cutoff {
+			if gone(f) {
 				delete(s.m, a)
 				t.release(f)
 				removed++

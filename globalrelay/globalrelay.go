@@ -132,8 +132,23 @@ type Config struct {
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call, allocation-free.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
+	// nothing per datagram.
 	Batch int
+	// LockThreads runs each worker's two read loops on OS threads of
+	// their own (runtime.LockOSThread) instead of the Go scheduler's
+	// shared ones. See docs/benchmarks.md for what it costs.
+	LockThreads bool
+	// CPUs, when set, pins worker i's read loops to CPU CPUs[i mod
+	// len(CPUs)] (sched_setaffinity on their locked threads; implies
+	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
+	CPUs []int
+	// Bundle sends the datagrams of one receive batch that go to the same
+	// cluster relay as one bundle (docs/bundle.md): fewer datagrams for
+	// the kernel, nothing waits. Turn it on only once every cluster relay
+	// and pod reads bundles (this version and later do; replies in bundles
+	// are always read).
+	Bundle bool
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -192,6 +207,11 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		return nil, errors.New("globalrelay config: flow quiet time must not be negative")
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
+	}
+	for _, c := range cfg.CPUs {
+		if c < 0 {
+			return nil, fmt.Errorf("globalrelay config: CPU %d is negative", c)
+		}
 	}
 	if cfg.FlowIdle == 0 {
 		cfg.FlowIdle = 30 * time.Second
@@ -328,9 +348,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	loop := func(conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
+	loop := func(cpu int, toCluster bool, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
+		if cpu >= 0 || r.cfg.LockThreads {
+			// Never unlocked: the thread ends with the loop.
+			if err := udpio.LockThread(cpu); err != nil {
+				r.log.Warn("read loop not pinned", "err", err)
+			}
+		}
 		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
+		if toCluster {
+			hooks.Bundle, hooks.Bundled = r.cfg.Bundle, r.bundled
+		} else {
+			// Cluster relays may bundle replies; always read bundles.
+			hooks.Unbundle, hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+		}
 		var err error
 		if r.cfg.Batch > 1 {
 			err = udpio.ForwardBatch(conn, dst, headroom, limit, r.cfg.Batch, decide, hooks)
@@ -342,12 +374,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.Close()
 	}
-	for _, w := range r.workers {
+	for i, w := range r.workers {
+		cpu := -1
+		if len(r.cfg.CPUs) > 0 {
+			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
+		}
 		wg.Add(2)
-		go loop(w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		go loop(cpu, true, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		})
-		go loop(w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
+		go loop(cpu, false, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
 	}
 	// The coarse clock ticks often (it stamps flows and times the
 	// failure detection); the expiry scan, which locks every shard in
@@ -381,9 +417,14 @@ func (r *Relay) Run(ctx context.Context) error {
 
 func (r *Relay) writeErr(error) { r.m.writeErrors.Inc() }
 
+func (r *Relay) bundled(bundles, datagrams int) {
+	r.m.bundles.Add(float64(bundles))
+	r.m.bundledPackets.Add(float64(datagrams))
+}
+
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
-	if n := r.flows.expire(cutoff); n > 0 {
+	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
 	}
 	r.m.flows.Set(float64(r.flows.len()))
@@ -456,8 +497,8 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 		// New flows, and live ones every CacheRefresh: the entry must
 		// outlive its TTL for as long as the call runs.
 		f.lastStored.Store(now)
-		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce}
-		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce)
+		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce, Stored: uint32(now / int64(time.Second))}
+		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce, rt.Stored)
 		r.cfg.Cache.Store(from, rt)
 	}
 	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
@@ -502,6 +543,10 @@ func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now in
 	case !r.sourceOK(from):
 		r.m.drops.Inc(dropBadSource)
 		return nil
+	case r.hopKeys.Load().For(tok.Cluster) == nil:
+		// A flow we could not seal for: refuse it before it exists.
+		r.m.drops.Inc(dropNoHopKey)
+		return nil
 	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
 		r.m.drops.Inc(dropTokenExpired)
 		return nil
@@ -540,7 +585,15 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	if route.Cluster == 0 {
 		return
 	}
-	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.KeyID, route.Tag); err != nil {
+	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.Stored, route.KeyID, route.Tag); err != nil {
+		r.m.cacheRejected.Inc()
+		return
+	}
+	// A live flow's entry is rewritten every CacheRefresh: an older one is
+	// a dead flow's, or replayed by someone who can write to the cache.
+	// A few seconds "ahead" are clock skew between replicas.
+	age := r.now.Load()/int64(time.Second) - int64(route.Stored)
+	if age > int64(3*r.cfg.CacheRefresh/time.Second) || age < -5 {
 		r.m.cacheRejected.Inc()
 		return
 	}
@@ -657,6 +710,7 @@ type metrics struct {
 	toClusterBytes, toClientBytes           prometheus.Counter
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
+	bundles, bundledPackets                 prometheus.Counter
 	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
 	suspects                                prometheus.Gauge
 	drops                                   *udpio.Drops[dropReason]
@@ -673,7 +727,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
 	})
 	expired := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets.",
+		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
 	})
 	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
@@ -698,6 +752,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "rtcedge_globalrelay_cache_rejected_total",
 		Help: "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.",
 	})
+	bundles := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bundles_sent_total", Help: "Bundles sent to cluster relays (Config.Bundle).",
+	})
+	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_bundled_packets_total", Help: "Datagrams sent to cluster relays inside bundles.",
+	})
 	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_relay_repicks_total",
 		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; avoided: another flow's evidence).",
@@ -714,17 +774,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		flowsRestoredCache:  restored.WithLabelValues("cache"),
 		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
-		writeErrors: writeErrors,
-		drops:       udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
-		encapDrops:  udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
-		stunDrops:   udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
-		tokenDrops:  udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
+		writeErrors: writeErrors, bundles: bundles, bundledPackets: bundledPackets,
+		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
+		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
+		stunDrops:  udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
+		tokenDrops: udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
 	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided} {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, repicks, suspects} {
+		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

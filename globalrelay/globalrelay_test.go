@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,12 +177,43 @@ func hasLabel(m *dto.Metric, k, v string) bool {
 // from the public address, bare.
 func TestForwardingBothWays(t *testing.T) {
 	for _, batch := range []int{0, 32} {
-		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, batch) })
+		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, Config{Batch: batch}) })
 	}
+	// Pinned: both read loops on locked threads with CPU 0 as their only
+	// CPU while they forward.
+	t.Run("batch-32-pinned", func(t *testing.T) {
+		testForwardingBothWays(t, Config{Batch: 32, CPUs: []int{0}})
+		if n := threadsOnlyOn(t, 0); n < 2 {
+			t.Errorf("%d threads pinned to CPU 0, want the 2 read loops", n)
+		}
+	})
 }
 
-func testForwardingBothWays(t *testing.T, batch int) {
-	r := newRig(t, Config{Batch: batch})
+// threadsOnlyOn counts this process's threads whose CPU mask is exactly
+// {cpu}.
+func threadsOnlyOn(t *testing.T, cpu int) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok && strings.TrimSpace(v) == strconv.Itoa(cpu) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func testForwardingBothWays(t *testing.T, cfg Config) {
+	r := newRig(t, cfg)
 	check := r.validCheck(t, 0x42)
 	if _, err := r.client.WriteToUDPAddrPort(check, r.pub); err != nil {
 		t.Fatal(err)
@@ -248,7 +281,8 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 			attacker.WriteToUDPAddrPort(good, r.pub)
 			got, _ := read(t, r.cluster)
 			if _, n, err := encap.Decode(got); err != nil || !bytes.Equal(got[n:], good) {
-				t.Fatalf("cluster relay saw something other than the good check first")
+				h, _, _ := encap.Decode(got)
+				t.Fatalf("cluster relay saw something other than the good check first: %+v %q", h, got)
 			}
 			if after := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", tt.reason); after != before+1 {
 				t.Errorf("drops{reason=%q} went %v → %v, want +1", tt.reason, before, after)
@@ -388,7 +422,8 @@ func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
 func corruptUfrag(t *testing.T, check []byte) []byte {
 	t.Helper()
 	out := bytes.Clone(check)
-	i := bytes.IndexByte(out, ':')
+	// The USERNAME's colon, not a ':' byte of the random transaction ID.
+	i := bytes.Index(out, []byte(":clnt"))
 	if i < 2 {
 		t.Fatal("no colon in check")
 	}

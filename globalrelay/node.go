@@ -80,6 +80,14 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		if err != nil {
 			return nil, err
 		}
+		steering, _ := udpio.ParseSteering(cfg.Steering) // checked by Validate
+		if err := udpio.Steer(pubs, steering, cfg.CPUs); err != nil {
+			for i := range pubs {
+				pubs[i].Close()
+				ins[i].Close()
+			}
+			return nil, err
+		}
 		for i := range pubs {
 			s.Workers = append(s.Workers, Worker{Public: pubs[i], Internal: ins[i]})
 		}
@@ -105,7 +113,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.Go("route cache", cache.Run)
 	}
 	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
-		Cache: cache, Batch: cfg.Batch, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
+		Cache: cache, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
@@ -147,6 +155,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, env.Logger) })
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, n.relay.SetHopKeys)
+	})
 	return n, nil
 }
 

@@ -33,8 +33,8 @@ func startReplica(t *testing.T, public, seed string, keys node.TokenKeys) (*Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2}, HopKeys: nodetest.HopKeys(t, 1, 2),
-		Token: keys, Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
+		Token: keys, HopKeys: nodetest.HopKeys(t, 1, 2), Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,17 +127,23 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 // well before drain_timeout.
 func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 	watcher := fakeClusterRelay(t, "cr-1", 1, false, "")
-	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1, HopKeys: nodetest.HopKeys(t, 1),
+	hop := nodetest.HopKeys(t, 1)
+	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1,
 		FlowIdle: 500 * time.Millisecond, ReadyWait: time.Minute, Common: node.Common{DrainTimeout: time.Minute},
-		Token: nodetest.Keys(t), Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
+		Token: nodetest.Keys(t), HopKeys: hop, Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := nodetest.Run(t, n)
 	nodetest.Await(t, "the replica to be ready", func() bool { return n.Ready() == nil })
-	client := netip.MustParseAddrPort("192.0.2.1:5000")
-	rt := routecache.Route{Cluster: 1, Pod: 1}
-	rt.KeyID, rt.Tag = n.Relay().hopKeys.Load().For(1).SealRoute(client, rt.Cluster, rt.Pod, rt.Token)
+	// A cache entry as another replica sealed it.
+	client, rt := netip.MustParseAddrPort("192.0.2.1:5000"), routecache.Route{Cluster: 1, Pod: 1}
+	keys, err := hop.ClusterKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Stored = uint32(time.Now().Unix())
+	rt.KeyID, rt.Tag = keys.For(1).SealRoute(client, 1, 1, rt.Token, rt.Stored)
 	n.Relay().RestoreFlow(client, rt)
 	if n.Relay().Flows() != 1 {
 		t.Fatalf("%d flows", n.Relay().Flows())

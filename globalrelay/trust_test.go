@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/testmetrics"
 )
 
 // unit is a relay driven by direct calls (no sockets in the path) on a
@@ -52,6 +52,9 @@ func newUnit(t *testing.T, cfg Config) *unit {
 	u.ingress = addrOf(in)
 	return u
 }
+
+// stamp is the relay's clock in unix seconds, as cache entries carry it.
+func (u *unit) stamp() uint32 { return uint32(u.t0.Add(u.offset).Unix()) }
 
 // at sets the relay's clock to t0 + d.
 func (u *unit) at(d time.Duration) {
@@ -266,8 +269,8 @@ func TestTokenCapCountsRestoredFlows(t *testing.T) {
 	// Revive round 1 through the cache (entries as a replica sealed them)
 	// and through the return path: the token has its 8 flows already.
 	for i := range maxFlowsPerToken {
-		rt := routecache.Route{Cluster: 0x12, Pod: 1, Token: nonce}
-		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(addr(1, i), 0x12, 1, nonce)
+		rt := routecache.Route{Cluster: 0x12, Pod: 1, Token: nonce, Stored: u.stamp()}
+		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(addr(1, i), 0x12, 1, nonce, rt.Stored)
 		u.r.RestoreFlow(addr(1, i), rt)
 		u.reply(t, encap.Header{Cluster: 0x12, Pod: 1, POP: 9, Token: nonce, Client: addr(3, i), Ingress: u.ingress}, nil)
 	}
@@ -327,8 +330,8 @@ func TestBadSourcesOpenNoFlow(t *testing.T) {
 		if u.reply(t, encap.Header{Cluster: 0x12, Pod: 1, POP: 9, Client: bad, Ingress: u.ingress}, nil) {
 			t.Errorf("%v: reply restored a flow", bad)
 		}
-		rt := routecache.Route{Cluster: 0x12, Pod: 1}
-		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(bad, 0x12, 1, rt.Token)
+		rt := routecache.Route{Cluster: 0x12, Pod: 1, Stored: u.stamp()}
+		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(bad, 0x12, 1, rt.Token, rt.Stored)
 		u.r.RestoreFlow(bad, rt)
 	}
 	if n := u.r.Flows(); n != 0 {
@@ -377,26 +380,33 @@ func TestForgedDatagramsChangeNoState(t *testing.T) {
 		{"a key nobody holds", wrongKey, "encap_mac"},
 		{"a key ID not held", retired, "encap_unknown_key"},
 	} {
-		before := gather(t, u.reg)
+		before := testmetrics.Take(t, u.reg)
 		if u.reply(t, h, tc.key) {
 			t.Fatalf("%s: forged reply forwarded", tc.name)
 		}
-		onlyDropChanged(t, before, gather(t, u.reg), tc.reason)
+		testmetrics.OnlyIncremented(t, before, testmetrics.Take(t, u.reg), "rtcedge_globalrelay_dropped_packets_total,reason="+tc.reason)
 	}
 	// A cache entry someone wrote into Redis without the key, or an
 	// entry for the victim altered to point at another pod.
-	good := routecache.Route{Cluster: 0x12, Pod: 1}
-	good.KeyID, good.Tag = u.hop.For(0x12).SealRoute(victim, 0x12, 1, good.Token)
+	sealRoute := func(pod uint16, stored uint32) routecache.Route {
+		rt := routecache.Route{Cluster: 0x12, Pod: pod, Stored: stored}
+		rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(victim, 0x12, pod, rt.Token, stored)
+		return rt
+	}
+	good := sealRoute(1, u.stamp())
 	altered := good
 	altered.Pod = 2
-	for _, rt := range []routecache.Route{{Cluster: 0x12, Pod: 2, KeyID: 1, Tag: 12345}, altered, {Cluster: 0x14, Pod: 1}} {
+	// An entry sealed (genuinely) for the victim's address long ago, by a
+	// call since ended on another pod: replayed, it must not win.
+	old := sealRoute(2, u.stamp()-3600)
+	for _, rt := range []routecache.Route{{Cluster: 0x12, Pod: 2, KeyID: 1, Tag: 12345}, altered, {Cluster: 0x14, Pod: 1}, old} {
 		u.r.RestoreFlow(victim, rt)
 	}
 	if n := u.r.Flows(); n != 0 {
-		t.Fatalf("%d flows from forged cache entries", n)
+		t.Fatalf("%d flows from forged or replayed cache entries", n)
 	}
-	if v := counter(t, u.reg, "rtcedge_globalrelay_cache_rejected_total", "", ""); v != 3 {
-		t.Errorf("cache_rejected = %v, want 3", v)
+	if v := counter(t, u.reg, "rtcedge_globalrelay_cache_rejected_total", "", ""); v != 4 {
+		t.Errorf("cache_rejected = %v, want 4", v)
 	}
 	u.r.RestoreFlow(victim, good)
 	if f := u.r.flows.get(victim); f == nil || f.pod != 1 {
@@ -404,45 +414,19 @@ func TestForgedDatagramsChangeNoState(t *testing.T) {
 	}
 }
 
-// gather returns every series of reg by name and label set.
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+// TestNoHopKeyOpensNoFlow: a valid token for a cluster this POP holds no
+// hop key for is refused before any flow exists (a config error shows as
+// no_hop_key, not as a flow that forwards nothing).
+func TestNoHopKeyOpensNoFlow(t *testing.T) {
+	u := newUnit(t, Config{})
+	u.at(0)
+	if _, ok := u.send(t, netip.MustParseAddrPort("198.51.100.50:1"), u.check(t, 0x14, 1, 0)); ok {
+		t.Fatal("forwarded toward a cluster without a hop key")
 	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			key := mf.GetName()
-			for _, l := range m.GetLabel() {
-				key += "," + l.GetName() + "=" + l.GetValue()
-			}
-			out[key] = value(m)
-		}
+	if n := u.r.Flows(); n != 0 {
+		t.Fatalf("%d flows", n)
 	}
-	return out
-}
-
-func value(m *dto.Metric) float64 {
-	if c := m.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return m.GetGauge().GetValue()
-}
-
-// onlyDropChanged fails unless the one change between two gathers is +1 on
-// the drop counter with reason.
-func onlyDropChanged(t *testing.T, before, after map[string]float64, reason string) {
-	t.Helper()
-	drop := "rtcedge_globalrelay_dropped_packets_total,reason=" + reason
-	for k, v := range after {
-		want := before[k]
-		if k == drop {
-			want++
-		}
-		if v != want {
-			t.Errorf("%s went %v → %v (want %v): the forged datagram changed state", k, before[k], v, want)
-		}
+	if v := u.drops(t, DropNoHopKey); v != 1 {
+		t.Errorf("no_hop_key drops = %v, want 1", v)
 	}
 }

@@ -15,6 +15,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v gcc >/dev/null 2>&1 || need+=(gcc) # bench/relay's C forwarder
 if [ "$(id -u)" -ne 0 ]; then
 	command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
 	command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)

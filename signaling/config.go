@@ -12,6 +12,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // Environment variables that carry signaling's secrets.
@@ -35,7 +36,9 @@ type NodeConfig struct {
 	// are believed (the entry "cloudflare" is Cloudflare's published list);
 	// InternalProxies the operator's ingress in front of signaling, walked
 	// over in X-Forwarded-For (docs/operations.md, "Proxy trust").
-	// TrustedProxies is the former name of CloudflareRanges.
+	// TrustedProxies is the former single list: its entries inside
+	// Cloudflare's published ranges count as Cloudflare's, the others as
+	// internal proxies.
 	CloudflareRanges []string `yaml:"cloudflare_ranges"`
 	InternalProxies  []string `yaml:"internal_proxies"`
 	TrustedProxies   []string `yaml:"trusted_proxies"`
@@ -68,6 +71,9 @@ type NodeConfig struct {
 	// SessionAPISecrets are the clusters' session API bearer secrets, by
 	// cluster ID (e.g. 1: "${RTCEDGE_SESSION_API_SECRET_1}").
 	SessionAPISecrets map[uint16]string `yaml:"session_api_secrets"`
+	// SessionAPITLS.CA is the CA bundle signaling verifies https
+	// session_api URLs with (the clusters' CA); empty: system roots.
+	SessionAPITLS sessionapi.TLS `yaml:"session_api_tls"`
 	// MaxClusterCapacity bounds what a cluster relay may advertise in
 	// gossip; default 100000.
 	MaxClusterCapacity int `yaml:"max_cluster_capacity"`
@@ -133,6 +139,7 @@ func (c *NodeConfig) Validate() error {
 	if c.GeoIPDB != "" && c.GeoIPData != nil {
 		errs = append(errs, errors.New("geoip_db and an in-memory database are both set"))
 	}
+	errs = append(errs, c.SessionAPITLS.Validate("session_api_tls"))
 	if _, _, err := c.proxies(); err != nil {
 		errs = append(errs, err)
 	}
@@ -150,14 +157,29 @@ func (c *NodeConfig) Validate() error {
 	return nil
 }
 
-// proxies returns the Cloudflare ranges (trusted_proxies included) and
-// the internal proxies.
+// proxies returns the Cloudflare ranges and the internal proxies. Entries
+// of the former trusted_proxies list are sorted into the two: those inside
+// Cloudflare's published ranges are Cloudflare's, any other (an ingress the
+// old docs told operators to list) an internal proxy, so an old config no
+// longer lets whoever reaches the ingress choose their CF-* headers.
 func (c *NodeConfig) proxies() (cloudflare, internal []netip.Prefix, err error) {
-	if cloudflare, err = geo.ParsePrefixes(append(slices.Clone(c.CloudflareRanges), c.TrustedProxies...)); err != nil {
-		return nil, nil, fmt.Errorf("cloudflare_ranges/trusted_proxies: %w", err)
+	if cloudflare, err = geo.ParsePrefixes(c.CloudflareRanges); err != nil {
+		return nil, nil, fmt.Errorf("cloudflare_ranges: %w", err)
 	}
 	if internal, err = geo.ParsePrefixes(c.InternalProxies); err != nil {
 		return nil, nil, fmt.Errorf("internal_proxies: %w", err)
+	}
+	legacy, err := geo.ParsePrefixes(c.TrustedProxies)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trusted_proxies: %w", err)
+	}
+	published := geo.CloudflareRanges()
+	for _, p := range legacy {
+		if slices.ContainsFunc(published, func(cf netip.Prefix) bool { return cf.Bits() <= p.Bits() && cf.Contains(p.Addr()) }) {
+			cloudflare = append(cloudflare, p)
+		} else {
+			internal = append(internal, p)
+		}
 	}
 	return cloudflare, internal, nil
 }

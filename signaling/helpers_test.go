@@ -153,8 +153,11 @@ type world struct {
 
 type worldConfig struct {
 	api     map[uint16]string
-	proxies []netip.Prefix
-	tweak   func(*signaling.Config)
+	proxies []netip.Prefix // Cloudflare's ranges (LocatorConfig.TrustedProxies)
+	// internal are the operator's ingress addresses
+	// (LocatorConfig.InternalProxies).
+	internal []netip.Prefix
+	tweak    func(*signaling.Config)
 	// apiSecret, when set, is every pod's session API secret (and what
 	// signaling is configured with, unless tweak changes it).
 	apiSecret string
@@ -183,7 +186,8 @@ func newWorld(t *testing.T, wc worldConfig) *world {
 	if err := w.cat.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: w.cat.DefaultLocation(), TrustedProxies: wc.proxies})
+	loc, err := geo.NewLocator(geo.LocatorConfig{DB: geo.DevGeoIPDB, Default: w.cat.DefaultLocation(), TrustedProxies: wc.proxies,
+		InternalProxies: wc.internal})
 	if err != nil {
 		t.Fatal(err)
 	}

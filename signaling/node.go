@@ -84,6 +84,10 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		}
 		log.Warn("no client secret key configured: secrets minted here verify only on this replica")
 	}
+	apiClient, err := cfg.SessionAPITLS.Client(env.HTTPClient)
+	if err != nil {
+		return nil, err
+	}
 	scfg := Config{
 		Catalogue: n.cat, Locator: loc, APIKeys: cfg.APIKeys, Keys: cfg.Keys, AllowAnonymous: cfg.AllowAnonymous,
 		ClientSecretKey: secret, ClientSecretTTL: cfg.ClientSecretTTL, ClientSessionFields: cfg.ClientSessionFields,
@@ -91,7 +95,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		RatePerSecond:     cfg.RatePerSecond, RateBurst: cfg.RateBurst,
 		KeyRatePerSecond: cfg.KeyRatePerSecond, KeyRateBurst: cfg.KeyRateBurst,
 		SecretRatePerSecond: cfg.SecretRatePerSecond, SecretRateBurst: cfg.SecretRateBurst, MaxLimiters: cfg.MaxLimiters,
-		CORSOrigins: cfg.CORSOrigins, HTTPClient: env.HTTPClient, Logger: log, Registerer: env.Registerer, Now: env.Now,
+		CORSOrigins: cfg.CORSOrigins, HTTPClient: apiClient, Logger: log, Registerer: env.Registerer, Now: env.Now,
 	}
 	if cfg.DemoPage {
 		scfg.Web = web.FS()

@@ -328,8 +328,8 @@ func (s *Server) routes() http.Handler {
 	}
 	handle("/v1/realtime/sdp", "sdp", route{http.MethodPost: s.handleSDP})
 	handle("/v1/realtime/calls", "calls", route{http.MethodPost: s.handleCalls})
-	handle("/v1/realtime/sessions/{id}", "session", route{http.MethodDelete: s.handleDelete})
-	handle("/v1/realtime/calls/{id}", "call", route{http.MethodDelete: s.handleDelete})
+	handle("/v1/realtime/sessions/{id}", "session", route{http.MethodDelete: s.handleDelete, http.MethodPatch: s.handleRestart})
+	handle("/v1/realtime/calls/{id}", "call", route{http.MethodDelete: s.handleDelete, http.MethodPatch: s.handleRestart})
 	handle("/v1/realtime/calls/{id}/hangup", "hangup", route{http.MethodPost: s.handleDelete})
 	handle("/v1/realtime/client_secrets", "client_secrets", route{http.MethodPost: s.handleClientSecret})
 	handle("/v1/regions", "regions", route{http.MethodGet: s.handleRegions})

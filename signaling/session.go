@@ -37,8 +37,8 @@ func canonicalSession(raw json.RawMessage) (json.RawMessage, error) {
 	if len(raw) > maxSessionJSON {
 		return nil, fmt.Errorf("the session is over %d bytes", maxSessionJSON)
 	}
-	var obj map[string]any
-	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+	obj, err := decodeObject(raw)
+	if err != nil || obj == nil {
 		return nil, errors.New("the session must be a JSON object")
 	}
 	if len(obj) == 0 {
@@ -58,13 +58,14 @@ func canonicalSession(raw json.RawMessage) (json.RawMessage, error) {
 // are JSON objects or empty; the result is canonical.
 func mergeSession(server, client json.RawMessage, allow []string) (json.RawMessage, error) {
 	var s, c map[string]any
+	var err error
 	if len(server) > 0 {
-		if err := json.Unmarshal(server, &s); err != nil {
+		if s, err = decodeObject(server); err != nil {
 			return nil, fmt.Errorf("server session: %w", err)
 		}
 	}
 	if len(client) > 0 {
-		if err := json.Unmarshal(client, &c); err != nil {
+		if c, err = decodeObject(client); err != nil {
 			return nil, errors.New("the session must be a JSON object")
 		}
 	}
@@ -89,6 +90,22 @@ func mergeSession(server, client json.RawMessage, allow []string) (json.RawMessa
 		return nil, nil
 	}
 	return json.Marshal(s)
+}
+
+// decodeObject decodes a JSON object keeping numbers as written (a token
+// limit of 4096 stays 4096, not 4096.0 or a rounded float), and refuses
+// trailing data.
+func decodeObject(raw []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var obj map[string]any
+	if err := dec.Decode(&obj); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, errors.New("data after the session object")
+	}
+	return obj, nil
 }
 
 // overlay merges two JSON values with top's winning: objects key by key,

@@ -115,19 +115,11 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	notFound := func() {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
-	}
-	raw, id, ok := s.calls.owner(r.PathValue("id"), cred)
+	raw, c, ok := s.sessionCluster(w, r, cred)
 	if !ok {
-		notFound()
 		return
 	}
-	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
-	if !ok {
-		notFound()
-		return
-	}
+	notFound := func() { sessionNotFound(w) }
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, s.sessionAPI(c)+sessionapi.SessionsPath+"/"+raw, nil)

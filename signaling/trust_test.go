@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -90,6 +91,8 @@ func TestSignalingSecretBindsSession(t *testing.T) {
 		{"allowed additions, server keys win", `{"audio":{"output":{"voice":"client-voice","speed":1.2},"input":{"format":"pcm"}},"temperature":0.7}`, http.StatusCreated, "",
 			`{"audio":{"input":{"format":"pcm"},"output":{"speed":1.2,"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","model":"cheap","temperature":0.7}`},
 		{"session not an object", `["x"]`, http.StatusBadRequest, "session", ""},
+		{"numbers kept as written", `{"max_output_tokens":9007199254740993}`, http.StatusCreated, "",
+			`{"audio":{"output":{"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","max_output_tokens":9007199254740993,"model":"cheap"}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -176,6 +179,25 @@ func TestSignalingKeyQuota(t *testing.T) {
 	}
 	if code := mint(keyB); code != http.StatusOK {
 		t.Fatalf("valid key after the guesses: %d", code)
+	}
+	// Users behind one CGNAT address, each with their own client secret,
+	// do not share the address's budget (20): 100 of them are all served
+	// (their offers are bad, which is checked after the limit: 400, not
+	// 429).
+	secrets := make([]string, 100)
+	for i := range secrets {
+		res, data := recorded(w.do(t, http.MethodPost, "/v1/realtime/client_secrets", "127.0.0.1", "", "", bearer(keyB)))
+		var cs signaling.ClientSecret
+		if res.StatusCode != http.StatusOK || json.Unmarshal(data, &cs) != nil {
+			t.Fatalf("mint %d: %d %s", i, res.StatusCode, data)
+		}
+		secrets[i] = cs.Value
+		clk.advance(20 * time.Millisecond)
+	}
+	for i, sec := range secrets {
+		if code := w.do(t, http.MethodPost, "/v1/realtime/sdp", ipAshburn, "application/sdp", "v=0", bearer(sec)).Code; code != http.StatusBadRequest {
+			t.Fatalf("CGNAT user %d: %d, want 400 (served, not rate-limited)", i, code)
+		}
 	}
 	if v := metricValue(t, w, "rtcedge_signaling_rate_limited_total", map[string]string{"limit": "address"}); v != 1 {
 		t.Errorf("address refusals %v, want 1", v)
@@ -420,5 +442,79 @@ func TestNodeConfigNeedsKeys(t *testing.T) {
 				t.Fatalf("Validate = %v, want an error naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSignalingIngressTrust is the proxy reproduction at the HTTP front:
+// with the ingress listed as an internal proxy and Cloudflare's ranges as
+// Cloudflare, a client reaching the ingress directly with forged CF-*
+// headers is located (and rate-limited) by its own address, while the same
+// headers through a Cloudflare hop are believed.
+func TestSignalingIngressTrust(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	w := newWorld(t, worldConfig{
+		proxies:  geo.CloudflareRanges(),
+		internal: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		tweak: func(c *signaling.Config) {
+			c.RatePerSecond, c.RateBurst, c.Now = 1, 2, clk.now
+		},
+	})
+	offer := testsdp.Offer(t)
+	forged := func(xff string) http.Header {
+		return http.Header{"X-Forwarded-For": {xff}, "Cf-Connecting-Ip": {ipSingapore},
+			"Cf-Iplatitude": {"1.35"}, "Cf-Iplongitude": {"103.82"}}
+	}
+	// Straight to the ingress: the ingress appends the attacker's address.
+	rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", "10.0.0.1", "application/sdp", offer, forged(ipAshburn))
+	res, body := recorded(rec)
+	checkPlaced(t, res, body, inAshburn)
+	w.hangup(t, rec, nil)
+	// Through Cloudflare (an edge address) and the ingress: believed.
+	rec = w.do(t, http.MethodPost, "/v1/realtime/sdp", "10.0.0.1", "application/sdp", offer, forged(ipAshburn+", 172.64.1.1"))
+	res, body = recorded(rec)
+	checkPlaced(t, res, body, inSingapore)
+	w.hangup(t, rec, nil)
+	// The forged CF-Connecting-IP does not move the attacker's rate-limit
+	// key either: its own address's budget (2) runs out however it varies.
+	codes := map[int]int{}
+	for i := range 3 {
+		h := forged(ipAshburn)
+		h.Set("Cf-Connecting-Ip", "203.0.113."+strconv.Itoa(100+i))
+		codes[w.do(t, http.MethodPost, "/v1/realtime/sdp", "10.0.0.1", "application/sdp", "v=0", h).Code]++
+	}
+	if codes[http.StatusTooManyRequests] == 0 {
+		t.Fatalf("forged CF-Connecting-IPs escaped the attacker's budget: %v", codes)
+	}
+}
+
+// TestSignalingAnonymousFlood is the flood goal at the HTTP front, with
+// the table scaled down (20,000 entries, flooded from 20,000 IPv6 /64s
+// while it is full): honest clients of other prefixes arriving during the
+// flood still get their first request served (a 400 for a bad offer, not a
+// 429), at least 99 % of them.
+func TestSignalingAnonymousFlood(t *testing.T) {
+	const table = 20_000
+	w := newWorld(t, worldConfig{api: map[uint16]string{1: "http://127.0.0.1:1", 2: "http://127.0.0.1:1", 3: "http://127.0.0.1:1"},
+		tweak: func(c *signaling.Config) { c.RatePerSecond, c.RateBurst, c.MaxLimiters = 5, 20, table }})
+	attacker := func(i int) string {
+		return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0xff, byte(i >> 16), byte(i >> 8), byte(i), 15: 1}).String()
+	}
+	for i := range table {
+		w.do(t, http.MethodPost, "/v1/realtime/sdp", attacker(i), "application/sdp", "v=0", nil)
+	}
+	served, honest := 0, 0
+	for i := range 500 {
+		w.do(t, http.MethodPost, "/v1/realtime/sdp", attacker(i), "application/sdp", "v=0", nil) // the flood goes on
+		ip := netip.AddrFrom4([4]byte{byte(11 + i%200), byte(i >> 2), byte(i), 9}).String()
+		if i%2 == 1 {
+			ip = netip.AddrFrom16([16]byte{0x2a, 0x02, byte(i >> 8), byte(i), 7, 15: 3}).String()
+		}
+		honest++
+		if w.do(t, http.MethodPost, "/v1/realtime/sdp", ip, "application/sdp", "v=0", nil).Code == http.StatusBadRequest {
+			served++
+		}
+	}
+	if served*100 < honest*99 {
+		t.Fatalf("%d of %d honest first requests served during the flood, want >= 99 %%", served, honest)
 	}
 }

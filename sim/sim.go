@@ -295,7 +295,7 @@ func Start(t testing.TB, cfg Config) *World {
 		cat := s.write("catalogue-"+r.Spec.Name+".yaml", w.catalogue(site, site.Spec.Near))
 		a := addr(r.Spec.Net, hostSignaling)
 		r.Signaling = s.start("signaling-"+r.Spec.Name, "signaling", fmt.Sprintf(
-			"listen_addr: %q\ndrain_delay: 200ms\ncatalogue: %q\ndemo_page: true\nallow_anonymous: true\ntrusted_proxies: [\"127.0.0.0/8\"]\nrate_per_second: 100\nrate_burst: 100\n%s",
+			"listen_addr: %q\ndrain_delay: 200ms\ncatalogue: %q\ndemo_page: true\nallow_anonymous: true\ncloudflare_ranges: [\"127.0.0.0/8\"]\nrate_per_second: 100\nrate_burst: 100\n%s",
 			a, cat, gossip("gossip", "sig-"+r.Spec.Name, a.Addr(), seed)))
 	}
 	for _, site := range w.Sites {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // NodeConfig is the transceiver role's config file (docs/operations.md).
@@ -38,6 +39,9 @@ type NodeConfig struct {
 	// SessionAPISecret is the cluster's session API bearer secret (e.g.
 	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
 	SessionAPISecret string `yaml:"session_api_secret"`
+	// APITLS serves the session API over TLS (cert, key); the front
+	// verifies it with the cluster CA.
+	APITLS sessionapi.TLS `yaml:"api_tls"`
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
@@ -56,6 +60,7 @@ func (c *NodeConfig) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
+		c.APITLS.Validate("api_tls"),
 		node.CheckHostPort("backend_addr", c.BackendAddr, true),
 		node.NotNegative("max_sessions", c.MaxSessions),
 		node.NotNegative("connect_timeout", c.ConnectTimeout),

@@ -71,10 +71,12 @@ type metrics struct {
 	routes       prometheus.Gauge
 	popSwitches  prometheus.Counter
 	earlySelects prometheus.Counter
+	path         *pathMetrics // address changes, ICE restarts (pathmetrics.go)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
+		path: newPathMetrics(),
 		dropVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_dropped_packets_total",
 			Help: "Datagrams on the pod socket dropped before reaching WebRTC, by reason.",
@@ -144,8 +146,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
-		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects} {
+	for _, c := range append([]prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
+		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects},
+		m.path.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register transceiver metrics: %w", err)
 		}

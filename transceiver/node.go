@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -81,15 +82,25 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	}
 	n.life.OnClose(n.tr.Close)
 	n.life.Go("transceiver", n.tr.Run)
+	n.life.Go("hop keys", func(ctx context.Context) error {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+			n.tr.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+		})
+	})
 	if s.API == nil {
 		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
 			return nil, err
 		}
 	}
-	n.life.Serve("session API", s.API, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}
+	n.apiURL = cfg.APITLS.URL(n.apiURL)
+	api, err := cfg.APITLS.Listener(s.API)
+	if err != nil {
+		return nil, err
+	}
+	n.life.Serve("session API", api, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	if s.Metrics == nil {
 		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 			return nil, err

@@ -23,8 +23,8 @@ func TestNodeReady(t *testing.T) {
 	stopBackend := nodetest.Run(t, backend)
 	seed := nodetest.Member(t, "seed", false, membership.Meta{Role: membership.RoleTransceiver, Cluster: 9, Pod: 2,
 		Data: netip.MustParseAddrPort("127.0.0.1:9")}, "")
-	n, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", HopKeys: nodetest.HopKeys(t, 9),
-		Token: nodetest.Keys(t), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())},
+	n, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		Token: nodetest.Keys(t), HopKeys: nodetest.HopKeys(t, 9), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())},
 		transceiver.Sockets{}, netbackend.ForAddr(backend.Addr(), nodetest.Quiet), node.Env{Logger: nodetest.Quiet})
 	if err != nil {
 		t.Fatal(err)

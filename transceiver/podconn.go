@@ -12,6 +12,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // podBuf is one datagram buffer of the pod socket: the largest datagram
@@ -80,6 +81,9 @@ type podSocket struct {
 	m       *metrics
 	now     func() time.Time
 	keys    atomic.Pointer[encap.Keyring]
+	// restarts translates checks of ICE-restarted sessions (restart.go);
+	// set once after construction.
+	restarts *restartTable
 
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
@@ -137,14 +141,28 @@ func (s *podSocket) lookup(id uint16) *popConn {
 	return pc
 }
 
-// readLoop reads the socket until it is closed. It never blocks on Pion: a
-// full POP queue drops the datagram.
+// podBatch is the most datagrams the pod socket reads per system call
+// (recvmmsg through udpio.BatchConn: no allocation per datagram).
+const podBatch = 32
+
+// readLoop reads the socket until it is closed, a batch per system call.
+// It never blocks on Pion: a full POP queue drops the datagram.
 func (s *podSocket) readLoop() error {
+	bc := udpio.NewBatchConn(s.conn, podBatch)
+	bufs := make([]*podBuf, podBatch)
+	ms := make([]udpio.Msg, podBatch)
+	for i := range bufs {
+		bufs[i] = bufPool.Get().(*podBuf)
+		ms[i].Buf = bufs[i][:]
+	}
+	defer func() {
+		for _, b := range bufs {
+			bufPool.Put(b)
+		}
+	}()
 	for {
-		buf := bufPool.Get().(*podBuf)
-		n, from, err := s.conn.ReadFromUDPAddrPort(buf[:])
+		n, err := bc.ReadBatch(ms)
 		if err != nil {
-			bufPool.Put(buf)
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
@@ -154,13 +172,38 @@ func (s *podSocket) readLoop() error {
 			}
 			return err
 		}
-		if n > encap.MaxDatagram {
-			// Longer than any tier forwards: never a WebRTC datagram.
-			s.m.drop(dropOversize)
-			bufPool.Put(buf)
-			continue
+		for i := range n {
+			if ms[i].N > encap.MaxDatagram {
+				// Longer than any tier forwards: never a WebRTC datagram.
+				s.m.drop(dropOversize)
+				continue
+			}
+			if encap.IsBundle(bufs[i][:ms[i].N]) {
+				s.unbundle(bufs[i][:ms[i].N], ms[i].Addr)
+				continue
+			}
+			// Sources are unmapped by BatchConn.
+			if s.handle(bufs[i], ms[i].N, ms[i].Addr) {
+				bufs[i] = bufPool.Get().(*podBuf) // handed on: take a fresh one
+				ms[i].Buf = bufs[i][:]
+			}
 		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	}
+}
+
+// unbundle hands every item of a bundle (docs/bundle.md) to handle as if
+// it had come alone from the bundle's sender, each in a pooled buffer of
+// its own. A malformed bundle is dropped whole.
+func (s *podSocket) unbundle(b []byte, from netip.AddrPort) {
+	if _, err := encap.CheckBundle(b); err != nil {
+		s.m.encapDrops.Inc(encap.ReasonOf(err))
+		return
+	}
+	for off := encap.BundleHeaderLen; off < len(b); {
+		var item []byte
+		item, off = encap.NextItem(b, off)
+		buf := bufPool.Get().(*podBuf)
+		n := copy(buf[:], item)
 		if !s.handle(buf, n, from) {
 			bufPool.Put(buf)
 		}
@@ -209,6 +252,7 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.
 	copy(buf[:], pkt[hl:])
+	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
 	select {
 	case pc.in <- datagram{buf: buf, n: n - hl, from: h.Client}:
 		s.m.packetsIn.Inc()
@@ -445,6 +489,7 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropProvisional)
 		return 0, errProvisional
 	}
+	b = c.sock.restarts.rewriteOut(b)
 	buf := bufPool.Get().(*podBuf)
 	defer bufPool.Put(buf)
 	hl, err := r.hdr.Put(buf[:])

@@ -52,6 +52,9 @@ type session struct {
 	dc           *webrtc.DataChannel // guarded by mu
 	connectTimer *time.Timer         // guarded by mu
 
+	follow      follower     // a path change waiting for the old address to go silent (follow.go)
+	restartedAt atomic.Int64 // unix nanos of the last ICE restart not yet followed by a check (restart.go)
+
 	endOnce      sync.Once
 	teardownOnce sync.Once
 }
@@ -155,11 +158,25 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	return s, out, nil
 }
 
-// popSwitchSilence is how long the selected POP must have carried nothing
-// from the client before checks arriving through another POP move the
-// session there. A lite server otherwise waits for the client to
-// re-nominate, which takes browsers several seconds.
+// popSwitchSilence is how long the selected address must have carried
+// nothing from the client before an authenticated check from another
+// address or through another POP moves the session there. A lite server
+// otherwise waits for the client to re-nominate, which browsers do only
+// after several seconds and Pion clients never do without renomination; a
+// rebinding NAT gives the client no reason to nominate at all.
 const popSwitchSilence = time.Second
+
+// addressSwitchSilence is the same for a new client address behind the
+// same POP (a NAT rebinding, a network change), shorter because nothing
+// but a POP's own failure detection is waited for: it is above the packet
+// interval of a caller in Opus DTX silence (400 ms), so a live caller is
+// never moved, and short enough that echo resumes well within a second of
+// a rebound client's next check.
+const addressSwitchSilence = 600 * time.Millisecond
+
+// followMargin is added to a deferred follow's wait, so that the old
+// address is judged a little after it would have become silent.
+const followMargin = 20 * time.Millisecond
 
 func (s *session) popOf(addr string, port uint16) uint16 {
 	ip, err := netip.ParseAddr(addr)
@@ -169,14 +186,28 @@ func (s *session) popOf(addr string, port uint16) uint16 {
 	return s.popByVIP[netip.AddrPortFrom(ip, port)]
 }
 
+// candidateAddr is a candidate's address in the pod's canonical form.
+func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
+	ip, err := netip.ParseAddr(c.Address())
+	if err != nil || c.Port() <= 0 || c.Port() > 0xffff {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ip.Unmap(), uint16(c.Port())), true
+}
+
 // onBindingRequest runs for every ICE check that Pion has authenticated
-// (USERNAME and MESSAGE-INTEGRITY of this session). It confirms the
+// (USERNAME and MESSAGE-INTEGRITY of this session): a check that reaches it
+// was sent by someone holding the session's ICE password. It confirms the
 // client's return route: only now may the pod send DTLS or media to that
 // address (until then the route carries STUN responses only).
 //
-// It switches the selected pair to the POP the check came through when the
-// current POP has gone silent for this client: the client is reaching us
-// only through the other POP.
+// It moves the selected pair to the check's pair when the client is
+// reaching us only that way: the check came from another client address (a
+// NAT rebinding, a network change) or through another POP, and the selected
+// pair's own address has delivered nothing for addressSwitchSilence
+// (popSwitchSilence for another POP). While the selected address is live
+// nothing moves, whatever the check; a check that comes too early is
+// looked at again once the silence is reached (follow.go).
 //
 // It also selects the preferred POP's pair early, before the client
 // nominates: a lite server can do no checks of its own, and browsers send
@@ -186,7 +217,7 @@ func (s *session) popOf(addr string, port uint16) uint16 {
 // credentials) never starts DTLS flights toward it. Only the preferred POP
 // is selected this way, so an early choice never pins a call to the
 // backup; a later nomination of the same pair changes nothing.
-func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
+func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	checks := 0
@@ -197,22 +228,42 @@ func (s *session) onBindingRequest(_ *stun.Message, local, remote ice.Candidate,
 		s.t.m.earlySelects.Inc()
 		return true
 	}
-	if cur == 0 || pop == 0 || pop == cur {
+	if cur == 0 || pop == 0 {
 		return false
 	}
 	// Silence is judged on the selected pair's own client address: behind
 	// a NAT that maps each destination to its own port, the address this
 	// check came from never appears on the other POP.
 	peer := s.selectedPeer.Load()
-	if peer == nil {
+	from, ok := candidateAddr(remote)
+	if peer == nil || !ok || (pop == cur && from == *peer) {
 		return false
 	}
-	last, ok := s.t.sock.lastSeen(cur, *peer)
-	if ok && s.t.cfg.Now().Sub(last) < popSwitchSilence {
+	now := s.t.cfg.Now()
+	silence := popSwitchSilence
+	if pop == cur {
+		silence = addressSwitchSilence
+	}
+	last, seen := s.t.sock.lastSeen(cur, *peer)
+	if quiet := now.Sub(last); seen && quiet < silence {
+		// Maybe the old path has only just died: look again once it has
+		// been silent long enough (follow.go).
+		s.deferFollow(msg, pop, from, silence-quiet+followMargin)
 		return false
 	}
-	s.t.m.popSwitches.Inc()
-	s.t.log.Info("switching session to another POP", "session", s.id, "from_pop", cur, "to_pop", pop)
+	s.clearFollow()
+	cause := causePOP
+	if pop == cur {
+		cause = causeAddress
+		s.t.m.path.addressChanges.Inc()
+	} else {
+		s.t.m.popSwitches.Inc()
+	}
+	if seen {
+		s.t.m.path.observeGap(cause, now.Sub(last))
+	}
+	s.t.log.Info("following the client to a new path", "session", s.id, "cause", cause,
+		"from_pop", cur, "to_pop", pop, "from", peer.String(), "to", from.String())
 	return true
 }
 
@@ -359,6 +410,8 @@ func (s *session) end(reason string) {
 // teardown frees everything the session holds. Safe to call more than once.
 func (s *session) teardown() {
 	s.teardownOnce.Do(func() {
+		s.stopFollow()
+		s.t.restarts.forget(s)
 		s.mu.Lock()
 		if s.connectTimer != nil {
 			s.connectTimer.Stop()

@@ -60,6 +60,14 @@ func udp4(t testing.TB) *net.UDPConn {
 
 func startTiers(t *testing.T) *tiers {
 	t.Helper()
+	return startTiersBatch(t, 0, false)
+}
+
+// startTiersBatch is startTiers with both relays reading and writing up
+// to batch datagrams per system call (0 or 1: one), and sending bundles
+// when bundle is set.
+func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
+	t.Helper()
 	keys, err := token.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{1}, token.KeyLen)})
 	if err != nil {
 		t.Fatal(err)
@@ -76,12 +84,12 @@ func startTiers(t *testing.T) *tiers {
 	if tr.pc, _, err = sock.popConn(1, tr.vip); err != nil {
 		t.Fatal(err)
 	}
-	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet,
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet,
+	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet, Batch: batch, Bundle: bundle,
 		HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
 		Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
 		[]globalrelay.Worker{{Public: pub, Internal: in}})
@@ -112,7 +120,7 @@ func startTiers(t *testing.T) *tiers {
 
 // check sends a valid ICE check for the pod, which opens the flow, and
 // waits for it at the pod.
-func (tr *tiers) check(t *testing.T) {
+func (tr *tiers) check(t testing.TB) {
 	t.Helper()
 	ufrag, err := tr.keys.Mint(7, 3)
 	if err != nil {
@@ -134,7 +142,7 @@ func (tr *tiers) check(t *testing.T) {
 }
 
 // readPod returns the next client datagram the pod hands to WebRTC.
-func (tr *tiers) readPod(t *testing.T, wait time.Duration) ([]byte, bool) {
+func (tr *tiers) readPod(t testing.TB, wait time.Duration) ([]byte, bool) {
 	t.Helper()
 	_ = tr.pc.SetReadDeadline(time.Now().Add(wait))
 	buf := make([]byte, 4096)

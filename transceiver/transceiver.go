@@ -162,6 +162,8 @@ type Transceiver struct {
 	me   *webrtc.MediaEngine
 	ir   *interceptor.Registry
 	base webrtc.SettingEngine
+	// restarts translates the ICE credentials of restarted sessions (restart.go).
+	restarts *restartTable
 
 	mu       sync.Mutex
 	muxes    map[uint16]*ice.UDPMuxDefault // per POP, guarded by mu
@@ -220,6 +222,8 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	// silently. Best effort: the kernel caps it at net.core.rmem_max.
 	_ = conn.SetReadBuffer(podReadBuffer)
 	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.HopKeys, cfg.Relays, m, cfg.Now)
+	t.restarts = newRestartTable()
+	t.sock.restarts = t.restarts
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)
@@ -289,6 +293,7 @@ func (t *Transceiver) housekeep() {
 		s.end(endIdle)
 	}
 	t.m.routes.Set(float64(t.sock.sweep(t.cfg.RouteTTL)))
+	t.restarts.sweep(now)
 }
 
 // Sessions returns the number of sessions held, including ones being set up.

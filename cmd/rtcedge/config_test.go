@@ -109,6 +109,7 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 		{"globalrelay", "internal_addr: somewhere\n", "internal_addr"},
 		{"globalrelay", "public_addr: 3478\n", "public_addr"},
 		{"globalrelay", "token_lifetime: 30m\n", "token_lifetime"},
+		{"globalrelay", "clusters: [1, 2]\n", "served cluster 2"},
 		{"transceiver", "cluster: 2\n", "hop key for cluster 2"},
 		{"signaling", "", ""},
 		{"signaling", "rate_per_second: -1\n", "rate_per_second"},

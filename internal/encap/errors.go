@@ -44,6 +44,7 @@ const (
 	ReasonAddr
 	ReasonUnknownKey
 	ReasonMAC
+	ReasonBundle // ErrBundle: a malformed bundle (bundle.go)
 	numReasons
 )
 
@@ -51,7 +52,7 @@ const (
 // counters can be created (at zero) at start-up.
 var Reasons = [numReasons]string{
 	ReasonOther: "other", ReasonShort: "short", ReasonMagic: "magic", ReasonVersion: "version",
-	ReasonReserved: "reserved", ReasonAddr: "addr", ReasonUnknownKey: "unknown_key", ReasonMAC: "mac",
+	ReasonReserved: "reserved", ReasonAddr: "addr", ReasonUnknownKey: "unknown_key", ReasonMAC: "mac", ReasonBundle: "bundle",
 }
 
 // String returns the reason's metric label.
@@ -80,6 +81,8 @@ func ReasonOf(err error) Reason {
 		return ReasonMAC
 	case err == ErrUnknownKey || errors.Is(err, ErrUnknownKey):
 		return ReasonUnknownKey
+	case err == ErrBundle || errors.Is(err, ErrBundle):
+		return ReasonBundle
 	default:
 		return ReasonOther
 	}

@@ -171,9 +171,10 @@ func (c *ClusterKeys) For(cluster uint16) *Keyring {
 const routeDomain = 'R'
 
 // routeInput lays out what a route-cache tag covers: the client address
-// (unmapped, as 16 bytes and port), cluster, pod and token nonce.
-func routeInput(client netip.AddrPort, cluster, pod uint16, token [6]byte) [29]byte {
-	var in [29]byte
+// (unmapped, as 16 bytes and port), cluster, pod, token nonce and the time
+// the entry was written (unix seconds).
+func routeInput(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32) [33]byte {
+	var in [33]byte
 	in[0] = routeDomain
 	ip := client.Addr().Unmap().As16()
 	copy(in[1:17], ip[:])
@@ -181,24 +182,27 @@ func routeInput(client netip.AddrPort, cluster, pod uint16, token [6]byte) [29]b
 	binary.BigEndian.PutUint16(in[19:21], cluster)
 	binary.BigEndian.PutUint16(in[21:23], pod)
 	copy(in[23:29], token[:])
+	binary.BigEndian.PutUint32(in[29:33], stored)
 	return in
 }
 
 // SealRoute returns the key ID and tag that authenticate a route-cache
-// entry client → (cluster, pod, token) under the cluster's current key.
-func (k *Keyring) SealRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte) (keyID uint8, tag uint64) {
-	in := routeInput(client, cluster, pod, token)
+// entry client → (cluster, pod, token), written at stored (unix seconds),
+// under the cluster's current key. The time is covered so that a reader
+// can refuse old entries replayed by whoever can write to the cache.
+func (k *Keyring) SealRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32) (keyID uint8, tag uint64) {
+	in := routeInput(client, cluster, pod, token, stored)
 	key := k.keys[k.current]
 	return k.current, sipHash24(key.k0, key.k1, in[:])
 }
 
 // VerifyRoute checks a route-cache entry's key ID and tag (ErrUnknownKey,
 // ErrMAC). A nil keyring holds no key. It does not allocate.
-func (k *Keyring) VerifyRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, keyID uint8, tag uint64) error {
+func (k *Keyring) VerifyRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32, keyID uint8, tag uint64) error {
 	if k == nil || keyID > MaxKeyID || k.keys[keyID] == nil {
 		return ErrUnknownKey
 	}
-	in := routeInput(client, cluster, pod, token)
+	in := routeInput(client, cluster, pod, token, stored)
 	key := k.keys[keyID]
 	if !tagEqual(sipHash24(key.k0, key.k1, in[:]), tag) {
 		return ErrMAC

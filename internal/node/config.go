@@ -286,7 +286,10 @@ func DataSocket(conn *net.UDPConn, bind, advertise string) (*net.UDPConn, netip.
 	return conn, data, nil
 }
 
-// Advertised is advertise when set, else bound; a wildcard is refused.
+// Advertised is advertise when set, else bound; a wildcard is refused. The
+// result is unmapped (::ffff:a.b.c.d becomes a.b.c.d): packet sources are
+// always unmapped, so a mapped advertised address would match none of them
+// and every reply would be dropped.
 func Advertised(what string, bound netip.AddrPort, advertise string) (netip.AddrPort, error) {
 	ap := bound
 	if advertise != "" {
@@ -295,6 +298,7 @@ func Advertised(what string, bound netip.AddrPort, advertise string) (netip.Addr
 			return netip.AddrPort{}, fmt.Errorf("%s_advertise %q: %w", what, advertise, err)
 		}
 	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if ap.Addr().IsUnspecified() {
 		return netip.AddrPort{}, fmt.Errorf("%s address %v is not one others can reach: set %s_advertise (e.g. \"${POD_IP}:%d\")", what, ap, what, ap.Port())
 	}
@@ -352,7 +356,15 @@ const EnvHopKeys = "RTCEDGE_HOP_KEYS"
 type HopKeys struct {
 	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_HOP_KEYS.
 	Keys []string `yaml:"keys"`
+	// File, when set, holds the specs instead (separated by commas or
+	// newlines, e.g. a mounted Kubernetes Secret). The node reads it again
+	// every HopKeysReload and applies a changed, valid set without a
+	// restart: this is how keys rotate (docs/operations.md).
+	File string `yaml:"file"`
 }
+
+// HopKeysReload is how often a node re-reads HopKeys.File.
+const HopKeysReload = 10 * time.Second
 
 // ApplyEnv takes the keys from $RTCEDGE_HOP_KEYS when set.
 func (k *HopKeys) ApplyEnv() {
@@ -364,14 +376,54 @@ func (k *HopKeys) ApplyEnv() {
 // ClusterKeys builds the keyrings of every cluster listed (global relay);
 // it is also HopKeys' validation.
 func (k *HopKeys) ClusterKeys() (*encap.ClusterKeys, error) {
-	if len(k.Keys) == 0 {
-		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys or $%s", EnvHopKeys)
+	specs := k.Keys
+	if k.File != "" {
+		b, err := os.ReadFile(k.File)
+		if err != nil {
+			return nil, fmt.Errorf("hop_keys.file: %w", err)
+		}
+		specs = strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
 	}
-	specs := make([]string, len(k.Keys))
-	for i, s := range k.Keys {
-		specs[i] = strings.TrimSpace(s)
+	var clean []string
+	for _, s := range specs {
+		if s = strings.TrimSpace(s); s != "" {
+			clean = append(clean, s)
+		}
 	}
-	return encap.ParseClusterKeys(specs)
+	if len(clean) == 0 {
+		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys, hop_keys.file or $%s", EnvHopKeys)
+	}
+	return encap.ParseClusterKeys(clean)
+}
+
+// WatchHopKeys re-reads k.File every period (nodes use HopKeysReload)
+// until ctx ends and
+// hands every changed, valid key set to apply; an unreadable or invalid
+// file is logged and the keys in use stay. Without a file it returns at
+// once.
+func WatchHopKeys(ctx context.Context, k HopKeys, period time.Duration, log *slog.Logger, apply func(*encap.ClusterKeys)) error {
+	if k.File == "" {
+		return nil
+	}
+	last, _ := os.ReadFile(k.File)
+	for Sleep(ctx, period) {
+		b, err := os.ReadFile(k.File)
+		if err != nil || string(b) == string(last) {
+			if err != nil {
+				log.Error("hop keys file unreadable; keeping the keys in use", "err", err)
+			}
+			continue
+		}
+		keys, err := k.ClusterKeys()
+		if err != nil {
+			log.Error("hop keys file invalid; keeping the keys in use", "err", err)
+			continue
+		}
+		last = b
+		apply(keys)
+		log.Info("hop keys reloaded", "file", k.File)
+	}
+	return nil
 }
 
 // Keyring builds one cluster's keyring (transceiver, cluster relay).

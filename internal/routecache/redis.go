@@ -145,22 +145,24 @@ type redisBackend struct {
 }
 
 // routeLen is the size of an encoded Route: cluster, pod, token nonce,
-// key ID, tag.
-const routeLen = 2 + 2 + 6 + 1 + 8
+// stored, key ID, tag.
+const routeLen = 2 + 2 + 6 + 4 + 1 + 8
 
 func encodeRoute(b []byte, r Route) {
 	binary.BigEndian.PutUint16(b[0:2], r.Cluster)
 	binary.BigEndian.PutUint16(b[2:4], r.Pod)
 	copy(b[4:10], r.Token[:])
-	b[10] = r.KeyID
-	binary.BigEndian.PutUint64(b[11:19], r.Tag)
+	binary.BigEndian.PutUint32(b[10:14], r.Stored)
+	b[14] = r.KeyID
+	binary.BigEndian.PutUint64(b[15:23], r.Tag)
 }
 
 func decodeRoute(b []byte) (Route, error) {
 	if len(b) != routeLen {
 		return Route{}, fmt.Errorf("%w: %d bytes, want %d", errBadValue, len(b), routeLen)
 	}
-	r := Route{Cluster: binary.BigEndian.Uint16(b[0:2]), Pod: binary.BigEndian.Uint16(b[2:4]), KeyID: b[10], Tag: binary.BigEndian.Uint64(b[11:19])}
+	r := Route{Cluster: binary.BigEndian.Uint16(b[0:2]), Pod: binary.BigEndian.Uint16(b[2:4]),
+		Stored: binary.BigEndian.Uint32(b[10:14]), KeyID: b[14], Tag: binary.BigEndian.Uint64(b[15:23])}
 	copy(r.Token[:], b[4:10])
 	return r, nil
 }

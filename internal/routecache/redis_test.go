@@ -40,11 +40,11 @@ func TestRedisTTL(t *testing.T) {
 	run(t, c)
 
 	key := DefaultKeyPrefix + "203.0.113.9:6000"
-	c.Store(x, Route{Cluster: 0x0102, Pod: 0x0304, Token: [6]byte{5, 6, 7, 8, 9, 10}, KeyID: 11, Tag: 0x1213141516171819})
+	c.Store(x, Route{Cluster: 0x0102, Pod: 0x0304, Token: [6]byte{5, 6, 7, 8, 9, 10}, Stored: 0x0c0d0e0f, KeyID: 11, Tag: 0x1213141516171819})
 	flush(t, c)
-	const want = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x12\x13\x14\x15\x16\x17\x18\x19"
+	const want = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0c\x0d\x0e\x0f\x0b\x12\x13\x14\x15\x16\x17\x18\x19"
 	if v, err := admin.Get(ctx, key).Bytes(); err != nil || string(v) != want {
-		t.Fatalf("GET %s = %q, %v; want %q (cluster, pod, token, key ID, tag)", key, v, err, want)
+		t.Fatalf("GET %s = %q, %v; want %q (cluster, pod, token, stored, key ID, tag)", key, v, err, want)
 	}
 	steps := []struct {
 		name string

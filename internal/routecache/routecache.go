@@ -31,13 +31,15 @@ import (
 
 // Route is what a cache stores for a client address: the flow's cluster
 // and pod, the nonce of the routing token that opened it (so a restored
-// flow counts against its token's cap), and a MAC by the writer (key ID
-// and tag, see encap.Keyring.SealRoute) so that a process able to write
-// to the cache cannot point a client's flow elsewhere. The cache stores
-// the fields as given; the global relay seals and verifies.
+// flow counts against its token's cap), when it was written (unix
+// seconds), and a MAC by the writer (key ID and tag, see
+// encap.Keyring.SealRoute) so that a process able to write to the cache
+// can neither point a client's flow elsewhere nor replay an old entry. The
+// cache stores the fields as given; the global relay seals and verifies.
 type Route struct {
 	Cluster, Pod uint16
 	Token        [6]byte
+	Stored       uint32
 	KeyID        uint8
 	Tag          uint64
 }

@@ -27,6 +27,7 @@
     stalledSeconds: 0,
     timings: {},
     events: [],
+    iceRestarts: 0, // ICE restarts done by PATCH (see restartIce)
   };
   // The live RTCPeerConnection (kept after hang-up until the next call).
   // Not enumerable, so that JSON.stringify(rtcedge) stays plain data.
@@ -277,6 +278,46 @@
   // teardown ends a call: DELETE the session (so the server stops at once
   // rather than after its idle timeout), close the connection, stop the
   // microphone. It returns the error of the DELETE, if any.
+  // ICE restart the WHIP way (RFC 9725 section 4.4.1): when the network
+  // changes (Wi-Fi to cellular, a new address) the browser gathers again
+  // with new ICE credentials; they go to the session by PATCH, and the
+  // server's new credentials come back. Same call, same session, no new
+  // DTLS handshake.
+  async function restartIce(c) {
+    if (!c || c.ended || !c.location || !c.pc || c.restarting) return false;
+    c.restarting = true;
+    const t0 = performance.now();
+    rtcedge.timings.restartAt = t0;
+    try {
+      c.pc.restartIce();
+      const offer = await c.pc.createOffer();
+      await c.pc.setLocalDescription(offer);
+      const frag = offer.sdp.split(/\r?\n/).filter((l) => /^a=ice-(ufrag|pwd):/.test(l)).join('\r\n') + '\r\n';
+      const res = await fetch(API + c.location, {
+        method: 'PATCH',
+        headers: {
+          Authorization: `Bearer ${c.secret}`, 'Content-Type': 'application/trickle-ice-sdpfrag', 'If-Match': '*',
+        },
+        body: frag,
+      });
+      if (res.status !== 200) throw await apiError(res, 'Restarting ICE failed');
+      const got = await res.text();
+      rtcedge.timings.restartPatchMs = Math.round(performance.now() - t0);
+      const ufrag = /^a=ice-ufrag:(\S+)/m.exec(got), pwd = /^a=ice-pwd:(\S+)/m.exec(got);
+      if (!ufrag || !pwd) throw new UIError('Restarting ICE failed: the server sent no ICE credentials.', 'bad_restart_answer');
+      const sdp = c.pc.remoteDescription.sdp
+        .replace(/^a=ice-ufrag:.*$/gm, `a=ice-ufrag:${ufrag[1]}`)
+        .replace(/^a=ice-pwd:.*$/gm, `a=ice-pwd:${pwd[1]}`);
+      await c.pc.setRemoteDescription({ type: 'answer', sdp });
+      rtcedge.iceRestarts++;
+      return true;
+    } finally {
+      c.restarting = false;
+    }
+  }
+  // For the console and the tests: restart ICE of the current call.
+  rtcedge.restartIce = () => restartIce(call);
+
   async function teardown(c) {
     if (c.ended) return null;
     c.ended = true;
@@ -521,6 +562,16 @@
     }
   });
   window.addEventListener('resize', drawCharts);
+  // A network change (the browser came back online, or its connection type
+  // changed) may have taken the call's address away: restart ICE at once
+  // rather than wait for ICE to notice.
+  const onNetworkChange = () => {
+    if (call && rtcedge.state !== 'connecting') {
+      restartIce(call).catch((e) => console.warn('rtcedge: ICE restart:', e.message));
+    }
+  };
+  window.addEventListener('online', onNetworkChange);
+  if (navigator.connection) navigator.connection.addEventListener('change', onNetworkChange);
   $('api-base').textContent = location.origin;
   resetView();
   setState('idle');

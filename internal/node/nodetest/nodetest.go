@@ -62,19 +62,6 @@ func Keys(t testing.TB) node.TokenKeys {
 	return node.TokenKeys{Keys: []string{"1:" + base64.StdEncoding.EncodeToString(key)}}
 }
 
-// HopKeys is an inter-tier key spec with one random key for each cluster.
-func HopKeys(t testing.TB, clusters ...uint16) node.HopKeys {
-	var k node.HopKeys
-	for _, c := range clusters {
-		key := make([]byte, encap.KeyLen)
-		if _, err := rand.Read(key); err != nil {
-			t.Fatal(err)
-		}
-		k.Keys = append(k.Keys, fmt.Sprintf("%d/1:%s", c, base64.StdEncoding.EncodeToString(key)))
-	}
-	return k
-}
-
 // Await polls cond every 10ms until it holds; after 15s the test fails.
 func Await(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -125,4 +112,17 @@ func Run(t testing.TB, n Runner) (stop func()) {
 		stop()
 	})
 	return stop
+}
+
+// HopKeys is an inter-tier key spec with one random key per cluster.
+func HopKeys(t testing.TB, clusters ...uint16) node.HopKeys {
+	var k node.HopKeys
+	for _, c := range clusters {
+		key := make([]byte, encap.KeyLen)
+		if _, err := rand.Read(key); err != nil {
+			t.Fatal(err)
+		}
+		k.Keys = append(k.Keys, fmt.Sprintf("%d/1:%s", c, base64.StdEncoding.EncodeToString(key)))
+	}
+	return k
 }

@@ -1,0 +1,81 @@
+// Command relaybench runs the relay benchmark (package bench/relay,
+// `make bench-relay`): the direct path, a minimal C recvmmsg/sendmmsg
+// forwarder, a naive Go forwarder, the global relay, and the global →
+// cluster relay chain against two chained C forwarders, at voice and flood
+// load, each forwarder pinned to its own core. It prints a table and writes
+// the report as JSON. See docs/benchmarks.md.
+//
+//	go run ./bench/relay/cmd/relaybench -json bin/bench-relay.json
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rtcedge/rtcedge/bench/relay"
+)
+
+func main() {
+	relay.MaybeRunRole()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "relaybench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	paths := flag.String("paths", strings.Join(relay.AllPaths, ","), "paths to measure")
+	voice := flag.String("voice", "500x50", "voice load: flows x pps per flow (empty: skip)")
+	flood := flag.String("flood", "64x500", "flood load: flows x pps per flow (empty: skip)")
+	window := flag.Duration("window", 5*time.Second, "measurement window per trial")
+	warmup := flag.Duration("warmup", time.Second, "load before each window")
+	quiet := flag.Float64("quiet", 0.25, "CPU (cores) other processes may use in a window before the trial is repeated")
+	attempts := flag.Int("attempts", 3, "tries per trial to find a quiet window")
+	nice := flag.Int("nice", -10, "nice value of every process of a trial; below 0 needs root (else it runs at 0)")
+	rt := flag.Int("rt", 1, "SCHED_FIFO priority of the forwarding processes (0: normal class; needs root)")
+	jsonOut := flag.String("json", "bin/bench-relay.json", "write the report here (empty: do not)")
+	limit := flag.Duration("timeout", 10*time.Minute, "bound on the whole run")
+	flag.Parse()
+
+	cfg := relay.Config{Window: *window, Warmup: *warmup, Quiet: *quiet, Attempts: *attempts, Nice: *nice, RT: *rt, Progress: os.Stderr}
+	if *paths != "" {
+		cfg.Paths = strings.Split(*paths, ",")
+	}
+	for _, l := range []struct{ name, spec string }{{"voice", *voice}, {"flood", *flood}} {
+		if l.spec == "" {
+			continue
+		}
+		f, p, ok := strings.Cut(l.spec, "x")
+		flows, err1 := strconv.Atoi(f)
+		pps, err2 := strconv.Atoi(p)
+		if !ok || err1 != nil || err2 != nil || flows < 1 || pps < 1 {
+			return fmt.Errorf("-%s: want <flows>x<pps>, got %q", l.name, l.spec)
+		}
+		cfg.Loads = append(cfg.Loads, relay.Load{Name: l.name, Flows: flows, PPS: pps})
+	}
+	if len(cfg.Loads) == 0 {
+		return fmt.Errorf("no load: set -voice or -flood")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *limit)
+	defer cancel()
+	rep, err := relay.Run(ctx, cfg)
+	if rep != nil {
+		fmt.Print(relay.Table(rep))
+		if *jsonOut != "" {
+			if werr := relay.WriteJSON(rep, *jsonOut); werr != nil {
+				return werr
+			}
+			fmt.Println("report:", *jsonOut)
+		}
+	}
+	return err
+}

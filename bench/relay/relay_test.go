@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	MaybeRunRole() // the trials' children are this test binary
+	goleak.VerifyTestMain(m)
+}
+
+// TestSmoke runs every path briefly at two small loads and checks that the
+// report is well-formed JSON and that every path carried traffic both ways
+// with every echo on its own flow. It asserts nothing about timing.
+func TestSmoke(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Exe: exe, Dir: t.TempDir(),
+		Loads:  []Load{{Name: "voice", Flows: 8, PPS: 50}, {Name: "flood", Flows: 4, PPS: 500}},
+		Warmup: 100 * time.Millisecond, Window: 400 * time.Millisecond, Drain: 100 * time.Millisecond,
+		Attempts: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "report.json")
+	if err := WriteJSON(rep, out); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("report is not JSON: %v", err)
+	}
+	if want := len(AllPaths) * 2; len(back.Trials) != want {
+		t.Fatalf("%d trials, want %d", len(back.Trials), want)
+	}
+	wantHops := map[string]int{PathDirect: 0, PathC: 1, PathNaive: 1, PathGlobalRelay: 1, PathCChain: 2, PathChain: 2, PathChainBundle: 2}
+	for _, tr := range back.Trials {
+		if tr.Sent == 0 || tr.Echoed == 0 {
+			t.Errorf("%s/%s: sent %d, echoed %d: nothing went through", tr.Path, tr.Load.Name, tr.Sent, tr.Echoed)
+		}
+		if tr.Stray != 0 {
+			t.Errorf("%s/%s: %d echoes malformed or on the wrong flow", tr.Path, tr.Load.Name, tr.Stray)
+		}
+		if len(tr.Hops) != wantHops[tr.Path] {
+			t.Errorf("%s: %d hops measured, want %d", tr.Path, len(tr.Hops), wantHops[tr.Path])
+		}
+		for _, h := range tr.Hops {
+			if h.CPUs == "" {
+				t.Errorf("%s: hop %s has no CPU list", tr.Path, h.Name)
+			}
+		}
+	}
+	if tb := Table(rep); len(tb) == 0 {
+		t.Error("empty table")
+	}
+}

@@ -1,0 +1,47 @@
+package clusterrelay
+
+import (
+	"io"
+	"net/http"
+
+	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
+)
+
+// restart forwards an ICE restart (PATCH of a session, see
+// sessionapi.RestartRequest) to the pod named in the session ID, as delete
+// does: the session lives only there.
+func (f *Front) restart(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCreateBody))
+	if err != nil {
+		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large", "request body too large", 0)
+		return
+	}
+	f.toSessionPod(w, r, http.MethodPatch, body)
+}
+
+// toSessionPod forwards a request about one session to the pod its ID
+// names and copies the answer back; 404 when the ID names another cluster
+// or a pod that is gone (its sessions went with it).
+func (f *Front) toSessionPod(w http.ResponseWriter, r *http.Request, method string, body []byte) {
+	raw := r.PathValue("id")
+	id, err := sessionid.Parse(raw)
+	if err != nil || id.Cluster != f.cfg.Cluster {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		return
+	}
+	for _, p := range f.cfg.Pods.PodInfos() {
+		if p.ID != id.Pod {
+			continue
+		}
+		status, hdr, resp, err := f.forward(r.Context(), method, p.API+sessionapi.SessionsPath+"/"+raw, body)
+		if err != nil {
+			apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "pod_unreachable", "the session's pod did not answer", 0)
+			return
+		}
+		copyResponse(w, status, hdr, resp)
+		return
+	}
+	apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+}

@@ -1,0 +1,68 @@
+package sessionapi
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// WriteDevCA writes a throwaway CA and one server certificate for ips,
+// valid for a day, into dir, for dev worlds and tests that run the session
+// APIs over TLS as production does. It returns the server's TLS (cert and
+// key) and the clients' (the CA). The files are read when nodes are built.
+func WriteDevCA(dir string, ips ...net.IP) (server, client TLS, err error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return TLS{}, TLS{}, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rtcedge dev session API CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return TLS{}, TLS{}, fmt.Errorf("dev CA: %w", err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return TLS{}, TLS{}, err
+	}
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return TLS{}, TLS{}, err
+	}
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "rtcedge session API"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IPAddresses: ips,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
+	if err != nil {
+		return TLS{}, TLS{}, fmt.Errorf("dev certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(leafKey)
+	if err != nil {
+		return TLS{}, TLS{}, err
+	}
+	write := func(name, typ string, der []byte) (string, error) {
+		p := filepath.Join(dir, name)
+		return p, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
+	}
+	if client.CA, err = write("ca.pem", "CERTIFICATE", caDER); err != nil {
+		return TLS{}, TLS{}, err
+	}
+	if server.Cert, err = write("cert.pem", "CERTIFICATE", leafDER); err != nil {
+		return TLS{}, TLS{}, err
+	}
+	if server.Key, err = write("key.pem", "EC PRIVATE KEY", keyDER); err != nil {
+		return TLS{}, TLS{}, err
+	}
+	return server, client, nil
+}

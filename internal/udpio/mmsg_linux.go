@@ -1,0 +1,177 @@
+package udpio
+
+import (
+	"net"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// mmsg is recvmmsg/sendmmsg on one socket with every message header, iovec
+// and address preallocated: a batch costs one system call and no
+// allocation. The read half and the write half have their own storage, so
+// one goroutine may read while another writes.
+type mmsg struct {
+	rc  syscall.RawConn
+	v6  bool // the socket is AF_INET6 (IPv4 peers appear IPv4-mapped)
+	rd  mmsgHalf
+	wr  mmsgHalf
+	rfn func(fd uintptr) bool // method values made once: passing them does not allocate
+	wfn func(fd uintptr) bool
+}
+
+type mmsgHalf struct {
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6 // large enough for either family
+	ms    []Msg                   // the call's messages
+	n     int                     // the call's result
+	err   error
+}
+
+func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, false
+	}
+	m := &mmsg{rc: rc}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) {
+		var dom int
+		dom, ferr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+		m.v6 = dom == unix.AF_INET6
+	}); err != nil || ferr != nil {
+		return nil, false
+	}
+	for _, h := range []*mmsgHalf{&m.rd, &m.wr} {
+		h.hdrs = make([]unix.Mmsghdr, size)
+		h.iovs = make([]unix.Iovec, size)
+		h.names = make([]unix.RawSockaddrInet6, size)
+		for i := range h.hdrs {
+			h.hdrs[i].Hdr.Iov = &h.iovs[i]
+			h.hdrs[i].Hdr.SetIovlen(1)
+			h.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&h.names[i]))
+		}
+	}
+	m.rfn, m.wfn = m.doRead, m.doWrite
+	return m, true
+}
+
+func (m *mmsg) read(ms []Msg) (int, error) {
+	h := &m.rd
+	k := min(len(ms), len(h.hdrs))
+	for i := range k {
+		setIov(&h.iovs[i], ms[i].Buf)
+		h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		h.hdrs[i].Len = 0
+	}
+	h.ms = ms[:k]
+	if err := m.rc.Read(m.rfn); err != nil {
+		h.ms = nil
+		return 0, err
+	}
+	h.ms = nil
+	if h.err != nil {
+		return 0, h.err
+	}
+	for i := range h.n {
+		ms[i].N = int(h.hdrs[i].Len)
+		ms[i].Addr = sockaddrToAddrPort(&h.names[i])
+	}
+	return h.n, nil
+}
+
+func (m *mmsg) doRead(fd uintptr) bool { return m.rd.call(fd, unix.SYS_RECVMMSG, "recvmmsg") }
+
+func (m *mmsg) doWrite(fd uintptr) bool { return m.wr.call(fd, unix.SYS_SENDMMSG, "sendmmsg") }
+
+// call makes the half's system call on fd. It reports false when the
+// socket is not ready (the runtime then waits for it in the poller).
+func (h *mmsgHalf) call(fd uintptr, trap uintptr, op string) bool {
+	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), 0, 0, 0)
+	if e == unix.EAGAIN || e == unix.EINTR {
+		return false
+	}
+	h.n, h.err = int(n), nil
+	if e != 0 {
+		h.n, h.err = 0, errnoErr(op, e)
+	}
+	return true
+}
+
+func (m *mmsg) write(ms []Msg) (int, error) {
+	h := &m.wr
+	k := min(len(ms), len(h.hdrs))
+	for i := range k {
+		setIov(&h.iovs[i], ms[i].Buf)
+		h.hdrs[i].Hdr.Namelen = putSockaddr(&h.names[i], ms[i].Addr, m.v6)
+		h.hdrs[i].Len = 0
+	}
+	h.ms = ms[:k]
+	if err := m.rc.Write(m.wfn); err != nil {
+		h.ms = nil
+		return 0, err
+	}
+	h.ms = nil
+	if h.err != nil {
+		return h.n, h.err
+	}
+	return h.n, nil
+}
+
+func setIov(v *unix.Iovec, b []byte) {
+	if len(b) == 0 {
+		v.Base = nil
+		v.SetLen(0)
+		return
+	}
+	v.Base = &b[0]
+	v.SetLen(len(b))
+}
+
+// errnoErr wraps a system call's errno the way net does, without
+// allocating for the common errnos.
+func errnoErr(op string, e syscall.Errno) error {
+	return &net.OpError{Op: op, Net: "udp", Err: e}
+}
+
+// sockaddrToAddrPort reads the source address the kernel wrote, unmapped.
+func sockaddrToAddrPort(sa *unix.RawSockaddrInet6) netip.AddrPort {
+	switch sa.Family {
+	case unix.AF_INET:
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(p[0])<<8|uint16(p[1]))
+	case unix.AF_INET6:
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
+	}
+	return netip.AddrPort{}
+}
+
+// putSockaddr writes ap as the destination of a message on a socket of
+// the given family and returns the address length. An IPv4 destination on
+// an AF_INET6 socket is written IPv4-mapped; an IPv6 one on an AF_INET
+// socket keeps the AF_INET6 family and the kernel refuses that message.
+func putSockaddr(sa *unix.RawSockaddrInet6, ap netip.AddrPort, v6 bool) uint32 {
+	a := ap.Addr()
+	port := ap.Port()
+	if a.Is4() && !v6 {
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		sa4.Family = unix.AF_INET
+		p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+		p[0], p[1] = byte(port>>8), byte(port)
+		sa4.Addr = a.As4()
+		sa4.Zero = [8]uint8{}
+		return unix.SizeofSockaddrInet4
+	}
+	sa.Family = unix.AF_INET6
+	p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+	p[0], p[1] = byte(port>>8), byte(port)
+	sa.Flowinfo = 0
+	sa.Addr = a.As16() // As16 maps IPv4
+	sa.Scope_id = 0
+	return unix.SizeofSockaddrInet6
+}

@@ -1,0 +1,14 @@
+//go:build !linux
+
+package udpio
+
+import "net"
+
+type mmsg struct{}
+
+// newMmsg reports that batch system calls are not available here: the
+// BatchConn then moves one datagram per call.
+func newMmsg(*net.UDPConn, int) (*mmsg, bool) { return nil, false }
+
+func (*mmsg) read([]Msg) (int, error)  { panic("unreachable") }
+func (*mmsg) write([]Msg) (int, error) { panic("unreachable") }

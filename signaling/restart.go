@@ -1,0 +1,120 @@
+package signaling
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
+)
+
+// ContentTypeSDPFrag is the media type of ICE restarts and trickled
+// candidates (RFC 8840), the body of a PATCH of a session.
+const ContentTypeSDPFrag = "application/trickle-ice-sdpfrag"
+
+// handleRestart serves PATCH of a session resource, the WHIP way of
+// restarting ICE (RFC 9725 section 4.4.1): the body is an SDP fragment with
+// the client's new ICE credentials; the answer (200) is a fragment with the
+// server's new credentials and an ETag. Like a DELETE it needs no state
+// here: the call ID names the cluster, whose session API forwards to the
+// pod, and only the call's owner may restart it (as for DELETE). A fragment with the credentials already in use (trickled
+// candidates, which an ICE-lite server does not need) gets 204.
+func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
+	_, cred, ok := s.precheck(w, r, true)
+	if !ok {
+		return
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != ContentTypeSDPFrag {
+		unsupportedMediaType(w, "Content-Type must be "+ContentTypeSDPFrag)
+		return
+	}
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	raw, c, ok := s.sessionCluster(w, r, cred)
+	if !ok {
+		return
+	}
+	reqBody, err := json.Marshal(sessionapi.RestartRequest{Fragment: string(body), IfMatch: r.Header.Get("If-Match")})
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, s.sessionAPI(c)+sessionapi.SessionsPath+"/"+raw, bytes.NewReader(reqBody))
+	if err != nil {
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
+	resp, err := s.cfg.HTTPClient.Do(req)
+	if err != nil {
+		s.log.Warn("ICE restart: cluster session API failed", "cluster", c.ID, "err", err)
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
+		return
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		var out sessionapi.RestartResponse
+		if err := json.Unmarshal(data, &out); err != nil {
+			apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error", "the session's cluster sent a bad answer", 0)
+			return
+		}
+		if out.ETag != "" {
+			w.Header().Set("ETag", out.ETag)
+		}
+		if !out.Restarted {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		w.Header().Set("Content-Type", ContentTypeSDPFrag)
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, out.Fragment)
+	case http.StatusNotFound:
+		sessionNotFound(w)
+	case http.StatusBadRequest, http.StatusPreconditionFailed:
+		if !json.Valid(data) {
+			apierr.Write(w, resp.StatusCode, apierr.TypeInvalidRequest, "invalid_ice_fragment", "the ICE fragment was refused", 0)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(data)
+	default:
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error",
+			fmt.Sprintf("the session's cluster answered %d", resp.StatusCode), 0)
+	}
+}
+
+func sessionNotFound(w http.ResponseWriter) {
+	apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+}
+
+// sessionCluster returns the session ID inside the call ID of the
+// request's path and the cluster it names, or answers 404. Only the
+// credential that placed the call, or an API key of its tenant, owns it
+// (callMinter.owner); to anyone else the call does not exist.
+func (s *Server) sessionCluster(w http.ResponseWriter, r *http.Request, cred credential) (string, geo.Cluster, bool) {
+	raw, id, ok := s.calls.owner(r.PathValue("id"), cred)
+	if !ok {
+		sessionNotFound(w)
+		return "", geo.Cluster{}, false
+	}
+	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
+	if !ok {
+		sessionNotFound(w)
+		return "", geo.Cluster{}, false
+	}
+	return raw, c, true
+}
