@@ -193,8 +193,8 @@ func TestRestartedReplicaLoadsRoutesBeforeReady(t *testing.T) {
 	go writer.Run(ctx)
 	for i := range flows {
 		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), 5000)
-		r := routecache.Route{Cluster: 1, Pod: 3, Token: [6]byte{0, 0, 0, 0, byte(i >> 8), byte(i)}}
-		r.KeyID, r.Tag = keys.For(1).SealRoute(client, r.Cluster, r.Pod, r.Token)
+		r := routecache.Route{Cluster: 1, Pod: 3, Token: [6]byte{0, 0, 0, 0, byte(i >> 8), byte(i)}, Stored: uint32(time.Now().Unix())}
+		r.KeyID, r.Tag = keys.For(1).SealRoute(client, r.Cluster, r.Pod, r.Token, r.Stored)
 		writer.Store(client, r)
 	}
 	if err := writer.Flush(ctx); err != nil {

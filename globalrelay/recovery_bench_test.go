@@ -49,8 +49,8 @@ func BenchmarkRestartRecovery(b *testing.B) {
 		var nonce [6]byte
 		binary.BigEndian.PutUint32(nonce[2:], uint32(i/8))
 		pod := uint16(1 + i%50)
-		r := routecache.Route{Cluster: 0x12, Pod: pod, Token: nonce}
-		r.KeyID, r.Tag = testHop.For(0x12).SealRoute(clients[i], 0x12, pod, nonce)
+		r := routecache.Route{Cluster: 0x12, Pod: pod, Token: nonce, Stored: uint32(time.Now().Unix())}
+		r.KeyID, r.Tag = testHop.For(0x12).SealRoute(clients[i], 0x12, pod, nonce, r.Stored)
 		writer.Store(clients[i], r)
 		if i%4096 == 4095 {
 			if err := writer.Flush(ctx); err != nil {
