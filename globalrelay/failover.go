@@ -14,8 +14,10 @@ import (
 // traffic: the client keeps sending and nothing comes back. Two kinds of
 // evidence, each acted on at once and without asking anyone:
 //
-//   - silence: a flow whose replies had been arriving (a few intervals
-//     measured) gets none for SilenceAfter, or three times its usual
+//   - silence: a flow that has never had a reply through its relay for a
+//     second (a flow restored after a restart sends media at once), or
+//     whose replies had been arriving (a few intervals measured) gets
+//     none for SilenceAfter, or three times its usual
 //     interval between replies if that is longer (a model that is not
 //     talking sends only RTCP, about once a second), capped at maxSilence. The flow alone moves to the
 //     next cluster relay of its cluster (rendezvous order) and avoids the
@@ -219,6 +221,16 @@ func (r *Relay) evidence(w *relayWatch, now int64) string {
 		}
 	}
 	last := w.lastReply.Load()
+	if last == 0 {
+		// Never answered through this relay: a flow restored from the
+		// cache carries media at once, and a live pod answers within a
+		// round trip, so a second of client datagrams with nothing back
+		// is evidence too (a new call's checks are judged the same way).
+		if now-w.since.Load() >= int64(firstCheckTimeout)<<strikes {
+			return RepickSilence
+		}
+		return ""
+	}
 	if w.replies.Load() < minReplies {
 		return "" // no usual interval yet: the check timeout judges it
 	}

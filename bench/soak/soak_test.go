@@ -70,7 +70,7 @@ var schedule = []fault{
 
 // settle is how long after a fault's end the loss still counts as the
 // fault's.
-const settle = 3 * time.Second
+const settle = 5 * time.Second
 
 type snapshot struct {
 	at    time.Time
@@ -139,6 +139,19 @@ func TestSoak(t *testing.T) {
 			windowStart = snap()
 		}
 		time.Sleep(time.Until(start.Add(time.Duration(round+1) * (*period))))
+	}
+	// A call whose ICE went "disconnected" during the last fault needs a
+	// moment to report connected again.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		up := 0
+		for _, c := range cs {
+			if c.ConnectionState().String() == "connected" {
+				up++
+			}
+		}
+		if up == len(cs) {
+			break
+		}
 	}
 	end := snap()
 	for i := range cs {
