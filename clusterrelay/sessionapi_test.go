@@ -16,7 +16,7 @@ import (
 func TestFrontSecret(t *testing.T) {
 	const secret = "cluster-7-session-api-secret"
 	id, _ := sessionid.New(7, 1)
-	pod := httptest.NewServer(sessionapi.RequireSecret(secret, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	pod := httptest.NewServer(sessionapi.RequireSecretHash(sessionapi.SecretHash(secret), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":"` + id.String() + `","answer":"v=0"}`))

@@ -153,8 +153,11 @@ type Region struct {
 	// public address (SO_REUSEPORT): the kernel spreads clients over them
 	// as a UDP load balancer would.
 	POPReplicas []*POPReplica
-	popGen      int
-	crGen       int // generations of restarted cluster relays (RestartClusterRelay)
+	// TCPAddr is the POP's ICE-TCP address (same IP as the UDP VIP, a
+	// kernel-chosen port shared by every replica).
+	TCPAddr netip.AddrPort
+	popGen  int
+	crGen   int // generations of restarted cluster relays (RestartClusterRelay)
 }
 
 // POPReplica is one global relay replica of a POP.
@@ -367,7 +370,7 @@ func (w *World) start() error {
 		cat.Regions = append(cat.Regions, geo.Region{
 			Name: spec.Name, Location: spec.Location,
 			Clusters: []geo.Cluster{{ID: spec.Cluster, Name: spec.Name + "-1", Location: spec.Location, SessionAPI: rg.ClusterRelays[0].Front}},
-			POPs:     []geo.POP{{ID: spec.POP, Name: spec.POPName, VIP: rg.GlobalRelay.PublicAddr(), Location: spec.Location}},
+			POPs:     []geo.POP{{ID: spec.POP, Name: spec.POPName, VIP: rg.GlobalRelay.PublicAddr(), TCPPort: rg.TCPAddr.Port(), Location: spec.Location}},
 		})
 	}
 	if err := cat.Validate(); err != nil {
@@ -391,8 +394,8 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	n, err := transceiver.NewNode(transceiver.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed), SessionAPISecret: w.apiSecrets[spec.Cluster],
-		APITLS: w.apiTLS,
+		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed),
+		SessionAPISecretSHA256: sessionapi.SecretHash(w.apiSecrets[spec.Cluster]), APITLS: w.apiTLS,
 	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -439,8 +442,12 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	if !w.cfg.NoRouteCache {
 		store = w.memStore
 	}
+	tcp := rg.TCPAddr
+	if !tcp.IsValid() {
+		tcp = netip.AddrPortFrom(public.Addr(), 0)
+	}
 	n, err := globalrelay.NewNode(globalrelay.NodeConfig{
-		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1",
+		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1", TCPAddr: tcp.String(),
 		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
 		Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, w.globalSeed),
 	}, globalrelay.Sockets{CacheStore: store}, w.env(name, "pop", spec.POPName, "gen", strconv.Itoa(rg.popGen)))
@@ -448,6 +455,7 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
 	}
 	rep := &POPReplica{Node: n, Relay: n.Relay(), Pool: n.Pool()}
+	rg.TCPAddr = n.TCP().Addr()
 	w.run(&rep.running, name, n)
 	if err := awaitReady(n.Ready, readyLimit); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)

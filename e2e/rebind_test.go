@@ -123,7 +123,7 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 	// after FlowIdle otherwise, 30 s here). The client reaches the nearest
 	// POP, the first region's (the backup POP may still hold the flow of
 	// the client's setup checks).
-	eventually(t, 10*time.Second, "the POP to expire the flow of the abandoned address", func() bool {
+	eventually(t, 20*time.Second, "the POP to expire the flow of the abandoned address", func() bool {
 		return popFlows(w.Regions[0]) == 1
 	})
 	o.oldFlowGone = c.since(time.Now())
@@ -174,7 +174,10 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 				t.Errorf("echo resumed %v after the client's first check from the new address, want ≤ 1 s", d)
 			}
 			if o.sent == 0 || float64(o.sent-o.echoed) > 0.01*float64(o.sent) {
-				t.Errorf("%d of %d packets echoed after the rebind: loss over 1 %%", o.echoed, o.sent)
+				st := nat.Stats()
+				t.Errorf("%d of %d packets echoed after the rebind: loss over 1 %% (NAT inbox overflows %d, to the old mapping %d; "+
+					"transceiver drops %v)", o.echoed, o.sent, st.Drops(netsim.NATDropQueueFull), st.Drops(netsim.NATDropStale),
+					metricSum(t, w.Registry, "rtcedge_transceiver_dropped_packets_total", nil))
 			}
 			if n := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_created_total", nil); n != 1 {
 				t.Errorf("%v backend sessions created, want the one call's", n)

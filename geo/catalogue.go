@@ -91,6 +91,9 @@ type POP struct {
 	Name string `yaml:"name" json:"name"`
 	// VIP is the public address and port, e.g. 203.0.113.10:3478.
 	VIP netip.AddrPort `yaml:"vip" json:"vip"`
+	// TCPPort is the POP's ICE-TCP port on the VIP's address (docs/tcp.md;
+	// 443 in production); 0: the POP takes no TCP.
+	TCPPort uint16 `yaml:"tcp_port" json:"tcp_port,omitempty"`
 	// Location defaults to the region's location when absent in the file.
 	Location Point `yaml:"location" json:"location"`
 }
@@ -120,6 +123,7 @@ type (
 		ID       uint16    `yaml:"id"`
 		Name     string    `yaml:"name"`
 		VIP      string    `yaml:"vip"` // parsed by build, to name the POP in errors
+		TCPPort  uint16    `yaml:"tcp_port"`
 		Location *rawPoint `yaml:"location"`
 	}
 	rawPoint struct {
@@ -214,6 +218,7 @@ func (r *rawCatalogue) build() (*Catalogue, error) {
 				ID:       rp.ID,
 				Name:     rp.Name,
 				VIP:      vip,
+				TCPPort:  rp.TCPPort,
 				Location: point(rp.Location, reg.Location, fmt.Sprintf("pop %d", rp.ID)),
 			})
 		}

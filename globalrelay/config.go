@@ -39,7 +39,13 @@ type NodeConfig struct {
 	// address gets its in-flight replies and restores flows from them.
 	// Without a port the kernel picks them.
 	InternalAddr string `yaml:"internal_addr"`
-	Workers      int    `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
+	// TCPAddr is where the POP accepts ICE-TCP (docs/tcp.md): the same VIP
+	// as public_addr, "IP:port", or just the IP for DefaultTCPPort (443).
+	// Empty: no TCP ingress.
+	TCPAddr string `yaml:"tcp_addr"`
+	// TCP tunes the TCP ingress's limits and timeouts (zero: defaults).
+	TCP     TCPLimits `yaml:"tcp"`
+	Workers int       `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
 	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
 	// call; 1: one datagram per call; default 32. Neither allocates.
 	Batch int `yaml:"batch"`
@@ -78,6 +84,37 @@ type NodeConfig struct {
 	// prefer $RTCEDGE_HOP_KEYS.
 	HopKeys node.HopKeys `yaml:"hop_keys"`
 	Gossip  node.Gossip  `yaml:"gossip"` // the global pool
+}
+
+// DefaultTCPPort is the TCP ingress port when tcp_addr names only an IP:
+// 443 gets through the firewalls that drop UDP, and browsers send ICE-TCP
+// to it (they refuse most other ports below 1024).
+const DefaultTCPPort = 443
+
+// TCPLimits are the tunable bounds of the TCP ingress (TCPConfig).
+type TCPLimits struct {
+	MaxConns         int           `yaml:"max_conns"`
+	MaxConnsPerIP    int           `yaml:"max_conns_per_ip"`
+	MaxPending       int           `yaml:"max_pending"`
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
+	IdleTimeout      time.Duration `yaml:"idle_timeout"`
+	WriteQueue       int           `yaml:"write_queue"`
+	WriteTimeout     time.Duration `yaml:"write_timeout"`
+}
+
+// tcpAddr parses TCPAddr; ok is false when it is empty.
+func (c *NodeConfig) tcpAddr() (ap netip.AddrPort, ok bool, err error) {
+	if c.TCPAddr == "" {
+		return netip.AddrPort{}, false, nil
+	}
+	if ap, err := netip.ParseAddrPort(c.TCPAddr); err == nil {
+		return ap, true, nil
+	}
+	ip, err := netip.ParseAddr(c.TCPAddr)
+	if err != nil {
+		return netip.AddrPort{}, false, fmt.Errorf("tcp_addr %q: want IP or IP:port", c.TCPAddr)
+	}
+	return netip.AddrPortFrom(ip, DefaultTCPPort), true, nil
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
@@ -132,6 +169,13 @@ func (c *NodeConfig) Validate() error {
 	if _, err := c.internal(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, _, err := c.tcpAddr(); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, node.NotNegative("tcp.max_conns", c.TCP.MaxConns), node.NotNegative("tcp.max_conns_per_ip", c.TCP.MaxConnsPerIP),
+		node.NotNegative("tcp.max_pending", c.TCP.MaxPending), node.NotNegative("tcp.write_queue", c.TCP.WriteQueue),
+		node.NotNegative("tcp.handshake_timeout", c.TCP.HandshakeTimeout), node.NotNegative("tcp.idle_timeout", c.TCP.IdleTimeout),
+		node.NotNegative("tcp.write_timeout", c.TCP.WriteTimeout))
 	if _, err := c.Token.Keyring(); err != nil {
 		errs = append(errs, err)
 	}

@@ -176,6 +176,7 @@ type Relay struct {
 	own     []netip.AddrPort // the relay's own socket addresses: never a client
 	ownIPs  []netip.Addr     // specific, non-loopback addresses the sockets are bound to
 	hopKeys atomic.Pointer[encap.ClusterKeys]
+	tcp     atomic.Pointer[TCP] // the TCP ingress, if any (tcp.go)
 
 	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
 	suspects  suspects     // cluster relays avoided on data-plane evidence (failover.go)
@@ -661,6 +662,10 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 	// clients: anyone else reaching this socket could inject into calls.
 	if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
 		r.m.drops.Inc(dropNotFromCluster)
+		return nil, netip.AddrPort{}, false
+	}
+	if h.TCP {
+		r.tcpToClient(&h, pkt[hl:], from) // written into the client's connection
 		return nil, netip.AddrPort{}, false
 	}
 	f := r.flows.get(h.Client)

@@ -21,6 +21,9 @@ import (
 type Sockets struct {
 	Workers []Worker // public/internal socket pairs; nil: ListenWorkerPairs
 	Metrics net.Listener
+	// TCP is the TCP ingress listener (ICE-TCP); nil: opened from
+	// tcp_addr when it is set.
+	TCP net.Listener
 	// CacheStore, when redis_url is empty, is the in-process store the
 	// replica's route cache uses (the dev world's stand-in for Redis,
 	// shared by its replicas); nil and no redis_url: no route cache.
@@ -47,6 +50,7 @@ type Node struct {
 	env      node.Env
 	life     node.Life
 	relay    *Relay
+	tcp      *TCP // nil without a TCP ingress
 	clusters *Clusters
 	served   []uint16
 	pool     *membership.Pool
@@ -117,6 +121,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
+	if err := n.openTCP(cfg, s.TCP, env); err != nil {
+		return nil, err
+	}
 	if loader, ok := cache.(routecache.Loader); ok {
 		// A restarted replica takes its POP's recent flows in bulk before
 		// it reports ready, instead of one lookup per lost datagram.
@@ -190,13 +197,16 @@ func (n *Node) Run(ctx context.Context) error {
 	return n.life.Run(ctx, log, func(failed context.Context) {
 		log.Info("draining", "flows", n.relay.Flows(), "deadline", n.cfg.DrainTimeout)
 		n.relay.Drain()
+		if n.tcp != nil {
+			n.tcp.Drain() // open connections go on; new ones try the backup POP
+		}
 		node.SetDraining(n.pool, log)
 		deadline := time.NewTimer(n.cfg.DrainTimeout)
 		defer deadline.Stop()
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
 	wait:
-		for n.relay.Flows() > 0 {
+		for n.relay.Flows() > 0 || n.TCPConns() > 0 {
 			select {
 			case <-deadline.C:
 				log.Warn("drain deadline passed", "flows", n.relay.Flows())
@@ -269,6 +279,44 @@ func (c *Clusters) live(cluster uint16) int {
 		}
 	}
 	return k
+}
+
+// openTCP starts the TCP ingress on ln, or on tcp_addr when ln is nil;
+// neither: none.
+func (n *Node) openTCP(cfg NodeConfig, ln net.Listener, env node.Env) error {
+	if ln == nil {
+		ap, ok, _ := cfg.tcpAddr() // checked by Validate
+		if !ok {
+			return nil
+		}
+		var err error
+		if ln, err = ListenTCP(ap); err != nil {
+			return fmt.Errorf("tcp_addr: %w", err)
+		}
+	}
+	n.life.OnClose(ln.Close)
+	l := cfg.TCP
+	s, err := NewTCP(n.relay, ln, TCPConfig{MaxConns: l.MaxConns, MaxConnsPerIP: l.MaxConnsPerIP, MaxPending: l.MaxPending,
+		HandshakeTimeout: l.HandshakeTimeout, IdleTimeout: l.IdleTimeout, WriteQueue: l.WriteQueue, WriteTimeout: l.WriteTimeout,
+		Registerer: env.Registerer})
+	if err != nil {
+		return err
+	}
+	n.tcp = s
+	n.life.OnClose(s.Close)
+	n.life.Go("tcp ingress", s.Run)
+	return nil
+}
+
+// TCP is the node's TCP ingress, nil without one.
+func (n *Node) TCP() *TCP { return n.tcp }
+
+// TCPConns returns the open TCP connections (0 without a TCP ingress).
+func (n *Node) TCPConns() int {
+	if n.tcp == nil {
+		return 0
+	}
+	return n.tcp.Conns()
 }
 
 // Relay is the node's packet relay.

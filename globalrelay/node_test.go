@@ -220,3 +220,53 @@ func TestRestartedReplicaLoadsRoutesBeforeReady(t *testing.T) {
 		t.Errorf("ready with %d flows, want the %d from Redis", got, flows)
 	}
 }
+
+// TestNodeTCPIngressDrains: with tcp_addr set the node accepts TCP; on
+// SIGTERM (ctx end) its listener closes at once, so new clients are
+// refused and try their next candidate, while the drain waits for the open
+// connection before the node stops.
+func TestNodeTCPIngressDrains(t *testing.T) {
+	c1 := fakeClusterRelay(t, "cr-1", 1, false, "")
+	metrics, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", TCPAddr: "127.0.0.1:0", Workers: 1,
+		TCP:   TCPLimits{HandshakeTimeout: time.Minute},
+		Token: nodetest.Keys(t), HopKeys: nodetest.HopKeys(t, 1), Gossip: nodetest.Gossip("gr", c1.LocalAddr().String())}
+	cfg.DrainTimeout = time.Minute
+	n, err := NewNode(cfg, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := nodetest.Run(t, n)
+	addr := n.TCP().Addr()
+	c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nodetest.Await(t, "the connection to be open at the node", func() bool { return n.TCPConns() == 1 })
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	nodetest.Await(t, "the listener to close", func() bool {
+		nc, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(addr))
+		if err == nil {
+			nc.Close()
+		}
+		return err != nil
+	})
+	// The absence of an event: without the wait, the node stops within
+	// about a second (its gossip leave); give it three.
+	select {
+	case <-stopped:
+		t.Fatal("the node stopped with a TCP connection still open")
+	case <-time.After(3 * time.Second):
+	}
+	c.Close()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the node did not stop after its last TCP connection closed")
+	}
+}

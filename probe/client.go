@@ -47,7 +47,37 @@ type Config struct {
 	// candidates on (tests keep everything on loopback with it); nil means
 	// every address.
 	IPFilter func(net.IP) bool
-	Logger   *slog.Logger
+	// Transport is the candidates the client uses: TransportUDP (also
+	// ""), TransportTCP (ICE-TCP to the POPs' passive TCP candidates only,
+	// as from a network that drops UDP; docs/tcp.md) or TransportAny.
+	Transport string
+	// PacketConn, when set, is the client's one UDP socket: its ICE runs
+	// over a UDP mux on it instead of sockets of its own (tests put the
+	// client behind a netsim NAT this way). Close closes it.
+	PacketConn net.PacketConn
+	Logger     *slog.Logger
+}
+
+// Transports of Config.Transport.
+const (
+	TransportUDP = "udp"
+	TransportTCP = "tcp"
+	TransportAny = "any"
+)
+
+// networkTypes returns the ICE network types of a transport.
+func networkTypes(transport string) ([]webrtc.NetworkType, error) {
+	udp := []webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6}
+	tcp := []webrtc.NetworkType{webrtc.NetworkTypeTCP4, webrtc.NetworkTypeTCP6}
+	switch transport {
+	case TransportAny:
+		return append(udp, tcp...), nil
+	case TransportUDP, "":
+		return udp, nil
+	case TransportTCP:
+		return tcp, nil
+	}
+	return nil, fmt.Errorf("probe: transport %q: want udp, tcp or any", transport)
 }
 
 // Timings are measured from the moment the offer is posted.
@@ -63,6 +93,7 @@ type Call struct {
 	cfg Config
 	log *slog.Logger
 	pc  *webrtc.PeerConnection
+	mux *ice.UDPMuxDefault // over Config.PacketConn; nil without one
 	out *webrtc.TrackLocalStaticRTP
 	dc  *webrtc.DataChannel
 
@@ -139,9 +170,17 @@ func (c *Call) setup() error {
 	se := webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
+	types, err := networkTypes(c.cfg.Transport)
+	if err != nil {
+		return err
+	}
+	se.SetNetworkTypes(types)
 	if c.cfg.IPFilter != nil {
 		se.SetIPFilter(c.cfg.IPFilter)
+	}
+	if c.cfg.PacketConn != nil {
+		c.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: c.cfg.PacketConn})
+		se.SetICEUDPMux(c.mux)
 	}
 	me := &webrtc.MediaEngine{}
 	if err := me.RegisterDefaultCodecs(); err != nil {
@@ -420,8 +459,12 @@ func (c *Call) Hangup(ctx context.Context) error {
 func (c *Call) Close() error {
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
+	var err error
 	if c.pc != nil {
-		return c.pc.GracefulClose()
+		err = c.pc.GracefulClose()
 	}
-	return nil
+	if c.mux != nil {
+		_ = c.mux.Close() // and with it Config.PacketConn
+	}
+	return err
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs when it is missing: redis-server for the
-# route-cache tests, Debian's chromium for the browser tests, and podman with
+# route-cache tests, Debian's chromium for the browser tests, iproute2 and
+# nftables for the UDP-blocked browser test, and podman with
 # runc for the container image tests (deploy/imagetest). Safe to run again;
 # does nothing when everything is there.
 #
@@ -16,6 +17,11 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v gcc >/dev/null 2>&1 || need+=(gcc) # bench/relay's C forwarder
+# The UDP-blocked browser test (e2e TestBrowserOverTCPWithUDPBlocked):
+# a network namespace with a veth pair (iproute2) whose nftables ruleset
+# drops all UDP.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 if [ "$(id -u)" -ne 0 ]; then
 	command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
 	command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)

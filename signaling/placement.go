@@ -73,7 +73,7 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 	}
 	req := sessionapi.CreateRequest{Offer: offer, Config: session}
 	for _, p := range pops {
-		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP})
+		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP, TCPPort: p.TCPPort})
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

@@ -3,6 +3,7 @@ package sim_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rtcedge/rtcedge/internal/proctest"
+	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/netsim"
 	"github.com/rtcedge/rtcedge/probe"
 	"github.com/rtcedge/rtcedge/sim"
@@ -69,6 +71,7 @@ func TestSimulation(t *testing.T) {
 		site := w.Sites[0]
 		t.Run("fault-near-pop-cut-before-call", func(t *testing.T) { rep.Faults = append(rep.Faults, cutBeforeCall(t, w, site)) })
 		t.Run("fault-mid-call", func(t *testing.T) { rep.Faults = append(rep.Faults, midCallFaults(t, w, site)...) })
+		t.Run("mobile-rebinds", func(t *testing.T) { rep.Faults = append(rep.Faults, mobileRebinds(t, w, w.Sites[1])...) })
 	}
 	t.Logf("simulation report:\n%s", rep.Text())
 	if dir := os.Getenv(reportEnv); dir != "" {
@@ -162,23 +165,8 @@ func midCallFaults(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 	)
 	near, backup := site.NearPOP(), site.POPs[1-site.NearRegion()]
 	tr := w.Regions[site.NearRegion()].Transceiver
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	call, err := probe.Dial(ctx, site.CallConfig())
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	defer func() {
-		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer hcancel()
-		if err := call.Hangup(hctx); err != nil {
-			t.Errorf("hang up: %v", err)
-		}
-		call.Close()
-	}()
-	if err := call.WaitEcho(ctx); err != nil {
-		t.Fatal(err)
-	}
+	call, hangup := dialEcho(t, site.CallConfig())
+	defer hangup()
 	received := func() int { return call.Stats().Received }
 	if _, ok := await(5*time.Second, atLeast(received, received()+25)); !ok {
 		t.Fatal("the call did not settle into echoing")
@@ -280,3 +268,89 @@ func await(limit time.Duration, cond func() bool) (time.Duration, bool) {
 func atLeast(get func() int, n int) func() bool { return func() bool { return get() >= n } }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// mobileRebinds is a mobile client at site: its one socket sits behind a
+// NAT (netsim.NAT, outside addresses on the site's network) that moves it
+// to a new port mid-call, as a carrier NAT does, and then to a new IP, as a
+// phone leaving Wi-Fi does. The client is not told; the call must go on
+// (the transceiver follows its authenticated checks, docs/network-changes.md).
+func mobileRebinds(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
+	const recoverLimit = 10 * time.Second
+	base := site.NearPOP().VIP().Addr().As4()
+	nat, err := netsim.NewNAT(netsim.NATConfig{OutsideIPs: []netip.Addr{
+		netip.AddrFrom4([4]byte{127, 0, base[2], 200}), netip.AddrFrom4([4]byte{127, 0, base[2], 201}),
+	}, Logger: testlog.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nat.Close()
+	host, err := nat.NewHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := site.CallConfig()
+	cfg.PacketConn = host
+	call, hangup := dialEcho(t, cfg)
+	defer hangup()
+	received := func() int { return call.Stats().Received }
+	var out []sim.Scenario
+	for _, step := range []struct {
+		name string
+		kind netsim.RebindKind
+	}{
+		{"mobile: NAT rebinding", netsim.RebindPort},
+		{"mobile: network change", netsim.RebindIP},
+	} {
+		if _, ok := await(5*time.Second, atLeast(received, received()+50)); !ok {
+			t.Fatal("the call did not settle into echoing")
+		}
+		old := host.Mapping().Outside
+		m, err := host.Rebind(step.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		movedAt := time.Now()
+		at := received()
+		resume, ok := await(recoverLimit, atLeast(received, at+1))
+		if !ok {
+			t.Errorf("%s: no echo within %v of moving the client from %v to %v", step.name, recoverLimit, old, m.Outside)
+			continue
+		}
+		if _, ok := await(5*time.Second, atLeast(received, at+50)); !ok {
+			t.Errorf("%s: echo did not keep flowing", step.name)
+		}
+		check := host.Mapping().FirstSTUN
+		res := fmt.Sprintf("echo back %.0f ms after the move, %.0f ms after the client's first check from %v (media RTT %.0f ms); ICE state %s",
+			ms(resume), ms(movedAt.Add(resume).Sub(check)), m.Outside, ms(w.MediaRTT()), call.ConnectionState())
+		t.Logf("%s: %s", step.name, res)
+		out = append(out, sim.Scenario{Name: step.name,
+			Action: fmt.Sprintf("a site %s client's NAT mapping moved from %v to %v mid-call, the client not told", site.Spec.Name, old, m.Outside),
+			Result: res})
+	}
+	return out
+}
+
+// dialEcho places a probe call and waits for its first echo; hangup ends
+// it (DELETE, then close).
+func dialEcho(t *testing.T, cfg probe.Config) (call *probe.Call, hangup func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	call, err := probe.Dial(ctx, cfg)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	hangup = func() {
+		hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer hcancel()
+		if err := call.Hangup(hctx); err != nil {
+			t.Errorf("hang up: %v", err)
+		}
+		call.Close()
+	}
+	if err := call.WaitEcho(ctx); err != nil {
+		hangup()
+		t.Fatal(err)
+	}
+	return call, hangup
+}

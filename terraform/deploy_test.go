@@ -302,3 +302,24 @@ func TestImageScheme(t *testing.T) {
 		}
 	}
 }
+
+// TestDataPlaneRolesGetHopKeys: the relays and pods refuse to start without
+// inter-tier MAC keys (docs/wire.md), so every data-plane workload the
+// modules deploy must be given $RTCEDGE_HOP_KEYS from its Secret.
+func TestDataPlaneRolesGetHopKeys(t *testing.T) {
+	secretLists := regexp.MustCompile(`(?m)^\s*(\w+_secret_keys)\s*=\s*\[([^\]]*)\]`)
+	region := source(t, "modules/region")
+	got := map[string][]string{}
+	for _, m := range secretLists.FindAllStringSubmatch(region, -1) {
+		got[m[1]] = strs(m[2])
+	}
+	for _, role := range []string{"transceiver_secret_keys", "clusterrelay_secret_keys"} {
+		if !slices.Contains(got[role], "RTCEDGE_HOP_KEYS") {
+			t.Errorf("modules/region: %s = %q lacks RTCEDGE_HOP_KEYS", role, got[role])
+		}
+	}
+	popEnv := regexp.MustCompile(`for_each\s*=\s*\[([^\]]*RTCEDGE_TOKEN_KEYS[^\]]*)\]`).FindStringSubmatch(source(t, "modules/pop"))
+	if popEnv == nil || !slices.Contains(strs(popEnv[1]), "RTCEDGE_HOP_KEYS") {
+		t.Errorf("modules/pop: the global relay's secret env %v lacks RTCEDGE_HOP_KEYS", popEnv)
+	}
+}

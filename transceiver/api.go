@@ -65,6 +65,9 @@ func (t *Transceiver) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	if t.cfg.SessionAPISecretHash != "" {
+		return sessionapi.RequireSecretHash(t.cfg.SessionAPISecretHash, mux)
+	}
 	return sessionapi.RequireSecret(t.cfg.SessionAPISecret, mux)
 }
 

@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -39,6 +40,9 @@ type NodeConfig struct {
 	// SessionAPISecret is the cluster's session API bearer secret (e.g.
 	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
 	SessionAPISecret string `yaml:"session_api_secret"`
+	// SessionAPISecretSHA256 is the secret's hex SHA-256 instead (preferred:
+	// the pod then never holds a credential that opens other pods).
+	SessionAPISecretSHA256 string `yaml:"session_api_secret_sha256"`
 	// APITLS serves the session API over TLS (cert, key); the front
 	// verifies it with the cluster CA.
 	APITLS sessionapi.TLS `yaml:"api_tls"`
@@ -61,6 +65,7 @@ func (c *NodeConfig) Validate() error {
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
 		c.APITLS.Validate("api_tls"),
+		checkSHA256("session_api_secret_sha256", c.SessionAPISecretSHA256),
 		node.CheckHostPort("backend_addr", c.BackendAddr, true),
 		node.NotNegative("max_sessions", c.MaxSessions),
 		node.NotNegative("connect_timeout", c.ConnectTimeout),
@@ -112,4 +117,15 @@ func podID(cfg *NodeConfig) error {
 	}
 	cfg.Pod, err = PodFromHostname(h)
 	return err
+}
+
+// checkSHA256 accepts "" or 64 hex digits.
+func checkSHA256(what, v string) error {
+	if v == "" {
+		return nil
+	}
+	if b, err := hex.DecodeString(v); err != nil || len(b) != 32 {
+		return fmt.Errorf("%s: want the 64 hex digits of a SHA-256", what)
+	}
+	return nil
 }

@@ -27,6 +27,7 @@ type pathMetrics struct {
 const (
 	restartOK       = "ok"
 	restartBadFrag  = "bad_fragment"
+	restartStale    = "precondition_failed"
 	restartNotFound = "not_found"
 	restartFailed   = "failed"
 )
@@ -54,7 +55,7 @@ func newPathMetrics() *pathMetrics {
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10, 20},
 		}, []string{"cause"}),
 	}
-	for _, r := range []string{restartOK, restartBadFrag, restartNotFound, restartFailed} {
+	for _, r := range []string{restartOK, restartBadFrag, restartStale, restartNotFound, restartFailed} {
 		m.iceRestarts.WithLabelValues(r)
 	}
 	for _, c := range []string{causeAddress, causePOP, causeICERestart} {

@@ -2,10 +2,8 @@ package transceiver
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,6 +83,8 @@ type podSocket struct {
 	// set once after construction.
 	restarts *restartTable
 
+	tcp tcpSide // ICE-TCP clients (tcp.go)
+
 	mu   sync.RWMutex
 	pops map[uint16]*popConn // guarded by mu
 }
@@ -92,6 +92,7 @@ type podSocket struct {
 func newPodSocket(conn *net.UDPConn, cluster, pod uint16, keys *encap.Keyring, relays *RelaySet, m *metrics, now func() time.Time) *podSocket {
 	s := &podSocket{conn: conn, cluster: cluster, pod: pod, relays: relays, m: m, now: now, pops: map[uint16]*popConn{}}
 	s.keys.Store(keys)
+	s.tcp.init(s)
 	return s
 }
 
@@ -240,6 +241,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropOversize)
 		return false
 	}
+	if h.TCP {
+		return s.tcp.handle(buf, n, hl, h, from)
+	}
 	pc := s.lookup(h.POP)
 	if pc == nil {
 		s.m.drop(dropUnknownPOP)
@@ -286,13 +290,18 @@ func (s *podSocket) sweep(ttl time.Duration) int {
 		left += len(pc.routes)
 		pc.mu.Unlock()
 	}
-	return left
+	return left + s.tcp.sweep(cutoff)
 }
 
 // confirm marks the client's route through a POP as authenticated by Pion
 // and returns how many authenticated checks it has seen from the client (0
 // if there is no route).
 func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
+	if s.tcp.peer(pop, client) != nil {
+		// A TCP client's address is proven by its handshake with the
+		// global relay: one authenticated check is enough.
+		return earlySelectChecks
+	}
 	pc := s.lookup(pop)
 	if pc == nil {
 		return 0
@@ -311,6 +320,9 @@ func (s *podSocket) confirm(pop uint16, client netip.AddrPort) int {
 
 // lastSeen returns when the client last sent a datagram through a POP.
 func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool) {
+	if p := s.tcp.peer(pop, client); p != nil {
+		return time.Unix(0, p.lastSeen.Load()), true
+	}
 	pc := s.lookup(pop)
 	if pc == nil {
 		return time.Time{}, false
@@ -326,6 +338,7 @@ func (s *podSocket) lastSeen(pop uint16, client netip.AddrPort) (time.Time, bool
 
 // closeAll closes every POP conn, which ends Pion's mux readers.
 func (s *podSocket) closeAll() {
+	s.tcp.closeAll()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, pc := range s.pops {
@@ -437,26 +450,7 @@ func (c *popConn) remove(a netip.AddrPort, r *route) {
 
 // ReadFromAddrPort implements ice.AddrPortReaderWriter.
 func (c *popConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
-	var timeout <-chan time.Time
-	if d := c.readDeadline.Load(); d != nil && !d.IsZero() {
-		wait := time.Until(*d)
-		if wait <= 0 {
-			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case d := <-c.in:
-		n := copy(b, d.buf[:d.n])
-		bufPool.Put(d.buf)
-		return n, d.from, nil
-	case <-c.closed:
-		return 0, netip.AddrPort{}, io.EOF
-	case <-timeout:
-		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-	}
+	return readInbox(c.in, c.closed, &c.readDeadline, b)
 }
 
 // ReadFrom implements net.PacketConn.
@@ -489,23 +483,12 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		c.sock.m.drop(dropProvisional)
 		return 0, errProvisional
 	}
+	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
-	buf := bufPool.Get().(*podBuf)
-	defer bufPool.Put(buf)
-	hl, err := r.hdr.Put(buf[:])
-	if err != nil || len(b) > encap.MaxPayload {
-		c.sock.m.drop(dropOversize)
-		return 0, errors.New("transceiver: datagram too large")
-	}
-	copy(buf[hl:], b)
-	c.sock.keys.Load().Seal(buf[:hl+len(b)], hl)
-	if _, err := c.sock.conn.WriteToUDPAddrPort(buf[:hl+len(b)], r.relay); err != nil {
-		c.sock.m.writeErrors.Inc()
+	if _, err := c.sock.send(&r.hdr, r.relay, b); err != nil {
 		return 0, err
 	}
-	c.sock.m.packetsOut.Inc()
-	c.sock.m.bytesOut.Add(float64(len(b)))
-	return len(b), nil
+	return written, nil
 }
 
 // WriteTo implements net.PacketConn.

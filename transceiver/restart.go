@@ -378,7 +378,7 @@ func (t *Transceiver) handleRestart(w http.ResponseWriter, r *http.Request) {
 		t.m.path.iceRestarts.WithLabelValues(restartBadFrag).Inc()
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_ice_fragment", err.Error(), 0)
 	case errors.Is(err, ErrPrecondition):
-		t.m.path.iceRestarts.WithLabelValues(restartBadFrag).Inc()
+		t.m.path.iceRestarts.WithLabelValues(restartStale).Inc()
 		apierr.Write(w, http.StatusPreconditionFailed, apierr.TypeInvalidRequest, "precondition_failed", "If-Match does not match the session's ICE state", 0)
 	case err != nil:
 		t.m.path.iceRestarts.WithLabelValues(restartFailed).Inc()

@@ -199,3 +199,44 @@ func TestRestartICEAPI(t *testing.T) {
 		t.Errorf("%d sessions, want the one restarted", n)
 	}
 }
+
+// restartHotPath is the table with one restarted session and two datagrams
+// the pod sees all the time: SRTP, and a check of another session.
+func restartHotPath(t testing.TB) (*restartTable, []byte, []byte) {
+	rt := newRestartTable()
+	s := &session{t: &Transceiver{m: &metrics{path: newPathMetrics()}}}
+	rt.set("NEWSERVERUFRAG000000", &iceAlias{session: s, serverPwd: "newserverpassword0000000", client: "newc"})
+	srtp := make([]byte, 120)
+	srtp[0], srtp[1] = 0x80, 0x6f
+	m, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername("OTHERSESSIONUFRAG000:abcd"),
+		stun.NewShortTermIntegrity("otherpassword00000000000"), stun.Fingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt, srtp, m.Raw
+}
+
+// TestRestartHotPathAllocs: what a pod with restarted sessions does for
+// every other datagram allocates nothing.
+func TestRestartHotPathAllocs(t *testing.T) {
+	rt, srtp, other := restartHotPath(t)
+	buf := make([]byte, 1501)
+	now := time.Now()
+	if n := testing.AllocsPerRun(100, func() {
+		rt.rewriteIn(buf, copy(buf, srtp), now)
+		rt.rewriteIn(buf, copy(buf, other), now)
+		_ = rt.rewriteOut(srtp)
+	}); n != 0 {
+		t.Errorf("%v allocations per datagram, want 0", n)
+	}
+}
+
+func BenchmarkRestartRewriteInOther(b *testing.B) {
+	rt, _, other := restartHotPath(b)
+	buf := make([]byte, 1501)
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		rt.rewriteIn(buf, copy(buf, other), now)
+	}
+}

@@ -87,6 +87,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
+	t.setupTCP(&se, s, req.POPs) // passive TCP candidates (tcp.go)
 	se.SetICEBindingRequestHandler(s.onBindingRequest)
 	api := webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(t.me), webrtc.WithInterceptorRegistry(t.ir))
 	pc, err := api.NewPeerConnection(webrtc.Configuration{BundlePolicy: webrtc.BundlePolicyMaxBundle})

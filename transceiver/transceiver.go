@@ -78,6 +78,11 @@ type Config struct {
 	// session API requests without it (health probes excepted). Empty: no
 	// credentials needed (dev worlds and tests).
 	SessionAPISecret string
+	// SessionAPISecretHash, instead of the secret, is its
+	// sessionapi.SecretHash: the pod verifies the front's secret without
+	// holding it, so a compromised pod cannot call its cluster's other
+	// pods. It wins over SessionAPISecret.
+	SessionAPISecretHash string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -230,6 +235,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
 	se.SetIncludeLoopbackCandidate(true)
+	se.DisableActiveTCP(true) // never dial out to a client's passive TCP candidate (tcp.go)
 	role := webrtc.DTLSRoleClient
 	if cfg.DTLSRole == "server" {
 		role = webrtc.DTLSRoleServer

@@ -147,6 +147,35 @@ func TestShapeAnswer(t *testing.T) {
 	}
 }
 
+// TestShapeAnswerTCP: passive TCP candidates (one per POP with a TCP
+// port) rank below every UDP candidate, nearest POP first; a TCP candidate
+// that is not a requested POP's TCP address is refused.
+func TestShapeAnswerTCP(t *testing.T) {
+	a, b := popA, popB
+	a.TCPPort, b.TCPPort = 443, 8443
+	sdp := "v=0\r\n" +
+		"a=candidate:1 1 udp 2130706431 127.0.0.2 3478 typ host\r\n" +
+		"a=candidate:2 1 udp 2130706431 127.0.0.3 3478 typ host\r\n" +
+		"a=candidate:3 1 tcp 2128609279 127.0.0.2 443 typ host tcptype passive\r\n" +
+		"a=candidate:4 1 tcp 2128609279 127.0.0.3 8443 typ host tcptype passive\r\n"
+	out, err := shapeAnswer(sdp, []POPAddr{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"a=candidate:2 1 udp 2130640895 127.0.0.3 3478 typ host",
+		"a=candidate:3 1 tcp 2130444287 127.0.0.2 443 typ host tcptype passive",
+		"a=candidate:4 1 tcp 2130378751 127.0.0.3 8443 typ host tcptype passive",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("shaped answer lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := shapeAnswer(sdp, []POPAddr{popA, popB}); err == nil {
+		t.Error("a TCP candidate of a POP without a TCP port was accepted")
+	}
+}
+
 func TestFrameDuration(t *testing.T) {
 	for _, tc := range []struct {
 		prev, cur uint32

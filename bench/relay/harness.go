@@ -69,6 +69,9 @@ var Variants = map[string]struct {
 }{
 	"globalrelay-bundle":         {"bundle=1", false, true},
 	"globalrelay-locked":         {"lock=1", false, false},
+	"globalrelay-batch1":         {"batch=1", false, false},
+	"globalrelay-batch8":         {"batch=8", false, false},
+	"globalrelay-batch128":       {"batch=128", false, false},
 	"globalrelay-2w-hash":        {"workers=2", true, false},
 	"globalrelay-2w-hash-pinned": {"workers=2 cpus=0:1", true, false},
 	"globalrelay-2w-cpu":         {"workers=2 cpus=0:1 steer=cpu", true, false},
@@ -522,7 +525,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	g.start()
 	stop := make(chan struct{})
 	sendErr := make(chan error, 1)
-	go func() { sendErr <- g.send(to, load.PPS, stop) }()
+	go func(stop <-chan struct{}) { sendErr <- g.send(to, load.PPS, stop) }(stop)
 	stopSend := func() error {
 		if stop == nil {
 			return nil

@@ -55,6 +55,7 @@ type grOptions struct {
 	cpus    []int
 	steer   udpio.Steering
 	bundle  bool
+	batch   int // 0: globalrelay.DefaultBatch
 }
 
 func parseGROptions(s string) (grOptions, error) {
@@ -79,6 +80,8 @@ func parseGROptions(s string) (grOptions, error) {
 			o.steer, err = udpio.ParseSteering(v)
 		case "bundle":
 			o.bundle = v == "1"
+		case "batch":
+			o.batch, err = strconv.Atoi(v)
 
 		default:
 			err = fmt.Errorf("unknown option %q", k)
@@ -189,6 +192,9 @@ func runRole(role, target string) error {
 		if opt.workers == 0 {
 			opt.workers = runtime.GOMAXPROCS(0)
 		}
+		if opt.batch == 0 {
+			opt.batch = globalrelay.DefaultBatch
+		}
 		pubs, ins, err := udpio.ListenWorkerPairs(loop, loop, opt.workers)
 		if err != nil {
 			return err
@@ -203,7 +209,7 @@ func runRole(role, target string) error {
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
 			HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
 			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Batch:    globalrelay.DefaultBatch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, Logger: quiet}, ws)
+			Batch:    opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()

@@ -37,6 +37,7 @@ func TestExampleConfigsParse(t *testing.T) {
 	for _, v := range []string{"RTCEDGE_APP_API_KEY", "RTCEDGE_SESSION_API_SECRET", "RTCEDGE_SESSION_API_SECRET_1"} {
 		t.Setenv(v, "example-secret-0123456789")
 	}
+	t.Setenv("RTCEDGE_SESSION_API_SECRET_SHA256", strings.Repeat("ab", 32))
 	t.Setenv("POD_IP", "10.0.0.9")
 	for _, tc := range []struct {
 		file string

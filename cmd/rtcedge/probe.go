@@ -27,6 +27,7 @@ func runProbe(ctx context.Context, args []string) error {
 	url := fs.String("url", "http://127.0.0.1:8080", "signaling base URL")
 	path := fs.String("path", probe.DefaultPath, "offer endpoint (/v1/realtime/sdp or /v1/realtime/calls)")
 	tok := fs.String("token", os.Getenv("RTCEDGE_TOKEN"), "bearer credential (default $RTCEDGE_TOKEN)")
+	transport := fs.String("transport", probe.TransportUDP, "candidates to use: udp, tcp (ICE-TCP through the POPs' TCP ports only, as from a UDP-blocked network) or any")
 	dur := fs.Duration("duration", 5*time.Second, "one-shot and continuous: how long each call stays up after its first echo; load: how long the full load lasts after the ramp")
 	asJSON := fs.Bool("json", false, "print JSON: the report (one-shot, load) or one object per call (continuous)")
 	setupTimeout := fs.Duration("setup-timeout", probe.DefaultSetupTimeout, "bound on each call's setup, offer to first echo")
@@ -58,7 +59,7 @@ func runProbe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	call := probe.Config{SignalingURL: *url, Path: *path, Token: *tok, Logger: log}
+	call := probe.Config{SignalingURL: *url, Path: *path, Token: *tok, Transport: *transport, Logger: log}
 	switch {
 	case *sessions > 0:
 		return probeLoad(ctx, probe.LoadConfig{Call: call, Sessions: *sessions, Duration: *dur, Ramp: *ramp, SetupTimeout: *setupTimeout}, *asJSON, *htmlOut)

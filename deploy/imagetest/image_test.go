@@ -3,7 +3,9 @@ package imagetest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -201,11 +203,18 @@ func newWorld(t *testing.T) *world {
 		_, _ = rand.Read(b)
 		return base64.StdEncoding.EncodeToString(b)
 	}
+	apiKey, apiSecret := "sk-imagetest-"+random(12), "imagetest-"+random(24)
+	apiSecretSum := sha256.Sum256([]byte(apiSecret))
+	// Every ${VAR} the example configs name, as a deployment sets them.
 	w.env = []string{
 		"RTCEDGE_TOKEN_KEYS=1:" + random(32),
 		"RTCEDGE_HOP_KEYS=1/1:" + random(16), // the examples' cluster 1
-		"RTCEDGE_GOSSIP_KEY=" + random(32),
-		"RTCEDGE_API_KEYS=sk-imagetest-" + random(12),
+		"RTCEDGE_GLOBAL_GOSSIP_KEY=" + random(32),
+		"RTCEDGE_CLUSTER_GOSSIP_KEY=" + random(32),
+		"RTCEDGE_APP_API_KEY=" + apiKey,
+		"RTCEDGE_SESSION_API_SECRET=" + apiSecret,
+		"RTCEDGE_SESSION_API_SECRET_1=" + apiSecret,
+		"RTCEDGE_SESSION_API_SECRET_SHA256=" + hex.EncodeToString(apiSecretSum[:]),
 		"RTCEDGE_CLIENT_SECRET_KEY=" + random(32),
 	}
 	return w
@@ -407,7 +416,7 @@ func TestCallThroughContainers(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dial := func() (*probe.Call, error) {
 		return probe.Dial(ctx, probe.Config{
-			SignalingURL: url, Token: w.secret("RTCEDGE_API_KEYS"), Logger: quiet,
+			SignalingURL: url, Token: w.secret("RTCEDGE_APP_API_KEY"), Logger: quiet,
 			IPFilter: func(ip net.IP) bool { return ip.IsLoopback() },
 		})
 	}

@@ -19,7 +19,7 @@
 //
 //	0      magic 0x5E
 //	1      version<<4 | flags (bit 0 to-client, bit 1 client IPv6,
-//	       bit 2 ingress IPv6, bit 3 reserved = 0)
+//	       bit 2 ingress IPv6, bit 3 client on TCP)
 //	2      key ID of the hop key the tag is made with
 //	3      reserved = 0
 //	4..5   cluster ID
@@ -67,7 +67,7 @@ const (
 	flagToClient   = 1 << 0
 	flagClientV6   = 1 << 1
 	flagIngressV6  = 1 << 2
-	flagReserved   = 1 << 3
+	flagTCP        = 1 << 3
 	fixedLen       = 16 // magic, version/flags, key ID, reserved, cluster, pod, POP, token
 	extraPerV6Addr = 16 - 4
 	offKeyID       = 2
@@ -80,6 +80,13 @@ type Header struct {
 	// ToClient is the direction flag (bit 0): false toward the
 	// transceiver, true toward the client.
 	ToClient bool
+	// TCP is flag bit 3: the client reaches the POP over TCP (RFC 4571
+	// framing, ICE-TCP) rather than UDP. The global relay de-frames the
+	// stream, so the datagram that follows is the same either way; the
+	// pod presents such clients to Pion as ICE-TCP peers, and replies
+	// carry the flag back so the relay writes them into the client's
+	// connection. Covered by the tag like every other field.
+	TCP bool
 	// KeyID is the hop key the tag was made with. Decode fills it in;
 	// Keyring.Seal overwrites it with the keyring's current ID.
 	KeyID uint8
@@ -135,6 +142,9 @@ func (h *Header) Put(b []byte) (int, error) {
 	flags := byte(0)
 	if h.ToClient {
 		flags |= flagToClient
+	}
+	if h.TCP {
+		flags |= flagTCP
 	}
 	b[0] = Magic
 	b[offKeyID] = h.KeyID
@@ -200,9 +210,6 @@ func Decode(b []byte) (h Header, n int, err error) {
 		return Header{}, 0, ErrVersion
 	}
 	flags := b[1] & 0x0f
-	if flags&flagReserved != 0 {
-		return Header{}, 0, ErrReservedFlag
-	}
 	n = MinLen
 	if flags&flagClientV6 != 0 {
 		n += extraPerV6Addr
@@ -217,6 +224,7 @@ func Decode(b []byte) (h Header, n int, err error) {
 		return Header{}, 0, ErrReservedFlag
 	}
 	h.ToClient = flags&flagToClient != 0
+	h.TCP = flags&flagTCP != 0
 	h.KeyID = b[offKeyID]
 	h.Cluster = binary.BigEndian.Uint16(b[4:6])
 	h.Pod = binary.BigEndian.Uint16(b[6:8])

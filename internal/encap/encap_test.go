@@ -73,6 +73,17 @@ var vectors = []struct {
 		Header{ToClient: true, Cluster: 0x0100, Pod: 0x0200, POP: 0x0300, Client: v6Client, Ingress: v6Ingress},
 		"5e 27 00 00 0100 0200 0300 000000000000 c350 20010db8000000000000000000000007 0d96 fd000000000000000000000000010002 0000000000000000",
 	},
+	// Flag bit 3: the client is on TCP (docs/wire.md §2, docs/tcp.md).
+	{
+		"v4/v4 TCP client to transceiver",
+		Header{TCP: true, Cluster: 0x1234, Pod: 0x0042, POP: 0x0007, Token: [6]byte{0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6}, Client: v4Client, Ingress: v4Ingress},
+		"5e 28 00 00 1234 0042 0007 a1b2c3d4e5f6 c350 c6336407 0d96 0a010203 0000000000000000",
+	},
+	{
+		"v6/v6 TCP client to client",
+		Header{TCP: true, ToClient: true, Cluster: 0x0100, Pod: 0x0200, POP: 0x0300, Client: v6Client, Ingress: v6Ingress},
+		"5e 2f 00 00 0100 0200 0300 000000000000 c350 20010db8000000000000000000000007 0d96 fd000000000000000000000000010002 0000000000000000",
+	},
 }
 
 func TestVectors(t *testing.T) {
@@ -186,8 +197,8 @@ func TestDecodeMalformed(t *testing.T) {
 		tc{"version 3", set(v4, 1, 0x30), ErrVersion},
 		tc{"reserved byte 3", set(v4, 3, 0x01), ErrReservedFlag},
 		tc{"version 15", set(v4, 1, 0xf0), ErrVersion},
-		tc{"reserved bit 3", set(v4, 1, 0x28), ErrReservedFlag},
-		tc{"reserved bit 3 all flags", set(v4, 1, 0x2f), ErrReservedFlag},
+		tc{"reserved byte 3 with TCP flag", set(vectors[8].hex, 3, 0x80), ErrReservedFlag},
+		tc{"TCP flag on a v4 body claiming v6 client", set(v4, 1, 0x2a), ErrShort},
 		tc{"v4 body claims v6 client", set(v4, 1, 0x22), ErrShort},
 		tc{"v4 body claims v6 ingress", set(v4, 1, 0x24), ErrShort},
 		tc{"mapped v6 client", unhex(t, "5e 22 00 00 0001 0002 0003 000000000000 c350 00000000000000000000ffffc6336407 0d96 0a010203 0000000000000000"), ErrAddr},

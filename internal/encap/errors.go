@@ -12,8 +12,8 @@ var (
 	ErrMagic = errors.New("encap: bad magic")
 	// ErrVersion means the version nibble is not Version.
 	ErrVersion = errors.New("encap: unknown version")
-	// ErrReservedFlag means the reserved flag bit 3 or the reserved byte 3
-	// is set.
+	// ErrReservedFlag means the reserved byte 3 is set. (Flag bit 3 was
+	// reserved too; it now says the client is on TCP.)
 	ErrReservedFlag = errors.New("encap: reserved flag set")
 	// ErrUnknownKey means the header's key ID names no hop key of the
 	// header's cluster that the receiver holds: a sender without the

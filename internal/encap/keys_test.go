@@ -79,6 +79,10 @@ var sealedVectors = []struct {
 		"v6/v6 to client",
 		Header{ToClient: true, Cluster: 0x0100, Pod: 0x0200, POP: 0x0300, Client: v6Client, Ingress: v6Ingress},
 		"5e 27 00 00 0100 0200 0300 000000000000 c350 20010db8000000000000000000000007 0d96 fd000000000000000000000000010002 2f1d1ccba8f1dc93 0001 7061796c6f6164",
+	}, {
+		"v4/v4 TCP client to transceiver, token (flag bit 3)",
+		Header{TCP: true, Cluster: 0x1234, Pod: 0x0042, POP: 0x0007, Token: [6]byte{0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6}, Client: v4Client, Ingress: v4Ingress},
+		"5e 28 00 00 1234 0042 0007 a1b2c3d4e5f6 c350 c6336407 0d96 0a010203 d9e7b2fdfd433cc5 0001 7061796c6f6164",
 	},
 }
 

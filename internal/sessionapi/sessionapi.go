@@ -17,9 +17,11 @@ package sessionapi
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"net/netip"
+	"strings"
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 )
@@ -36,6 +38,9 @@ const (
 type POP struct {
 	ID  uint16         `json:"id"`
 	VIP netip.AddrPort `json:"vip"`
+	// TCPPort is the POP's ICE-TCP port on the VIP's address; 0: the
+	// answer offers no TCP candidate for this POP.
+	TCPPort uint16 `json:"tcp_port,omitempty"`
 }
 
 // CreateRequest is the JSON body of POST SessionsPath.
@@ -73,6 +78,15 @@ func Authorize(req *http.Request, secret string) {
 	}
 }
 
+// SecretHash is the hex SHA-256 of a session API secret: what a pod is
+// configured with (RequireSecretHash) so that it verifies the front's
+// secret without holding it, and a compromised pod cannot call its
+// cluster's other pods.
+func SecretHash(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
 // RequireSecret wraps a session API handler so that every request but the
 // health probes (/livez, /readyz, answered without credentials for
 // kubelets) must carry "Authorization: Bearer <secret>"; others get 401.
@@ -82,14 +96,28 @@ func RequireSecret(secret string, h http.Handler) http.Handler {
 	if secret == "" {
 		return h
 	}
-	want := sha256.Sum256([]byte("Bearer " + secret))
+	return RequireSecretHash(SecretHash(secret), h)
+}
+
+// RequireSecretHash is RequireSecret for a server that holds only
+// SecretHash of the secret. An empty hash returns h unchanged; a malformed
+// one refuses every request.
+func RequireSecretHash(hash string, h http.Handler) http.Handler {
+	if hash == "" {
+		return h
+	}
+	want, err := hex.DecodeString(hash)
+	if err != nil || len(want) != sha256.Size {
+		want = nil // refuses every request: a typo must not open the API
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/livez" || r.URL.Path == "/readyz" {
 			h.ServeHTTP(w, r)
 			return
 		}
-		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got := sha256.Sum256([]byte(tok))
+		if !ok || want == nil || subtle.ConstantTimeCompare(got[:], want) != 1 {
 			apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "unauthorized",
 				"the session API needs the cluster's bearer secret", 0)
 			return

@@ -43,7 +43,21 @@ func TestCreateRequestWireForm(t *testing.T) {
 
 func TestRequireSecret(t *testing.T) {
 	inner := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	h := RequireSecret("s3cret-of-cluster-1", inner)
+	for _, h := range []http.Handler{RequireSecret("s3cret-of-cluster-1", inner), RequireSecretHash(SecretHash("s3cret-of-cluster-1"), inner)} {
+		checkRequireSecret(t, h)
+	}
+	// A malformed hash (a typo in the config) opens nothing.
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, SessionsPath, nil)
+	Authorize(req, "s3cret-of-cluster-1")
+	RequireSecretHash("not-hex", inner).ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized {
+		t.Fatalf("malformed hash: %d, want 401", rec.Code)
+	}
+}
+
+func checkRequireSecret(t *testing.T, h http.Handler) {
+	t.Helper()
 	tests := []struct {
 		name, path, auth string
 		want             int

@@ -147,7 +147,7 @@ resource "kubernetes_deployment_v1" "globalrelay" {
           }
 
           dynamic "env" {
-            for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GOSSIP_KEY"]
+            for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
             content {
               name = env.value
               value_from {

@@ -93,8 +93,8 @@ locals {
   }
 
   # Secret keys each role reads (docs/operations.md); a role gets only its own.
-  transceiver_secret_keys  = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_GOSSIP_KEY"]
-  clusterrelay_secret_keys = ["RTCEDGE_GOSSIP_KEY"]
+  transceiver_secret_keys  = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  clusterrelay_secret_keys = ["RTCEDGE_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
   signaling_secret_keys    = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GOSSIP_KEY"]
   # Absent keys are tolerated only where the role has a default.
   optional_secret_keys = ["RTCEDGE_TOKEN_CURRENT"]

@@ -41,7 +41,7 @@ variable "image" {
 }
 
 variable "secret_name" {
-  description = "Secret holding RTCEDGE_TOKEN_KEYS, RTCEDGE_TOKEN_CURRENT (optional), RTCEDGE_GOSSIP_KEY, RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
+  description = "Secret holding RTCEDGE_TOKEN_KEYS, RTCEDGE_TOKEN_CURRENT (optional), RTCEDGE_GOSSIP_KEY, RTCEDGE_HOP_KEYS (this cluster's inter-tier keys, docs/wire.md), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
   type        = string
   default     = "rtcedge-secrets"
 }

@@ -1,0 +1,880 @@
+package globalrelay
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+)
+
+// The TCP ingress (docs/tcp.md): clients whose networks drop UDP reach the
+// same VIP over TCP, as ICE-TCP does (RFC 6544; the POP is the passive
+// side), with RFC 4571 framing: every frame is a 2-byte big-endian length
+// and one datagram. The first frame of a connection must be a STUN Binding
+// Request whose server ufrag is a valid routing token; after it, every
+// frame is forwarded as one datagram, encapsulated exactly as a UDP
+// client's (flag TCP set), to the token's cluster relay and pod, and the
+// pod's replies (flag TCP set) are framed back into the connection. The
+// connection is the only TCP state: the cluster relay and the pod see
+// datagrams, and a lost connection is recovered by ICE (the client's
+// backup candidate), not by any tier behind this one.
+
+// Defaults of TCPConfig.
+const (
+	DefaultTCPMaxConns         = 1 << 16
+	DefaultTCPMaxConnsPerIP    = 32
+	DefaultTCPMaxPending       = 4096
+	DefaultTCPHandshakeTimeout = 3 * time.Second
+	DefaultTCPIdleTimeout      = 30 * time.Second
+	DefaultTCPWriteQueue       = 64
+	DefaultTCPWriteTimeout     = 5 * time.Second
+	// maxConnsPerToken bounds the connections one routing token may
+	// hold open, as maxFlowsPerToken does for UDP flows.
+	maxConnsPerToken = 8
+)
+
+// TCPConfig configures a TCP ingress. Zero values take the defaults.
+type TCPConfig struct {
+	// MaxConns caps the connections of the replica, handshaking or not.
+	MaxConns int
+	// MaxConnsPerIP caps the connections from one client IP address.
+	MaxConnsPerIP int
+	// MaxPending caps the connections that have not yet sent a valid
+	// first frame (slowloris from many addresses fills this, not MaxConns).
+	MaxPending int
+	// HandshakeTimeout is how long a new connection has to deliver its
+	// first frame, a Binding Request with a valid token.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes a connection that has sent no frame for this
+	// long (consent checks every few seconds keep live calls).
+	IdleTimeout time.Duration
+	// MaxFrame is the longest frame accepted; a longer length prefix
+	// closes the connection (a stream cannot resynchronise). At most
+	// encap.MaxPayload, the default.
+	MaxFrame int
+	// WriteQueue is how many frames toward one client may wait for its
+	// connection; a full queue drops the oldest (fresh media is worth
+	// more than stale), so a slow reader costs a bounded amount of memory
+	// and never delays other connections.
+	WriteQueue int
+	// WriteTimeout closes a connection whose writes make no progress
+	// for this long.
+	WriteTimeout time.Duration
+
+	Logger     *slog.Logger          // default: the relay's
+	Registerer prometheus.Registerer // nil: metrics are not registered
+}
+
+func (c *TCPConfig) defaults(r *Relay) error {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defd := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxConns, DefaultTCPMaxConns)
+	def(&c.MaxConnsPerIP, DefaultTCPMaxConnsPerIP)
+	def(&c.MaxPending, DefaultTCPMaxPending)
+	def(&c.MaxFrame, encap.MaxPayload)
+	def(&c.WriteQueue, DefaultTCPWriteQueue)
+	defd(&c.HandshakeTimeout, DefaultTCPHandshakeTimeout)
+	defd(&c.IdleTimeout, DefaultTCPIdleTimeout)
+	defd(&c.WriteTimeout, DefaultTCPWriteTimeout)
+	if c.Logger == nil {
+		c.Logger = r.log
+	}
+	switch {
+	case c.MaxConns < 0, c.MaxConnsPerIP < 0, c.MaxPending < 0, c.WriteQueue < 0:
+		return errors.New("globalrelay tcp config: limits must not be negative")
+	case c.MaxFrame < 0 || c.MaxFrame > encap.MaxPayload:
+		return fmt.Errorf("globalrelay tcp config: max frame must be 1..%d", encap.MaxPayload)
+	case c.HandshakeTimeout < 0, c.IdleTimeout < 0, c.WriteTimeout < 0:
+		return errors.New("globalrelay tcp config: timeouts must not be negative")
+	}
+	return nil
+}
+
+// Why a TCP connection was refused or closed (the "reason" label of
+// rtcedge_globalrelay_tcp_closed_total).
+const (
+	TCPCloseConnLimit        = "conn_limit"        // MaxConns reached
+	TCPCloseIPLimit          = "ip_limit"          // MaxConnsPerIP reached
+	TCPClosePendingLimit     = "pending_limit"     // MaxPending reached
+	TCPCloseDraining         = "draining"          // the replica drains: no new connections
+	TCPCloseHandshakeTimeout = "handshake_timeout" // no complete first frame in time (slowloris)
+	TCPCloseNotBinding       = "not_binding"       // first frame is not a STUN Binding Request
+	TCPCloseBadToken         = "bad_token"         // first frame's ufrag is not a valid token (detail in dropped_packets_total)
+	TCPCloseTokenExpired     = "token_expired"     // the token may open no new flow
+	TCPCloseTokenReuse       = "token_reuse"       // the token holds its share of connections
+	TCPCloseBadSource        = "bad_source"        // a client address no client can have
+	TCPCloseOversize         = "oversize"          // a length prefix over MaxFrame
+	TCPCloseIdle             = "idle"              // no frame for IdleTimeout
+	TCPCloseEOF              = "eof"               // the client closed (or reset) the connection
+	TCPCloseWriteStall       = "write_stall"       // writes made no progress for WriteTimeout, or failed
+	TCPCloseShutdown         = "shutdown"          // the relay stopped
+)
+
+type tcpCloseReason uint8
+
+const (
+	tcpCloseOther tcpCloseReason = iota
+	tcpCloseConnLimit
+	tcpCloseIPLimit
+	tcpClosePendingLimit
+	tcpCloseDraining
+	tcpCloseHandshakeTimeout
+	tcpCloseNotBinding
+	tcpCloseBadToken
+	tcpCloseTokenExpired
+	tcpCloseTokenReuse
+	tcpCloseBadSource
+	tcpCloseOversize
+	tcpCloseIdle
+	tcpCloseEOF
+	tcpCloseWriteStall
+	tcpCloseShutdown
+	numTCPCloseReasons
+)
+
+var tcpCloseLabels = [numTCPCloseReasons]string{
+	tcpCloseOther: "other", tcpCloseConnLimit: TCPCloseConnLimit, tcpCloseIPLimit: TCPCloseIPLimit,
+	tcpClosePendingLimit: TCPClosePendingLimit, tcpCloseDraining: TCPCloseDraining,
+	tcpCloseHandshakeTimeout: TCPCloseHandshakeTimeout, tcpCloseNotBinding: TCPCloseNotBinding,
+	tcpCloseBadToken: TCPCloseBadToken, tcpCloseTokenExpired: TCPCloseTokenExpired,
+	tcpCloseTokenReuse: TCPCloseTokenReuse, tcpCloseBadSource: TCPCloseBadSource,
+	tcpCloseOversize: TCPCloseOversize, tcpCloseIdle: TCPCloseIdle, tcpCloseEOF: TCPCloseEOF,
+	tcpCloseWriteStall: TCPCloseWriteStall, tcpCloseShutdown: TCPCloseShutdown,
+}
+
+// Frames dropped on the TCP path (the "reason" label of
+// rtcedge_globalrelay_tcp_dropped_frames_total).
+const (
+	TCPDropQueueFull      = "queue_full"       // the oldest queued frame toward a slow client
+	TCPDropEmpty          = "empty"            // a zero-length frame
+	TCPDropNoConn         = "no_conn"          // a reply for a client with no connection here
+	TCPDropFlowMismatch   = "flow_mismatch"    // a reply from a pod that does not own the connection
+	TCPDropNoClusterRelay = "no_cluster_relay" // the connection's cluster has no usable relay
+	TCPDropNoHopKey       = "no_hop_key"       // no inter-tier key for the connection's cluster
+	TCPDropOtherToken     = "other_token"      // a later check naming another cluster or pod
+)
+
+type tcpDropReason uint8
+
+const (
+	tcpDropOther tcpDropReason = iota
+	tcpDropQueueFull
+	tcpDropEmpty
+	tcpDropNoConn
+	tcpDropFlowMismatch
+	tcpDropNoClusterRelay
+	tcpDropNoHopKey
+	tcpDropOtherToken
+	numTCPDropReasons
+)
+
+var tcpDropLabels = [numTCPDropReasons]string{
+	tcpDropOther: "other", tcpDropQueueFull: TCPDropQueueFull, tcpDropEmpty: TCPDropEmpty,
+	tcpDropNoConn: TCPDropNoConn, tcpDropFlowMismatch: TCPDropFlowMismatch,
+	tcpDropNoClusterRelay: TCPDropNoClusterRelay, tcpDropNoHopKey: TCPDropNoHopKey,
+	tcpDropOtherToken: TCPDropOtherToken,
+}
+
+// TCP is the TCP ingress of one relay replica. It shares the relay's
+// workers (their internal sockets carry its datagrams both ways), token
+// keyring, hop keys, cluster directory and source filter.
+type TCP struct {
+	// Static after NewTCP.
+	r   *Relay
+	ln  net.Listener
+	cfg TCPConfig
+	log *slog.Logger
+	m   *tcpMetrics
+
+	pending   atomic.Int64 // connections before their first valid frame
+	draining  atomic.Bool
+	closeOnce sync.Once
+	done      chan struct{}
+	wg        sync.WaitGroup // one per connection goroutine and the accept loop
+
+	mu     sync.Mutex
+	conns  map[netip.AddrPort]*tcpConn // established, by client address; guarded by mu
+	all    map[*tcpConn]struct{}       // every open connection; guarded by mu
+	perIP  map[netip.Addr]int          // open connections per client IP; guarded by mu
+	tokens map[tokenKey]int            // established connections per token; guarded by mu
+}
+
+// NewTCP attaches a TCP ingress on ln to the relay, taking ownership of
+// ln. ln should be bound to the same VIP as the relay's public UDP socket
+// (default port 443). Run accepts connections.
+func NewTCP(r *Relay, ln net.Listener, cfg TCPConfig) (*TCP, error) {
+	if err := cfg.defaults(r); err != nil {
+		return nil, err
+	}
+	m, err := newTCPMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &TCP{
+		r: r, ln: ln, cfg: cfg, m: m,
+		log:   cfg.Logger.With("transport", "tcp"),
+		done:  make(chan struct{}),
+		conns: map[netip.AddrPort]*tcpConn{}, all: map[*tcpConn]struct{}{},
+		perIP: map[netip.Addr]int{}, tokens: map[tokenKey]int{},
+	}
+	if !r.tcp.CompareAndSwap(nil, s) {
+		return nil, errors.New("globalrelay: the relay already has a TCP ingress")
+	}
+	return s, nil
+}
+
+// ListenTCP opens a TCP ingress listener on addr with SO_REUSEPORT, so
+// that several replicas on one host (the dev world) share the port as
+// their UDP sockets do.
+func ListenTCP(addr netip.AddrPort) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", addr.String())
+	if err != nil {
+		return nil, fmt.Errorf("listen tcp %v: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// Addr returns the listening address.
+func (s *TCP) Addr() netip.AddrPort {
+	if a, ok := s.ln.Addr().(*net.TCPAddr); ok {
+		return a.AddrPort()
+	}
+	return netip.AddrPort{}
+}
+
+// Conns returns the number of open connections (handshaking included).
+func (s *TCP) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.all)
+}
+
+// Drain stops accepting: the listener closes, so new clients are refused
+// at once and their ICE tries the next candidate (the backup POP), while
+// open connections carry on until they end or Close.
+func (s *TCP) Drain() {
+	if !s.draining.Swap(true) {
+		_ = s.ln.Close()
+	}
+}
+
+// Run accepts connections until ctx ends or Close is called, then closes
+// every connection and returns when all their goroutines have ended.
+func (s *TCP) Run(ctx context.Context) error {
+	s.wg.Add(1)
+	var acceptErr error
+	go func() {
+		defer s.wg.Done()
+		acceptErr = s.acceptLoop()
+	}()
+	select {
+	case <-ctx.Done():
+	case <-s.done:
+	}
+	s.Close()
+	s.wg.Wait()
+	return acceptErr
+}
+
+// Close stops the ingress and closes every connection. Idempotent; Run
+// returns once everything has stopped.
+func (s *TCP) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.done)
+		s.draining.Store(true)
+		_ = s.ln.Close()
+		s.mu.Lock()
+		all := make([]*tcpConn, 0, len(s.all))
+		for c := range s.all {
+			all = append(all, c)
+		}
+		s.mu.Unlock()
+		for _, c := range all {
+			c.close(tcpCloseShutdown)
+		}
+	})
+	return nil
+}
+
+func (s *TCP) acceptLoop() error {
+	backoff := 5 * time.Millisecond
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// Out of file descriptors and the like: wait, as net/http does.
+			s.log.Warn("accept failed", "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-s.done:
+				return nil
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		s.admit(nc)
+	}
+}
+
+// admit checks the limits for a new connection and starts its reader.
+func (s *TCP) admit(nc net.Conn) {
+	s.m.accepted.Inc()
+	client := netip.AddrPort{}
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		client = a.AddrPort()
+		client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	}
+	refuse := func(r tcpCloseReason) {
+		s.m.closed.Inc(r)
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // RST: no FIN_WAIT state for a refused peer
+		}
+		_ = nc.Close()
+	}
+	if s.draining.Load() || s.r.draining.Load() {
+		refuse(tcpCloseDraining)
+		return
+	}
+	if !s.r.sourceOK(client) {
+		refuse(tcpCloseBadSource)
+		return
+	}
+	c := &tcpConn{s: s, nc: nc, client: client, wake: make(chan struct{}, 1), closed: make(chan struct{})}
+	c.initRaw()
+	s.mu.Lock()
+	switch {
+	case len(s.all) >= s.cfg.MaxConns:
+		s.mu.Unlock()
+		refuse(tcpCloseConnLimit)
+		return
+	case s.perIP[client.Addr()] >= s.cfg.MaxConnsPerIP:
+		s.mu.Unlock()
+		refuse(tcpCloseIPLimit)
+		return
+	case s.pending.Load() >= int64(s.cfg.MaxPending):
+		s.mu.Unlock()
+		refuse(tcpClosePendingLimit)
+		return
+	}
+	s.all[c] = struct{}{}
+	s.perIP[client.Addr()]++
+	s.pending.Add(1)
+	c.pending = true
+	s.m.conns.Set(float64(len(s.all)))
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		c.readLoop()
+	}()
+}
+
+// establish registers a connection whose first frame carried tok. It
+// returns the reason to close it instead, or 0.
+func (s *TCP) establish(c *tcpConn, tok token.Token) tcpCloseReason {
+	r := s.r
+	now := r.now.Load()
+	switch {
+	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
+		return tcpCloseTokenExpired
+	case r.draining.Load() || s.draining.Load():
+		return tcpCloseDraining
+	}
+	c.f = flow{cluster: tok.Cluster, pod: tok.Pod, tok: tokenKey{tok.Cluster, tok.Pod, tok.Nonce}, created: now}
+	ws := r.workers
+	c.w = &ws[int(c.client.Port())%len(ws)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tokens[c.f.tok] >= maxConnsPerToken {
+		return tcpCloseTokenReuse
+	}
+	if old := s.conns[c.client]; old != nil {
+		// The same address and port again: the old connection is gone
+		// on the client's side (a TCP four-tuple is unique).
+		defer old.close(tcpCloseEOF)
+	}
+	s.tokens[c.f.tok]++
+	s.conns[c.client] = c
+	c.pending = false
+	s.pending.Add(-1)
+	s.m.established.Inc()
+	return 0
+}
+
+// forget removes a closing connection from every table.
+func (s *TCP) forget(c *tcpConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.all[c]; !ok {
+		return
+	}
+	delete(s.all, c)
+	if s.perIP[c.client.Addr()]--; s.perIP[c.client.Addr()] <= 0 {
+		delete(s.perIP, c.client.Addr())
+	}
+	if c.pending {
+		s.pending.Add(-1)
+	} else {
+		if s.conns[c.client] == c {
+			delete(s.conns, c.client)
+		}
+		if s.tokens[c.f.tok]--; s.tokens[c.f.tok] <= 0 {
+			delete(s.tokens, c.f.tok)
+		}
+	}
+	s.m.conns.Set(float64(len(s.all)))
+}
+
+// tcpToClient takes a verified to-client datagram whose header has the
+// TCP flag (the relay's internal socket read it) and queues its payload
+// on the client's connection. It never blocks.
+func (r *Relay) tcpToClient(h *encap.Header, payload []byte, from netip.AddrPort) {
+	s := r.tcp.Load()
+	if s == nil {
+		r.m.drops.Inc(dropUnknownFlow)
+		return
+	}
+	s.mu.Lock()
+	c := s.conns[h.Client]
+	s.mu.Unlock()
+	switch {
+	case c == nil:
+		s.m.drops.Inc(tcpDropNoConn)
+	case c.f.cluster != h.Cluster || c.f.pod != h.Pod:
+		s.m.drops.Inc(tcpDropFlowMismatch)
+	default:
+		r.watchReply(&c.f, from, r.now.Load())
+		c.enqueue(payload)
+	}
+}
+
+// frameBuf is one framed datagram waiting to be written: length prefix
+// and payload.
+type frameBuf struct {
+	off, n int // b[off:n] is still to be written (off > 0 after a partial write)
+	b      [2 + encap.MaxPayload]byte
+}
+
+var framePool = sync.Pool{New: func() any { return new(frameBuf) }}
+
+// tcpConn is one client connection. The reader goroutine owns the read
+// side; the writer goroutine (started with the first queued frame) owns
+// the write side; the queue between them is guarded by mu.
+type tcpConn struct {
+	// Static after admit (f and w after establish, before any reply can
+	// find the connection).
+	s      *TCP
+	nc     net.Conn
+	client netip.AddrPort
+	f      flow
+	w      *worker
+
+	pending bool // before establish; guarded by s.mu
+
+	// raw writes a frame inline, without the writer goroutine, when
+	// nothing is queued: one non-blocking write(2) attempt (writeFn,
+	// cached so no closure is made per frame); wb/wn/werr are its
+	// argument and results, guarded by mu. nil: always queue.
+	raw     syscall.RawConn
+	writeFn func(fd uintptr) bool
+	wb      []byte
+	wn      int
+	werr    error
+
+	mu        sync.Mutex
+	queue     []*frameBuf // oldest first; guarded by mu
+	writing   bool        // the writer goroutine runs; guarded by mu
+	isClosed  bool        // guarded by mu
+	wake      chan struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+// close ends the connection once, counting why.
+func (c *tcpConn) close(reason tcpCloseReason) {
+	c.closeOnce.Do(func() {
+		c.s.m.closed.Inc(reason)
+		c.mu.Lock()
+		c.isClosed = true
+		for _, f := range c.queue {
+			framePool.Put(f)
+		}
+		c.queue = nil
+		c.mu.Unlock()
+		close(c.closed)
+		_ = c.nc.Close()
+		c.s.forget(c)
+	})
+}
+
+// readLoop reads frames until the connection ends. The first must be a
+// valid Binding Request; every frame is forwarded as one datagram.
+func (c *tcpConn) readLoop() {
+	s, r := c.s, c.s.r
+	br := bufio.NewReaderSize(c.nc, 4096)
+	var buf [encap.MaxLen + encap.MaxPayload]byte
+	_ = c.nc.SetReadDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	first := true
+	var deadlineSet int64
+	for {
+		// The length prefix lands in the header room, which the header
+		// overwrites later: no per-frame allocation.
+		n, reason := c.readFrame(br, buf[encap.MaxLen-2:encap.MaxLen], buf[encap.MaxLen:encap.MaxLen+s.cfg.MaxFrame])
+		if reason != 0 {
+			if first && reason == tcpCloseIdle {
+				reason = tcpCloseHandshakeTimeout
+			}
+			c.close(reason)
+			return
+		}
+		if n == 0 {
+			s.m.drops.Inc(tcpDropEmpty)
+			continue
+		}
+		pkt := buf[encap.MaxLen : encap.MaxLen+n]
+		now := r.now.Load()
+		if first {
+			tok, why := c.firstFrame(pkt)
+			if why == 0 {
+				why = s.establish(c, tok)
+			}
+			if why != 0 {
+				c.close(why)
+				return
+			}
+			first = false
+		} else if stunmsg.DemuxClass(pkt) == stunmsg.ClassSTUN {
+			// A later check must name the same session: a connection
+			// belongs to one candidate pair (RFC 6544).
+			if user, err := stunmsg.Username(pkt); err == nil {
+				if u, err := stunmsg.ServerUfrag(user); err == nil {
+					if tok, err := r.cfg.Keys.Verify(u); err != nil || tok.Cluster != c.f.cluster || tok.Pod != c.f.pod {
+						s.m.drops.Inc(tcpDropOtherToken)
+						continue
+					}
+				}
+			}
+		}
+		// The idle deadline moves at most every eighth of the timeout:
+		// one timer update per few hundred frames, not one per frame.
+		if now-deadlineSet >= int64(s.cfg.IdleTimeout/8) {
+			deadlineSet = now
+			_ = c.nc.SetReadDeadline(time.Unix(0, now).Add(s.cfg.IdleTimeout))
+		}
+		if c.forward(buf[:], n, now) && stunmsg.IsBindingRequest(pkt) {
+			watchCheck(&c.f, now) // the pod must answer it (failover.go)
+		}
+	}
+}
+
+// readFrame reads one RFC 4571 frame: its length into hdr (2 bytes), the
+// datagram into b (at most len(b) bytes). It returns the frame length, or
+// why the connection must close.
+func (c *tcpConn) readFrame(br *bufio.Reader, hdr, b []byte) (int, tcpCloseReason) {
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		return 0, readReason(err)
+	}
+	n := int(binary.BigEndian.Uint16(hdr))
+	if n > len(b) {
+		return 0, tcpCloseOversize
+	}
+	if _, err := io.ReadFull(br, b[:n]); err != nil {
+		return 0, readReason(err)
+	}
+	return n, 0
+}
+
+func readReason(err error) tcpCloseReason {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return tcpCloseIdle
+	case errors.Is(err, net.ErrClosed):
+		return tcpCloseShutdown
+	default:
+		return tcpCloseEOF
+	}
+}
+
+// firstFrame checks the connection's first frame: a Binding Request whose
+// server ufrag is a valid token.
+func (c *tcpConn) firstFrame(pkt []byte) (token.Token, tcpCloseReason) {
+	if stunmsg.DemuxClass(pkt) != stunmsg.ClassSTUN {
+		return token.Token{}, tcpCloseNotBinding
+	}
+	user, err := stunmsg.Username(pkt)
+	if err == stunmsg.ErrNotSTUN || err == stunmsg.ErrNotBindingRequest {
+		return token.Token{}, tcpCloseNotBinding
+	}
+	tok, ok := c.s.r.verify(user, err)
+	if !ok {
+		return token.Token{}, tcpCloseBadToken
+	}
+	return tok, 0
+}
+
+// forward encapsulates the frame at buf[encap.MaxLen:][:n] and sends it
+// to the connection's cluster relay from its worker's internal socket. It
+// reports whether the datagram left.
+func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
+	s, r := c.s, c.s.r
+	keys := r.hopKeys.Load().For(c.f.cluster)
+	if keys == nil {
+		s.m.drops.Inc(tcpDropNoHopKey)
+		return false
+	}
+	relay, ok := r.relayFor(&c.f, c.client, now) // with the UDP path's data-plane failure detection (failover.go)
+	if !ok {
+		s.m.drops.Inc(tcpDropNoClusterRelay)
+		return false
+	}
+	c.f.lastSeen.Store(now)
+	h := encap.Header{TCP: true, Cluster: c.f.cluster, Pod: c.f.pod, POP: r.cfg.POP, Token: c.f.tok.nonce, Client: c.client, Ingress: c.w.ingress}
+	hl := h.Len()
+	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
+		r.m.encapDrops.Inc(encap.ReasonOf(err))
+		return false
+	}
+	out := buf[encap.MaxLen-hl : encap.MaxLen+n]
+	keys.Seal(out, hl)
+	if _, err := c.w.Internal.WriteToUDPAddrPort(out, relay); err != nil {
+		r.m.writeErrors.Inc()
+		return false
+	}
+	s.m.toCluster.Inc()
+	s.m.toClusterBytes.Add(float64(n))
+	return true
+}
+
+// initRaw prepares inline writes when the connection is a kernel socket.
+func (c *tcpConn) initRaw() {
+	if sc, ok := c.nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.raw, c.writeFn = rc, c.rawWrite
+		}
+	}
+}
+
+// rawWrite is one non-blocking write of c.wb; returning true tells the
+// runtime not to wait for the socket to become writable.
+func (c *tcpConn) rawWrite(fd uintptr) bool {
+	c.wn, c.werr = unix.Write(int(fd), c.wb)
+	return true
+}
+
+// enqueue sends a reply into the connection: inline when nothing is
+// queued and the socket takes it at once (the common case: no goroutine
+// hand-off), else through the write queue, dropping the oldest queued
+// frame when it is full, and waking (or starting) the writer. It never
+// blocks.
+func (c *tcpConn) enqueue(payload []byte) {
+	if len(payload) > encap.MaxPayload {
+		c.s.r.m.drops.Inc(dropOversize)
+		return
+	}
+	f := framePool.Get().(*frameBuf)
+	binary.BigEndian.PutUint16(f.b[:2], uint16(len(payload)))
+	f.off, f.n = 0, 2+copy(f.b[2:], payload)
+	c.mu.Lock()
+	if c.isClosed {
+		c.mu.Unlock()
+		framePool.Put(f)
+		c.s.m.drops.Inc(tcpDropNoConn)
+		return
+	}
+	if !c.writing && len(c.queue) == 0 && c.raw != nil {
+		c.wb, c.wn, c.werr = f.b[:f.n], 0, nil
+		err := c.raw.Write(c.writeFn)
+		c.wb = nil
+		if err == nil && c.werr == nil && c.wn == f.n {
+			c.mu.Unlock()
+			framePool.Put(f)
+			c.s.m.toClient.Inc()
+			c.s.m.toClientBytes.Add(float64(len(payload)))
+			return
+		}
+		if c.wn > 0 {
+			f.off = c.wn // partly written: the writer sends the rest first
+		}
+		// EAGAIN (socket buffer full) or an error: the writer takes over
+		// and meets the error itself.
+	}
+	if len(c.queue) >= c.s.cfg.WriteQueue {
+		i := 0
+		if c.queue[0].off > 0 {
+			i = 1 // a partly written frame must finish, or the stream breaks
+		}
+		if i < len(c.queue) {
+			framePool.Put(c.queue[i])
+			c.queue = append(c.queue[:i], c.queue[i+1:]...)
+			c.s.m.drops.Inc(tcpDropQueueFull)
+		}
+	}
+	c.queue = append(c.queue, f)
+	start := !c.writing
+	if start {
+		// Under mu and while not closed: the reader has not returned
+		// yet, so the group's counter is above zero and Run's Wait
+		// cannot have passed.
+		c.writing = true
+		c.s.wg.Add(1)
+	}
+	c.mu.Unlock()
+	if start {
+		go func() {
+			defer c.s.wg.Done()
+			c.writeLoop()
+		}()
+		return
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// writeLoop writes queued frames, as many per system call as are waiting,
+// until the queue stays empty for a while or the connection closes. A
+// write that makes no progress for WriteTimeout closes the connection.
+func (c *tcpConn) writeLoop() {
+	var batch []*frameBuf
+	iov := make(net.Buffers, 0, c.s.cfg.WriteQueue+1)
+	var bufs net.Buffers // WriteTo consumes it; iov keeps the backing array
+	idle := time.NewTimer(c.s.cfg.IdleTimeout)
+	defer idle.Stop()
+	for {
+		c.mu.Lock()
+		batch, c.queue = c.queue, batch[:0]
+		if len(batch) == 0 {
+			c.mu.Unlock()
+			select {
+			case <-c.wake:
+				continue
+			case <-c.closed:
+			case <-idle.C:
+			}
+			c.mu.Lock()
+			if len(c.queue) == 0 || c.isClosed {
+				c.writing = false
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+			continue
+		}
+		c.mu.Unlock()
+		bufs = iov[:0]
+		total := 0
+		for _, f := range batch {
+			bufs = append(bufs, f.b[f.off:f.n])
+			total += f.n - f.off
+		}
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		_, err := bufs.WriteTo(c.nc)
+		for i, f := range batch {
+			framePool.Put(f)
+			batch[i] = nil
+		}
+		if err != nil {
+			c.close(tcpCloseWriteStall)
+			c.mu.Lock()
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
+		c.s.m.toClient.Add(float64(len(batch)))
+		c.s.m.toClientBytes.Add(float64(total - 2*len(batch)))
+		if !idle.Stop() {
+			select {
+			case <-idle.C:
+			default:
+			}
+		}
+		idle.Reset(c.s.cfg.IdleTimeout)
+	}
+}
+
+type tcpMetrics struct {
+	conns                         prometheus.Gauge
+	accepted, established         prometheus.Counter
+	toCluster, toClient           prometheus.Counter
+	toClusterBytes, toClientBytes prometheus.Counter
+	closed                        *udpio.Drops[tcpCloseReason]
+	drops                         *udpio.Drops[tcpDropReason]
+}
+
+func newTCPMetrics(reg prometheus.Registerer) (*tcpMetrics, error) {
+	conns := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "rtcedge_globalrelay_tcp_connections", Help: "Open TCP client connections (handshaking included).",
+	})
+	accepted := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_tcp_accepted_total", Help: "TCP connections accepted by the kernel and seen by the relay.",
+	})
+	established := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_tcp_established_total", Help: "TCP connections whose first frame carried a valid routing token.",
+	})
+	closed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_tcp_closed_total", Help: "TCP connections refused or closed, by reason.",
+	}, []string{"reason"})
+	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_tcp_frames_total", Help: "Frames forwarded on the TCP path, by direction (to_cluster, to_client).",
+	}, []string{"direction"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_tcp_bytes_total", Help: "Client payload bytes on the TCP path (without framing or header), by direction.",
+	}, []string{"direction"})
+	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_tcp_dropped_frames_total", Help: "Frames dropped on the TCP path, by reason.",
+	}, []string{"reason"})
+	m := &tcpMetrics{
+		conns: conns, accepted: accepted, established: established,
+		toCluster: frames.WithLabelValues("to_cluster"), toClient: frames.WithLabelValues("to_client"),
+		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
+		closed: udpio.NewDrops[tcpCloseReason](closed, "", tcpCloseLabels[:]...),
+		drops:  udpio.NewDrops[tcpDropReason](drops, "", tcpDropLabels[:]...),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{conns, accepted, established, closed, frames, bytes, drops} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register globalrelay tcp metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

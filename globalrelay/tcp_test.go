@@ -1,0 +1,341 @@
+package globalrelay
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v4"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+)
+
+// tcpRig is a relay rig with a TCP ingress on loopback.
+type tcpRig struct {
+	*rig
+	tcp  *TCP
+	addr netip.AddrPort
+}
+
+func newTCPRig(t *testing.T, cfg Config, tcfg TCPConfig) *tcpRig {
+	t.Helper()
+	r := newRig(t, cfg)
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcfg.Registerer, tcfg.Logger = r.reg, quiet
+	s, err := NewTCP(r.relay, ln, tcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("TCP Run: %v", err)
+		}
+	})
+	return &tcpRig{rig: r, tcp: s, addr: s.Addr()}
+}
+
+func (r *tcpRig) dial(t *testing.T) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(r.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// frame is b with its RFC 4571 length prefix.
+func frame(b []byte) []byte {
+	out := binary.BigEndian.AppendUint16(nil, uint16(len(b)))
+	return append(out, b...)
+}
+
+func readFrame(t *testing.T, c net.Conn) []byte {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var hdr [2]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		t.Fatalf("read frame length: %v", err)
+	}
+	b := make([]byte, binary.BigEndian.Uint16(hdr[:]))
+	if _, err := io.ReadFull(c, b); err != nil {
+		t.Fatalf("read frame: %v", err)
+	}
+	return b
+}
+
+// awaitClosed reads until the relay closes the connection and fails if
+// anything at all came back first: nothing is ever answered.
+func awaitClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [64]byte
+	n, err := c.Read(b[:])
+	if n > 0 {
+		t.Fatalf("relay answered %d bytes on a refused connection", n)
+	}
+	if ne := net.Error(nil); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("connection not closed by the relay: %v", err)
+	}
+}
+
+func tcpAddrOf(c *net.TCPConn) netip.AddrPort {
+	a := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// TestTCPForwardingBothWays: the first frame (a valid check) and later
+// frames reach the cluster relay as datagrams with the TCP flag and the
+// connection's address; replies with the TCP flag come back framed.
+func TestTCPForwardingBothWays(t *testing.T) {
+	r := newTCPRig(t, Config{}, TCPConfig{})
+	c := r.dial(t)
+	check := r.validCheck(t, 0x42)
+	media := []byte{0x80, 111, 0, 1, 2, 3}
+	if _, err := c.Write(append(frame(check), frame(media)...)); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range [][]byte{check, media} {
+		got, _ := read(t, r.cluster)
+		h, n, err := encap.Decode(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := testHop.For(0x12).Verify(got, n); err != nil {
+			t.Fatalf("datagram %d does not verify: %v", i, err)
+		}
+		wantH := encap.Header{TCP: true, KeyID: 1, Cluster: 0x12, Pod: 0x42, POP: 9, Token: h.Token, Client: tcpAddrOf(c), Ingress: r.ingress}
+		if h != wantH || h.Token == ([6]byte{}) || !bytes.Equal(got[n:], want) {
+			t.Fatalf("datagram %d: %+v + %x, want %+v + %x", i, h, got[n:], wantH, want)
+		}
+	}
+	for _, p := range [][]byte{[]byte("response"), bytes.Repeat([]byte{0x17}, encap.MaxPayload)} {
+		h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Client: tcpAddrOf(c), Ingress: r.ingress}
+		r.cluster.WriteToUDPAddrPort(seal(t, h, p), r.ingress)
+		if got := readFrame(t, c); !bytes.Equal(got, p) {
+			t.Fatalf("client read %d bytes, want %d", len(got), len(p))
+		}
+	}
+	// A UDP-path reply for the same address is not written into the
+	// connection, and a TCP reply from another pod is dropped.
+	for _, h := range []encap.Header{
+		{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x43, POP: 9, Client: tcpAddrOf(c), Ingress: r.ingress},
+	} {
+		r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("not yours")), r.ingress)
+	}
+	h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Client: tcpAddrOf(c), Ingress: r.ingress}
+	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("mine")), r.ingress)
+	if got := readFrame(t, c); string(got) != "mine" {
+		t.Fatalf("client read %q, want only its own pod's reply", got)
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", TCPDropFlowMismatch); v != 1 {
+		t.Errorf("flow_mismatch drops = %v, want 1", v)
+	}
+}
+
+// TestTCPAbuseClosedAndCounted: garbage, slowloris, oversized frames and
+// forged tokens close the connection with their reason; nothing is
+// forwarded (the next datagram the cluster relay sees is a good
+// connection's check) and nothing is answered.
+func TestTCPAbuseClosedAndCounted(t *testing.T) {
+	r := newTCPRig(t, Config{}, TCPConfig{HandshakeTimeout: 300 * time.Millisecond, IdleTimeout: 400 * time.Millisecond})
+	ufrag, err := r.keys.Mint(0x12, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := byte('A')
+	if ufrag[len(ufrag)-1] == 'A' {
+		last = 'B'
+	}
+	badMAC := bindingRequest(t, ufrag[:len(ufrag)-1]+string(last)) // a MAC bit changed
+	tests := []struct {
+		name   string
+		send   func(t *testing.T) []byte
+		reason string
+	}{
+		{"garbage", func(*testing.T) []byte { return frame([]byte("GET / HTTP/1.1\r\n\r\n")) }, TCPCloseNotBinding},
+		{"HTTP request", func(*testing.T) []byte { return []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }, TCPCloseOversize},
+		{"DTLS first", func(*testing.T) []byte { return frame([]byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}) }, TCPCloseNotBinding},
+		{"STUN without USERNAME", func(t *testing.T) []byte { return frame(mustBuild(t, stun.BindingRequest)) }, TCPCloseBadToken},
+		{"forged MAC", func(t *testing.T) []byte { return frame(badMAC) }, TCPCloseBadToken},
+		{"forged key", func(t *testing.T) []byte { return frame(bindingRequest(t, "ExI0AEKhssPU5fbG74W9")) }, TCPCloseBadToken},
+		{"oversized frame", func(*testing.T) []byte { return []byte{0xff, 0xff, 1, 2, 3} }, TCPCloseOversize},
+		{"just over max", func(*testing.T) []byte { return binary.BigEndian.AppendUint16(nil, encap.MaxPayload+1) }, TCPCloseOversize},
+		{"slowloris: half a length", func(*testing.T) []byte { return []byte{0} }, TCPCloseHandshakeTimeout},
+		{"slowloris: half a frame", func(t *testing.T) []byte { return frame(r.validCheck(t, 1))[:20] }, TCPCloseHandshakeTimeout},
+		{"silent", func(*testing.T) []byte { return nil }, TCPCloseHandshakeTimeout},
+		{"valid check then oversize", func(t *testing.T) []byte {
+			return append(frame(r.validCheck(t, 3)), 0xff, 0xff)
+		}, TCPCloseOversize},
+		{"valid check then silence", func(t *testing.T) []byte { return frame(r.validCheck(t, 4)) }, TCPCloseIdle},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", tt.reason)
+			c := r.dial(t)
+			if b := tt.send(t); len(b) > 0 {
+				if _, err := c.Write(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			awaitClosed(t, c)
+			if after := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", tt.reason); after != before+1 {
+				t.Errorf("closed{reason=%q} went %v → %v, want +1", tt.reason, before, after)
+			}
+			// Nothing forwarded: except for the cases whose valid check
+			// legitimately went through first, the cluster relay's next
+			// datagram is a good connection's check.
+			if tt.reason == TCPCloseIdle || tt.name == "valid check then oversize" {
+				read(t, r.cluster)
+			}
+			good := r.dial(t)
+			check := r.validCheck(t, 7)
+			good.Write(frame(check))
+			got, _ := read(t, r.cluster)
+			if _, n, err := encap.Decode(got); err != nil || !bytes.Equal(got[n:], check) {
+				t.Fatalf("cluster relay saw something other than the good check")
+			}
+			good.Close()
+		})
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", "token_mac"); v != 1 {
+		t.Errorf("token_mac drops = %v, want 1 (the forged MAC's detail)", v)
+	}
+}
+
+// TestTCPLimits: the per-address cap refuses the next connection, and a
+// freed slot is given back.
+func TestTCPLimits(t *testing.T) {
+	r := newTCPRig(t, Config{}, TCPConfig{MaxConnsPerIP: 2})
+	a, b := r.dial(t), r.dial(t)
+	a.Write(frame(r.validCheck(t, 1)))
+	read(t, r.cluster)
+	_ = b
+	// Refused: the relay resets it (the reset may even beat the dial).
+	if third, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(r.addr)); err == nil {
+		awaitClosed(t, third)
+		third.Close()
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", TCPCloseIPLimit); v != 1 {
+		t.Errorf("ip_limit closes = %v, want 1", v)
+	}
+	a.Close()
+	// Once the relay has seen a's end, a new connection is admitted.
+	deadline := time.Now().Add(10 * time.Second)
+	for r.tcp.Conns() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("connections = %d, want 1 after a closed", r.tcp.Conns())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c := r.dial(t)
+	check := r.validCheck(t, 2)
+	c.Write(frame(check))
+	if got, _ := read(t, r.cluster); !bytes.HasSuffix(got, check) {
+		t.Fatal("freed slot not given back")
+	}
+}
+
+// TestTCPDrain: draining refuses new connections and keeps open ones.
+func TestTCPDrain(t *testing.T) {
+	r := newTCPRig(t, Config{}, TCPConfig{})
+	c := r.dial(t)
+	c.Write(frame(r.validCheck(t, 1)))
+	read(t, r.cluster)
+	r.tcp.Drain()
+	if _, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(r.addr)); err == nil {
+		t.Fatal("a draining ingress accepted a connection")
+	}
+	media := []byte{0x80, 111, 0, 2}
+	c.Write(frame(media))
+	if got, _ := read(t, r.cluster); !bytes.HasSuffix(got, media) {
+		t.Fatal("open connection not forwarded while draining")
+	}
+}
+
+// TestTCPBackpressureDropsOldest: a client that does not read costs at most
+// WriteQueue frames; the oldest are dropped, the newest delivered, and a
+// stalled connection does not delay another.
+func TestTCPBackpressureDropsOldest(t *testing.T) {
+	r := newTCPRig(t, Config{}, TCPConfig{WriteQueue: 8})
+	s := r.tcp
+	mk := func() (*tcpConn, net.Conn) {
+		srv, cli := net.Pipe() // synchronous: a write blocks until read
+		c := &tcpConn{s: s, nc: srv, wake: make(chan struct{}, 1), closed: make(chan struct{})}
+		s.mu.Lock()
+		s.all[c] = struct{}{}
+		s.perIP[c.client.Addr()]++
+		s.mu.Unlock()
+		s.wg.Add(1) // stands for the reader goroutine a real connection has
+		t.Cleanup(func() { c.close(tcpCloseEOF); s.wg.Done(); cli.Close() })
+		return c, cli
+	}
+	stalled, stalledCli := mk()
+	other, otherCli := mk()
+	for i := range 100 {
+		stalled.enqueue([]byte{byte(i)})
+	}
+	// The writer holds one frame in its blocked write; the queue holds
+	// the newest 8 of the rest.
+	other.enqueue([]byte("prompt"))
+	if got := readFrame(t, otherCli); string(got) != "prompt" {
+		t.Fatalf("other connection read %q", got)
+	}
+	stalled.mu.Lock()
+	queued := len(stalled.queue)
+	stalled.mu.Unlock()
+	if queued > 8 {
+		t.Fatalf("stalled queue holds %d frames, want at most 8", queued)
+	}
+	// The writer took a first batch (1 to 8 frames, however many were
+	// queued when it started) into its blocked write; after it, only the
+	// newest 8 are left.
+	var got []byte
+	for len(got) == 0 || got[len(got)-1] != 99 {
+		got = append(got, readFrame(t, stalledCli)...)
+	}
+	k := len(got)
+	if k > 16 || !bytes.Equal(got[k-8:], []byte{92, 93, 94, 95, 96, 97, 98, 99}) {
+		t.Fatalf("stalled client read %v, want a first batch then the newest 8", got)
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", TCPDropQueueFull); v != float64(100-k) {
+		t.Errorf("queue_full drops = %v, want %d", v, 100-k)
+	}
+}
+
+// TestTCPAddrConfig: tcp_addr takes IP:port or just the IP (port 443);
+// empty means no TCP ingress; anything else is a config error.
+func TestTCPAddrConfig(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		ok   bool
+		err  bool
+	}{
+		{"", "", false, false},
+		{"203.0.113.10", "203.0.113.10:443", true, false},
+		{"203.0.113.10:8443", "203.0.113.10:8443", true, false},
+		{"[2001:db8::1]:443", "[2001:db8::1]:443", true, false},
+		{"2001:db8::1", "[2001:db8::1]:443", true, false},
+		{"vip:443", "", false, true},
+	} {
+		c := NodeConfig{TCPAddr: tc.in}
+		ap, ok, err := c.tcpAddr()
+		if (err != nil) != tc.err || ok != tc.ok || (ok && ap.String() != tc.want) {
+			t.Errorf("tcp_addr %q: %v, %v, %v; want %s, %v, error %v", tc.in, ap, ok, err, tc.want, tc.ok, tc.err)
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package transceiver
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+)
+
+// TestTCPSide: a TCP-flagged datagram binds its client to the session conn
+// its check names and reaches Pion's conn with a TCP peer address; replies
+// leave as datagrams with the TCP flag toward the relay they came from;
+// datagrams naming no session, or not starting with a check, are dropped
+// and counted, and nothing is answered.
+func TestTCPSide(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podConn, relay := udp4(t), udp4(t)
+	defer relay.Close()
+	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
+	defer podConn.Close()
+	defer s.closeAll()
+	pop := POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
+	const ufrag = "EQABAAKc6XVfTs3E56z0"
+	conn := s.tcp.open(ufrag, pop)
+	if got := conn.LocalAddr().String(); got != "127.0.0.2:443" {
+		t.Fatalf("conn local address %s, want the VIP with the TCP port", got)
+	}
+	relayAddr := relay.LocalAddr().(*net.UDPAddr).AddrPort()
+	client := netip.MustParseAddrPort("198.51.100.1:40000")
+	hdr := encap.Header{TCP: true, Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
+	check := func(u string) []byte {
+		msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(u+":clnt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msg.Raw
+	}
+	feed := func(h encap.Header, payload []byte) bool {
+		b := sealed(t, h, string(payload))
+		buf := bufPool.Get().(*podBuf)
+		n := copy(buf[:], b)
+		ok := s.handle(buf, n, relayAddr)
+		if !ok {
+			bufPool.Put(buf)
+		}
+		return ok
+	}
+	drops := func(reason string) float64 {
+		return metricValue(t, reg, "rtcedge_transceiver_dropped_packets_total", reason)
+	}
+
+	// Not a check first, and a check naming no session: dropped.
+	if feed(hdr, []byte{0x80, 111, 0, 1}) || drops("tcp_not_check") != 1 {
+		t.Errorf("media before a check: accepted, or tcp_not_check = %v", drops("tcp_not_check"))
+	}
+	if feed(hdr, check("AAAAAAAAAAAAAAAAAAAA")) || drops("tcp_no_session") != 1 {
+		t.Errorf("check for another session: accepted, or tcp_no_session = %v", drops("tcp_no_session"))
+	}
+	// The session's check binds the client; media follows.
+	c1 := check(ufrag)
+	if !feed(hdr, c1) || !feed(hdr, []byte{0x80, 111, 0, 2}) {
+		t.Fatal("check or media of a bound client refused")
+	}
+	buf := make([]byte, 1500)
+	for i, want := range [][]byte{c1, {0x80, 111, 0, 2}} {
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := conn.ReadFrom(buf)
+		if err != nil || !bytes.Equal(buf[:n], want) || from.String() != client.String() || from.Network() != "tcp" {
+			t.Fatalf("read %d: %x from %v (%v), want %x from TCP %v", i, buf[:n], from, err, want, client)
+		}
+	}
+	// Pion's reply goes back to the relay with the TCP flag.
+	if _, err := conn.WriteTo([]byte("answer"), net.TCPAddrFromAddrPort(client)); err != nil {
+		t.Fatal(err)
+	}
+	_ = relay.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, _, err := relay.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, hl, err := encap.Decode(buf[:n])
+	if err != nil || testHop.Verify(buf[:n], hl) != nil {
+		t.Fatalf("reply does not decode and verify: %v", err)
+	}
+	if !h.TCP || !h.ToClient || h.Client != client || h.POP != 1 || string(buf[hl:n]) != "answer" {
+		t.Fatalf("reply %+v %q, want TCP to-client for %v", h, buf[hl:n], client)
+	}
+	// A client the conn never saw gets nothing; after Close nobody does.
+	if _, err := conn.WriteTo([]byte("x"), net.TCPAddrFromAddrPort(netip.MustParseAddrPort("198.51.100.2:1"))); err == nil || drops("tcp_no_peer") != 1 {
+		t.Errorf("write to an unbound client: %v, tcp_no_peer = %v", err, drops("tcp_no_peer"))
+	}
+	conn.Close()
+	if s.tcp.peer(1, client) != nil {
+		t.Error("closed conn's client is still bound")
+	}
+	if feed(hdr, []byte{0x80, 111, 0, 3}) {
+		t.Error("media for a closed conn's client accepted")
+	}
+}
