@@ -226,7 +226,8 @@ func TestQuietModelIsNotAFailure(t *testing.T) {
 
 // TestRestoredFlowLeavesDeadRelay: a flow restored from the route cache
 // (no reply yet through any relay) whose relay is dead moves to the
-// cluster's other relay after a second of client media with nothing back.
+// cluster's other relay after a second of client media with nothing back,
+// and other flows avoid that relay from then on.
 func TestRestoredFlowLeavesDeadRelay(t *testing.T) {
 	f := newFailoverUnit(t)
 	a := f.clients[relay12]
@@ -245,5 +246,13 @@ func TestRestoredFlowLeavesDeadRelay(t *testing.T) {
 	t.Logf("restored flow left its dead relay after %v", moved)
 	if moved == 0 || moved > firstCheckTimeout+clockTick {
 		t.Errorf("restored flow left its dead relay after %v, want within %v", moved, firstCheckTimeout+clockTick)
+	}
+	// That is evidence against the relay for every flow: another restored
+	// flow that would hash to it starts on the other relay.
+	b := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))
+	r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(b, 0x12, 7, r.Token, stored)
+	f.r.RestoreFlow(b, r)
+	if to := f.forward(b, media); to != relay12b {
+		t.Errorf("a second restored flow went to the relay the first found dead: %v", to)
 	}
 }
