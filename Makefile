@@ -19,7 +19,7 @@ ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --ex
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
 
-.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image
+.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
 
 run: build
 	./$(BIN) dev
@@ -51,6 +51,14 @@ sim:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 $(BENCH_PKGS)
+
+# Soak and chaos run (docs/benchmarks.md): SOAK_CALLS calls for
+# SOAK_DURATION while relays, Redis and a POP are killed and restarted; not
+# part of make test.
+SOAK_DURATION ?= 10m
+SOAK_CALLS ?= 20
+soak:
+	$(GO) test -tags soak -count=1 -timeout 0 -v -run TestSoak ./bench/soak -args -duration $(SOAK_DURATION) -calls $(SOAK_CALLS)
 
 # Transceiver capacity (docs/benchmarks.md): the pod as its own process under
 # a stepped load of 50 pps voice sessions; a few minutes, prints a table.

@@ -42,6 +42,53 @@ type placer struct {
 
 	mu   sync.Mutex
 	pods map[uint16]*podPlacements // guarded by mu
+	seen map[uint16]podSeen        // guarded by mu: pods' API addresses, kept for rememberPods after gossip drops them
+}
+
+// podSeen is a pod's session API address and when gossip last listed it.
+type podSeen struct {
+	api string
+	at  time.Time
+}
+
+// rememberPods is how long the front still reaches a pod that gossip no
+// longer lists, for requests naming its sessions: under load, gossip can
+// declare a live pod dead for a moment (a "flap"), and a hang-up must not
+// fail for it.
+const rememberPods = time.Minute
+
+// podAPI returns the session API address of pod, and whether gossip lists
+// it now; a pod gossip dropped less than rememberPods ago is still
+// returned (live false). "" means no such pod.
+func (pl *placer) podAPI(pods []PodInfo, pod uint16) (api string, live bool) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	now := pl.now()
+	pl.remember(pods, now)
+	for _, p := range pods {
+		if p.ID == pod && p.API != "" {
+			return p.API, true
+		}
+	}
+	if s, ok := pl.seen[pod]; ok && now.Sub(s.at) < rememberPods {
+		return s.api, false
+	}
+	return "", false
+}
+
+// remember records the API addresses of pods and forgets old ones. Called
+// with mu held.
+func (pl *placer) remember(pods []PodInfo, now time.Time) {
+	for _, p := range pods {
+		if p.API != "" {
+			pl.seen[p.ID] = podSeen{api: p.API, at: now}
+		}
+	}
+	for id, s := range pl.seen {
+		if now.Sub(s.at) >= rememberPods {
+			delete(pl.seen, id)
+		}
+	}
 }
 
 // podPlacements is what the front knows about one pod beyond gossip.
@@ -52,7 +99,7 @@ type podPlacements struct {
 }
 
 func newPlacer(lag, hold time.Duration, now func() time.Time) *placer {
-	return &placer{lag: lag, hold: hold, now: now, pods: map[uint16]*podPlacements{}}
+	return &placer{lag: lag, hold: hold, now: now, pods: map[uint16]*podPlacements{}, seen: map[uint16]podSeen{}}
 }
 
 // pick orders up to n ready pods to try and counts the first as in flight
@@ -65,6 +112,7 @@ func (pl *placer) pick(pods []PodInfo, n int) []PodInfo {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	pl.sync(pods)
+	pl.remember(pods, pl.now())
 	type cand struct {
 		PodInfo
 		share float64

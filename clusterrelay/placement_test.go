@@ -151,3 +151,43 @@ func TestPlacerForgetsWhatGossipShows(t *testing.T) {
 		t.Errorf("pod gone: load %d, want 0", got)
 	}
 }
+
+// TestFrontReachesPodGossipJustDropped: when gossip drops a pod for a
+// moment (a flap under load), a hang-up naming one of its sessions still
+// reaches it; a pod that is really gone gives 404, as before.
+func TestFrontReachesPodGossipJustDropped(t *testing.T) {
+	id, _ := sessionid.New(7, 1)
+	var deletes atomic.Int64
+	pod := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		deletes.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer pod.Close()
+	dir := NewDirectory()
+	dir.SetPods([]PodInfo{{ID: 1, API: pod.URL, Capacity: 10}})
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	f := NewFront(FrontConfig{Cluster: 7, Pods: dir, HTTPClient: client, Logger: quiet})
+	srv := httptest.NewServer(f.Handler())
+	defer srv.Close()
+	del := func() int {
+		req, _ := http.NewRequest(http.MethodDelete, srv.URL+sessionapi.SessionsPath+"/"+id.String(), nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := del(); code != http.StatusNoContent {
+		t.Fatalf("delete with the pod listed: %d", code)
+	}
+	dir.SetPods(nil) // gossip flapped
+	if code := del(); code != http.StatusNoContent || deletes.Load() != 2 {
+		t.Fatalf("delete while gossip briefly lists no pod: %d, pod saw %d deletes; want 204 from the pod", code, deletes.Load())
+	}
+	pod.Close() // now it is really gone
+	if code := del(); code != http.StatusNotFound {
+		t.Errorf("delete for a pod that is gone: %d, want 404", code)
+	}
+}

@@ -31,17 +31,20 @@ func (f *Front) toSessionPod(w http.ResponseWriter, r *http.Request, method stri
 		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 		return
 	}
-	for _, p := range f.cfg.Pods.PodInfos() {
-		if p.ID != id.Pod {
-			continue
-		}
-		status, hdr, resp, err := f.forward(r.Context(), method, p.API+sessionapi.SessionsPath+"/"+raw, body)
-		if err != nil {
-			apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "pod_unreachable", "the session's pod did not answer", 0)
-			return
-		}
-		copyResponse(w, status, hdr, resp)
+	api, live := f.placer.podAPI(f.cfg.Pods.PodInfos(), id.Pod)
+	if api == "" {
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 		return
 	}
-	apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+	status, hdr, resp, err := f.forward(r.Context(), method, api+sessionapi.SessionsPath+"/"+raw, body)
+	switch {
+	case err != nil && !live:
+		// Gossip had dropped the pod and it does not answer: it is gone,
+		// and its sessions with it.
+		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+	case err != nil:
+		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "pod_unreachable", "the session's pod did not answer", 0)
+	default:
+		copyResponse(w, status, hdr, resp)
+	}
 }

@@ -157,6 +157,7 @@ type Region struct {
 	// kernel-chosen port shared by every replica).
 	TCPAddr netip.AddrPort
 	popGen  int
+	crGen   int // generations of restarted cluster relays (RestartClusterRelay)
 }
 
 // POPReplica is one global relay replica of a POP.
@@ -405,13 +406,17 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 }
 
 func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) (*ClusterRelay, error) {
-	name := spec.Name + "/clusterrelay-" + strconv.Itoa(i)
+	return w.startClusterRelayGen(spec, i, 1, clusterSeed, w.globalSeed)
+}
+
+func (w *World) startClusterRelayGen(spec RegionSpec, i, gen int, clusterSeed, globalSeed []string) (*ClusterRelay, error) {
+	name := crName(spec, i, gen)
 	n, err := clusterrelay.NewNode(clusterrelay.NodeConfig{
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		HopKeys: w.hop, ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, w.globalSeed),
+		HopKeys: w.hop, ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, globalSeed),
 		SessionAPISecret: w.apiSecrets[spec.Cluster],
 		APITLS:           sessionapi.TLS{Cert: w.apiTLS.Cert, Key: w.apiTLS.Key, CA: w.apiCA.CA},
-	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i)))
+	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i), "gen", strconv.Itoa(gen)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -543,6 +548,9 @@ func (w *World) startSignaling() error {
 		return err
 	}
 	w.Signaling, w.SignalingURL, w.SignalingPool = n, n.URL(), n.Pool()
+	// Later members (restarted replicas) may join through signaling too:
+	// the first cluster relay, the first seed, may be the one that died.
+	w.globalSeed = append(w.globalSeed, n.Pool().LocalAddr().String())
 	w.run(new(running), "signaling", n)
 	return nil
 }

@@ -27,7 +27,11 @@ import (
 //     check round trip, if longer). A live transceiver answers every check,
 //     so this is evidence against the relay itself: every flow avoids it
 //     for AvoidFor (new calls included), unless every relay of its cluster
-//     is avoided.
+//     is avoided. The same holds for a flow that has sent through a relay
+//     for a second and never had any reply (a flow restored after a
+//     restart sends media at once): a replica that restarted while a
+//     cluster relay was dying, and gossip still lists it, learns so from
+//     its first flows instead of from each one in turn.
 //
 // Any datagram from a relay clears the suspicion against it. Avoidance is
 // bounded in time; by then gossip has declared a dead member dead.
@@ -58,6 +62,9 @@ const (
 	RepickSilence = "silence"
 	RepickCheck   = "check"
 	RepickAvoided = "avoided" // another flow's evidence
+	// RepickUnanswered: a second of client datagrams through the relay and
+	// never a reply (a flow restored after a restart whose relay died).
+	RepickUnanswered = "unanswered"
 )
 
 // relayWatch is what a flow knows about its cluster relay's liveness. All
@@ -171,7 +178,7 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		if reason := r.evidence(w, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
-			if reason == RepickCheck && r.suspects.set(c.addr, until, now) {
+			if (reason == RepickCheck || reason == RepickUnanswered) && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))
 				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
 			}
@@ -219,6 +226,16 @@ func (r *Relay) evidence(w *relayWatch, now int64) string {
 		}
 	}
 	last := w.lastReply.Load()
+	if last == 0 {
+		// Never answered through this relay: a flow restored from the
+		// cache carries media at once, and a live pod answers within a
+		// round trip, so a second of client datagrams with nothing back
+		// is evidence too (a new call's checks are judged the same way).
+		if now-w.since.Load() >= int64(firstCheckTimeout)<<strikes {
+			return RepickUnanswered
+		}
+		return ""
+	}
 	if w.replies.Load() < minReplies {
 		return "" // no usual interval yet: the check timeout judges it
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 )
 
 // relay12b is a second cluster relay of cluster 0x12 in the failover tests.
@@ -220,5 +221,38 @@ func TestQuietModelIsNotAFailure(t *testing.T) {
 			f.answer(a, relay12)
 			next += time.Second
 		}
+	}
+}
+
+// TestRestoredFlowLeavesDeadRelay: a flow restored from the route cache
+// (no reply yet through any relay) whose relay is dead moves to the
+// cluster's other relay after a second of client media with nothing back,
+// and other flows avoid that relay from then on.
+func TestRestoredFlowLeavesDeadRelay(t *testing.T) {
+	f := newFailoverUnit(t)
+	a := f.clients[relay12]
+	f.at(0)
+	stored := uint32(f.t0.Unix())
+	r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, 6}, Stored: stored}
+	r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(a, 0x12, 7, r.Token, stored)
+	f.r.RestoreFlow(a, r)
+	moved := time.Duration(0)
+	for at := time.Duration(0); at < 3*time.Second && moved == 0; at += 20 * time.Millisecond {
+		f.at(at)
+		if f.forward(a, media) == relay12b {
+			moved = at
+		}
+	}
+	t.Logf("restored flow left its dead relay after %v", moved)
+	if moved == 0 || moved > firstCheckTimeout+clockTick {
+		t.Errorf("restored flow left its dead relay after %v, want within %v", moved, firstCheckTimeout+clockTick)
+	}
+	// That is evidence against the relay for every flow: another restored
+	// flow that would hash to it starts on the other relay.
+	b := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))
+	r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(b, 0x12, 7, r.Token, stored)
+	f.r.RestoreFlow(b, r)
+	if to := f.forward(b, media); to != relay12b {
+		t.Errorf("a second restored flow went to the relay the first found dead: %v", to)
 	}
 }

@@ -765,7 +765,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	})
 	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_relay_repicks_total",
-		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; avoided: another flow's evidence).",
+		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; unanswered: never a reply through the relay; avoided: another flow's evidence).",
 	}, []string{"reason"})
 	suspects := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rtcedge_globalrelay_relay_suspects",
@@ -785,7 +785,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stunDrops:  udpio.NewDrops[stunmsg.Reason](drops, "stun_", stunmsg.Reasons[:]...),
 		tokenDrops: udpio.NewDrops[token.Reason](drops, "token_", token.Reasons[:]...),
 	}
-	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided} {
+	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided, RepickUnanswered} {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
 	if reg != nil {
