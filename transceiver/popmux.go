@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,26 +199,7 @@ func (c *muxConn) dropAddrLocked(a netip.AddrPort) {
 
 // ReadFromAddrPort implements ice.AddrPortReaderWriter.
 func (c *muxConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
-	var timeout <-chan time.Time
-	if d := c.readDeadline.Load(); d != nil && !d.IsZero() {
-		wait := time.Until(*d)
-		if wait <= 0 {
-			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case d := <-c.in:
-		n := copy(b, d.buf[:d.n])
-		bufPool.Put(d.buf)
-		return n, d.from, nil
-	case <-c.closed:
-		return 0, netip.AddrPort{}, io.EOF
-	case <-timeout:
-		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-	}
+	return readInbox(c.in, c.closed, &c.readDeadline, b)
 }
 
 // ReadFrom implements net.PacketConn.
