@@ -467,10 +467,9 @@ func (s *session) isIdle(now time.Time, timeout time.Duration) bool {
 // call it, and a PeerConnection must not be closed from its own callback.
 func (s *session) end(reason string) {
 	s.endOnce.Do(func() {
-		s.t.forget(s)
+		s.t.forget(s) // counts the teardown in s.t.wg
 		s.t.m.ended.WithLabelValues(reason).Inc()
 		s.t.log.Debug("session ended", "session", s.id, "reason", reason)
-		s.t.wg.Add(1)
 		go func() {
 			defer s.t.wg.Done()
 			s.teardown()

@@ -516,6 +516,11 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 // forget removes an ended session.
 func (t *Transceiver) forget(s *session) {
 	t.mu.Lock()
+	// The teardown is counted in the same critical section that removes the
+	// session: endAll snapshots the sessions under t.mu, so a session it
+	// does not see has already been added to t.wg, and its Wait cannot
+	// return before that teardown (or race with the Add).
+	t.wg.Add(1)
 	if t.sessions[s.id] == s {
 		delete(t.sessions, s.id)
 		t.m.sessions.Set(float64(len(t.sessions)))
