@@ -19,6 +19,8 @@ const (
 type pathMetrics struct {
 	addressChanges prometheus.Counter
 	followRetries  prometheus.Counter
+	mediaProbes    prometheus.Counter
+	mediaFollows   prometheus.Counter
 	iceRestarts    *prometheus.CounterVec
 	gap            *prometheus.HistogramVec
 }
@@ -44,6 +46,15 @@ func newPathMetrics() *pathMetrics {
 			Help: "Authenticated checks from a new path presented to ICE again once the old address had gone silent " +
 				"(they had arrived while it was still live).",
 		}),
+		mediaProbes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_media_probes_total",
+			Help: "Probes (STUN requests signed with the client's password) sent to a new client address because the session's audio " +
+				"arrived from it while the selected address was silent: a NAT rebinding seen before the client's next check.",
+		}),
+		mediaFollows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_media_follows_total",
+			Help: "Checks presented to ICE for a new client address after it answered such a probe (the hook then decides whether the path moves).",
+		}),
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_ice_restarts_total",
 			Help: "ICE restarts asked for by PATCH of the session resource, by result.",
@@ -65,7 +76,7 @@ func newPathMetrics() *pathMetrics {
 }
 
 func (m *pathMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.addressChanges, m.followRetries, m.iceRestarts, m.gap}
+	return []prometheus.Collector{m.addressChanges, m.followRetries, m.mediaProbes, m.mediaFollows, m.iceRestarts, m.gap}
 }
 
 func (m *pathMetrics) observeGap(cause string, d time.Duration) {

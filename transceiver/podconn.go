@@ -83,6 +83,9 @@ type podSocket struct {
 	// set once after construction.
 	restarts *restartTable
 	out      *outQueue // batched sends (podbatch.go)
+	// stray is told of RTP from a client address no session's mux knows
+	// (hint.go); set once after construction.
+	stray func(pc *popConn, token [6]byte, client netip.AddrPort)
 
 	tcp tcpSide // ICE-TCP clients (tcp.go)
 
@@ -265,6 +268,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	copy(buf[:], pkt[hl:])
 	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
 	if reason, ok := pc.mux.deliver(buf, n-hl, h.Client); !ok {
+		if reason == dropUnknownClient && s.stray != nil && stunmsg.DemuxClass(buf[:n-hl]) == stunmsg.ClassRTP {
+			s.stray(pc, h.Token, h.Client)
+		}
 		s.m.drop(reason)
 		return false
 	}

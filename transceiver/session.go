@@ -36,6 +36,8 @@ type session struct {
 	track   *webrtc.TrackLocalStaticRTP
 	handler Handler
 	created time.Time
+	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
+	pwd     string
 
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
@@ -58,6 +60,8 @@ type session struct {
 
 	follow      follower     // a path change waiting for the old address to go silent (follow.go)
 	restartedAt atomic.Int64 // unix nanos of the last ICE restart not yet followed by a check (restart.go)
+
+	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu (hint.go)
 
 	endOnce      sync.Once
 	teardownOnce sync.Once
@@ -83,7 +87,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 
 	// A SettingEngine copy per session carries its credentials and the
 	// subset of POP muxes it advertises; the muxes themselves are shared.
-	s := &session{id: id, t: t, created: t.cfg.Now(), popByVIP: make(map[netip.AddrPort]uint16, len(req.POPs))}
+	s := &session{id: id, t: t, created: t.cfg.Now(), ufrag: ufrag, pwd: pwd, popByVIP: make(map[netip.AddrPort]uint16, len(req.POPs))}
 	for _, p := range req.POPs {
 		s.popByVIP[p.VIP] = p.ID
 	}
