@@ -174,8 +174,9 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 	w := &f.watch
 	gen, sgen := r.cfg.Clusters.Generation(), r.suspects.gen.Load()
 	c := f.choice.Load()
+	reason := ""
 	if c != nil && c.gen == gen && c.sgen == sgen && c.found {
-		if reason := r.evidence(w, now); reason != "" {
+		if reason = r.evidence(w, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
 			if (reason == RepickCheck || reason == RepickUnanswered) && r.suspects.set(c.addr, until, now) {
@@ -190,6 +191,7 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		}
 	}
 	if c == nil || c.gen != gen || c.sgen != sgen {
+		prev := f.choice.Load()
 		addr, ok := r.pick(f, client, now)
 		if c != nil && c.found && addr != c.addr && c.gen == gen {
 			// Only the suspects changed: another flow's evidence moved this one.
@@ -201,8 +203,65 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		}
 		c = &relayChoice{gen: gen, sgen: sgen, addr: addr, found: ok}
 		f.choice.Store(c)
+		if tr := r.repickTrace.Load(); tr != nil && (prev == nil || prev.addr != addr) {
+			(*tr)(r.repickEvent(f, client, prev, c, reason, gen, sgen, now))
+		}
 	}
 	return c.addr, c.found
+}
+
+// RepickEvent is one flow's change of cluster relay, for tracing
+// (SetRepickTrace): the soak run attributes media gaps with it.
+type RepickEvent struct {
+	At       time.Time      // the relay's coarse clock
+	Client   netip.AddrPort // the flow
+	Cluster  uint16
+	From, To netip.AddrPort // From is invalid for a flow's first pick
+	// Reason is a Repick* reason, "gossip" when the directory changed,
+	// or "new" for a flow's first pick.
+	Reason string
+	// Strikes is the flow's back-off after the event: its limits are
+	// multiplied by 2^Strikes until a reply arrives.
+	Strikes int
+	// Avoided are the relays the flow avoided when it picked To: its own
+	// and the suspects.
+	Avoided []netip.AddrPort
+}
+
+// SetRepickTrace makes the relay call fn (from its workers; fn must not
+// block) each time a flow changes cluster relay, nil to stop. It costs
+// nothing while unset; set, the re-picks allocate. For tests and the soak.
+func (r *Relay) SetRepickTrace(fn func(RepickEvent)) {
+	if fn == nil {
+		r.repickTrace.Store(nil)
+		return
+	}
+	r.repickTrace.Store(&fn)
+}
+
+func (r *Relay) repickEvent(f *flow, client netip.AddrPort, prev, c *relayChoice, reason string, gen, sgen uint64, now int64) RepickEvent {
+	ev := RepickEvent{At: time.Unix(0, now), Client: client, Cluster: f.cluster, To: c.addr, Reason: reason, Strikes: int(f.watch.strikes.Load())}
+	switch {
+	case prev == nil:
+		ev.Reason = "new"
+	case reason != "":
+		ev.From = prev.addr
+	case prev.gen != gen:
+		ev.From, ev.Reason = prev.addr, "gossip"
+	case prev.sgen != sgen:
+		ev.From, ev.Reason = prev.addr, RepickAvoided
+	}
+	if own := f.watch.avoid.Load(); own != nil && own.until > now {
+		ev.Avoided = append(ev.Avoided, own.addr)
+	}
+	if m := r.suspects.snap.Load(); m != nil {
+		for a, u := range *m {
+			if u > now {
+				ev.Avoided = append(ev.Avoided, a)
+			}
+		}
+	}
+	return ev
 }
 
 // watchCheck records that a Binding Request of the flow was forwarded: a
