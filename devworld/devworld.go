@@ -112,6 +112,11 @@ type Config struct {
 	// cmd/rtcedge without `fast: true`) instead of the loopback Fast
 	// ones, so failure tests see production detection times.
 	ProductionGossip bool
+	// OnRepick, when set, traces every global relay replica's changes of a
+	// flow's cluster relay (globalrelay.Relay.SetRepickTrace), with the
+	// replica's node name; it is called from the relays' workers and must
+	// not block. The soak run attributes media gaps with it.
+	OnRepick func(node string, ev globalrelay.RepickEvent)
 
 	Logger *slog.Logger // default slog.Default()
 }
@@ -455,6 +460,9 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
 	}
 	rep := &POPReplica{Node: n, Relay: n.Relay(), Pool: n.Pool()}
+	if fn := w.cfg.OnRepick; fn != nil {
+		rep.Relay.SetRepickTrace(func(ev globalrelay.RepickEvent) { fn(name, ev) })
+	}
 	rg.TCPAddr = n.TCP().Addr()
 	w.run(&rep.running, name, n)
 	if err := awaitReady(n.Ready, readyLimit); err != nil {

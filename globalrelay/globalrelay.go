@@ -187,6 +187,10 @@ type Relay struct {
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
+
+	// repickTrace, when set, is called at each change of a flow's cluster
+	// relay (SetRepickTrace, failover.go).
+	repickTrace atomic.Pointer[func(RepickEvent)]
 }
 
 type worker struct {

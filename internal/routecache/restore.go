@@ -164,15 +164,22 @@ func newPrefixBudget(rate float64) *prefixBudget {
 	return &prefixBudget{rate: rate, burst: max(rate, 1), seed: maphash.MakeSeed()}
 }
 
-// allow takes one token from a's prefix bucket at now (unix nanos).
-func (p *prefixBudget) allow(a netip.Addr, now int64) bool {
+// bucket is the index of a's prefix bucket. The seed is random per cache,
+// so which prefixes share a bucket differs from replica to replica and
+// cannot be chosen by a sender.
+func (p *prefixBudget) bucket(a netip.Addr) uint64 {
 	bits := prefixBits6
 	if a.Is4() {
 		bits = prefixBits4
 	}
 	pfx, _ := a.Prefix(bits)
 	b := pfx.Addr().As16()
-	i := maphash.Bytes(p.seed, b[:]) % prefixBuckets
+	return maphash.Bytes(p.seed, b[:]) % prefixBuckets
+}
+
+// allow takes one token from a's prefix bucket at now (unix nanos).
+func (p *prefixBudget) allow(a netip.Addr, now int64) bool {
+	i := p.bucket(a)
 	if p.last[i] == 0 {
 		p.tokens[i] = p.burst
 	} else if dt := now - p.last[i]; dt > 0 {
