@@ -136,6 +136,35 @@ func (n *udpBlockedNet) inNamespace() chromedp.ExecAllocatorOption {
 	})
 }
 
+// startWorld starts the dev world with its two POPs and signaling on the
+// root side of the pair.
+func (n *udpBlockedNet) startWorld(t *testing.T, extra ...func(*devworld.Config)) *devworld.World {
+	t.Helper()
+	regions := append([]devworld.RegionSpec(nil), devworld.DefaultRegions...)
+	regions[0].POPIP, regions[1].POPIP = n.root, n.root2
+	cfg := devworld.Config{Regions: regions, HTTPAddr: netip.AddrPortFrom(n.root, 0).String()}
+	for _, f := range extra {
+		f(&cfg)
+	}
+	return startWorld(t, cfg)
+}
+
+// startBrowser starts Chromium inside the namespace, allowed to reach the
+// world's addresses.
+func (n *udpBlockedNet) startBrowser(t *testing.T, w *devworld.World, extra ...chromedp.ExecAllocatorOption) *browser {
+	t.Helper()
+	opts := append([]chromedp.ExecAllocatorOption{n.inNamespace(),
+		// Chromium opens ICE-TCP connections through its network service,
+		// which applies the resolver rules to IP literals too (UDP sockets
+		// bypass them): every POP's address must be excluded, or the
+		// connection to that POP fails at once with ERR_NAME_NOT_RESOLVED
+		// and the browser has no pair for its TCP candidate.
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE "+n.root.String()+", EXCLUDE "+n.root2.String()),
+		// The page is not on localhost: let it use the microphone anyway.
+		chromedp.Flag("unsafely-treat-insecure-origin-as-secure", w.SignalingURL)}, extra...)
+	return startBrowser(t, opts...)
+}
+
 // browserCall clicks Call on the demo page, waits for connected audio with
 // energy and an answered event, and hangs up. It returns the click →
 // connected time the page measured, its signaling time and the remote
@@ -174,13 +203,8 @@ func browserCall(t *testing.T, b *browser, w *devworld.World) (connectedMs, sign
 // baseline of the setup time.
 func TestBrowserOverTCPWithUDPBlocked(t *testing.T) {
 	n := newUDPBlockedNet(t)
-	regions := append([]devworld.RegionSpec(nil), devworld.DefaultRegions...)
-	regions[0].POPIP, regions[1].POPIP = n.root, n.root2
-	w := startWorld(t, devworld.Config{Regions: regions, HTTPAddr: netip.AddrPortFrom(n.root, 0).String()})
-	b := startBrowser(t, n.inNamespace(),
-		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE "+n.root.String()),
-		// The page is not on localhost: let it use the microphone anyway.
-		chromedp.Flag("unsafely-treat-insecure-origin-as-secure", w.SignalingURL))
+	w := n.startWorld(t)
+	b := n.startBrowser(t, w)
 
 	// The first call pays the browser's cold start (microphone, codecs);
 	// the second is the baseline.

@@ -2,7 +2,9 @@
 // kernels have no netem: a UDPLink forwards datagrams between a listening
 // address and a target with configured one-way delay, jitter and loss per
 // direction, and a partition switch; a TCPLink does the same (delay, jitter,
-// partition) for TCP connections such as HTTP signaling.
+// partition) for TCP connections such as HTTP signaling, and
+// NewTCPLinkWithHandshake also charges each connection's handshake round
+// trip, for clients that open a connection per call (ICE-TCP).
 //
 // A multi-site simulation puts a UDPLink in front of each POP — it listens
 // on the POP's public VIP and forwards to the relay's real address — and a

@@ -58,6 +58,8 @@ type TCPLink struct {
 
 	wg sync.WaitGroup // connection handlers
 
+	handshake time.Duration // static: held after accept (tcphandshake.go); 0 for none
+
 	accepted         atomic.Uint64
 	upBytes, dnBytes atomic.Uint64
 }
@@ -161,7 +163,7 @@ func (l *TCPLink) Run(ctx context.Context) error {
 		}
 		l.accepted.Add(1)
 		l.wg.Add(1)
-		go l.handle(c)
+		go l.handle(c, time.Now())
 	}
 	l.Close()
 	l.wg.Wait()
@@ -202,10 +204,10 @@ func (l *TCPLink) untrack(c net.Conn) {
 	c.Close()
 }
 
-func (l *TCPLink) handle(client net.Conn) {
+func (l *TCPLink) handle(client net.Conn, accepted time.Time) {
 	defer l.wg.Done()
 	defer l.untrack(client)
-	if !l.waitHealed() {
+	if !l.holdHandshake(accepted) || !l.waitHealed() {
 		return
 	}
 	var d net.Dialer

@@ -134,7 +134,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		popSwitches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_pop_switches_total",
-			Help: "Sessions moved to another POP because the selected one went silent while checks arrived through another.",
+			Help: "Sessions whose selected pair moved to another POP: the transceiver followed checks through another POP after the selected one went silent, or the client nominated a pair through another POP.",
 		}),
 		earlySelects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_early_selects_total",

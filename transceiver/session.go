@@ -108,7 +108,14 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
 			s.selectedPeer.Store(&peer)
 		}
-		s.selectedPOP.Store(uint32(s.popOf(p.Local.Address, p.Local.Port)))
+		// Every move to another POP counts, whichever side made it: the
+		// transceiver after silence (onBindingRequest), or the client by
+		// nominating a pair through another POP (a browser on ICE-TCP does
+		// as soon as its connection to the failed POP is reset).
+		pop := uint32(s.popOf(p.Local.Address, p.Local.Port))
+		if old := s.selectedPOP.Swap(pop); old != 0 && pop != 0 && old != pop {
+			s.t.m.popSwitches.Inc()
+		}
 	})
 	pc.OnConnectionStateChange(s.onState)
 	pc.OnTrack(s.onTrack)
@@ -279,12 +286,10 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 		return false
 	}
 	s.clearFollow()
-	cause := causePOP
+	cause := causePOP // counted when the selection changes (newSession)
 	if pop == cur {
 		cause = causeAddress
 		s.t.m.path.addressChanges.Inc()
-	} else {
-		s.t.m.popSwitches.Inc()
 	}
 	if seen {
 		s.t.m.path.observeGap(cause, now.Sub(last))
