@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-
-	"github.com/rtcedge/rtcedge/devworld"
 )
 
 // natRebinder is a kernel NAT in front of a browser in its own network
@@ -72,21 +70,6 @@ func (r *natRebinder) mapped() string {
 	return strings.Fields(out[i:])[2]
 }
 
-// worldAndBrowser starts a dev world whose POPs and signaling are on the
-// root side of the namespace's veth, and a Chromium inside the namespace
-// that opens the demo page from there.
-func (n *udpBlockedNet) worldAndBrowser(t *testing.T) (*devworld.World, *browser) {
-	t.Helper()
-	regions := append([]devworld.RegionSpec(nil), devworld.DefaultRegions...)
-	regions[0].POPIP, regions[1].POPIP = n.root, n.root2
-	w := startWorld(t, devworld.Config{Regions: regions, HTTPAddr: netip.AddrPortFrom(n.root, 0).String()})
-	b := startBrowser(t, n.inNamespace(),
-		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE "+n.root.String()),
-		// The page is not on localhost: let it use the microphone anyway.
-		chromedp.Flag("unsafely-treat-insecure-origin-as-secure", w.SignalingURL))
-	return w, b
-}
-
 // rebindProbe is what the page measured around a rebind it did not see.
 type rebindProbe struct {
 	MaxStallMs float64 `json:"maxStallMs"` // longest wait between received audio packets
@@ -104,7 +87,8 @@ type rebindProbe struct {
 func TestBrowserSurvivesNATRebind(t *testing.T) {
 	n := newUDPBlockedNet(t)
 	nat := startNATRebinder(n)
-	w, b := n.worldAndBrowser(t)
+	w := n.startWorld(t)
+	b := n.startBrowser(t, w)
 	b.do("open the demo page", chromedp.Navigate(w.SignalingURL+"/"), chromedp.WaitVisible(chromedp.ID("call")))
 	b.do("click Call", chromedp.Click(chromedp.ID("call")))
 	b.waitJS("the call to connect", `window.rtcedge.state === "connected" ? "ok" : (window.rtcedge.state === "failed" ? "failed" : "wait")`, 30*time.Second)
