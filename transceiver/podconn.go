@@ -167,18 +167,7 @@ func (s *podSocket) readLoop() error {
 			bufPool.Put(b)
 		}
 	}()
-	for {
-		n, err := bc.ReadBatch(ms)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
+	err := bc.ReadLoop(ms, func(n int) bool {
 		for i := range n {
 			if ms[i].N > encap.MaxDatagram {
 				// Longer than any tier forwards: never a WebRTC datagram.
@@ -195,7 +184,12 @@ func (s *podSocket) readLoop() error {
 				ms[i].Buf = bufs[i][:]
 			}
 		}
+		return true
+	})
+	if errors.Is(err, net.ErrClosed) {
+		return nil
 	}
+	return err
 }
 
 // unbundle hands every item of a bundle (docs/bundle.md) to handle as if
