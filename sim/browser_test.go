@@ -96,8 +96,6 @@ func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
 		t.Fatal("RTCEDGE_SIM_BROWSER=1 needs chromium: install it (apt-get install chromium)")
 	}
 	profile := t.TempDir()
-	diagLog, _ := os.Create("/tmp/simchrome.txt")
-	defer diagLog.Close()
 	// Quiet and offline: nothing resolves but the sites' signaling links
 	// and POPs (Chromium's ICE-TCP connections go through the resolver
 	// rules too, IP literals included).
@@ -124,7 +122,6 @@ func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("disable-background-timer-throttling", true),
 		chromedp.Flag("disable-renderer-backgrounding", true),
-		chromedp.Flag("enable-logging", "stderr"), chromedp.Flag("vmodule", "*/webrtc/*=2,*/p2p/*=2"), chromedp.CombinedOutput(diagLog),
 	)
 	tctx, cancelTab := chromedp.NewContext(actx)
 	t.Cleanup(func() {
