@@ -219,10 +219,20 @@ func TestBrowserOverTCPWithUDPBlocked(t *testing.T) {
 	n.blockUDP()
 	tcpBefore := metricSum(t, w.Registry, "rtcedge_globalrelay_tcp_established_total", nil)
 	flowsBefore := metricSum(t, w.Registry, "rtcedge_globalrelay_flows_created_total", nil)
+	nearPOP := map[string]string{"pop": w.Regions[0].Spec.POPName}
+	waitsBefore, waitBefore := histogramTotals(t, w.Registry, "rtcedge_globalrelay_tcp_first_frame_seconds", nearPOP)
 	tcpMs, tcpSig, tcpRemote := browserCall(t, b, w)
 	t.Logf("UDP blocked: click → connected %.0f ms (signaling %.0f ms) via %s; %d UDP datagrams dropped by the firewall",
 		tcpMs, tcpSig, tcpRemote, n.droppedUDP())
 	t.Logf("setup over TCP minus over UDP, same browser and world (veth, no delay): %+.0f ms", tcpMs-udpMs)
+	// Where the difference goes: the browser connects to every POP's TCP
+	// port at once, then waits for its check schedule to reach each pair.
+	waits, wait := histogramTotals(t, w.Registry, "rtcedge_globalrelay_tcp_first_frame_seconds", nearPOP)
+	if waits <= waitsBefore {
+		t.Errorf("no TCP connection to the nearest POP had its first frame timed")
+	} else {
+		t.Logf("nearest POP: TCP accept → first check on the connection %.0f ms (mean of %d)", 1000*(wait-waitBefore)/float64(waits-waitsBefore), waits-waitsBefore)
+	}
 
 	if tcpRemote != w.Regions[0].TCPAddr.String() && tcpRemote != w.Regions[1].TCPAddr.String() {
 		t.Errorf("UDP-blocked call's selected remote %s is not a POP's TCP address (%v, %v)", tcpRemote, w.Regions[0].TCPAddr, w.Regions[1].TCPAddr)

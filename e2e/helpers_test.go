@@ -32,6 +32,36 @@ func startWorld(t *testing.T, cfg devworld.Config) *devworld.World {
 
 // metricSum adds up every sample of a metric family whose labels include
 // all of want (for a histogram, its observation count).
+// histogramTotals returns the sample count and sum of a histogram over
+// its label sets that have the labels in want.
+func histogramTotals(t *testing.T, reg prometheus.Gatherer, name string, want map[string]string) (count uint64, sum float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || (l.GetName() == k && l.GetValue() == v)
+				}
+				if !found {
+					continue metrics
+				}
+			}
+			count += m.GetHistogram().GetSampleCount()
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return count, sum
+}
+
 func metricSum(t *testing.T, reg prometheus.Gatherer, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()

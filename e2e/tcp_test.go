@@ -64,13 +64,28 @@ func TestCallOverTCPOnly(t *testing.T) {
 	if len(cands["tcp"]) != 2 {
 		t.Errorf("answer has %d TCP candidates, want one per POP (2):\n%s", len(cands["tcp"]), call.Answer)
 	}
+	// A POP's TCP candidate ranks below its own UDP candidate and those of
+	// nearer POPs, and above those of farther POPs: UDP to the nearest POP
+	// first, then TCP to it, then the backups (transceiver/sdp.go).
 	for ap, prio := range cands["tcp"] {
 		if !tcpAddrs[ap] {
 			t.Errorf("TCP candidate %v is not a POP's TCP address", ap)
 		}
+		var own uint64
 		for uap, uprio := range cands["udp"] {
-			if prio >= uprio {
-				t.Errorf("TCP candidate %v (priority %d) does not rank below UDP %v (%d)", ap, prio, uap, uprio)
+			if uap.Addr() == ap.Addr() {
+				own = uprio
+			}
+		}
+		if own == 0 {
+			t.Fatalf("TCP candidate %v has no UDP candidate on its POP's address", ap)
+		}
+		for uap, uprio := range cands["udp"] {
+			if uprio >= own && prio >= uprio {
+				t.Errorf("TCP candidate %v (priority %d) does not rank below UDP %v (%d) of the same or a nearer POP", ap, prio, uap, uprio)
+			}
+			if uprio < own && prio <= uprio {
+				t.Errorf("TCP candidate %v (priority %d) does not rank above UDP %v (%d) of a farther POP", ap, prio, uap, uprio)
 			}
 		}
 	}

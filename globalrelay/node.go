@@ -193,7 +193,11 @@ func (n *Node) awaitReady(ctx context.Context) {
 // drain_timeout passes, the replica leaves the pool, and everything stops.
 func (n *Node) Run(ctx context.Context) error {
 	log := n.env.Logger
-	log.Info("global relay up", "pop", n.cfg.POP, "public", n.relay.PublicAddr(), "workers", n.cfg.Workers, "gossip", n.pool.LocalAddr())
+	up := []any{"pop", n.cfg.POP, "public", n.relay.PublicAddr(), "workers", n.cfg.Workers, "gossip", n.pool.LocalAddr()}
+	if n.tcp != nil {
+		up = append(up, "tcp", n.tcp.Addr())
+	}
+	log.Info("global relay up", up...)
 	return n.life.Run(ctx, log, func(failed context.Context) {
 		log.Info("draining", "flows", n.relay.Flows(), "deadline", n.cfg.DrainTimeout)
 		n.relay.Drain()

@@ -377,7 +377,7 @@ func (s *TCP) admit(nc net.Conn) {
 		refuse(tcpCloseBadSource)
 		return
 	}
-	c := &tcpConn{s: s, nc: nc, client: client, wake: make(chan struct{}, 1), closed: make(chan struct{})}
+	c := &tcpConn{s: s, nc: nc, client: client, accepted: s.r.cfg.Now(), wake: make(chan struct{}, 1), closed: make(chan struct{})}
 	c.initRaw()
 	s.mu.Lock()
 	switch {
@@ -436,6 +436,7 @@ func (s *TCP) establish(c *tcpConn, tok token.Token) tcpCloseReason {
 	c.pending = false
 	s.pending.Add(-1)
 	s.m.established.Inc()
+	s.m.firstFrame.Observe(r.cfg.Now().Sub(c.accepted).Seconds())
 	return 0
 }
 
@@ -507,7 +508,8 @@ type tcpConn struct {
 	f      flow
 	w      *worker
 
-	pending bool // before establish; guarded by s.mu
+	pending  bool      // before establish; guarded by s.mu
+	accepted time.Time // static: when admit saw it (Config.Now)
 
 	// raw writes a frame inline, without the writer goroutine, when
 	// nothing is queued: one non-blocking write(2) attempt (writeFn,
@@ -834,6 +836,7 @@ func (c *tcpConn) writeLoop() {
 type tcpMetrics struct {
 	conns                         prometheus.Gauge
 	accepted, established         prometheus.Counter
+	firstFrame                    prometheus.Histogram
 	toCluster, toClient           prometheus.Counter
 	toClusterBytes, toClientBytes prometheus.Counter
 	closed                        *udpio.Drops[tcpCloseReason]
@@ -850,6 +853,13 @@ func newTCPMetrics(reg prometheus.Registerer) (*tcpMetrics, error) {
 	established := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_tcp_established_total", Help: "TCP connections whose first frame carried a valid routing token.",
 	})
+	// The client's wait between its connection and its first check on it:
+	// pacing of the client's ICE checks, not relay work (docs/tcp.md).
+	firstFrame := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "rtcedge_globalrelay_tcp_first_frame_seconds",
+		Help:    "Time from accepting a TCP connection to its first frame with a valid routing token (the client's first ICE check on it).",
+		Buckets: []float64{.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, 1, 2},
+	})
 	closed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_tcp_closed_total", Help: "TCP connections refused or closed, by reason.",
 	}, []string{"reason"})
@@ -863,14 +873,14 @@ func newTCPMetrics(reg prometheus.Registerer) (*tcpMetrics, error) {
 		Name: "rtcedge_globalrelay_tcp_dropped_frames_total", Help: "Frames dropped on the TCP path, by reason.",
 	}, []string{"reason"})
 	m := &tcpMetrics{
-		conns: conns, accepted: accepted, established: established,
+		conns: conns, accepted: accepted, established: established, firstFrame: firstFrame,
 		toCluster: frames.WithLabelValues("to_cluster"), toClient: frames.WithLabelValues("to_client"),
 		toClusterBytes: bytes.WithLabelValues("to_cluster"), toClientBytes: bytes.WithLabelValues("to_client"),
 		closed: udpio.NewDrops[tcpCloseReason](closed, "", tcpCloseLabels[:]...),
 		drops:  udpio.NewDrops[tcpDropReason](drops, "", tcpDropLabels[:]...),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{conns, accepted, established, closed, frames, bytes, drops} {
+		for _, c := range []prometheus.Collector{conns, accepted, established, firstFrame, closed, frames, bytes, drops} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay tcp metrics: %w", err)
 			}

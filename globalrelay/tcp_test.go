@@ -8,10 +8,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pion/stun/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
@@ -338,4 +341,53 @@ func TestTCPAddrConfig(t *testing.T) {
 			t.Errorf("tcp_addr %q: %v, %v, %v; want %s, %v, error %v", tc.in, ap, ok, err, tc.want, tc.ok, tc.err)
 		}
 	}
+}
+
+// TestTCPFirstFrameTime: the time from accepting a connection to its first
+// valid frame (the client's first check on it) is observed once per
+// established connection, on the relay's clock; a connection that never
+// sends a valid frame is not.
+func TestTCPFirstFrameTime(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	r := newTCPRig(t, Config{Now: now}, TCPConfig{})
+	bad := r.dial(t)
+	if _, err := bad.Write(frame([]byte("not a check at all"))); err != nil {
+		t.Fatal(err)
+	}
+	c := r.dial(t)
+	// Wait until the relay has accepted both, then let 120 ms pass on
+	// its clock before the check.
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, r.reg, "rtcedge_globalrelay_tcp_accepted_total", "", "") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not accept both connections")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	clock.Add(int64(120 * time.Millisecond))
+	if _, err := c.Write(frame(r.validCheck(t, 0x42))); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = read(t, r.cluster) // forwarded: established
+	h := histogram(t, r.reg, "rtcedge_globalrelay_tcp_first_frame_seconds")
+	if h.GetSampleCount() != 1 || h.GetSampleSum() != 0.12 {
+		t.Errorf("first-frame histogram: %d samples, sum %v s; want 1 sample of 0.12 s", h.GetSampleCount(), h.GetSampleSum())
+	}
+}
+
+func histogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogram {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	t.Fatalf("no histogram %s", name)
+	return nil
 }

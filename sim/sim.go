@@ -122,18 +122,26 @@ type Region struct {
 }
 
 // POP is one site's view of one region's POP: a global relay process of its
-// own behind a UDP link with the site↔region delay.
+// own behind a UDP link with the site↔region delay, and behind a TCP link
+// with the same delay on the same VIP's address for ICE-TCP (docs/tcp.md).
 type POP struct {
 	ID     uint16
 	Name   string // e.g. "fra-a"
 	Region int    // index into World.Regions
 	Relay  *proctest.Proc
 	Link   *netsim.UDPLink // listens on the VIP that answers name
-	Delay  time.Duration   // one way
+	// TCPLink listens on the VIP's address, on the catalogue's tcp_port;
+	// it charges each connection's handshake round trip
+	// (netsim.NewTCPLinkWithHandshake).
+	TCPLink *netsim.TCPLink
+	Delay   time.Duration // one way
 }
 
 // VIP is the address the site's clients send to.
 func (p *POP) VIP() netip.AddrPort { return p.Link.Addr() }
+
+// TCPAddr is the address the site's ICE-TCP clients connect to.
+func (p *POP) TCPAddr() netip.AddrPort { return p.TCPLink.Addr().(*net.TCPAddr).AddrPort() }
 
 // Site is a running client site.
 type Site struct {
@@ -269,18 +277,21 @@ func Start(t testing.TB, cfg Config) *World {
 			}
 			a := addr(r.Spec.Net, byte(hostRelayBase+si))
 			p.Relay = s.start("globalrelay-"+p.Name, "globalrelay", fmt.Sprintf(
-				"region: %s\npop: %d\nclusters: [1, 2]\npublic_addr: %q\ninternal_addr: %q\nworkers: 1\ndrain_timeout: 1s\n%s",
-				r.Spec.Name, p.ID, a, a.Addr(), gossip("gossip", "gr-"+p.Name, a.Addr(), seed)))
+				"region: %s\npop: %d\nclusters: [1, 2]\npublic_addr: %q\ninternal_addr: %q\ntcp_addr: %q\nworkers: 1\ndrain_timeout: 1s\n%s",
+				r.Spec.Name, p.ID, a, a.Addr(), a, gossip("gossip", "gr-"+p.Name, a.Addr(), seed)))
 			site.POPs = append(site.POPs, p)
 		}
 	}
 	for si, site := range w.Sites {
 		for ri, p := range site.POPs {
-			pub, err := netip.ParseAddrPort(p.Relay.WaitLog(t, "global relay up", startLimit)["public"])
+			up := p.Relay.WaitLog(t, "global relay up", startLimit)
+			pub, err := netip.ParseAddrPort(up["public"])
 			if err != nil {
 				t.Fatalf("sim: %s public address: %v", p.Name, err)
 			}
-			p.Link = s.udpLink(addr(site.Spec.Net, byte(hostSitePOPBase+ri)), pub, p.Delay, int64(si*10+ri))
+			vip := addr(site.Spec.Net, byte(hostSitePOPBase+ri))
+			p.Link = s.udpLink(vip, pub, p.Delay, int64(si*10+ri))
+			p.TCPLink = s.tcpLink(vip, up["tcp"], p.Delay, netsim.NewTCPLinkWithHandshake)
 		}
 	}
 
@@ -288,7 +299,7 @@ func Start(t testing.TB, cfg Config) *World {
 	// serves; the other region's session API is Far away.
 	for ri, r := range w.Regions {
 		other := w.Regions[(ri+1)%len(w.Regions)]
-		r.RemoteAPI = s.tcpLink(addr(r.Spec.Net, hostRemoteAPI), strings.TrimPrefix(other.SessionAPI, "http://"), cfg.Far)
+		r.RemoteAPI = s.tcpLink(addr(r.Spec.Net, hostRemoteAPI), strings.TrimPrefix(other.SessionAPI, "http://"), cfg.Far, netsim.NewTCPLink)
 	}
 	for _, site := range w.Sites {
 		r := w.Regions[site.Spec.Near]
@@ -301,7 +312,7 @@ func Start(t testing.TB, cfg Config) *World {
 	for _, site := range w.Sites {
 		r := w.Regions[site.Spec.Near]
 		r.SignalingURL = r.Signaling.WaitLog(t, "signaling up", startLimit)["url"]
-		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(r.SignalingURL, "http://"), cfg.Near)
+		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(r.SignalingURL, "http://"), cfg.Near, netsim.NewTCPLink)
 		site.SignalingURL = "http://" + site.Signaling.Addr().String()
 		site.HTTPClient = siteClient(site.Spec.Net)
 		t.Cleanup(site.HTTPClient.CloseIdleConnections)
@@ -329,7 +340,7 @@ func (w *World) catalogue(site *Site, front int) string {
 		p := site.POPs[ri]
 		fmt.Fprintf(&b, "  - name: %s\n    location: {lat: %.2f, lon: %.2f}\n", r.Spec.Name, r.Spec.Lat, r.Spec.Lon)
 		fmt.Fprintf(&b, "    clusters:\n      - {id: %d, name: %s-1, session_api: %q}\n", r.Spec.Cluster, r.Spec.Name, api)
-		fmt.Fprintf(&b, "    pops:\n      - {id: %d, name: %s, vip: %q}\n", p.ID, p.Name, p.VIP())
+		fmt.Fprintf(&b, "    pops:\n      - {id: %d, name: %s, vip: %q, tcp_port: %d}\n", p.ID, p.Name, p.VIP(), p.TCPAddr().Port())
 	}
 	return b.String()
 }
@@ -476,13 +487,16 @@ func (s *starter) udpLink(listen, target netip.AddrPort, delay time.Duration, se
 	return l
 }
 
-func (s *starter) tcpLink(listen netip.AddrPort, target string, delay time.Duration) *netsim.TCPLink {
+// tcpLink starts a TCP link made by newLink (netsim.NewTCPLink, or
+// NewTCPLinkWithHandshake for a client that connects per call).
+func (s *starter) tcpLink(listen netip.AddrPort, target string, delay time.Duration,
+	newLink func(net.Listener, string, netsim.LinkConfig, netsim.LinkConfig, *slog.Logger) (*netsim.TCPLink, error)) *netsim.TCPLink {
 	s.t.Helper()
 	ln, err := net.Listen("tcp", listen.String())
 	if err != nil {
 		s.t.Fatalf("sim: listen %v: %v", listen, err)
 	}
-	l, err := netsim.NewTCPLink(ln, target, s.linkConfig(delay, 100), s.linkConfig(delay, 101), s.w.Config.Logger)
+	l, err := newLink(ln, target, s.linkConfig(delay, 100), s.linkConfig(delay, 101), s.w.Config.Logger)
 	if err != nil {
 		ln.Close()
 		s.t.Fatalf("sim: link to %s: %v", target, err)

@@ -8,20 +8,45 @@ import (
 )
 
 // hostPriority is Pion's priority for a host candidate (type preference 126,
-// local preference 65535, component 1). Backup POPs get a lower local
-// preference, one step of 256 per rank, so clients use them only when the
-// preferred POP fails (RFC 8445 section 5.1.2).
+// local preference 65535, component 1): the nearest POP's UDP candidate.
 const hostPriority = 126<<24 | 65535<<8 | 255
 
 // tcpHostPriority is the priority of the nearest POP's passive TCP
-// candidate: the local preference one step below the last UDP rank, so
-// every TCP pair ranks below every UDP pair.
+// candidate: the local preference one step below the last UDP rank.
 const tcpHostPriority = hostPriority - maxPOPs*256*256
 
-// shapeAnswer lowers the candidate priority of every POP after the first,
-// and puts every passive TCP candidate (tcp.go) below every UDP one, in
-// the same POP order: UDP wins wherever it works, and TCP is tried through
-// the nearest POP first.
+// backupPriority is the priority of the first backup POP's UDP candidate:
+// type preference 80, below the TCP host candidate of every client (90 in
+// libwebrtc, so Chromium and Safari; 126 in Pion). A pair's priority is
+// ruled by the lower of its two candidates' (RFC 8445 section 6.1.2.3), so
+// every client's pair with the nearest POP's TCP candidate ranks above its
+// pairs with a backup POP, UDP included; the nearest POP's UDP pair ranks
+// above all. A client checks pairs in that order, one per pacing interval
+// (about 50 ms in Chromium): with UDP dropped, the nearest POP's TCP pair
+// is checked second instead of after every backup's UDP pair (docs/tcp.md).
+const backupPriority = 80<<24 | 65535<<8 | 255
+
+// candidatePriority is the priority of a POP's candidate by the POP's rank
+// (0: nearest) and transport. Ranks step the local preference by 256 (RFC
+// 8445 section 5.1.2), a backup's TCP candidate below every backup's UDP.
+func candidatePriority(rank int, tcp bool) int {
+	switch {
+	case rank == 0 && !tcp:
+		return hostPriority
+	case rank == 0:
+		return tcpHostPriority
+	case !tcp:
+		return backupPriority - (rank-1)*256*256
+	default:
+		return backupPriority - maxPOPs*256*256 - (rank-1)*256*256
+	}
+}
+
+// shapeAnswer sets the candidate priorities by POP rank: the nearest POP's
+// UDP candidate first, then its passive TCP candidate (tcp.go), then every
+// backup POP's UDP candidate and last every backup's TCP candidate. So UDP
+// to the nearest POP wins wherever it works, TCP is tried through the
+// nearest POP first, and a backup POP is used only when the nearest fails.
 func shapeAnswer(sdp string, pops []POPAddr) (string, error) {
 	rank := make(map[netip.AddrPort]int, len(pops))
 	tcpRank := make(map[netip.AddrPort]int, len(pops))
@@ -57,13 +82,13 @@ func shapeAnswer(sdp string, pops []POPAddr) (string, error) {
 			if !ok {
 				return "", fmt.Errorf("answer has a TCP candidate %s:%s that is not a requested POP's TCP port", f[4], f[5])
 			}
-			prio = tcpHostPriority - r*256*256
+			prio = candidatePriority(r, true)
 		} else {
 			r, ok := rank[at]
 			if !ok {
 				return "", fmt.Errorf("answer has a candidate %s:%s that is not a requested VIP", f[4], f[5])
 			}
-			prio = hostPriority - r*256*256
+			prio = candidatePriority(r, false)
 		}
 		found++
 		f[3] = strconv.Itoa(prio)
