@@ -38,8 +38,8 @@ func newPathMetrics() *pathMetrics {
 	m := &pathMetrics{
 		addressChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_address_changes_total",
-			Help: "Sessions whose downlink moved to a new client address behind the same POP (NAT rebinding, network change) " +
-				"after an authenticated check from it while the old address was silent.",
+			Help: "Sessions whose selected pair moved to a new client address behind the same POP (NAT rebinding, network change), " +
+				"whichever side moved it: the transceiver once the old address was silent, or the client by nomination.",
 		}),
 		followRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_follow_retries_total",

@@ -104,17 +104,23 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	}
 	s.pc = pc
 	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
+		var oldPeer *netip.AddrPort
 		if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
 			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
-			s.selectedPeer.Store(&peer)
+			oldPeer = s.selectedPeer.Swap(&peer)
 		}
-		// Every move to another POP counts, whichever side made it: the
-		// transceiver after silence (onBindingRequest), or the client by
-		// nominating a pair through another POP (a browser on ICE-TCP does
-		// as soon as its connection to the failed POP is reset).
+		// Every move to another POP or another client address counts,
+		// whichever side made it: the transceiver after silence
+		// (onBindingRequest), or the client by nominating another pair (a
+		// browser on ICE-TCP does as soon as its connection to the failed
+		// POP is reset; a browser whose NAT rebound may nominate its new
+		// address before the pod has followed it).
 		pop := uint32(s.popOf(p.Local.Address, p.Local.Port))
-		if old := s.selectedPOP.Swap(pop); old != 0 && pop != 0 && old != pop {
+		switch old := s.selectedPOP.Swap(pop); {
+		case old != 0 && pop != 0 && old != pop:
 			s.t.m.popSwitches.Inc()
+		case old != 0 && old == pop && oldPeer != nil && s.selectedPeer.Load() != nil && *oldPeer != *s.selectedPeer.Load():
+			s.t.m.path.addressChanges.Inc()
 		}
 	})
 	pc.OnConnectionStateChange(s.onState)
@@ -289,7 +295,6 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	cause := causePOP // counted when the selection changes (newSession)
 	if pop == cur {
 		cause = causeAddress
-		s.t.m.path.addressChanges.Inc()
 	}
 	if seen {
 		s.t.m.path.observeGap(cause, now.Sub(last))
