@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -196,12 +197,27 @@ func TestSoak(t *testing.T) {
 	t.Logf("per call:\n%s", b.String())
 	stopSampling()
 	<-sampled
-	var gb strings.Builder
-	outside := 0
-	for i, c := range cs {
-		outside += tr.explain(&gb, i, clients[i], c.GapsOver(gapMin), start)
+	var gaps [][]probe.Gap
+	for _, c := range cs {
+		gaps = append(gaps, c.GapsOver(gapMin))
 	}
-	t.Logf("gaps over %v, %d of them outside the faults (the fault before each, then the path's events from 1 s before it, relative to its start):\n%s", gapMin, outside, gb.String())
+	var gb strings.Builder
+	sum := map[string]*gapSummary{}
+	for i := range cs {
+		tr.explain(&gb, i, clients[i], gaps, start, sum)
+	}
+	t.Logf("gaps over %v (the fault before each, then the path's events from 1 s before it, relative to its start):\n%s", gapMin, gb.String())
+	var sb strings.Builder
+	for _, f := range append(slices.Clone(schedule), fault{name: ""}) {
+		if g := sum[f.name]; g != nil {
+			name := f.name
+			if name == "" {
+				name = "outside the faults"
+			}
+			fmt.Fprintf(&sb, "  %-36s %4d gaps, longest %v\n", name, g.n, g.max.Round(time.Millisecond))
+		}
+	}
+	t.Logf("gaps over %v by fault:\n%s", gapMin, sb.String())
 	quiet := 100 * float64(quietLost) / float64(max(quietSent, 1))
 	t.Logf("all calls: %d of %d packets lost (%.3f %%), longest gap %v, %d calls not connected; outside the faults: %d of %d lost (%.3f %%)",
 		totalLost, totalSent, 100*float64(totalLost)/float64(max(totalSent, 1)), worstGap.Round(time.Millisecond), dead, quietLost, quietSent, quiet)

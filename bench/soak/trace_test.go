@@ -116,6 +116,7 @@ func (t *tracer) sample(ctx context.Context, w *devworld.World) {
 			t.add(time.Now(), netip.AddrPort{}, key+" "+now)
 		}
 	}
+	go t.watchStalls(ctx)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for n := 0; ; n++ {
@@ -152,6 +153,31 @@ func (t *tracer) sample(ctx context.Context, w *devworld.World) {
 	}
 }
 
+// stallAfter is how late a 10 ms tick must be to count as a stall of the
+// soak's own process (every node, every call and Pion run in it).
+const stallAfter = 150 * time.Millisecond
+
+// watchStalls records each time the process went without running a
+// goroutine for stallAfter or more (starved of CPU, or stopped for GC):
+// every call's media stops at once then, whatever the path does.
+func (t *tracer) watchStalls(ctx context.Context) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			now := time.Now()
+			if d := now.Sub(last); d >= stallAfter {
+				t.add(last, netip.AddrPort{}, fmt.Sprintf("the soak process ran nothing for %v (CPU starvation or GC)", d.Round(time.Millisecond)))
+			}
+			last = now
+		}
+	}
+}
+
 // unknownRelayDrops returns region's pods' unknown_relay drop counters.
 func unknownRelayDrops(g prometheus.Gatherer, region string) map[string]float64 {
 	out := map[string]float64{}
@@ -181,13 +207,31 @@ func unknownRelayDrops(g prometheus.Gatherer, region string) map[string]float64 
 	return out
 }
 
+// gapSummary is the gaps one kind of fault (or none: outside the faults)
+// was followed by.
+type gapSummary struct {
+	n   int
+	max time.Duration
+}
+
 // explain describes every gap of call i (client address client) longer
-// than gapMin: the fault before it, whether it is outside the faults, and
-// the path's events from a second before it to its end.
-func (t *tracer) explain(b *strings.Builder, i int, client netip.AddrPort, gaps []probe.Gap, origin time.Time) (outside int) {
+// than gapMin: the fault before it, whether it is outside the faults, how
+// many calls had a gap at the same moment (all of them: the process, not
+// a path), and the path's events from a second before it to its end. It
+// adds each gap to sum, by fault ("" outside the faults).
+func (t *tracer) explain(b *strings.Builder, i int, client netip.AddrPort, all [][]probe.Gap, origin time.Time, sum map[string]*gapSummary) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, g := range gaps {
+	for _, g := range all[i] {
+		shared := 0
+		for _, other := range all {
+			for _, o := range other {
+				if o.Start.Before(g.End) && g.Start.Before(o.End) {
+					shared++
+					break
+				}
+			}
+		}
 		// The fault the gap belongs to began before the gap ended (the
 		// gap starts at the last echo before it).
 		var f *faultRun
@@ -202,12 +246,19 @@ func (t *tracer) explain(b *strings.Builder, i int, client netip.AddrPort, gaps 
 			where = fmt.Sprintf("%+.2f s from %q (at %.1f s)", g.Start.Sub(f.start).Seconds(), f.name, f.start.Sub(origin).Seconds())
 			quiet = g.Start.After(f.end.Add(settle))
 		}
-		mark := ""
+		mark, key := "", ""
 		if quiet {
 			mark = " OUTSIDE THE FAULTS"
-			outside++
+		} else {
+			key = f.name
 		}
-		fmt.Fprintf(b, "call %d (%v): %v gap at %.2f s, %s%s\n", i, client, g.End.Sub(g.Start).Round(time.Millisecond), g.Start.Sub(origin).Seconds(), where, mark)
+		d := g.End.Sub(g.Start)
+		if sum[key] == nil {
+			sum[key] = &gapSummary{}
+		}
+		sum[key].n++
+		sum[key].max = max(sum[key].max, d)
+		fmt.Fprintf(b, "call %d (%v): %v gap at %.2f s (%d of %d calls at once), %s%s\n", i, client, d.Round(time.Millisecond), g.Start.Sub(origin).Seconds(), shared, len(all), where, mark)
 		for _, e := range t.events {
 			if e.at.Before(g.Start.Add(-time.Second)) || e.at.After(g.End) || (e.client.IsValid() && e.client != client) {
 				continue
@@ -215,5 +266,4 @@ func (t *tracer) explain(b *strings.Builder, i int, client netip.AddrPort, gaps 
 			fmt.Fprintf(b, "    %+7.2f s  %s\n", e.at.Sub(g.Start).Seconds(), e.what)
 		}
 	}
-	return outside
 }

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/testredis"
 )
 
 // TestLoad: a new replica gets every live entry of the shared store in
@@ -61,6 +63,50 @@ func TestLoad(t *testing.T) {
 				t.Errorf("Stats.Loaded = %d, want %d", s.Loaded, n)
 			}
 		})
+	}
+}
+
+// TestLoadOutlastsSlowRoundTrip: a bulk load whose round trips take longer
+// than the cache's Timeout (100 ms, for the packet path's small pipelines)
+// still completes: each page has loadRoundTrip. Here Redis freezes for
+// 300 ms while the first page is being handed over, as a loaded machine
+// would deschedule it. (go-redis bounds a round trip by the smaller of the
+// context deadline and its read timeout, so the load's own deadline alone
+// did not help: the load failed with an i/o timeout.)
+func TestLoadOutlastsSlowRoundTrip(t *testing.T) {
+	const n = 5000 // several SCAN pages after the first
+	w := &redisWorld{srv: testredis.Start(t)}
+	writer := w.replica(t, Config{})
+	run(t, writer)
+	for i := range n {
+		writer.Store(addr(i), Route{Cluster: 1, Pod: uint16(i), KeyID: 1, Tag: uint64(i)})
+		if i%1000 == 999 { // within the write queue
+			flush(t, writer)
+		}
+	}
+	flush(t, writer)
+
+	var once sync.Once
+	resumed := make(chan struct{})
+	got := 0
+	fresh := w.replica(t, Config{OnFound: func(netip.AddrPort, Route) {
+		got++
+		once.Do(func() {
+			w.srv.Pause()
+			time.AfterFunc(300*time.Millisecond, func() { w.srv.Resume(); close(resumed) })
+		})
+	}})
+	defer func() { <-resumed }()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	start := time.Now()
+	k, err := fresh.(Loader).Load(ctx)
+	t.Logf("loaded %d entries in %v with Redis frozen for 300 ms", k, time.Since(start))
+	if err != nil {
+		t.Fatalf("Load with one slow round trip: %v", err)
+	}
+	if k != n || got != n {
+		t.Fatalf("Load found %d (%d handed over), want %d", k, got, n)
 	}
 }
 
