@@ -196,6 +196,10 @@ type World struct {
 	// world, so the dev world runs the internal APIs authenticated as
 	// production does.
 	apiSecrets map[uint16]string
+	// gossipKey encrypts the world's gossip, random per world: two worlds
+	// on one loopback (tests in parallel packages, a port one world freed
+	// and another reused) must never merge their pools.
+	gossipKey string
 	// apiTLS and apiCA are the session APIs' TLS (SessionAPITLS): the
 	// servers' certificate and the clients' CA.
 	apiTLS, apiCA sessionapi.TLS
@@ -267,9 +271,9 @@ func (w *World) env(name string, kv ...string) node.Env {
 }
 
 // gossip is a dev pool's config: loopback, fast timings unless
-// ProductionGossip, no key.
+// ProductionGossip, the world's own key.
 func (w *World) gossip(name string, join []string) node.Gossip {
-	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Insecure: true, Fast: !w.cfg.ProductionGossip}
+	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Key: w.gossipKey, Fast: !w.cfg.ProductionGossip}
 }
 
 // Start builds and starts a world. Close stops it.
@@ -337,6 +341,11 @@ func (w *World) start() error {
 			return err
 		}
 	}
+	gk := make([]byte, 32)
+	if _, err := rand.Read(gk); err != nil {
+		return err
+	}
+	w.gossipKey = base64.StdEncoding.EncodeToString(gk)
 	w.apiSecrets = map[uint16]string{}
 	for _, spec := range cfg.Regions {
 		w.clusters = append(w.clusters, spec.Cluster)
