@@ -270,6 +270,13 @@ func (w *World) env(name string, kv ...string) node.Env {
 	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(labels, w.Registry), HTTPClient: w.httpClient}
 }
 
+// GossipKey returns the key the world's gossip is encrypted with (random
+// per world), for tests that join a pool as an insider would.
+func (w *World) GossipKey() []byte {
+	k, _ := base64.StdEncoding.DecodeString(w.gossipKey)
+	return k
+}
+
 // gossip is a dev pool's config: loopback, fast timings unless
 // ProductionGossip, the world's own key.
 func (w *World) gossip(name string, join []string) node.Gossip {

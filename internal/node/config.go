@@ -361,6 +361,11 @@ type HopKeys struct {
 	// every HopKeysReload and applies a changed, valid set without a
 	// restart: this is how keys rotate (docs/operations.md).
 	File string `yaml:"file"`
+
+	// loaded is the file's content the last ClusterKeys built its keys
+	// from: WatchHopKeys compares against it, so a change made between
+	// that read and the watcher's start is not taken for the baseline.
+	loaded []byte
 }
 
 // HopKeysReload is how often a node re-reads HopKeys.File.
@@ -382,6 +387,7 @@ func (k *HopKeys) ClusterKeys() (*encap.ClusterKeys, error) {
 		if err != nil {
 			return nil, fmt.Errorf("hop_keys.file: %w", err)
 		}
+		k.loaded = b
 		specs = strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
 	}
 	var clean []string
@@ -405,7 +411,10 @@ func WatchHopKeys(ctx context.Context, k HopKeys, period time.Duration, log *slo
 	if k.File == "" {
 		return nil
 	}
-	last, _ := os.ReadFile(k.File)
+	last := k.loaded
+	if last == nil {
+		last, _ = os.ReadFile(k.File)
+	}
 	for Sleep(ctx, period) {
 		b, err := os.ReadFile(k.File)
 		if err != nil || string(b) == string(last) {

@@ -72,3 +72,35 @@ func TestAdvertisedUnmapped(t *testing.T) {
 		t.Fatalf("Advertised = %v, %v; want 10.1.2.3:7000", ap, err)
 	}
 }
+
+// TestWatchHopKeysChangeBeforeStart: a key file changed after the node
+// built its keys but before its watcher took its first look is applied,
+// not taken for the baseline.
+func TestWatchHopKeysChangeBeforeStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hop_keys")
+	if err := os.WriteFile(path, []byte(hopSpec("7", "1", 1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k := HopKeys{File: path}
+	if _, err := k.ClusterKeys(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(hopSpec("7", "2", 2)+","+hopSpec("7", "1", 1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *encap.ClusterKeys, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchHopKeys(ctx, k, 5*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *encap.ClusterKeys) { got <- c })
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case c := <-got:
+		if c.For(7).CurrentKeyID() != 2 {
+			t.Fatalf("applied current key ID %d, want 2", c.For(7).CurrentKeyID())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the key file changed before the watcher started was never applied")
+	}
+}
