@@ -16,15 +16,17 @@ const hostPriority = 126<<24 | 65535<<8 | 255
 const tcpHostPriority = hostPriority - maxPOPs*256*256
 
 // backupPriority is the priority of the first backup POP's UDP candidate:
-// type preference 80, below the TCP host candidate of every client (90 in
-// libwebrtc, so Chromium and Safari; 126 in Pion). A pair's priority is
-// ruled by the lower of its two candidates' (RFC 8445 section 6.1.2.3), so
-// every client's pair with the nearest POP's TCP candidate ranks above its
-// pairs with a backup POP, UDP included; the nearest POP's UDP pair ranks
-// above all. A client checks pairs in that order, one per pacing interval
-// (about 50 ms in Chromium): with UDP dropped, the nearest POP's TCP pair
-// is checked second instead of after every backup's UDP pair (docs/tcp.md).
-const backupPriority = 80<<24 | 65535<<8 | 255
+// type preference 60, below every TCP candidate a client pairs with ours
+// (libwebrtc, so Chromium and Safari: 90 for its TCP host candidate, 80 for
+// the peer-reflexive one a connected TCP pair switches to; Pion: 126). A
+// pair's priority is ruled by the lower of its two candidates' (RFC 8445
+// section 6.1.2.3), so every client's pair with the nearest POP's TCP
+// candidate ranks above its pairs with a backup POP, UDP included; the
+// nearest POP's UDP pair ranks above all. A client checks pairs in that
+// order, one per pacing interval (about 50 ms in Chromium): with UDP
+// dropped, the nearest POP's TCP pair is checked second instead of after
+// every backup's UDP pair (docs/tcp.md).
+const backupPriority = 60<<24 | 65535<<8 | 255
 
 // candidatePriority is the priority of a POP's candidate by the POP's rank
 // (0: nearest) and transport. Ranks step the local preference by 256 (RFC

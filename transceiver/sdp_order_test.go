@@ -40,12 +40,15 @@ func TestAnswerPairOrder(t *testing.T) {
 		name     string
 		udp, tcp uint32 // the client's host candidates' priorities
 	}{
-		// From a Chromium 156 offer: type preference 126 (UDP) and 90
-		// (TCP), on the interfaces with the highest and the lowest local
-		// preference libwebrtc gives.
+		// From Chromium 156: its offer's host candidates (type
+		// preference 126 for UDP, 90 for TCP) on two interfaces, and the
+		// peer-reflexive local candidate (type preference 80) a TCP pair
+		// takes once its connection is up (getStats); then the lowest
+		// local preferences libwebrtc gives.
 		{"chromium, first interface", 2122260223, 1518280447},
 		{"chromium, other interface", 2122194687, 1518214911},
-		{"chromium, lowest network preference", 126<<24 | 255, 90<<24 | 255},
+		{"chromium, connected TCP pair", 2122194687, 1350442751},
+		{"chromium, lowest network preference", 126<<24 | 255, 80<<24 | 255},
 		{"pion", pionUDP.Priority(), pionTCP.Priority()},
 	}
 	for _, pops := range []int{2, maxPOPs} {
