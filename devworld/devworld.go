@@ -112,6 +112,11 @@ type Config struct {
 	// cmd/rtcedge without `fast: true`) instead of the loopback Fast
 	// ones, so failure tests see production detection times.
 	ProductionGossip bool
+	// OnRepick, when set, traces every global relay replica's changes of a
+	// flow's cluster relay (globalrelay.Relay.SetRepickTrace), with the
+	// replica's node name; it is called from the relays' workers and must
+	// not block. The soak run attributes media gaps with it.
+	OnRepick func(node string, ev globalrelay.RepickEvent)
 
 	Logger *slog.Logger // default slog.Default()
 }
@@ -191,6 +196,10 @@ type World struct {
 	// world, so the dev world runs the internal APIs authenticated as
 	// production does.
 	apiSecrets map[uint16]string
+	// gossipKey encrypts the world's gossip, random per world: two worlds
+	// on one loopback (tests in parallel packages, a port one world freed
+	// and another reused) must never merge their pools.
+	gossipKey string
 	// apiTLS and apiCA are the session APIs' TLS (SessionAPITLS): the
 	// servers' certificate and the clients' CA.
 	apiTLS, apiCA sessionapi.TLS
@@ -262,9 +271,9 @@ func (w *World) env(name string, kv ...string) node.Env {
 }
 
 // gossip is a dev pool's config: loopback, fast timings unless
-// ProductionGossip, no key.
+// ProductionGossip, the world's own key.
 func (w *World) gossip(name string, join []string) node.Gossip {
-	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Insecure: true, Fast: !w.cfg.ProductionGossip}
+	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Key: w.gossipKey, Fast: !w.cfg.ProductionGossip}
 }
 
 // Start builds and starts a world. Close stops it.
@@ -332,6 +341,11 @@ func (w *World) start() error {
 			return err
 		}
 	}
+	gk := make([]byte, 32)
+	if _, err := rand.Read(gk); err != nil {
+		return err
+	}
+	w.gossipKey = base64.StdEncoding.EncodeToString(gk)
 	w.apiSecrets = map[uint16]string{}
 	for _, spec := range cfg.Regions {
 		w.clusters = append(w.clusters, spec.Cluster)
@@ -455,6 +469,9 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
 	}
 	rep := &POPReplica{Node: n, Relay: n.Relay(), Pool: n.Pool()}
+	if fn := w.cfg.OnRepick; fn != nil {
+		rep.Relay.SetRepickTrace(func(ev globalrelay.RepickEvent) { fn(name, ev) })
+	}
 	rg.TCPAddr = n.TCP().Addr()
 	w.run(&rep.running, name, n)
 	if err := awaitReady(n.Ready, readyLimit); err != nil {

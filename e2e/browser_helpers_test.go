@@ -236,14 +236,17 @@ func statsJS(pcExpr string) string {
   const o = {connectionState: pc.connectionState, packetsReceived: 0, packetsSent: 0, totalAudioEnergy: 0, rtt: -1, meanRtt: -1, remote: ""};
   const r = await pc.getStats();
   const byId = new Map();
-  r.forEach((s) => byId.set(s.id, s));
+  let selected = "";
+  r.forEach((s) => { byId.set(s.id, s); if (s.type === "transport" && s.selectedCandidatePairId) selected = s.selectedCandidatePairId; });
   r.forEach((s) => {
     if (s.type === "inbound-rtp" && s.kind === "audio") {
       o.packetsReceived = s.packetsReceived || 0;
       o.totalAudioEnergy = s.totalAudioEnergy || 0;
     }
     if (s.type === "outbound-rtp" && s.kind === "audio") o.packetsSent = s.packetsSent || 0;
-    if (s.type === "candidate-pair" && s.nominated && s.state === "succeeded") {
+    // The transport's selected pair (the browser may receive on a pair
+    // the server selected before its own nomination), else the nominated one.
+    if (s.type === "candidate-pair" && (selected ? s.id === selected : s.nominated && s.state === "succeeded")) {
       if (s.currentRoundTripTime != null) o.rtt = s.currentRoundTripTime;
       if (s.responsesReceived > 0) o.meanRtt = s.totalRoundTripTime / s.responsesReceived;
       const rc = byId.get(s.remoteCandidateId);

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,7 @@ type rebindOutcome struct {
 	lastBefore, resumed  time.Duration // last echo before the rebind, first echo of audio sent after it
 	sent, echoed         int           // audio sent in the 3 s after resumption, and echoed
 	oldFlowGone          time.Duration // the POPs hold only the new address's flow
+	sessionsBefore       float64       // backend sessions created when the call was up (a loaded front may have retried one elsewhere)
 }
 
 // rebindMidCall runs one call through a NAT, rebinds the client two seconds
@@ -81,6 +83,7 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 		return len(after) >= 100
 	})
 	old := host.Mapping().Outside
+	sessionsBefore := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_created_total", nil)
 	if afterCheck {
 		select {
 		case <-host.NextSTUN():
@@ -102,7 +105,7 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 		}
 	}
 	m = host.Mapping()
-	var o rebindOutcome
+	o := rebindOutcome{sessionsBefore: sessionsBefore}
 	o.firstOut, o.firstCheck = c.since(m.FirstOut), c.since(m.FirstSTUN)
 	eventually(t, 15*time.Second, "echo of audio sent after the rebind (the transceiver must follow the client's new address)", func() bool {
 		after, _ := c.echoesSentAfter(rebound)
@@ -147,10 +150,12 @@ func popFlows(rg *devworld.Region) int {
 // is silent: echo resumes within a second of that check, with under 1 %
 // loss afterwards, and the backend session is the same throughout.
 //
-// The gap from the rebind to the check is the client's consent interval
-// (about 2 s for Pion): the global relay creates a flow for a new address
-// only from a STUN check carrying a valid token, so audio that arrives from
-// the new address before it cannot be routed (docs/operations.md).
+// The client's next check may be a whole consent interval away (about 2 s
+// for Pion; the third case rebinds just after one): the global relay
+// routes the audio from the new address by its SSRC, and the pod proves
+// the address with a probe before following it (docs/network-changes.md),
+// so echo resumes within a second of the client's first datagram from the
+// new address, whenever its check comes.
 func TestCallSurvivesNATRebind(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -170,8 +175,9 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 				o.firstOut.Round(time.Millisecond), o.firstCheck.Round(time.Millisecond), o.lastBefore.Round(time.Millisecond),
 				o.resumed.Round(time.Millisecond), (o.resumed - o.firstCheck).Round(time.Millisecond),
 				(o.resumed - o.firstOut).Round(time.Millisecond), o.echoed, o.sent, o.oldFlowGone.Round(time.Millisecond))
-			if d := o.resumed - o.firstCheck; d > time.Second {
-				t.Errorf("echo resumed %v after the client's first check from the new address, want ≤ 1 s", d)
+			if d := o.resumed - o.firstOut; d > time.Second {
+				t.Errorf("echo resumed %v after the client's first datagram from the new address (its first check came %v after that), want ≤ 1 s",
+					d.Round(time.Millisecond), (o.firstCheck - o.firstOut).Round(time.Millisecond))
 			}
 			if o.sent == 0 || float64(o.sent-o.echoed) > 0.01*float64(o.sent) {
 				st := nat.Stats()
@@ -179,8 +185,8 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 					"transceiver drops %v)", o.echoed, o.sent, st.Drops(netsim.NATDropQueueFull), st.Drops(netsim.NATDropStale),
 					metricSum(t, w.Registry, "rtcedge_transceiver_dropped_packets_total", nil))
 			}
-			if n := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_created_total", nil); n != 1 {
-				t.Errorf("%v backend sessions created, want the one call's", n)
+			if n := metricSum(t, w.Registry, "rtcedge_transceiver_sessions_created_total", nil); n != o.sessionsBefore {
+				t.Errorf("%v backend sessions created during the rebind, want none", n-o.sessionsBefore)
 			}
 			if n := metricSum(t, w.Registry, "rtcedge_transceiver_address_changes_total", nil); n != 1 {
 				t.Errorf("%v address changes followed, want 1", n)
@@ -283,15 +289,42 @@ func (s *checkSpoofer) check(t *testing.T, to netip.AddrPort) {
 	}
 }
 
+// rtp sends one RTP packet of the given SSRC (a header and junk: SRTP the
+// attacker cannot make valid).
+func (s *checkSpoofer) rtp(t *testing.T, to netip.AddrPort, ssrc uint32) {
+	pkt := []byte{0x80, 111, 0, 1, 0, 0, 0, 1, byte(ssrc >> 24), byte(ssrc >> 16), byte(ssrc >> 8), byte(ssrc), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if _, err := s.conn.WriteToUDPAddrPort(pkt, to); err != nil {
+		t.Errorf("checkSpoofer write: %v", err)
+	}
+}
+
+// offerSSRC returns the SSRC of the audio an offer sends.
+func offerSSRC(t *testing.T, sdp string) uint32 {
+	t.Helper()
+	for _, line := range strings.Split(sdp, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "a=ssrc:"); ok {
+			if n, err := strconv.ParseUint(strings.Fields(v)[0], 10, 32); err == nil {
+				return uint32(n)
+			}
+		}
+	}
+	t.Fatalf("no a=ssrc in\n%s", sdp)
+	return 0
+}
+
 // TestSpoofedRebindGainsNothing is the hijack attack on address following:
 // while a victim's NAT rebinds (its old address silent, the moment a
 // follow is allowed), a host the victim never used sends 100 checks a
 // second through every POP of the victim's answer: half carry the
 // victim's ufrags (from its SDP) signed with a guessed password, half are
-// valid checks of another live session (the attacker's own). The victim
-// follows only its own new address; the forged checks are never answered;
-// the attacker's session stays where its client is; no media reaches the
-// attacker's address.
+// valid checks of another live session (the attacker's own). A third
+// address sends 50 RTP packets a second with the victim's own SSRC (read
+// on the path), which the POP routes to the victim's pod once the victim's
+// flow is silent. The victim follows only its own new address; the forged
+// checks are never answered; the SSRC spoofer gets the pod's probes (at
+// most one per address every 250 ms) and nothing else; the attacker's
+// session stays where its client is; no media reaches an attacker's
+// address.
 func TestSpoofedRebindGainsNothing(t *testing.T) {
 	w := startWorld(t, devworld.Config{})
 	nat := startNAT(t)
@@ -314,6 +347,8 @@ func TestSpoofedRebindGainsNothing(t *testing.T) {
 	attacker := netip.MustParseAddr("127.0.10.9")
 	forged := startCheckSpoofer(t, attacker, victimServerUfrag+":"+victimClientUfrag, "guessed-password-of-24ch")
 	valid := startCheckSpoofer(t, attacker, otherServerUfrag+":"+otherClientUfrag, otherServerPwd)
+	ssrcSpoof := startCheckSpoofer(t, netip.MustParseAddr("127.0.10.10"), "", "")
+	victimSSRC := offerSSRC(t, victim.offer)
 	var vips []netip.AddrPort
 	for vip := range testsdp.CandidatePriorities(t, victim.answer) {
 		vips = append(vips, vip)
@@ -333,6 +368,7 @@ func TestSpoofedRebindGainsNothing(t *testing.T) {
 			for _, vip := range vips {
 				forged.check(t, vip)
 				valid.check(t, vip)
+				ssrcSpoof.rtp(t, vip, victimSSRC)
 			}
 		}
 	}()
@@ -367,8 +403,14 @@ func TestSpoofedRebindGainsNothing(t *testing.T) {
 		t.Errorf("checks with a guessed password were answered %d times", n)
 	}
 	ssrc := victim.remoteSSRC.Load()
-	if ssrc == 0 || forged.saw(ssrc) || valid.saw(ssrc) {
-		t.Errorf("the victim's media (SSRC %d) reached the spoofing address", ssrc)
+	if ssrc == 0 || forged.saw(ssrc) || valid.saw(ssrc) || ssrcSpoof.saw(ssrc) {
+		t.Errorf("the victim's media (SSRC %d) reached a spoofing address", ssrc)
+	}
+	if n := ssrcSpoof.dataIn.Load(); n != 0 {
+		t.Errorf("the SSRC spoofer received %d non-STUN datagrams", n)
+	}
+	if n, most := ssrcSpoof.stunIn.Load(), int64(len(vips))*(int64((attackEnd-attackStart)/(250*time.Millisecond))+2); n > most {
+		t.Errorf("the SSRC spoofer received %d probes in %v, want at most %d (one per POP every 250 ms)", n, attackEnd-attackStart, most)
 	}
 	if n := metricSum(t, w.Registry, "rtcedge_transceiver_address_changes_total", nil); n < 1 {
 		t.Errorf("%v address changes followed, want the victim's own", n)
@@ -376,5 +418,6 @@ func TestSpoofedRebindGainsNothing(t *testing.T) {
 	if got := host.Mapping().Received; got == 0 {
 		t.Error("the victim's new mapping received nothing")
 	}
-	t.Logf("spoofed checks answered: forged %d, attacker's own session %d (STUN only)", forged.stunIn.Load(), valid.stunIn.Load())
+	t.Logf("spoofed checks answered: forged %d, attacker's own session %d (STUN only); probes to the SSRC spoofer %d",
+		forged.stunIn.Load(), valid.stunIn.Load(), ssrcSpoof.stunIn.Load())
 }

@@ -2,6 +2,7 @@ package globalrelay
 
 import (
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,8 +45,11 @@ const (
 	// maxSilence caps the adaptive silence limit.
 	maxSilence = 3 * time.Second
 	// maxStrikes caps the back-off of a flow that gets no reply through
-	// any relay (its pod is gone): limits double per re-pick, up to 16×.
+	// any relay (its pod is gone): limits double each time the flow has
+	// found every relay of its cluster silent, up to 16×.
 	maxStrikes = 4
+	// maxAvoid bounds the relays one flow avoids on its own evidence.
+	maxAvoid = 4
 	// minReplies is how many intervals between replies (in clock ticks)
 	// a flow must have seen before silence is judged.
 	minReplies = 4
@@ -70,20 +74,80 @@ const (
 // relayWatch is what a flow knows about its cluster relay's liveness. All
 // times are coarse unix nanos; zero means never.
 type relayWatch struct {
-	since     atomic.Int64 // when the flow started using its current relay
-	lastReply atomic.Int64 // last datagram toward the client
-	replyGap  atomic.Int64 // smoothed interval between replies (EWMA, 1/8)
-	checkAt   atomic.Int64 // forwarding time of the oldest check not yet followed by a reply
-	checkRTT  atomic.Int64 // smoothed time from a check to the next reply
-	replies   atomic.Int32 // reply intervals measured, up to minReplies
-	strikes   atomic.Int32 // re-picks since the last reply: each doubles the limits
-	avoid     atomic.Pointer[avoidance]
+	since     atomic.Int64                // when the flow started using its current relay
+	lastReply atomic.Int64                // last datagram toward the client
+	replyGap  atomic.Int64                // smoothed interval between replies (longer ones weigh 1/2, shorter 1/4)
+	checkAt   atomic.Int64                // forwarding time of the oldest check not yet followed by a reply
+	checkRTT  atomic.Int64                // smoothed time from a check to the next reply
+	replies   atomic.Int32                // reply intervals measured, up to minReplies
+	strikes   atomic.Int32                // rounds over every relay without a reply since the last one: each doubles the limits
+	avoid     atomic.Pointer[[]avoidance] // immutable; the relays this flow found silent
 }
 
 // avoidance is a relay one flow found silent.
 type avoidance struct {
 	addr  netip.AddrPort
 	until int64
+}
+
+// avoiding returns the flow's own avoidances still in force at now.
+func (w *relayWatch) avoiding(now int64) []avoidance {
+	p := w.avoid.Load()
+	if p == nil {
+		return nil
+	}
+	for _, a := range *p {
+		if a.until > now {
+			return *p // the caller checks each entry's deadline
+		}
+	}
+	return nil
+}
+
+// avoidAlso adds addr to the flow's avoidances (dropping expired ones and,
+// beyond maxAvoid, the oldest).
+func (w *relayWatch) avoidAlso(addr netip.AddrPort, until, now int64) {
+	var next []avoidance
+	for _, a := range w.avoiding(now) {
+		if a.until > now && a.addr != addr {
+			next = append(next, a)
+		}
+	}
+	next = append(next, avoidance{addr: addr, until: until})
+	if len(next) > maxAvoid {
+		next = next[len(next)-maxAvoid:]
+	}
+	w.avoid.Store(&next)
+}
+
+// forgive removes addr from the flow's avoidances: it answered.
+func (w *relayWatch) forgive(addr netip.AddrPort) {
+	p := w.avoid.Load()
+	if p == nil {
+		return
+	}
+	var next []avoidance
+	found := false
+	for _, a := range *p {
+		if a.addr == addr {
+			found = true
+		} else {
+			next = append(next, a)
+		}
+	}
+	if found {
+		w.avoid.Store(&next)
+	}
+}
+
+// avoids reports whether the flow avoids addr at now.
+func avoids(own []avoidance, addr netip.AddrPort, now int64) bool {
+	for _, a := range own {
+		if a.addr == addr && a.until > now {
+			return true
+		}
+	}
+	return false
 }
 
 // suspects are the cluster relays every flow avoids, each until a deadline.
@@ -141,14 +205,23 @@ func (s *suspects) count(now int64) int {
 }
 
 // avoidingDirectory is implemented by directories that can skip relays
-// (Clusters does); with another directory, flows only follow gossip.
+// and tell whether a relay is still usable (Clusters does); with another
+// directory, flows only follow gossip.
 type avoidingDirectory interface {
-	RelayForAvoiding(cluster uint16, client netip.AddrPort, avoid func(netip.AddrPort) bool) (netip.AddrPort, bool)
+	relayForAvoiding(cluster uint16, client netip.AddrPort, avoid func(netip.AddrPort) bool) (addr netip.AddrPort, ok, exhausted bool)
+	Usable(cluster uint16, relay netip.AddrPort) bool
 }
 
 // RelayForAvoiding is RelayFor over the cluster's usable replicas for
 // which avoid is false; when avoid rules out all of them, it is RelayFor.
 func (c *Clusters) RelayForAvoiding(cluster uint16, client netip.AddrPort, avoid func(netip.AddrPort) bool) (netip.AddrPort, bool) {
+	addr, ok, _ := c.relayForAvoiding(cluster, client, avoid)
+	return addr, ok
+}
+
+// relayForAvoiding is RelayForAvoiding, also reporting whether avoid
+// ruled out every usable replica.
+func (c *Clusters) relayForAvoiding(cluster uint16, client netip.AddrPort, avoid func(netip.AddrPort) bool) (netip.AddrPort, bool, bool) {
 	var best netip.AddrPort
 	var bestScore uint64
 	found := false
@@ -161,35 +234,57 @@ func (c *Clusters) RelayForAvoiding(cluster uint16, client netip.AddrPort, avoid
 		}
 	}
 	if found {
-		return best, true
+		return best, true, false
 	}
-	return c.RelayFor(cluster, client)
+	addr, ok := c.RelayFor(cluster, client)
+	return addr, ok, true
 }
 
-// relayFor returns the flow's cluster relay. It re-picks when the
-// directory or the suspects changed since the last pick, or when the
-// flow's own watch says its relay went silent (see the comment at the top
-// of this file).
+// Usable reports whether relay is one of the cluster's replicas that get
+// flows (alive and not draining, or draining when all of them are).
+func (c *Clusters) Usable(cluster uint16, relay netip.AddrPort) bool {
+	return slices.Contains(c.snap.Load().usable[cluster], relay)
+}
+
+// relayFor returns the flow's cluster relay. It re-picks when the flow's
+// own watch says its relay went silent (see the comment at the top of
+// this file), or when the directory or the suspects changed since the
+// last pick — unless the flow is being answered through a relay that is
+// still usable and not suspect: a relay joining gossip must not take a
+// healthy call (the pods may not trust the newcomer yet, and the call has
+// nothing to gain from moving); new flows spread over it.
 func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool) {
 	w := &f.watch
 	gen, sgen := r.cfg.Clusters.Generation(), r.suspects.gen.Load()
 	c := f.choice.Load()
+	reason := ""
+	if c != nil && c.found && (c.gen != gen || c.sgen != sgen) && r.keeps(f, c.addr, now) {
+		c = &relayChoice{gen: gen, sgen: sgen, addr: c.addr, found: true}
+		f.choice.Store(c)
+	}
 	if c != nil && c.gen == gen && c.sgen == sgen && c.found {
-		if reason := r.evidence(w, now); reason != "" {
+		if reason = r.evidence(w, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
 			if (reason == RepickCheck || reason == RepickUnanswered) && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))
 				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
 			}
-			w.avoid.Store(&avoidance{addr: c.addr, until: until})
-			if n := w.strikes.Load(); n < maxStrikes {
-				w.strikes.Store(n + 1)
+			w.avoidAlso(c.addr, until, now)
+			if r.triedAll(f, client, now) {
+				// Every relay of the cluster found silent: the pod is
+				// gone, or the whole cluster unreachable. Back off, and
+				// start a new round over them.
+				if n := w.strikes.Load(); n < maxStrikes {
+					w.strikes.Store(n + 1)
+				}
+				w.avoid.Store(&[]avoidance{{addr: c.addr, until: until}})
 			}
 			c = nil
 		}
 	}
 	if c == nil || c.gen != gen || c.sgen != sgen {
+		prev := f.choice.Load()
 		addr, ok := r.pick(f, client, now)
 		if c != nil && c.found && addr != c.addr && c.gen == gen {
 			// Only the suspects changed: another flow's evidence moved this one.
@@ -201,8 +296,67 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		}
 		c = &relayChoice{gen: gen, sgen: sgen, addr: addr, found: ok}
 		f.choice.Store(c)
+		if tr := r.repickTrace.Load(); tr != nil && (prev == nil || prev.addr != addr) {
+			(*tr)(r.repickEvent(f, client, prev, c, reason, gen, sgen, now))
+		}
 	}
 	return c.addr, c.found
+}
+
+// RepickEvent is one flow's change of cluster relay, for tracing
+// (SetRepickTrace): the soak run attributes media gaps with it.
+type RepickEvent struct {
+	At       time.Time      // the relay's coarse clock
+	Client   netip.AddrPort // the flow
+	Cluster  uint16
+	From, To netip.AddrPort // From is invalid for a flow's first pick
+	// Reason is a Repick* reason, "gossip" when the directory changed,
+	// or "new" for a flow's first pick.
+	Reason string
+	// Strikes is the flow's back-off after the event: its limits are
+	// multiplied by 2^Strikes until a reply arrives.
+	Strikes int
+	// Avoided are the relays the flow avoided when it picked To: its own
+	// and the suspects.
+	Avoided []netip.AddrPort
+}
+
+// SetRepickTrace makes the relay call fn (from its workers; fn must not
+// block) each time a flow changes cluster relay, nil to stop. It costs
+// nothing while unset; set, the re-picks allocate. For tests and the soak.
+func (r *Relay) SetRepickTrace(fn func(RepickEvent)) {
+	if fn == nil {
+		r.repickTrace.Store(nil)
+		return
+	}
+	r.repickTrace.Store(&fn)
+}
+
+func (r *Relay) repickEvent(f *flow, client netip.AddrPort, prev, c *relayChoice, reason string, gen, sgen uint64, now int64) RepickEvent {
+	ev := RepickEvent{At: time.Unix(0, now), Client: client, Cluster: f.cluster, To: c.addr, Reason: reason, Strikes: int(f.watch.strikes.Load())}
+	switch {
+	case prev == nil:
+		ev.Reason = "new"
+	case reason != "":
+		ev.From = prev.addr
+	case prev.gen != gen:
+		ev.From, ev.Reason = prev.addr, "gossip"
+	case prev.sgen != sgen:
+		ev.From, ev.Reason = prev.addr, RepickAvoided
+	}
+	for _, a := range f.watch.avoiding(now) {
+		if a.until > now {
+			ev.Avoided = append(ev.Avoided, a.addr)
+		}
+	}
+	if m := r.suspects.snap.Load(); m != nil {
+		for a, u := range *m {
+			if u > now {
+				ev.Avoided = append(ev.Avoided, a)
+			}
+		}
+	}
+	return ev
 }
 
 // watchCheck records that a Binding Request of the flow was forwarded: a
@@ -246,23 +400,49 @@ func (r *Relay) evidence(w *relayWatch, now int64) string {
 	return ""
 }
 
-// pick chooses the flow's relay, skipping suspects and the relay the flow
-// itself found silent, while their avoidance lasts.
-func (r *Relay) pick(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool) {
+// keeps reports whether a flow stays on relay across a change of the
+// directory or of the suspects: it has been answered through relay since
+// it picked it, and relay is still usable and not suspect.
+func (r *Relay) keeps(f *flow, relay netip.AddrPort, now int64) bool {
 	ad, ok := r.cfg.Clusters.(avoidingDirectory)
 	if !ok {
-		return r.cfg.Clusters.RelayFor(f.cluster, client)
+		return false
 	}
-	own := f.watch.avoid.Load()
-	if own != nil && own.until <= now {
-		own = nil
+	w := &f.watch
+	last := w.lastReply.Load()
+	return last != 0 && last >= w.since.Load() && r.suspects.until(relay) <= now && ad.Usable(f.cluster, relay)
+}
+
+// pick chooses the flow's relay, skipping suspects and the relays the flow
+// itself found silent, while their avoidance lasts.
+func (r *Relay) pick(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool) {
+	addr, ok, _ := r.pickAvoiding(f, client, now)
+	return addr, ok
+}
+
+// pickAvoiding is pick, also reporting whether the avoidances ruled out
+// every usable relay of the flow's cluster.
+func (r *Relay) pickAvoiding(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool, bool) {
+	ad, ok := r.cfg.Clusters.(avoidingDirectory)
+	if !ok {
+		addr, ok := r.cfg.Clusters.RelayFor(f.cluster, client)
+		return addr, ok, false
 	}
+	own := f.watch.avoiding(now)
 	if own == nil && r.suspects.count(now) == 0 {
-		return r.cfg.Clusters.RelayFor(f.cluster, client) // no closure: the first packet stays cheap
+		addr, ok := r.cfg.Clusters.RelayFor(f.cluster, client) // no closure: the first packet stays cheap
+		return addr, ok, false
 	}
-	return ad.RelayForAvoiding(f.cluster, client, func(a netip.AddrPort) bool {
-		return (own != nil && a == own.addr) || r.suspects.until(a) > now
+	return ad.relayForAvoiding(f.cluster, client, func(a netip.AddrPort) bool {
+		return avoids(own, a, now) || r.suspects.until(a) > now
 	})
+}
+
+// triedAll reports whether the flow's avoidances (its own and the
+// suspects) rule out every usable relay of its cluster.
+func (r *Relay) triedAll(f *flow, client netip.AddrPort, now int64) bool {
+	_, _, exhausted := r.pickAvoiding(f, client, now)
+	return exhausted
 }
 
 // watchReply records a datagram toward the client that came from relay:
@@ -272,12 +452,15 @@ func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
 	if last := w.lastReply.Load(); last != now {
 		if last != 0 {
 			// Longer gaps count fast (a model that stopped talking must
-			// not look like a dead relay for long), shorter ones slowly.
+			// not look like a dead relay for long), shorter ones a little
+			// slower — but fast enough that a call half a second into its
+			// media no longer carries the spacing of its setup's replies
+			// (checks, DTLS) in its silence limit.
 			g, gap := w.replyGap.Load(), now-last
 			if gap > g {
 				g += (gap - g) / 2
 			} else {
-				g -= (g - gap) / 8
+				g -= (g - gap) / 4
 			}
 			w.replyGap.Store(g)
 			if n := w.replies.Load(); n < minReplies {
@@ -298,9 +481,7 @@ func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
 		r.m.suspects.Set(float64(r.suspects.count(now)))
 		r.log.Info("cluster relay answers again", "relay", relay)
 	}
-	if a := w.avoid.Load(); a != nil && a.addr == relay {
-		w.avoid.Store(nil)
-	}
+	w.forgive(relay)
 	if w.strikes.Load() != 0 {
 		w.strikes.Store(0)
 	}

@@ -106,6 +106,20 @@ func (f *failoverUnit) clientOf(relay, after netip.AddrPort) netip.AddrPort {
 	}
 }
 
+// leaves sends client's media every 20 ms from from on, for up to 3 s and
+// never answered, and returns how long it took until a datagram went to
+// another relay than relay (0: never).
+func (f *failoverUnit) leaves(client, relay netip.AddrPort, from time.Duration) time.Duration {
+	f.t.Helper()
+	for at := from; at < from+3*time.Second; at += 20 * time.Millisecond {
+		f.at(at)
+		if f.forward(client, media) != relay {
+			return max(at-from, 1)
+		}
+	}
+	return 0
+}
+
 func (f *failoverUnit) repicks(reason string) float64 {
 	return counter(f.t, f.reg, "rtcedge_globalrelay_relay_repicks_total", "reason", reason)
 }
@@ -127,13 +141,7 @@ func TestSilentClusterRelayIsLeft(t *testing.T) {
 		t.Fatalf("healthy call used relays %v, want only %v", used, relay12)
 	}
 	// relay12 dies: nothing comes back through it, the client goes on.
-	moved := time.Duration(0)
-	for at := time.Second; at < 3*time.Second && moved == 0; at += 20 * time.Millisecond {
-		f.at(at)
-		if f.forward(a, media) == relay12b {
-			moved = at - time.Second
-		}
-	}
+	moved := f.leaves(a, relay12, time.Second)
 	t.Logf("silent relay left after %v of silence", moved)
 	if moved == 0 || moved > DefaultSilenceAfter+clockTick {
 		t.Fatalf("the flow left its silent relay after %v, want within %v", moved, DefaultSilenceAfter+clockTick)
@@ -254,5 +262,124 @@ func TestRestoredFlowLeavesDeadRelay(t *testing.T) {
 	f.r.RestoreFlow(b, r)
 	if to := f.forward(b, media); to != relay12b {
 		t.Errorf("a second restored flow went to the relay the first found dead: %v", to)
+	}
+}
+
+// relay12c is a third cluster relay of cluster 0x12: a replacement that
+// joins gossip while the pods do not know it yet (their relay sets fail
+// closed, so it answers nothing).
+var relay12c = netip.MustParseAddrPort("127.0.0.1:12")
+
+// clientRanking returns a client address whose rendezvous order over the
+// given relays is exactly that order.
+func clientRanking(t *testing.T, order ...netip.AddrPort) netip.AddrPort {
+	t.Helper()
+	for port := uint16(20000); port < 60000; port++ {
+		c := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+		ok := true
+		for i := 1; i < len(order) && ok; i++ {
+			ok = score(c, order[i-1]) > score(c, order[i])
+		}
+		if ok {
+			return c
+		}
+	}
+	t.Fatalf("no client ranks the relays %v in that order", order)
+	return netip.AddrPort{}
+}
+
+// TestReplacedRelayFlowFindsLiveOne: the cluster relay a flow used dies
+// and a replacement joins gossip at once (the soak's "cluster relay
+// killed and replaced"), while the dead one stays listed (WAN timings)
+// and the pods do not trust the replacement yet. The flow must try the
+// cluster's third, live relay after the two silent ones rather than
+// alternate between them with its limits doubling (12 s of silence in
+// the soak).
+func TestReplacedRelayFlowFindsLiveOne(t *testing.T) {
+	f := newFailoverUnit(t)
+	dir := f.r.cfg.Clusters.(*Clusters)
+	a := clientRanking(t, relay12, relay12c, relay12b)
+	f.open(a, 7)
+	if used := f.call(a, 0, time.Second, all); len(used) != 1 || used[0] != relay12 {
+		t.Fatalf("healthy call used %v, want %v", used, []netip.AddrPort{relay12})
+	}
+	dir.Set([]Replica{{Cluster: 0x12, Addr: relay12}, {Cluster: 0x12, Addr: relay12b}, {Cluster: 0x12, Addr: relay12c}, {Cluster: 0x13, Addr: relay13}})
+	live := func(r netip.AddrPort) bool { return r == relay12b }
+	var reached time.Duration
+	var used []netip.AddrPort
+	for at := time.Second; at < 11*time.Second; at += 20 * time.Millisecond {
+		f.at(at)
+		to := f.forward(a, media)
+		if len(used) == 0 || used[len(used)-1] != to {
+			used = append(used, to)
+		}
+		if live(to) {
+			if reached == 0 {
+				reached = at - time.Second
+			}
+			f.answer(a, to)
+		} else if reached != 0 {
+			t.Fatalf("at %v the flow left the live relay for %v (relays used: %v)", at, to, used)
+		}
+	}
+	t.Logf("relays used %v; the live one reached after %v of silence", used, reached)
+	// Each silent relay is judged after SilenceAfter (and a clock tick).
+	if limit := 2*(DefaultSilenceAfter+clockTick) + clockTick; reached == 0 || reached > limit {
+		t.Errorf("the flow reached the live relay after %v (relays used: %v), want within %v", reached, used, limit)
+	}
+}
+
+// TestNewRelayDoesNotMoveHealthyFlow: a relay joining gossip does not take
+// a flow that is being answered through its current relay, even if the
+// newcomer ranks first for it: the pods may not trust the newcomer yet,
+// and a healthy call has nothing to gain from moving. New flows use it.
+func TestNewRelayDoesNotMoveHealthyFlow(t *testing.T) {
+	f := newFailoverUnit(t)
+	dir := f.r.cfg.Clusters.(*Clusters)
+	a := clientRanking(t, relay12c, relay12b, relay12)
+	f.open(a, 7)
+	f.call(a, 0, time.Second, all)
+	before := f.forward(a, media)
+	dir.Set([]Replica{{Cluster: 0x12, Addr: relay12}, {Cluster: 0x12, Addr: relay12b}, {Cluster: 0x12, Addr: relay12c}, {Cluster: 0x13, Addr: relay13}})
+	if used := f.call(a, time.Second, 2*time.Second, func(r netip.AddrPort) bool { return r != relay12c }); len(used) != 1 || used[0] != before {
+		t.Errorf("after a relay joined, the healthy flow used %v, want only %v", used, before)
+	}
+	fresh := f.clientOf(relay12c, a)
+	f.at(3 * time.Second)
+	if to := f.forward(fresh, f.check(t, 0x12, 9, 0)); to != relay12c {
+		t.Errorf("a new flow that ranks the new relay first went to %v", to)
+	}
+	// The flow's current relay leaving gossip still moves it.
+	dir.Set([]Replica{{Cluster: 0x12, Addr: relay12c}, {Cluster: 0x13, Addr: relay13}})
+	f.at(3 * time.Second)
+	if to := f.forward(a, media); to != relay12c {
+		t.Errorf("with its relay gone from gossip the flow still went to %v", to)
+	}
+}
+
+// TestYoungFlowLeavesSilentRelay: a call half a second into its media,
+// whose replies during setup (checks, DTLS) came half a second apart,
+// still has its relay's silence judged by SilenceAfter, not by the setup's
+// spacing: the smoothed reply interval follows media quickly downward.
+// (With 1/8 weight for shorter intervals it took 720 ms in the end-to-end
+// failover test instead of 300 ms.)
+func TestYoungFlowLeavesSilentRelay(t *testing.T) {
+	f := newFailoverUnit(t)
+	a := f.clients[relay12]
+	f.open(a, 7)
+	for at := 500 * time.Millisecond; at <= 2*time.Second; at += 500 * time.Millisecond {
+		f.at(at)
+		f.answer(a, f.forward(a, f.check(t, 0x12, 7, 0)))
+	}
+	// Half a second of echoed media, every 20 ms, on the relay's coarse
+	// clock (replies within one tick count once).
+	for at := 2 * time.Second; at < 2500*time.Millisecond; at += 20 * time.Millisecond {
+		f.at(at.Truncate(clockTick))
+		f.answer(a, f.forward(a, media))
+	}
+	moved := f.leaves(a, relay12, 2500*time.Millisecond)
+	t.Logf("left the silent relay after %v", moved)
+	if moved == 0 || moved > DefaultSilenceAfter+clockTick {
+		t.Errorf("a young flow left its silent relay after %v, want within %v", moved, DefaultSilenceAfter+clockTick)
 	}
 }

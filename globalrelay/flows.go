@@ -18,7 +18,8 @@ type flow struct {
 	lastSeen     atomic.Int64 // coarse unix nanos of the last packet from the client
 	lastStored   atomic.Int64 // coarse unix nanos of the last write to the route cache
 	choice       atomic.Pointer[relayChoice]
-	watch        relayWatch // is the chosen relay still answering? (failover.go)
+	watch        relayWatch    // is the chosen relay still answering? (failover.go)
+	ssrc         atomic.Uint64 // 1<<32 | the SSRC of the client's audio, 0 before any (ssrc.go)
 }
 
 // tokenKey identifies one minted token (one session's server ufrag).

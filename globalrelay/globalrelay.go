@@ -49,6 +49,7 @@ const (
 	DropTokenExpired   = "token_expired"    // a token older than TokenLifetime may open no new flow
 	DropFlowBusy       = "flow_busy"        // a check for another cluster/pod while the address's flow is live
 	DropNoHopKey       = "no_hop_key"       // no inter-tier key for the flow's cluster
+	DropSSRCLive       = "ssrc_live"        // RTP from an unknown address with the SSRC of a live flow (ssrc.go)
 )
 
 // dropReason is the typed form of the labels above; it indexes the
@@ -72,6 +73,7 @@ const (
 	dropTokenExpired
 	dropFlowBusy
 	dropNoHopKey
+	dropSSRCLive
 	numDropReasons
 )
 
@@ -82,6 +84,7 @@ var dropLabels = [numDropReasons]string{
 	dropFlowMismatch: DropFlowMismatch, dropEmpty: DropEmpty, dropDraining: DropDraining,
 	dropTokenReuse: DropTokenReuse, dropOversize: DropOversize, dropNotFromCluster: DropNotFromCluster,
 	dropBadSource: DropBadSource, dropTokenExpired: DropTokenExpired, dropFlowBusy: DropFlowBusy, dropNoHopKey: DropNoHopKey,
+	dropSSRCLive: DropSSRCLive,
 }
 
 // Config configures a Relay.
@@ -171,6 +174,7 @@ type Relay struct {
 	log     *slog.Logger
 	workers []worker
 	flows   *flowTable
+	ssrcs   *ssrcIndex // the SSRC each flow's client sends audio with (ssrc.go)
 	m       *metrics
 
 	own     []netip.AddrPort // the relay's own socket addresses: never a client
@@ -183,6 +187,10 @@ type Relay struct {
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
+
+	// repickTrace, when set, is called at each change of a flow's cluster
+	// relay (SetRepickTrace, failover.go).
+	repickTrace atomic.Pointer[func(RepickEvent)]
 }
 
 type worker struct {
@@ -252,6 +260,7 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "globalrelay", "pop", cfg.POP),
 		flows: newFlowTable(cfg.MaxFlows),
+		ssrcs: newSSRCIndex(),
 		m:     m,
 		done:  make(chan struct{}),
 	}
@@ -427,6 +436,7 @@ func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
 	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
+		r.ssrcs.sweep(r.flows)
 	}
 	r.m.flows.Set(float64(r.flows.len()))
 }
@@ -459,7 +469,8 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 	// a Binding Request is forwarded opaquely if it belongs to a flow.
 	var user []byte
 	var stunErr error = stunmsg.ErrNotSTUN
-	if stunmsg.DemuxClass(pkt) == stunmsg.ClassSTUN {
+	class := stunmsg.DemuxClass(pkt)
+	if class == stunmsg.ClassSTUN {
 		user, stunErr = stunmsg.Username(pkt)
 	}
 	if stunErr != stunmsg.ErrNotSTUN && stunErr != stunmsg.ErrNotBindingRequest {
@@ -477,12 +488,19 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 			r.m.drops.Inc(dropBadSource)
 			return nil, netip.AddrPort{}, false
 		}
+		if class == stunmsg.ClassRTP {
+			// A caller whose NAT rebound: its audio names the SSRC of
+			// a flow gone silent (ssrc.go).
+			f = r.followSSRC(pkt, from, now)
+		}
+	}
+	if f == nil {
 		// Maybe another replica (or this one before a restart) has it:
 		// look it up in the background; this datagram is lost either way.
 		// Only DTLS and RTP/RTCP can belong to a call; scans and junk must
 		// not spend the lookup budget a restart needs.
 		if r.cfg.Cache != nil && n >= 12 {
-			if c := stunmsg.DemuxClass(pkt); c == stunmsg.ClassDTLS || c == stunmsg.ClassRTP {
+			if class == stunmsg.ClassDTLS || class == stunmsg.ClassRTP {
 				r.cfg.Cache.Lookup(from, nil)
 			}
 		}
@@ -505,6 +523,9 @@ func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip
 	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
 	if !ok {
 		return nil, netip.AddrPort{}, false
+	}
+	if class == stunmsg.ClassRTP {
+		r.noteSSRC(f, from, pkt, now)
 	}
 	if stunErr == nil {
 		watchCheck(f, now) // a verified Binding Request: the pod must answer it
@@ -558,14 +579,8 @@ func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now in
 		r.m.drops.Inc(dropDraining)
 		return nil
 	}
-	nf := &flow{cluster: tok.Cluster, pod: tok.Pod, tok: tokenKey{tok.Cluster, tok.Pod, tok.Nonce}, created: now}
-	nf.lastSeen.Store(now)
-	switch r.flows.put(from, nf) {
-	case putFull:
-		r.m.drops.Inc(dropTableFull)
-		return nil
-	case putTokenCap:
-		r.m.drops.Inc(dropTokenReuse)
+	nf, _ := r.storeFlow(from, tokenKey{tok.Cluster, tok.Pod, tok.Nonce}, now, true)
+	if nf == nil {
 		return nil
 	}
 	r.m.flowsCreated.Inc()
@@ -573,6 +588,24 @@ func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now in
 		r.m.takeovers.Inc()
 	}
 	return nf
+}
+
+// storeFlow makes a flow of token tk for a client address — replacing the
+// address's flow, or only where it has none — and counts a refusal for a
+// full table or a token at its cap. The flow is nil unless it was stored.
+func (r *Relay) storeFlow(from netip.AddrPort, tk tokenKey, now int64, replace bool) (*flow, putResult) {
+	nf := &flow{cluster: tk.cluster, pod: tk.pod, tok: tk, created: now}
+	nf.lastSeen.Store(now)
+	res := r.flows.store(from, nf, replace)
+	switch res {
+	case putStored:
+		return nf, res
+	case putFull:
+		r.m.drops.Inc(dropTableFull)
+	case putTokenCap:
+		r.m.drops.Inc(dropTokenReuse)
+	}
+	return nil, res
 }
 
 // RestoreFlow recreates a flow the route cache found for a client, unless
@@ -676,15 +709,9 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			r.m.drops.Inc(dropBadSource)
 			return nil, netip.AddrPort{}, false
 		}
-		now := r.now.Load()
-		nf := &flow{cluster: h.Cluster, pod: h.Pod, tok: tokenKey{h.Cluster, h.Pod, h.Token}, created: now}
-		nf.lastSeen.Store(now)
-		switch r.flows.putIfAbsent(h.Client, nf) {
-		case putFull:
-			r.m.drops.Inc(dropTableFull)
-			return nil, netip.AddrPort{}, false
-		case putTokenCap:
-			r.m.drops.Inc(dropTokenReuse)
+		nf, res := r.storeFlow(h.Client, tokenKey{h.Cluster, h.Pod, h.Token}, r.now.Load(), false)
+		switch res {
+		case putFull, putTokenCap:
 			return nil, netip.AddrPort{}, false
 		case putExists:
 			if f = r.flows.get(h.Client); f == nil || f.cluster != h.Cluster || f.pod != h.Pod {
@@ -710,6 +737,7 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 type metrics struct {
 	flows                                   prometheus.Gauge
 	flowsCreated, flowsExpired              prometheus.Counter
+	ssrcFollows                             prometheus.Counter
 	flowsRestoredReturn, flowsRestoredCache prometheus.Counter
 	toCluster, toClient                     prometheus.Counter
 	toClusterBytes, toClientBytes           prometheus.Counter
@@ -733,6 +761,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	})
 	expired := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
+	})
+	followed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rtcedge_globalrelay_flows_followed_total",
+		Help: "Flows opened for a new client address by the RTP SSRC of a silent flow (a NAT rebinding before the client's next check).",
 	})
 	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
@@ -774,7 +806,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		repicks: map[string]prometheus.Counter{}, suspects: suspects,
 		takeovers: takeovers, cacheRejected: cacheRejected,
-		flows: flows, flowsCreated: created, flowsExpired: expired,
+		flows: flows, flowsCreated: created, flowsExpired: expired, ssrcFollows: followed,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
 		flowsRestoredCache:  restored.WithLabelValues("cache"),
 		toCluster:           packets.WithLabelValues("to_cluster"), toClient: packets.WithLabelValues("to_client"),
@@ -789,7 +821,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
+		for _, c := range []prometheus.Collector{flows, created, expired, followed, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
 			}

@@ -109,6 +109,24 @@ func (c *Call) Gaps() (longest, endedAt time.Duration) {
 	return longest, endedAt
 }
 
+// Gap is one interval without echoed audio, in wall-clock time.
+type Gap struct{ Start, End time.Time }
+
+// GapsOver returns every interval between consecutive echo arrivals
+// longer than min, oldest first.
+func (c *Call) GapsOver(min time.Duration) []Gap {
+	c.stats.mu.Lock()
+	defer c.stats.mu.Unlock()
+	var gs []Gap
+	a := c.stats.arrivals
+	for i := 1; i < len(a); i++ {
+		if a[i]-a[i-1] > min {
+			gs = append(gs, Gap{Start: c.start.Add(a[i-1]), End: c.start.Add(a[i])})
+		}
+	}
+	return gs
+}
+
 // liveStats is a constant-time view of a running call, for progress lines
 // that must not copy every sample of every call each second.
 type liveStats struct {

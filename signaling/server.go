@@ -410,8 +410,10 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request, allowed string) {
 	h.Set("Access-Control-Allow-Origin", origin)
 	h.Add("Vary", "Origin")
 	h.Set("Access-Control-Allow-Methods", allowed)
-	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
-	h.Set("Access-Control-Expose-Headers", "Location, "+HeaderRegion+", "+HeaderCluster+", "+HeaderPOP+", "+HeaderBackupPOP)
+	// If-Match and ETag: an ICE restart by PATCH (RFC 9725) from another
+	// origin sends the one and reads the other.
+	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, If-Match")
+	h.Set("Access-Control-Expose-Headers", "Location, ETag, "+HeaderRegion+", "+HeaderCluster+", "+HeaderPOP+", "+HeaderBackupPOP)
 	h.Set("Access-Control-Max-Age", "600")
 }
 

@@ -333,3 +333,40 @@ func TestDataPlaneRolesGetHopKeys(t *testing.T) {
 		t.Errorf("modules/pop: the global relay's secret env %v lacks RTCEDGE_HOP_KEYS", popEnv)
 	}
 }
+
+// TestPOPServiceKeepsClients: the POP's UDP Service keeps the client's
+// source address (externalTrafficPolicy Local: flows are keyed by it) and
+// keeps every port of one client IP on one replica (sessionAffinity
+// ClientIP: a NAT rebinding to a new port stays where its audio is known,
+// docs/network-changes.md).
+func TestPOPServiceKeepsClients(t *testing.T) {
+	pop := loadTree(t)["modules/pop"]
+	var vip *hclsyntax.Block
+	for _, b := range pop.blocks("resource", "kubernetes_service_v1") {
+		if len(b.Labels) > 1 && b.Labels[1] == "vip" {
+			vip = b
+		}
+	}
+	if vip == nil {
+		t.Fatal(`no resource "kubernetes_service_v1" "vip" in modules/pop`)
+	}
+	var spec *hclsyntax.Body
+	for _, b := range vip.Body.Blocks {
+		if b.Type == "spec" {
+			spec = b.Body
+		}
+	}
+	if spec == nil {
+		t.Fatal("the vip Service has no spec")
+	}
+	for name, want := range map[string]string{"external_traffic_policy": "Local", "session_affinity": "ClientIP", "type": "LoadBalancer"} {
+		a, ok := spec.Attributes[name]
+		if !ok {
+			t.Errorf("vip Service: no %s", name)
+			continue
+		}
+		if v, d := a.Expr.Value(nil); d.HasErrors() || v.Type() != cty.String || v.AsString() != want {
+			t.Errorf("vip Service: %s is not %q", name, want)
+		}
+	}
+}

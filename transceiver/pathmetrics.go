@@ -19,6 +19,8 @@ const (
 type pathMetrics struct {
 	addressChanges prometheus.Counter
 	followRetries  prometheus.Counter
+	mediaProbes    prometheus.Counter
+	mediaFollows   prometheus.Counter
 	iceRestarts    *prometheus.CounterVec
 	gap            *prometheus.HistogramVec
 }
@@ -36,13 +38,22 @@ func newPathMetrics() *pathMetrics {
 	m := &pathMetrics{
 		addressChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_address_changes_total",
-			Help: "Sessions whose downlink moved to a new client address behind the same POP (NAT rebinding, network change) " +
-				"after an authenticated check from it while the old address was silent.",
+			Help: "Sessions whose selected pair moved to a new client address behind the same POP (NAT rebinding, network change), " +
+				"whichever side moved it: the transceiver once the old address was silent, or the client by nomination.",
 		}),
 		followRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_follow_retries_total",
 			Help: "Authenticated checks from a new path presented to ICE again once the old address had gone silent " +
 				"(they had arrived while it was still live).",
+		}),
+		mediaProbes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_media_probes_total",
+			Help: "Probes (STUN requests signed with the client's password) sent to a new client address because the session's audio " +
+				"arrived from it while the selected address was silent: a NAT rebinding seen before the client's next check.",
+		}),
+		mediaFollows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_media_follows_total",
+			Help: "Checks presented to ICE for a new client address after it answered such a probe (the hook then decides whether the path moves).",
 		}),
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_transceiver_ice_restarts_total",
@@ -65,7 +76,7 @@ func newPathMetrics() *pathMetrics {
 }
 
 func (m *pathMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.addressChanges, m.followRetries, m.iceRestarts, m.gap}
+	return []prometheus.Collector{m.addressChanges, m.followRetries, m.mediaProbes, m.mediaFollows, m.iceRestarts, m.gap}
 }
 
 func (m *pathMetrics) observeGap(cause string, d time.Duration) {

@@ -83,6 +83,9 @@ type podSocket struct {
 	// set once after construction.
 	restarts *restartTable
 	out      *outQueue // batched sends (podbatch.go)
+	// stray is told of RTP from a client address no session's mux knows
+	// (hint.go); set once after construction.
+	stray func(pc *popConn, token [6]byte, client netip.AddrPort)
 
 	tcp tcpSide // ICE-TCP clients (tcp.go)
 
@@ -164,18 +167,7 @@ func (s *podSocket) readLoop() error {
 			bufPool.Put(b)
 		}
 	}()
-	for {
-		n, err := bc.ReadBatch(ms)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
+	err := bc.ReadLoop(ms, func(n int) bool {
 		for i := range n {
 			if ms[i].N > encap.MaxDatagram {
 				// Longer than any tier forwards: never a WebRTC datagram.
@@ -192,7 +184,12 @@ func (s *podSocket) readLoop() error {
 				ms[i].Buf = bufs[i][:]
 			}
 		}
+		return true
+	})
+	if errors.Is(err, net.ErrClosed) {
+		return nil
 	}
+	return err
 }
 
 // unbundle hands every item of a bundle (docs/bundle.md) to handle as if
@@ -265,6 +262,9 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	copy(buf[:], pkt[hl:])
 	n = hl + s.restarts.rewriteIn(buf[:], n-hl, s.now())
 	if reason, ok := pc.mux.deliver(buf, n-hl, h.Client); !ok {
+		if reason == dropUnknownClient && s.stray != nil && stunmsg.DemuxClass(buf[:n-hl]) == stunmsg.ClassRTP {
+			s.stray(pc, h.Token, h.Client)
+		}
 		s.m.drop(reason)
 		return false
 	}

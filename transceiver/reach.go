@@ -1,8 +1,6 @@
 package transceiver
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"net/netip"
 	"regexp"
 	"sync"
@@ -39,11 +37,13 @@ const (
 type reach struct {
 	mu     sync.Mutex
 	sent   bool     // a probe went out
+	sentAt int64    // unix nanos when it went out (a probe started by stray media, hint.go)
 	txID   [12]byte // its transaction ID
 	pwd    string   // the client's ICE password, to check the answer
 	held   [][]byte // DTLS/media waiting for the proof, oldest first
 	heldAt int64    // unix nanos when the oldest was held
 	lastTx [12]byte // transaction ID of the last authenticated check (confirm)
+	follow *session // the probe was started by this session's audio from the address (hint.go)
 }
 
 var icePwdRE = regexp.MustCompile(`a=ice-pwd:(\S+)`)
@@ -71,10 +71,8 @@ func (s *podSocket) probe(pop uint16, client netip.AddrPort, username, sdp strin
 		r.reach.mu.Unlock()
 		return
 	}
-	var tie [8]byte
-	_, _ = rand.Read(tie[:])
 	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(remote+":"+local),
-		ice.AttrControlled(binary.BigEndian.Uint64(tie[:])), ice.PriorityAttr(1),
+		ice.AttrControlled(tieBreaker()), ice.PriorityAttr(1),
 		stun.NewShortTermIntegrity(m[1]), stun.Fingerprint)
 	if err != nil {
 		r.reach.mu.Unlock()
@@ -112,7 +110,7 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 		r.reach.mu.Unlock()
 		return false
 	}
-	pwd := r.reach.pwd
+	pwd, follow := r.reach.pwd, r.reach.follow
 	r.reach.mu.Unlock()
 	m := &stun.Message{Raw: append([]byte(nil), payload...)}
 	if m.Decode() != nil || stun.NewShortTermIntegrity(pwd).Check(m) != nil {
@@ -120,6 +118,12 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 	}
 	c.prove(r)
 	c.sock.m.reachProven.Inc()
+	if follow != nil {
+		r.reach.mu.Lock()
+		r.reach.follow = nil
+		r.reach.mu.Unlock()
+		follow.presentCheck(c, client)
+	}
 	return true
 }
 

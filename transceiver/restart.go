@@ -56,6 +56,7 @@ type iceAlias struct {
 	session    *session
 	serverPwd  string   // the new server password: new checks are signed with it
 	client     string   // the new client ufrag
+	clientPwd  string   // the new client password (probes to a new address, hint.go)
 	orig       iceCreds // the agent's own server credentials
 	origClient string   // the client ufrag the agent knows
 	username   string   // orig.ufrag + ":" + origClient, what Pion expects
@@ -339,9 +340,10 @@ func (t *Transceiver) RestartICE(id, frag, ifMatch string) (RestartResult, error
 		return RestartResult{}, fmt.Errorf("ice password: %w", err)
 	}
 	t.restarts.set(ufrag, &iceAlias{
-		session: s, serverPwd: pwd, client: client.ufrag, orig: orig, origClient: origClient.ufrag,
+		session: s, serverPwd: pwd, client: client.ufrag, clientPwd: client.pwd, orig: orig, origClient: origClient.ufrag,
 		username: orig.ufrag + ":" + origClient.ufrag,
 	})
+	t.indexUfrag(ufrag, s)
 	s.restartedAt.Store(t.cfg.Now().UnixNano())
 	t.log.Info("ICE restart", "session", s.id)
 	return RestartResult{

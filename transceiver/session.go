@@ -36,6 +36,8 @@ type session struct {
 	track   *webrtc.TrackLocalStaticRTP
 	handler Handler
 	created time.Time
+	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
+	pwd     string
 
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
@@ -58,6 +60,8 @@ type session struct {
 
 	follow      follower     // a path change waiting for the old address to go silent (follow.go)
 	restartedAt atomic.Int64 // unix nanos of the last ICE restart not yet followed by a check (restart.go)
+
+	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu (hint.go)
 
 	endOnce      sync.Once
 	teardownOnce sync.Once
@@ -83,7 +87,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 
 	// A SettingEngine copy per session carries its credentials and the
 	// subset of POP muxes it advertises; the muxes themselves are shared.
-	s := &session{id: id, t: t, created: t.cfg.Now(), popByVIP: make(map[netip.AddrPort]uint16, len(req.POPs))}
+	s := &session{id: id, t: t, created: t.cfg.Now(), ufrag: ufrag, pwd: pwd, popByVIP: make(map[netip.AddrPort]uint16, len(req.POPs))}
 	for _, p := range req.POPs {
 		s.popByVIP[p.VIP] = p.ID
 	}
@@ -100,17 +104,23 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	}
 	s.pc = pc
 	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
+		var oldPeer *netip.AddrPort
 		if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
 			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
-			s.selectedPeer.Store(&peer)
+			oldPeer = s.selectedPeer.Swap(&peer)
 		}
-		// Every move to another POP counts, whichever side made it: the
-		// transceiver after silence (onBindingRequest), or the client by
-		// nominating a pair through another POP (a browser on ICE-TCP does
-		// as soon as its connection to the failed POP is reset).
+		// Every move to another POP or another client address counts,
+		// whichever side made it: the transceiver after silence
+		// (onBindingRequest), or the client by nominating another pair (a
+		// browser on ICE-TCP does as soon as its connection to the failed
+		// POP is reset; a browser whose NAT rebound may nominate its new
+		// address before the pod has followed it).
 		pop := uint32(s.popOf(p.Local.Address, p.Local.Port))
-		if old := s.selectedPOP.Swap(pop); old != 0 && pop != 0 && old != pop {
+		switch old := s.selectedPOP.Swap(pop); {
+		case old != 0 && pop != 0 && old != pop:
 			s.t.m.popSwitches.Inc()
+		case old != 0 && old == pop && oldPeer != nil && s.selectedPeer.Load() != nil && *oldPeer != *s.selectedPeer.Load():
+			s.t.m.path.addressChanges.Inc()
 		}
 	})
 	pc.OnConnectionStateChange(s.onState)
@@ -285,7 +295,6 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	cause := causePOP // counted when the selection changes (newSession)
 	if pop == cur {
 		cause = causeAddress
-		s.t.m.path.addressChanges.Inc()
 	}
 	if seen {
 		s.t.m.path.observeGap(cause, now.Sub(last))

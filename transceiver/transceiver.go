@@ -178,6 +178,8 @@ type Transceiver struct {
 	base webrtc.SettingEngine
 	// restarts translates the ICE credentials of restarted sessions (restart.go).
 	restarts *restartTable
+	// byNonce finds a session by its routing token's nonce (hint.go).
+	byNonce nonceIndex
 
 	mu       sync.Mutex
 	muxes    map[uint16]*popMux  // per POP, guarded by mu
@@ -238,6 +240,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.HopKeys, cfg.Relays, m, cfg.Now)
 	t.restarts = newRestartTable()
 	t.sock.restarts = t.restarts
+	t.sock.stray = t.strayMedia
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)
@@ -493,6 +496,7 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 		} else {
 			t.sessions[s.id] = s
 			t.m.sessions.Set(float64(len(t.sessions)))
+			t.indexUfrag(s.ufrag, s)
 		}
 	}
 	t.maybeDrainedLocked()
@@ -525,6 +529,7 @@ func (t *Transceiver) forget(s *session) {
 		delete(t.sessions, s.id)
 		t.m.sessions.Set(float64(len(t.sessions)))
 	}
+	t.byNonce.remove(s)
 	t.maybeDrainedLocked()
 	t.mu.Unlock()
 }

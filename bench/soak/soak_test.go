@@ -17,8 +17,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,12 +87,17 @@ func TestSoak(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	redisSrv := testredis.Start(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	w, err := devworld.Start(devworld.Config{RedisURL: redisSrv.URL(), ProductionGossip: true, Logger: log})
+	tr := newTracer()
+	w, err := devworld.Start(devworld.Config{RedisURL: redisSrv.URL(), ProductionGossip: true, Logger: log, OnRepick: tr.onRepick})
 	if err != nil {
 		t.Fatal(err)
 	}
+	tr.learn(w)
 	ctx, cancel := context.WithTimeout(context.Background(), *duration+5*time.Minute)
 	defer cancel()
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); tr.sample(sctx, w) }()
 	var cs []*probe.Call
 	var began []time.Time // about when each call's clock started
 	for i := range *calls {
@@ -117,6 +124,11 @@ func TestSoak(t *testing.T) {
 	var quietLost, quietSent int
 	var faults []string
 	start := time.Now()
+	var clients []netip.AddrPort
+	for _, c := range cs {
+		local, _, _ := c.SelectedPair()
+		clients = append(clients, local)
+	}
 	windowStart := snap()
 	for round := 0; time.Since(start) < *duration; round++ {
 		for _, f := range schedule {
@@ -134,7 +146,11 @@ func TestSoak(t *testing.T) {
 			if err := f.do(w, redisSrv, round); err != nil {
 				t.Errorf("round %d, %s: %v", round, f.name, err)
 			}
-			faults = append(faults, fmt.Sprintf("%6.1fs %s (%v)", time.Since(start).Seconds(), f.name, time.Since(began).Round(time.Millisecond)))
+			tr.learn(w)
+			tr.mu.Lock()
+			tr.faults = append(tr.faults, faultRun{start: began, end: time.Now(), name: f.name})
+			tr.mu.Unlock()
+			faults = append(faults, fmt.Sprintf("%6.1fs %s (%v)", began.Sub(start).Seconds(), f.name, time.Since(began).Round(time.Millisecond)))
 			time.Sleep(settle)
 			windowStart = snap()
 		}
@@ -179,6 +195,29 @@ func TestSoak(t *testing.T) {
 		fmt.Fprintf(&b, "%4d %8d %8d %7.3f %9v %s\n", i, s.Sent, s.Lost, 100*s.LossRatio(), gap.Round(time.Millisecond), st)
 	}
 	t.Logf("per call:\n%s", b.String())
+	stopSampling()
+	<-sampled
+	var gaps [][]probe.Gap
+	for _, c := range cs {
+		gaps = append(gaps, c.GapsOver(gapMin))
+	}
+	var gb strings.Builder
+	sum := map[string]*gapSummary{}
+	for i := range cs {
+		tr.explain(&gb, i, clients[i], gaps, start, sum)
+	}
+	t.Logf("gaps over %v (the fault before each, then the path's events from 1 s before it, relative to its start):\n%s", gapMin, gb.String())
+	var sb strings.Builder
+	for _, f := range append(slices.Clone(schedule), fault{name: ""}) {
+		if g := sum[f.name]; g != nil {
+			name := f.name
+			if name == "" {
+				name = "outside the faults"
+			}
+			fmt.Fprintf(&sb, "  %-36s %4d gaps, longest %v\n", name, g.n, g.max.Round(time.Millisecond))
+		}
+	}
+	t.Logf("gaps over %v by fault:\n%s", gapMin, sb.String())
 	quiet := 100 * float64(quietLost) / float64(max(quietSent, 1))
 	t.Logf("all calls: %d of %d packets lost (%.3f %%), longest gap %v, %d calls not connected; outside the faults: %d of %d lost (%.3f %%)",
 		totalLost, totalSent, 100*float64(totalLost)/float64(max(totalSent, 1)), worstGap.Round(time.Millisecond), dead, quietLost, quietSent, quiet)

@@ -2,6 +2,7 @@ package routecache
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
@@ -202,4 +203,43 @@ func BenchmarkRedisLookups(b *testing.B) {
 	s := c.Stats()
 	b.ReportMetric(float64(s.LookupsHit)/elapsed.Seconds(), "hits/s")
 	b.ReportMetric(float64(s.LookupsHit)/float64(max(s.LookupRoundTrips, 1)), "lookups/roundtrip")
+}
+
+// BenchmarkRedisLoad is a starting replica's bulk load (Load) of 100,000
+// entries from a real redis-server: the time per load, and its round
+// trips.
+func BenchmarkRedisLoad(b *testing.B) {
+	const n = 100_000
+	srv := testredis.Start(b)
+	w, err := Open(srv.URL(), Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runB(b, w)
+	for i := range n {
+		w.Store(addr(i), Route{Cluster: 1, Pod: uint16(i), KeyID: 1, Tag: uint64(i)})
+		if i%4096 == 4095 {
+			if err := w.Flush(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := w.Flush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	found := 0
+	c, err := Open(srv.URL(), Config{Logger: slog.New(slog.DiscardHandler), OnFound: func(netip.AddrPort, Route) { found++ }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		found = 0
+		k, err := c.(Loader).Load(context.Background())
+		if err != nil || k != n || found != n {
+			b.Fatalf("loaded %d (%d found), %v; want %d", k, found, err, n)
+		}
+	}
+	b.ReportMetric(float64(n), "entries/op")
 }

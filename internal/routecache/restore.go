@@ -41,6 +41,18 @@ const loadPage = 1000
 // machine takes longer).
 const loadRoundTrip = 2 * time.Second
 
+// loadClient returns the client a Load's round trips use: c with read and
+// write timeouts of loadRoundTrip, on the same connection pool. go-redis
+// bounds a round trip by the smaller of the context's deadline and the
+// client's read timeout (the cache's Timeout, 100 ms by default), so the
+// load's context alone cannot give a page more time.
+func loadClient(c redis.UniversalClient) redis.UniversalClient {
+	if c, ok := c.(*redis.Client); ok {
+		return c.WithTimeout(loadRoundTrip)
+	}
+	return c // a cluster or ring client: its own timeouts apply
+}
+
 // Load implements Loader: SCAN for the key prefix, one MGET per page, with
 // the next page's SCAN in the same pipeline as this page's MGET.
 func (c *Redis) Load(ctx context.Context) (int, error) { return c.e.load(ctx) }
@@ -77,8 +89,9 @@ func (e *engine) load(ctx context.Context) (int, error) {
 
 func (b *redisBackend) scan(ctx context.Context, found func(netip.AddrPort, Route)) error {
 	match := b.prefix + "*"
+	client := loadClient(b.client)
 	rctx, cancel := context.WithTimeout(ctx, loadRoundTrip)
-	keys, cursor, err := b.client.Scan(rctx, 0, match, loadPage).Result()
+	keys, cursor, err := client.Scan(rctx, 0, match, loadPage).Result()
 	cancel()
 	if err != nil {
 		return fmt.Errorf("redis scan: %w", err)
@@ -87,7 +100,7 @@ func (b *redisBackend) scan(ctx context.Context, found func(netip.AddrPort, Rout
 		var vals *redis.SliceCmd
 		var next *redis.ScanCmd
 		rctx, cancel := context.WithTimeout(ctx, loadRoundTrip)
-		pipe := b.client.Pipeline()
+		pipe := client.Pipeline()
 		if len(keys) > 0 {
 			vals = pipe.MGet(rctx, keys...)
 		}
@@ -164,15 +177,22 @@ func newPrefixBudget(rate float64) *prefixBudget {
 	return &prefixBudget{rate: rate, burst: max(rate, 1), seed: maphash.MakeSeed()}
 }
 
-// allow takes one token from a's prefix bucket at now (unix nanos).
-func (p *prefixBudget) allow(a netip.Addr, now int64) bool {
+// bucket is the index of a's prefix bucket. The seed is random per cache,
+// so which prefixes share a bucket differs from replica to replica and
+// cannot be chosen by a sender.
+func (p *prefixBudget) bucket(a netip.Addr) uint64 {
 	bits := prefixBits6
 	if a.Is4() {
 		bits = prefixBits4
 	}
 	pfx, _ := a.Prefix(bits)
 	b := pfx.Addr().As16()
-	i := maphash.Bytes(p.seed, b[:]) % prefixBuckets
+	return maphash.Bytes(p.seed, b[:]) % prefixBuckets
+}
+
+// allow takes one token from a's prefix bucket at now (unix nanos).
+func (p *prefixBudget) allow(a netip.Addr, now int64) bool {
+	i := p.bucket(a)
 	if p.last[i] == 0 {
 		p.tokens[i] = p.burst
 	} else if dt := now - p.last[i]; dt > 0 {

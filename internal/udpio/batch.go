@@ -70,6 +70,34 @@ func (b *BatchConn) ReadBatch(ms []Msg) (int, error) {
 	return 1, nil
 }
 
+// ReadLoop reads batches into ms, as ReadBatch does, and calls handle with
+// the number read, until handle returns false (ReadLoop then returns nil)
+// or a read fails (a closed socket: an error matching net.ErrClosed). On
+// Linux it makes one recvmmsg per wake-up where ReadBatch in a loop makes
+// two (the second returning EAGAIN). handle runs on the reading goroutine
+// and must be done with ms before it returns.
+func (b *BatchConn) ReadLoop(ms []Msg, handle func(n int) bool) error {
+	if len(ms) == 0 {
+		return errors.New("udpio: ReadLoop needs at least one message")
+	}
+	if b.mm != nil && !b.mm.blocking {
+		return b.mm.readLoop(ms, handle)
+	}
+	for {
+		n, err := b.ReadBatch(ms)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		if !handle(n) {
+			return nil
+		}
+	}
+}
+
 // WriteBatch sends up to min(len(ms), Size()) datagrams and returns how
 // many were sent. A datagram the kernel refuses ends the call with an
 // error; n datagrams before it were sent, and the caller decides whether
@@ -122,18 +150,7 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Dec
 	if hooks.Bundle {
 		bd = newBundler(outs)
 	}
-	for {
-		n, err := rd.ReadBatch(in)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
+	err := rd.ReadLoop(in, func(n int) bool {
 		k := 0
 		for i := range n {
 			if in[i].N > limit {
@@ -159,10 +176,12 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Dec
 				hooks.Bundled(bundles, items)
 			}
 		}
-		if err := writeAll(wr, send, hooks); err != nil {
-			return nil
-		}
+		return writeAll(wr, send, hooks) == nil // nil: dst is open
+	})
+	if errors.Is(err, net.ErrClosed) {
+		return nil
 	}
+	return err
 }
 
 // maxWriteBatch is the most datagrams one sendmmsg takes (UIO_MAXIOV).

@@ -300,3 +300,92 @@ func TestForwardBatchBlockingReads(t *testing.T) {
 		t.Fatal("the loop did not end after Close")
 	}
 }
+
+// TestReadLoopOneReadPerWake: ReadLoop reads a datagram that arrives while
+// its handler runs (after a drained batch, with no reader waiting) and one
+// that arrives while it waits, and makes one recvmmsg per datagram when
+// datagrams come one at a time, where ReadBatch in a loop makes two (the
+// second returning EAGAIN). Re-entering the raw read after a drained batch
+// without reading would lose the first case: the runtime forgets readiness
+// at the start of every raw read.
+func TestReadLoopOneReadPerWake(t *testing.T) {
+	for _, loop := range []bool{true, false} {
+		name := "ReadLoop"
+		if !loop {
+			name = "ReadBatch"
+		}
+		t.Run(name, func(t *testing.T) {
+			rx, tx := listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0")
+			r := NewBatchConn(rx, 8)
+			if !r.Batched() {
+				t.Skip("no recvmmsg on this platform") // the plain fallback has no EAGAIN read to save
+			}
+			in := make([]Msg, 8)
+			for i := range in {
+				in[i].Buf = make([]byte, 16)
+			}
+			to := LocalAddrPort(rx)
+			send := func(b byte) {
+				if _, err := tx.WriteToUDPAddrPort([]byte{b}, to); err != nil {
+					t.Error(err)
+				}
+			}
+			const rounds = 100
+			got := make(chan byte, rounds+2)
+			handle := func(n int) bool {
+				for i := range n {
+					got <- in[i].Buf[0]
+				}
+				// Datagram 0 brings 1 while the handler runs: it must
+				// be read without another datagram to announce it.
+				if in[n-1].Buf[0] == 0 {
+					send(1)
+					// Let the runtime's poller see it before the
+					// handler returns (no event to await here).
+					time.Sleep(5 * time.Millisecond)
+				}
+				return in[n-1].Buf[0] != rounds
+			}
+			done := make(chan error, 1)
+			go func() {
+				if loop {
+					done <- r.ReadLoop(in, handle)
+					return
+				}
+				for {
+					n, err := r.ReadBatch(in)
+					if err != nil || !handle(n) {
+						done <- err
+						return
+					}
+				}
+			}()
+			send(0)
+			timeout := time.After(10 * time.Second)
+			for want := byte(0); want <= rounds; want++ {
+				select {
+				case b := <-got:
+					if b != want {
+						t.Fatalf("datagram %d read where %d was due", b, want)
+					}
+				case <-timeout:
+					t.Fatalf("datagram %d never read", want)
+				}
+				if want >= 1 && want < rounds {
+					send(want + 1) // one in flight: each wakes a waiting reader
+				}
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			calls := r.mm.rd.calls
+			t.Logf("%s: %d recvmmsg for %d datagrams", name, calls, rounds+1)
+			if loop && calls > rounds+1+rounds/10 {
+				t.Errorf("ReadLoop made %d recvmmsg for %d datagrams one at a time, want about one each", calls, rounds+1)
+			}
+			if !loop && calls < 3*rounds/2 {
+				t.Errorf("ReadBatch made %d recvmmsg for %d datagrams, expected about two each (the baseline this test compares with)", calls, rounds+1)
+			}
+		})
+	}
+}

@@ -34,6 +34,7 @@ type mmsgHalf struct {
 	ms    []Msg                   // the call's messages
 	n     int                     // the call's result
 	err   error
+	calls int // system calls made (read half: recvmmsg), for tests; only its goroutine touches it
 }
 
 func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
@@ -88,6 +89,63 @@ func (m *mmsg) read(ms []Msg) (int, error) {
 	return h.n, nil
 }
 
+// readLoop reads batches into ms and hands each to handle, for as long as
+// handle returns true, all inside one raw read of the socket. After a
+// batch smaller than ms (the queue was drained) it waits in the runtime's
+// poller without another recvmmsg: within one raw read the poller keeps
+// the readiness of datagrams that arrived since the read began, so one
+// that came in while handle ran is read at once; a new raw read would
+// forget it (TestReadLoopNoEAGAIN). A C forwarder blocked in recvmmsg
+// makes one read per wake-up; so does this loop, where ReadBatch makes a
+// second one that returns EAGAIN.
+func (m *mmsg) readLoop(ms []Msg, handle func(n int) bool) error {
+	h := &m.rd
+	k := min(len(ms), len(h.hdrs))
+	var stop bool
+	var rerr error
+	f := func(fd uintptr) bool {
+		for {
+			for i := range k {
+				setIov(&h.iovs[i], ms[i].Buf)
+				h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+				h.hdrs[i].Len = 0
+			}
+			h.calls++
+			r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0, 0, 0)
+			switch e {
+			case 0:
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			default:
+				rerr = errnoErr("recvmmsg", e)
+				return true
+			}
+			n := int(r)
+			for i := range n {
+				ms[i].N = int(h.hdrs[i].Len)
+				ms[i].Addr = sockaddrToAddrPort(&h.names[i])
+			}
+			if !handle(n) {
+				stop = true
+				return true
+			}
+			if n < k {
+				return false // drained: wait for the next datagram
+			}
+		}
+	}
+	for {
+		if err := m.rc.Read(f); err != nil {
+			return err
+		}
+		if stop || rerr != nil {
+			return rerr
+		}
+	}
+}
+
 func (m *mmsg) doRead(fd uintptr) bool {
 	if m.blocking {
 		return m.rd.callFlags(fd, unix.SYS_RECVMMSG, unix.MSG_WAITFORONE, "recvmmsg")
@@ -104,6 +162,7 @@ func (h *mmsgHalf) call(fd uintptr, trap uintptr, op string) bool {
 }
 
 func (h *mmsgHalf) callFlags(fd uintptr, trap uintptr, flags int, op string) bool {
+	h.calls++
 	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), uintptr(flags), 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false

@@ -10,7 +10,8 @@ type mmsg struct{}
 // BatchConn then moves one datagram per call.
 func newMmsg(*net.UDPConn, int) (*mmsg, bool) { return nil, false }
 
-func (*mmsg) read([]Msg) (int, error)  { panic("unreachable") }
-func (*mmsg) write([]Msg) (int, error) { panic("unreachable") }
+func (*mmsg) read([]Msg) (int, error)                { panic("unreachable") }
+func (*mmsg) readLoop([]Msg, func(n int) bool) error { panic("unreachable") }
+func (*mmsg) write([]Msg) (int, error)               { panic("unreachable") }
 
 func (*mmsg) makeBlocking() error { return nil }

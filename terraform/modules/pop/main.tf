@@ -6,6 +6,11 @@
 # health-check each node for a ready local relay; a relay's readiness is its
 # /readyz, 503 while draining, so a draining replica stops getting new
 # clients but keeps its flows.
+#
+# Session affinity ClientIP keeps every port of one client address on one
+# replica: a NAT rebinding to a new port stays on the replica that knows the
+# call's audio SSRC (docs/network-changes.md), and a client's candidates
+# share a flow table.
 
 locals {
   namespace = var.create_namespace ? kubernetes_namespace_v1.pop[0].metadata[0].name : coalesce(var.namespace, "rtcedge-pop-${var.name}")
@@ -236,6 +241,7 @@ resource "kubernetes_service_v1" "vip" {
     type                    = "LoadBalancer"
     load_balancer_ip        = var.load_balancer_ip
     external_traffic_policy = "Local"
+    session_affinity        = "ClientIP"
     selector                = local.labels
     port {
       name        = "media"

@@ -1,0 +1,80 @@
+package globalrelay
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// rtpFrom returns an RTP datagram of the given SSRC.
+func rtpFrom(ssrc uint32) []byte {
+	return []byte{0x80, 111, 0, 1, 0, 0, 0, 1, byte(ssrc >> 24), byte(ssrc >> 16), byte(ssrc >> 8), byte(ssrc), 9, 9, 9, 9}
+}
+
+// TestSSRCFollowsSilentFlow: audio from an unknown address whose SSRC is a
+// flow's opens a flow there with that flow's cluster, pod and token — only
+// once the old flow has been silent for followSilence, never for an SSRC
+// no flow sent, never for RTCP; the old flow stays. A flow of another token
+// sending the same SSRC does not take it over. Without the SSRC index every
+// such datagram is dropped as unknown_flow until the client's next check.
+func TestSSRCFollowsSilentFlow(t *testing.T) {
+	u := newUnit(t, Config{})
+	old := netip.MustParseAddrPort("198.51.100.7:50000")
+	moved := netip.MustParseAddrPort("198.51.100.7:50001")
+	stranger := netip.MustParseAddrPort("203.0.113.9:4000")
+	u.at(0)
+	want, ok := u.send(t, old, u.check(t, 0x12, 3, 0))
+	if !ok {
+		t.Fatal("the caller's check was not forwarded")
+	}
+	for i := range 5 {
+		u.at(time.Duration(i) * 20 * time.Millisecond)
+		if _, ok := u.send(t, old, rtpFrom(0xcafe)); !ok {
+			t.Fatal("the caller's audio was not forwarded")
+		}
+	}
+	// Someone with a session of its own (another token) sends audio with
+	// the caller's SSRC from its own flow: it does not take the SSRC.
+	intruder := netip.MustParseAddrPort("203.0.113.66:7000")
+	if _, ok := u.send(t, intruder, u.check(t, 0x12, 4, 0)); !ok {
+		t.Fatal("the intruder's own check was not forwarded")
+	}
+	if _, ok := u.send(t, intruder, rtpFrom(0xcafe)); !ok {
+		t.Fatal("the intruder's audio on its own flow was not forwarded")
+	}
+	// The NAT rebinds: audio from the new address 20 ms after the last
+	// from the old one.
+	u.at(100 * time.Millisecond)
+	if _, ok := u.send(t, moved, rtpFrom(0xcafe)); ok {
+		t.Fatal("audio with a live flow's SSRC opened a flow for another address")
+	}
+	if n := u.drops(t, DropSSRCLive); n != 1 {
+		t.Errorf("ssrc_live drops %v, want 1", n)
+	}
+	u.at(80*time.Millisecond + followSilence)
+	if _, ok := u.send(t, stranger, rtpFrom(0xbeef)); ok {
+		t.Error("audio with an SSRC no flow sent was forwarded")
+	}
+	rtcp := []byte{0x80, 200, 0, 6, 0, 0, 0xca, 0xfe, 0, 0, 0, 0}
+	if _, ok := u.send(t, stranger, rtcp); ok {
+		t.Error("RTCP naming the flow's SSRC as its sender opened a flow")
+	}
+	got, ok := u.send(t, moved, rtpFrom(0xcafe))
+	if !ok {
+		t.Fatal("audio from the rebound address was not forwarded once the old flow was silent")
+	}
+	if got.Cluster != want.Cluster || got.Pod != want.Pod || got.Token != want.Token || got.Client != moved {
+		t.Errorf("followed flow %+v, want cluster %#x pod %d token %x client %v", got, want.Cluster, want.Pod, want.Token, moved)
+	}
+	if u.r.flows.get(old) == nil || u.r.Flows() != 3 {
+		t.Errorf("flows %d (old kept: %v), want the old, the new and the intruder's", u.r.Flows(), u.r.flows.get(old) != nil)
+	}
+	if n := counter(t, u.reg, "rtcedge_globalrelay_flows_followed_total", "", ""); n != 1 {
+		t.Errorf("flows_followed_total %v, want 1", n)
+	}
+	// The new address is the SSRC's now: a second rebind follows it.
+	u.at(100*time.Millisecond + 2*followSilence)
+	if _, ok := u.send(t, netip.MustParseAddrPort("198.51.100.7:50002"), rtpFrom(0xcafe)); !ok {
+		t.Error("a second rebind did not follow the new address")
+	}
+}
