@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/rtcedge/rtcedge/devworld"
 )
 
 // iceJS lists a peer connection's candidate pairs with their candidates,
@@ -42,14 +45,36 @@ const gapSamplerJS = `(() => {
 })()`
 
 // TestBrowserNearestPOPDiesMidCallOverTCP: Chromium in a network whose
-// firewall drops all UDP calls over ICE-TCP through the nearest POP; that
-// POP's global relays die, and with them the browser's TCP connection.
-// Chromium has already connected to and checked the backup POP's passive
-// TCP candidate (the pod answers those checks before any switch), so it
-// moves the call there by itself — no ICE restart — the transceiver
-// follows, and the echo and the data channel carry on. The media gap is
-// logged and bound loosely.
+// firewall drops all UDP calls over ICE-TCP through the nearest POP; then
+// that POP fails, in two ways:
+//
+//   - its global relays die: their TCP connections are reset, Chromium
+//     learns at once that the pair is gone and nominates the backup POP's
+//     TCP pair by itself (no ICE restart);
+//   - the path to it goes silent (a blackhole: no reset, no ICMP): the
+//     transceiver follows the checks arriving through the backup POP once
+//     the nearest has been silent for a second, and Chromium moves when its
+//     pair stops answering.
+//
+// Chromium has connected to the backup POP's passive TCP candidate from the
+// start, and has usually checked it too (the pod answers those checks
+// before any switch; whether the check came before Chromium settled on the
+// nearest POP's pair is logged). Either way the transceiver's POP switch
+// is counted, no ICE restart is needed, and the echo and the data channel
+// carry on. The media gap is logged and bound loosely.
 func TestBrowserNearestPOPDiesMidCallOverTCP(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail func(n *udpBlockedNet, w *devworld.World, near int)
+	}{
+		{"replicas killed", func(_ *udpBlockedNet, w *devworld.World, near int) { w.KillPOP(near) }},
+		{"path silent", func(n *udpBlockedNet, w *devworld.World, near int) { n.blackholeTCP(w.Regions[near].TCPAddr) }},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "-"), func(t *testing.T) { nearestPOPFailsOverTCP(t, tc.fail) })
+	}
+}
+
+func nearestPOPFailsOverTCP(t *testing.T, fail func(n *udpBlockedNet, w *devworld.World, near int)) {
 	n := newUDPBlockedNet(t)
 	w := n.startWorld(t)
 	near := expectedPlacement(t, w)
@@ -73,16 +98,21 @@ func TestBrowserNearestPOPDiesMidCallOverTCP(t *testing.T) {
 	if st.Remote != nearTCP {
 		t.Fatalf("the call runs via %s, want the nearest POP's TCP address %s\n%s", st.Remote, nearTCP, mustEval[string](b, iceJS("window.rtcedge.pc")))
 	}
-	// Before the failure the backup's TCP pair must already be checked
-	// through the backup POP: that is what the browser moves to.
-	b.waitJS("a succeeded pair to the backup POP's TCP candidate", fmt.Sprintf(`(async () => {
+	// Whether the backup's TCP pair was checked before the failure (the
+	// pod answers such checks whatever the selected pair) depends on
+	// Chromium's timing; it is logged, and the failover must work either way.
+	backupChecked := fmt.Sprintf(`(async () => {
   const r = await window.rtcedge.pc.getStats();
   const rc = new Map();
   r.forEach((s) => { if (s.type === "remote-candidate") rc.set(s.id, (s.address || s.ip) + ":" + s.port); });
   let ok = false;
   r.forEach((s) => { if (s.type === "candidate-pair" && s.state === "succeeded" && rc.get(s.remoteCandidateId) === %q) ok = true; });
-  return ok ? "ok" : "wait";
-})()`, backupTCP), 10*time.Second)
+  return ok;
+})()`, backupTCP)
+	for end := time.Now().Add(3 * time.Second); !mustEval[bool](b, backupChecked) && time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("backup POP's TCP pair checked before the failure: %v", mustEval[bool](b, backupChecked))
 	t.Logf("candidate pairs before the failure:\n%s", mustEval[string](b, iceJS("window.rtcedge.pc")))
 
 	switchesBefore := metricSum(t, w.Registry, "rtcedge_transceiver_pop_switches_total", nil)
@@ -90,7 +120,7 @@ func TestBrowserNearestPOPDiesMidCallOverTCP(t *testing.T) {
 	backupBefore := metricSum(t, w.Registry, "rtcedge_globalrelay_tcp_frames_total", backupFrames)
 	before := mustEval[audioStats](b, statsJS("window.rtcedge.pc")).PacketsReceived
 	b.waitJS("the gap sampler", gapSamplerJS, 5*time.Second)
-	w.KillPOP(nearIdx) // its replicas' TCP connections die with them
+	fail(n, w, nearIdx)
 	killed := time.Now()
 
 	b.waitJS("the echo to resume through the backup POP's TCP candidate", fmt.Sprintf(`(async () => {
@@ -111,7 +141,7 @@ func TestBrowserNearestPOPDiesMidCallOverTCP(t *testing.T) {
 	resumed := time.Since(killed)
 	gapMs := mustEval[float64](b, `(() => { clearInterval(window.rtcedgeGap.timer); return window.rtcedgeGap.maxMs; })()`)
 	switches := metricSum(t, w.Registry, "rtcedge_transceiver_pop_switches_total", nil) - switchesBefore
-	t.Logf("nearest POP killed mid-call (UDP blocked): longest time without an echoed packet %.0f ms; 50 more packets via %s after %v; transceiver POP switches %v",
+	t.Logf("nearest POP failed mid-call (UDP blocked): longest time without an echoed packet %.0f ms; 50 more packets via %s after %v; transceiver POP switches %v",
 		gapMs, backupTCP, resumed.Round(time.Millisecond), switches)
 	t.Logf("candidate pairs after the failure:\n%s", mustEval[string](b, iceJS("window.rtcedge.pc")))
 

@@ -112,6 +112,22 @@ func (n *udpBlockedNet) blockUDP() {
 	}
 }
 
+// blackholeTCP drops every TCP segment to and from ap in the namespace,
+// silently, as a path through a dead router or a vanished host does (no
+// reset, no ICMP).
+func (n *udpBlockedNet) blackholeTCP(ap netip.AddrPort) {
+	n.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", n.ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(fmt.Sprintf(`table inet rtcedge_tcp_blackhole {
+	chain output { type filter hook output priority 0; policy accept; ip daddr %[1]s tcp dport %[2]d drop; }
+	chain input { type filter hook input priority 0; policy accept; ip saddr %[1]s tcp sport %[2]d drop; }
+}
+`, ap.Addr(), ap.Port()))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		n.t.Fatalf("nft: %v\n%s", err, out)
+	}
+}
+
 // droppedUDP returns how many UDP datagrams the ruleset dropped leaving
 // the namespace.
 func (n *udpBlockedNet) droppedUDP() int {

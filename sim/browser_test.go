@@ -86,10 +86,10 @@ type browserResult struct {
 // reports POST → connected next to the goal; then the same number with the
 // site's UDP links dropping everything (a firewall that drops UDP), over
 // ICE-TCP through the POPs' TCP links, next to the goal of issue 14: no
-// more than the UDP calls' median plus one TCP handshake round trip. Unlike the Pion probe,
-// Chromium has no 200 ms nomination tick; it nominates with a later ping,
-// which the transceiver does not wait for (it selects the preferred POP's
-// pair on the first check).
+// more than the UDP calls' median plus one TCP handshake round trip
+// (docs/tcp.md). Unlike the Pion probe, Chromium has no 200 ms nomination
+// tick; it nominates with a later ping, which the transceiver does not
+// wait for (it selects the preferred POP's pair on the first check).
 func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
 	exe, err := exec.LookPath("chromium")
 	if err != nil {

@@ -16,15 +16,26 @@ const hostPriority = 126<<24 | 65535<<8 | 255
 const tcpHostPriority = hostPriority - maxPOPs*256*256
 
 // backupPriority is the priority of the first backup POP's UDP candidate:
-// type preference 80, below the TCP host candidate of every client (90 in
-// libwebrtc, so Chromium and Safari; 126 in Pion). A pair's priority is
-// ruled by the lower of its two candidates' (RFC 8445 section 6.1.2.3), so
-// every client's pair with the nearest POP's TCP candidate ranks above its
-// pairs with a backup POP, UDP included; the nearest POP's UDP pair ranks
-// above all. A client checks pairs in that order, one per pacing interval
-// (about 50 ms in Chromium): with UDP dropped, the nearest POP's TCP pair
-// is checked second instead of after every backup's UDP pair (docs/tcp.md).
-const backupPriority = 80<<24 | 65535<<8 | 255
+// type preference 85, between the two TCP candidates a libwebrtc client
+// (Chromium, Safari) pairs with ours: its host candidate (type preference
+// 90) and the peer-reflexive one (80) a TCP pair takes once connected. A
+// pair's priority is ruled by the lower of its two candidates' (RFC 8445
+// section 6.1.2.3), so
+//
+//   - a not yet connected TCP pair to the nearest POP ranks above the
+//     backups' pairs: with UDP dropped, Chromium, checking one pair per
+//     pacing interval (about 50 ms) in priority order, checks it right
+//     after the nearest POP's UDP pair instead of after the backups'
+//     (docs/tcp.md, "Setup time");
+//   - once that pair is selected (and peer-reflexive), the backups' pairs
+//     rank above it, so Chromium still checks them rather than pruning
+//     them unchecked — which would leave no pair to fail over to. Below 80
+//     (measured at 60) the backups were pruned and the call died with the
+//     nearest POP.
+//
+// The nearest POP's UDP pair ranks above all, for every client (Pion's TCP
+// candidates are at 126).
+const backupPriority = 85<<24 | 65535<<8 | 255
 
 // candidatePriority is the priority of a POP's candidate by the POP's rank
 // (0: nearest) and transport. Ranks step the local preference by 256 (RFC

@@ -26,7 +26,10 @@ func pairPriority(client, server uint32) uint64 {
 // works: UDP to the nearest POP wins wherever it works; with UDP dropped,
 // the nearest POP's TCP pair is checked right after the first UDP check
 // (docs/tcp.md, "Setup time"); a backup is used only when the nearest POP
-// fails, by UDP where UDP works.
+// fails, by UDP where UDP works. And once Chromium has selected the
+// nearest POP's TCP pair (its local candidate now peer-reflexive), every
+// backup pair it has not checked yet ranks above it, so it is checked, not
+// pruned: the pairs a failover needs.
 func TestAnswerPairOrder(t *testing.T) {
 	pionTCP, err := ice.NewCandidateHost(&ice.CandidateHostConfig{Network: "tcp", Address: "192.0.2.1", Port: 9, Component: 1, TCPType: ice.TCPTypeActive})
 	if err != nil {
@@ -40,9 +43,9 @@ func TestAnswerPairOrder(t *testing.T) {
 		name     string
 		udp, tcp uint32 // the client's host candidates' priorities
 	}{
-		// From a Chromium 156 offer: type preference 126 (UDP) and 90
-		// (TCP), on the interfaces with the highest and the lowest local
-		// preference libwebrtc gives.
+		// From Chromium 156: its offer's host candidates (type
+		// preference 126 for UDP, 90 for TCP) on two interfaces; then
+		// the lowest local preferences libwebrtc gives.
 		{"chromium, first interface", 2122260223, 1518280447},
 		{"chromium, other interface", 2122194687, 1518214911},
 		{"chromium, lowest network preference", 126<<24 | 255, 90<<24 | 255},
@@ -86,6 +89,26 @@ func TestAnswerPairOrder(t *testing.T) {
 			}
 			if !slices.Equal(got, want) {
 				t.Errorf("%s, %d POPs: pair order %v, want %v", c.name, pops, got, want)
+			}
+		}
+	}
+	// Chromium's peer-reflexive local candidate of a checked TCP pair
+	// (getStats, type preference 80), with the highest local preference.
+	const chromiumTCPPrflx = 80<<24 | 65535<<8 | 255
+	for _, c := range clients[:3] {
+		for pops := 2; pops <= maxPOPs; pops++ {
+			selected := pairPriority(chromiumTCPPrflx, uint32(candidatePriority(0, true)))
+			for r := 1; r < pops; r++ {
+				for _, p := range []struct {
+					name  string
+					local uint32
+					tcp   bool
+				}{{"udp", c.udp, false}, {"tcp", c.tcp, true}} {
+					if got := pairPriority(p.local, uint32(candidatePriority(r, p.tcp))); got <= selected {
+						t.Errorf("%s, %d POPs: backup %d's %s pair (%d) ranks below the selected TCP pair to the nearest POP (%d): Chromium would prune it unchecked",
+							c.name, pops, r, p.name, got, selected)
+					}
+				}
 			}
 		}
 	}

@@ -133,7 +133,7 @@ func TestShapeAnswer(t *testing.T) {
 	}
 	for _, want := range []string{
 		"a=candidate:1 1 udp 2130706431 127.0.0.2 3478 typ host",
-		"a=candidate:2 1 udp 1358954495 127.0.0.3 3478 typ host",
+		"a=candidate:2 1 udp 1442840575 127.0.0.3 3478 typ host",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("shaped answer lacks %q:\n%s", want, out)
@@ -164,9 +164,9 @@ func TestShapeAnswerTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"a=candidate:2 1 udp 1358954495 127.0.0.3 3478 typ host",
+		"a=candidate:2 1 udp 1442840575 127.0.0.3 3478 typ host",
 		"a=candidate:3 1 tcp 2130444287 127.0.0.2 443 typ host tcptype passive",
-		"a=candidate:4 1 tcp 1358692351 127.0.0.3 8443 typ host tcptype passive",
+		"a=candidate:4 1 tcp 1442578431 127.0.0.3 8443 typ host tcptype passive",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("shaped answer lacks %q:\n%s", want, out)
