@@ -383,3 +383,42 @@ func TestYoungFlowLeavesSilentRelay(t *testing.T) {
 		t.Errorf("a young flow left its silent relay after %v, want within %v", moved, DefaultSilenceAfter+clockTick)
 	}
 }
+
+// TestRestoredFlowsLeaveDeadRelayByClusterRTT: a restarted replica restores
+// its flows from the route cache; those through a live relay are answered
+// within a round trip, and that round trip, learnt for the cluster, judges
+// the flows through a relay that died (and that gossip at WAN timings
+// still lists): they leave it after CheckTimeout, not after the blind
+// second a flow with nothing to compare waits (the soak's 1.0–1.2 s gaps
+// when a replica restarted 10 s after a cluster relay was killed).
+func TestRestoredFlowsLeaveDeadRelayByClusterRTT(t *testing.T) {
+	f := newFailoverUnit(t)
+	dead, live := f.clients[relay12], f.clients[relay12b]
+	f.at(0)
+	stored := uint32(f.t0.Unix())
+	for _, c := range []netip.AddrPort{dead, live} {
+		r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, 6}, Stored: stored}
+		r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(c, 0x12, 7, r.Token, stored)
+		f.r.RestoreFlow(c, r)
+	}
+	moved := time.Duration(0)
+	for at := time.Duration(0); at < 3*time.Second && moved == 0; at += 20 * time.Millisecond {
+		f.at(at.Truncate(clockTick))
+		if to := f.forward(live, media); to == relay12b {
+			f.answer(live, to)
+		}
+		if f.forward(dead, media) != relay12 {
+			moved = max(at, 1)
+		}
+	}
+	t.Logf("restored flow left its dead relay after %v", moved)
+	if limit := DefaultCheckTimeout + 2*clockTick; moved == 0 || moved > limit {
+		t.Errorf("restored flow left its dead relay after %v, want within %v (the live relay answered its cluster's other flow at once)", moved, limit)
+	}
+	// Evidence judged by the cluster's round trips moves the flow only: a
+	// pod slow to answer one new call must not turn its relay away from
+	// every flow. (A second without a reply still does.)
+	if n := f.suspects(); n != 0 {
+		t.Errorf("%v relays suspect for everyone after evidence borrowed from the cluster, want 0", n)
+	}
+}
