@@ -157,6 +157,48 @@ type suspects struct {
 	gen  atomic.Uint64
 	snap atomic.Pointer[map[netip.AddrPort]int64] // immutable; replaced under mu
 	mu   sync.Mutex
+	// votes count the flows that left a relay on evidence judged by their
+	// cluster's round trips (weaker than their own), guarded by mu.
+	votes map[netip.AddrPort]vote
+}
+
+// vote is how many flows left a relay on borrowed evidence since first.
+type vote struct {
+	n     int
+	first int64
+}
+
+// Borrowed evidence against one relay from votesNeeded flows within
+// voteWindow makes it suspect for every flow.
+const (
+	votesNeeded = 3
+	voteWindow  = 2 * time.Second
+)
+
+// vote records that a flow left addr on borrowed evidence at now and
+// reports whether enough flows have, recently enough.
+func (s *suspects) vote(addr netip.AddrPort, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.votes == nil {
+		s.votes = map[netip.AddrPort]vote{}
+	}
+	for a, v := range s.votes { // few entries: relays that just failed
+		if now-v.first > int64(voteWindow) {
+			delete(s.votes, a)
+		}
+	}
+	v := s.votes[addr]
+	if v.n == 0 {
+		v.first = now
+	}
+	v.n++
+	s.votes[addr] = v
+	if v.n >= votesNeeded {
+		delete(s.votes, addr)
+		return true
+	}
+	return false
 }
 
 func (s *suspects) until(addr netip.AddrPort) int64 {
@@ -267,6 +309,9 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		if reason, strong = r.evidence(f, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
+			if !strong && (reason == RepickCheck || reason == RepickUnanswered) {
+				strong = r.suspects.vote(c.addr, now) // several flows at once are no slow pod
+			}
 			if strong && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))
 				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)

@@ -421,4 +421,33 @@ func TestRestoredFlowsLeaveDeadRelayByClusterRTT(t *testing.T) {
 	if n := f.suspects(); n != 0 {
 		t.Errorf("%v relays suspect for everyone after evidence borrowed from the cluster, want 0", n)
 	}
+	// Two more restored flows through the dead relay leave it the same way:
+	// three flows at once are no slow pod, so every flow avoids it now.
+	at := moved.Truncate(clockTick) + clockTick
+	more := []netip.AddrPort{f.clientOf(relay12, netip.AddrPortFrom(dead.Addr(), 50000))}
+	more = append(more, f.clientOf(relay12, more[0]))
+	for _, c := range more {
+		r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, 7}, Stored: stored}
+		r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(c, 0x12, 7, r.Token, stored)
+		f.r.RestoreFlow(c, r)
+	}
+	for _, c := range more {
+		f.at(at)
+		if to := f.forward(c, media); to != relay12 {
+			t.Fatalf("restored flow %v went to %v before any evidence", c, to)
+		}
+	}
+	f.at(at + DefaultCheckTimeout)
+	for _, c := range more {
+		if to := f.forward(c, media); to == relay12 {
+			t.Errorf("restored flow %v still on the dead relay %v later", c, DefaultCheckTimeout)
+		}
+	}
+	if n := f.suspects(); n != 1 {
+		t.Errorf("after three flows left it, %v relays suspect for everyone, want 1", n)
+	}
+	fresh := f.clientOf(relay12, more[1])
+	if to := f.forward(fresh, f.check(t, 0x12, 9, 0)); to != relay12b {
+		t.Errorf("a new flow went to the relay three flows left: %v", to)
+	}
 }
