@@ -157,6 +157,48 @@ type suspects struct {
 	gen  atomic.Uint64
 	snap atomic.Pointer[map[netip.AddrPort]int64] // immutable; replaced under mu
 	mu   sync.Mutex
+	// votes count the flows that left a relay on evidence judged by their
+	// cluster's round trips (weaker than their own), guarded by mu.
+	votes map[netip.AddrPort]vote
+}
+
+// vote is how many flows left a relay on borrowed evidence since first.
+type vote struct {
+	n     int
+	first int64
+}
+
+// Borrowed evidence against one relay from votesNeeded flows within
+// voteWindow makes it suspect for every flow.
+const (
+	votesNeeded = 3
+	voteWindow  = 2 * time.Second
+)
+
+// vote records that a flow left addr on borrowed evidence at now and
+// reports whether enough flows have, recently enough.
+func (s *suspects) vote(addr netip.AddrPort, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.votes == nil {
+		s.votes = map[netip.AddrPort]vote{}
+	}
+	for a, v := range s.votes { // few entries: relays that just failed
+		if now-v.first > int64(voteWindow) {
+			delete(s.votes, a)
+		}
+	}
+	v := s.votes[addr]
+	if v.n == 0 {
+		v.first = now
+	}
+	v.n++
+	s.votes[addr] = v
+	if v.n >= votesNeeded {
+		delete(s.votes, addr)
+		return true
+	}
+	return false
 }
 
 func (s *suspects) until(addr netip.AddrPort) int64 {
@@ -263,10 +305,14 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		f.choice.Store(c)
 	}
 	if c != nil && c.gen == gen && c.sgen == sgen && c.found {
-		if reason = r.evidence(w, now); reason != "" {
+		var strong bool
+		if reason, strong = r.evidence(f, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
-			if (reason == RepickCheck || reason == RepickUnanswered) && r.suspects.set(c.addr, until, now) {
+			if !strong && (reason == RepickCheck || reason == RepickUnanswered) {
+				strong = r.suspects.vote(c.addr, now) // several flows at once are no slow pod
+			}
+			if strong && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))
 				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
 			}
@@ -367,37 +413,107 @@ func watchCheck(f *flow, now int64) {
 	}
 }
 
-// evidence returns why the flow's current relay should be left, or "".
-func (r *Relay) evidence(w *relayWatch, now int64) string {
+// clusterAnswers is, per cluster, how long its pods take to answer a
+// flow through a live relay (smoothed; coarse unix nanos): the first reply
+// of each flow after it started sending, and each check's reply. A flow
+// with no round trip of its own yet (a new call, or every flow a restarted
+// replica restored) is judged by its cluster's instead of a blind second.
+type clusterAnswers struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[uint16]*atomic.Int64] // immutable map; entries updated in place
+}
+
+// get returns cluster's answer time, 0 when none was measured.
+func (c *clusterAnswers) get(cluster uint16) int64 {
+	if m := c.m.Load(); m != nil {
+		if v := (*m)[cluster]; v != nil {
+			return v.Load()
+		}
+	}
+	return 0
+}
+
+// observe folds one answer time into cluster's (weight 1/4).
+func (c *clusterAnswers) observe(cluster uint16, rtt int64) {
+	rtt = max(rtt, 1)
+	var v *atomic.Int64
+	if m := c.m.Load(); m != nil {
+		v = (*m)[cluster]
+	}
+	if v == nil {
+		c.mu.Lock()
+		old := c.m.Load()
+		next := map[uint16]*atomic.Int64{}
+		if old != nil {
+			for k, x := range *old {
+				next[k] = x
+			}
+		}
+		if v = next[cluster]; v == nil {
+			v = new(atomic.Int64)
+			next[cluster] = v
+			c.m.Store(&next)
+		}
+		c.mu.Unlock()
+	}
+	if old := v.Load(); old > 0 {
+		rtt = old + (rtt-old)/4
+	}
+	v.Store(max(rtt, 1))
+}
+
+// answerLimit is how long a reply may take through the flow's relay before
+// that is evidence against it: four round trips (at least CheckTimeout) of
+// the flow's own checks, else of its cluster's flows, else a second. own
+// is the limit without the cluster's: only that much evidence, from the
+// flow's own round trips, is held against the relay for every flow (a pod
+// slow to answer one new call must not turn its relay away from all).
+func (r *Relay) answerLimit(f *flow) (limit, own int64) {
+	own = int64(firstCheckTimeout)
+	if rtt := f.watch.checkRTT.Load(); rtt > 0 {
+		own = max(int64(r.cfg.CheckTimeout), 4*rtt)
+		return own, own
+	}
+	if rtt := r.answers.get(f.cluster); rtt > 0 {
+		return min(own, max(int64(r.cfg.CheckTimeout), 4*rtt)), own
+	}
+	return own, own
+}
+
+// evidence returns why the flow's current relay should be left, or "", and
+// whether the evidence is strong enough to make every flow avoid it.
+func (r *Relay) evidence(f *flow, now int64) (string, bool) {
+	w := &f.watch
 	strikes := w.strikes.Load()
 	if at := w.checkAt.Load(); at != 0 {
-		limit := int64(firstCheckTimeout)
-		if rtt := w.checkRTT.Load(); rtt > 0 {
-			limit = max(int64(r.cfg.CheckTimeout), 4*rtt)
-		}
-		if now-at >= limit<<strikes {
-			return RepickCheck
+		if limit, own := r.answerLimit(f); now-at >= limit<<strikes {
+			return RepickCheck, now-at >= own<<strikes
 		}
 	}
 	last := w.lastReply.Load()
 	if last == 0 {
 		// Never answered through this relay: a flow restored from the
 		// cache carries media at once, and a live pod answers within a
-		// round trip, so a second of client datagrams with nothing back
-		// is evidence too (a new call's checks are judged the same way).
-		if now-w.since.Load() >= int64(firstCheckTimeout)<<strikes {
-			return RepickUnanswered
+		// round trip, so client datagrams with nothing back for as long
+		// as a check may take are evidence too (a new call's checks are
+		// judged the same way).
+		d := now - w.since.Load()
+		if d < int64(r.cfg.CheckTimeout)<<strikes {
+			return "", false // below any limit: no need to look further
 		}
-		return ""
+		if limit, own := r.answerLimit(f); d >= limit<<strikes {
+			return RepickUnanswered, d >= own<<strikes
+		}
+		return "", false
 	}
 	if w.replies.Load() < minReplies {
-		return "" // no usual interval yet: the check timeout judges it
+		return "", false // no usual interval yet: the check timeout judges it
 	}
-	limit := min(max(int64(r.cfg.SilenceAfter), 3*w.replyGap.Load()), int64(maxSilence))
-	if now-max(last, w.since.Load()) >= limit<<strikes {
-		return RepickSilence
+	silence := min(max(int64(r.cfg.SilenceAfter), 3*w.replyGap.Load()), int64(maxSilence))
+	if now-max(last, w.since.Load()) >= silence<<strikes {
+		return RepickSilence, false
 	}
-	return ""
+	return "", false
 }
 
 // keeps reports whether a flow stays on relay across a change of the
@@ -449,6 +565,9 @@ func (r *Relay) triedAll(f *flow, client netip.AddrPort, now int64) bool {
 // the flow's relay is alive, and so is relay, whatever was suspected.
 func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
 	w := &f.watch
+	if w.lastReply.Load() == 0 && w.checkAt.Load() == 0 {
+		r.answers.observe(f.cluster, now-w.since.Load()) // the flow's first reply
+	}
 	if last := w.lastReply.Load(); last != now {
 		if last != 0 {
 			// Longer gaps count fast (a model that stopped talking must
@@ -476,6 +595,7 @@ func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
 		}
 		w.checkRTT.Store(max(rtt, 1))
 		w.checkAt.Store(0)
+		r.answers.observe(f.cluster, now-at)
 	}
 	if r.suspects.until(relay) != 0 && r.suspects.set(relay, 0, now) {
 		r.m.suspects.Set(float64(r.suspects.count(now)))

@@ -383,3 +383,71 @@ func TestYoungFlowLeavesSilentRelay(t *testing.T) {
 		t.Errorf("a young flow left its silent relay after %v, want within %v", moved, DefaultSilenceAfter+clockTick)
 	}
 }
+
+// TestRestoredFlowsLeaveDeadRelayByClusterRTT: a restarted replica restores
+// its flows from the route cache; those through a live relay are answered
+// within a round trip, and that round trip, learnt for the cluster, judges
+// the flows through a relay that died (and that gossip at WAN timings
+// still lists): they leave it after CheckTimeout, not after the blind
+// second a flow with nothing to compare waits (the soak's 1.0–1.2 s gaps
+// when a replica restarted 10 s after a cluster relay was killed).
+func TestRestoredFlowsLeaveDeadRelayByClusterRTT(t *testing.T) {
+	f := newFailoverUnit(t)
+	dead, live := f.clients[relay12], f.clients[relay12b]
+	f.at(0)
+	stored := uint32(f.t0.Unix())
+	for _, c := range []netip.AddrPort{dead, live} {
+		r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, 6}, Stored: stored}
+		r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(c, 0x12, 7, r.Token, stored)
+		f.r.RestoreFlow(c, r)
+	}
+	moved := time.Duration(0)
+	for at := time.Duration(0); at < 3*time.Second && moved == 0; at += 20 * time.Millisecond {
+		f.at(at.Truncate(clockTick))
+		if to := f.forward(live, media); to == relay12b {
+			f.answer(live, to)
+		}
+		if f.forward(dead, media) != relay12 {
+			moved = max(at, 1)
+		}
+	}
+	t.Logf("restored flow left its dead relay after %v", moved)
+	if limit := DefaultCheckTimeout + 2*clockTick; moved == 0 || moved > limit {
+		t.Errorf("restored flow left its dead relay after %v, want within %v (the live relay answered its cluster's other flow at once)", moved, limit)
+	}
+	// Evidence judged by the cluster's round trips moves the flow only: a
+	// pod slow to answer one new call must not turn its relay away from
+	// every flow. (A second without a reply still does.)
+	if n := f.suspects(); n != 0 {
+		t.Errorf("%v relays suspect for everyone after evidence borrowed from the cluster, want 0", n)
+	}
+	// Two more restored flows through the dead relay leave it the same way:
+	// three flows at once are no slow pod, so every flow avoids it now.
+	at := moved.Truncate(clockTick) + clockTick
+	more := []netip.AddrPort{f.clientOf(relay12, netip.AddrPortFrom(dead.Addr(), 50000))}
+	more = append(more, f.clientOf(relay12, more[0]))
+	for _, c := range more {
+		r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, 7}, Stored: stored}
+		r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(c, 0x12, 7, r.Token, stored)
+		f.r.RestoreFlow(c, r)
+	}
+	for _, c := range more {
+		f.at(at)
+		if to := f.forward(c, media); to != relay12 {
+			t.Fatalf("restored flow %v went to %v before any evidence", c, to)
+		}
+	}
+	f.at(at + DefaultCheckTimeout)
+	for _, c := range more {
+		if to := f.forward(c, media); to == relay12 {
+			t.Errorf("restored flow %v still on the dead relay %v later", c, DefaultCheckTimeout)
+		}
+	}
+	if n := f.suspects(); n != 1 {
+		t.Errorf("after three flows left it, %v relays suspect for everyone, want 1", n)
+	}
+	fresh := f.clientOf(relay12, more[1])
+	if to := f.forward(fresh, f.check(t, 0x12, 9, 0)); to != relay12b {
+		t.Errorf("a new flow went to the relay three flows left: %v", to)
+	}
+}

@@ -191,6 +191,8 @@ type Relay struct {
 	// repickTrace, when set, is called at each change of a flow's cluster
 	// relay (SetRepickTrace, failover.go).
 	repickTrace atomic.Pointer[func(RepickEvent)]
+	// answers is how long each cluster's pods take to answer (failover.go).
+	answers clusterAnswers
 }
 
 type worker struct {

@@ -129,6 +129,8 @@ func TestSoak(t *testing.T) {
 		local, _, _ := c.SelectedPair()
 		clients = append(clients, local)
 	}
+	watched := make(chan struct{})
+	go func() { defer close(watched); tr.watchCalls(sctx, cs, clients) }()
 	windowStart := snap()
 	for round := 0; time.Since(start) < *duration; round++ {
 		for _, f := range schedule {
@@ -197,6 +199,7 @@ func TestSoak(t *testing.T) {
 	t.Logf("per call:\n%s", b.String())
 	stopSampling()
 	<-sampled
+	<-watched
 	var gaps [][]probe.Gap
 	for _, c := range cs {
 		gaps = append(gaps, c.GapsOver(gapMin))

@@ -138,11 +138,11 @@ func (t *tracer) sample(ctx context.Context, w *devworld.World) {
 		slices.SortFunc(draining, netip.AddrPort.Compare)
 		note("global gossip: cluster relays", t.names2(alive)+" draining "+t.names2(draining))
 		if n%10 == 0 { // gathering every metric of the world is not free
-			for node, v := range unknownRelayDrops(w.Registry, w.Regions[0].Spec.Name) {
-				if d := v - lastDrops[node]; d > 0 {
-					t.add(time.Now(), netip.AddrPort{}, fmt.Sprintf("%s dropped %.0f datagrams from unknown relays (last 0.5 s)", node, d))
+			for key, v := range drops(w.Registry, w.Regions[0].Spec.Name) {
+				if d := v - lastDrops[key]; d > 0 {
+					t.add(time.Now(), netip.AddrPort{}, fmt.Sprintf("%s: %.0f dropped in the last 0.5 s", key, d))
 				}
-				lastDrops[node] = v
+				lastDrops[key] = v
 			}
 		}
 		select {
@@ -178,15 +178,16 @@ func (t *tracer) watchStalls(ctx context.Context) {
 	}
 }
 
-// unknownRelayDrops returns region's pods' unknown_relay drop counters.
-func unknownRelayDrops(g prometheus.Gatherer, region string) map[string]float64 {
+// drops returns the dropped-packet counters of region's nodes (pods,
+// cluster relays, its POP's replicas), by "node reason".
+func drops(g prometheus.Gatherer, region string) map[string]float64 {
 	out := map[string]float64{}
 	mfs, err := g.Gather()
 	if err != nil {
 		return out
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "rtcedge_transceiver_dropped_packets_total" {
+		if !strings.HasSuffix(mf.GetName(), "_dropped_packets_total") {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -199,12 +200,35 @@ func unknownRelayDrops(g prometheus.Gatherer, region string) map[string]float64 
 					reason = l.GetValue()
 				}
 			}
-			if reason == "unknown_relay" && strings.HasPrefix(node, region+"/") {
-				out[strings.TrimPrefix(node, region+"/")] = m.GetCounter().GetValue()
+			if v := m.GetCounter().GetValue(); v > 0 && strings.HasPrefix(node, region+"/") {
+				out[strings.TrimPrefix(node, region+"/")+" "+reason] = v
 			}
 		}
 	}
 	return out
+}
+
+// watchCalls records each change of a call's ICE connection state and
+// selected candidate pair, as events of that call's flow.
+func (t *tracer) watchCalls(ctx context.Context, cs []*probe.Call, clients []netip.AddrPort) {
+	last := make([]string, len(cs))
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for i, c := range cs {
+			_, remote, _ := c.SelectedPair()
+			now := fmt.Sprintf("client: %s, pair to %v", c.ConnectionState(), remote)
+			if now != last[i] {
+				last[i] = now
+				t.add(time.Now(), clients[i], now)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // gapSummary is the gaps one kind of fault (or none: outside the faults)
