@@ -26,7 +26,7 @@ type natRebinder struct {
 }
 
 // startNATRebinder maps the namespace's UDP to the client address, ports
-// 40000–40999.
+// 20000–20999.
 func startNATRebinder(n *udpBlockedNet) *natRebinder {
 	r := &natRebinder{n: n}
 	r.rebind(n.client)
@@ -41,7 +41,11 @@ func (r *natRebinder) rebind(ip netip.Addr) {
 		run(r.n.t, "ip", "netns", "exec", r.n.ns, "ip", "addr", "add", ip.String()+"/29", "dev", r.n.peer)
 	}
 	r.addr = ip
-	lo := 40000 + 1000*(r.gen-1)
+	// Outside the kernel's ephemeral range, where the browser's socket is:
+	// a socket port inside the SNAT range is kept as it is, and the
+	// replies to it would then carry the socket into the next generation
+	// untranslated (no rebind).
+	lo := 20000 + 1000*(r.gen-1)
 	flush := ""
 	if r.gen > 1 {
 		flush = "flush table ip rtcedge_nat\n"
