@@ -565,6 +565,15 @@ func (r *Relay) triedAll(f *flow, client netip.AddrPort, now int64) bool {
 // the flow's relay is alive, and so is relay, whatever was suspected.
 func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
 	w := &f.watch
+	if c := f.choice.Load(); c != nil && c.addr != relay {
+		// A reply through another relay than the one the flow now sends
+		// to (the pod answers through the relay its last datagram came
+		// from): that relay is alive, but it says nothing about the
+		// current one, which must still be judged by its own replies.
+		r.clearSuspect(relay, now)
+		w.forgive(relay)
+		return
+	}
 	if w.lastReply.Load() == 0 && w.checkAt.Load() == 0 {
 		r.answers.observe(f.cluster, now-w.since.Load()) // the flow's first reply
 	}
@@ -597,12 +606,17 @@ func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
 		w.checkAt.Store(0)
 		r.answers.observe(f.cluster, now-at)
 	}
-	if r.suspects.until(relay) != 0 && r.suspects.set(relay, 0, now) {
-		r.m.suspects.Set(float64(r.suspects.count(now)))
-		r.log.Info("cluster relay answers again", "relay", relay)
-	}
+	r.clearSuspect(relay, now)
 	w.forgive(relay)
 	if w.strikes.Load() != 0 {
 		w.strikes.Store(0)
+	}
+}
+
+// clearSuspect ends the suspicion against relay: a datagram came from it.
+func (r *Relay) clearSuspect(relay netip.AddrPort, now int64) {
+	if r.suspects.until(relay) != 0 && r.suspects.set(relay, 0, now) {
+		r.m.suspects.Set(float64(r.suspects.count(now)))
+		r.log.Info("cluster relay answers again", "relay", relay)
 	}
 }

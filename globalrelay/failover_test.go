@@ -451,3 +451,37 @@ func TestRestoredFlowsLeaveDeadRelayByClusterRTT(t *testing.T) {
 		t.Errorf("a new flow went to the relay three flows left: %v", to)
 	}
 }
+
+// TestRepliesThroughOldRelayDoNotHideDeadOne: a stall of the machine makes
+// a flow's live relay look silent, and the flow moves to the cluster's
+// other relay, which is dead but still listed. The pod goes on sending
+// through the live relay (it answers through the relay its last datagram
+// came from), so replies keep arriving — but not through the relay the
+// flow now sends to. They must not count as that relay's: the flow leaves
+// the dead relay and returns to the live one. (In the soak they did, and
+// every call lost its uplink for 8.7 s, until the replica restarted.)
+func TestRepliesThroughOldRelayDoNotHideDeadOne(t *testing.T) {
+	f := newFailoverUnit(t)
+	a := clientRanking(t, relay12, relay12b)
+	f.open(a, 7)
+	f.call(a, 0, time.Second, all)
+	// relay12b dies; the process stalls 800 ms: no datagram either way.
+	at := 1800 * time.Millisecond
+	f.at(at)
+	if to := f.forward(a, media); to != relay12b {
+		t.Fatalf("after the stall the flow went to %v, want the other relay %v (silence)", to, relay12b)
+	}
+	back := time.Duration(0)
+	for at += 20 * time.Millisecond; at < 6*time.Second && back == 0; at += 20 * time.Millisecond {
+		f.at(at.Truncate(clockTick))
+		to := f.forward(a, media)
+		if to == relay12 {
+			back = at - 1800*time.Millisecond
+		}
+		f.answer(a, relay12) // the pod's downlink, through the relay it last heard from
+	}
+	t.Logf("back on the live relay after %v", back)
+	if limit := 2*DefaultSilenceAfter + 2*clockTick; back == 0 || back > limit {
+		t.Errorf("the flow returned to its live relay after %v, want within %v", back, limit)
+	}
+}
