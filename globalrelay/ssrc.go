@@ -105,17 +105,6 @@ func (x *ssrcIndex) sweep(flows *flowTable) {
 	}
 }
 
-func (x *ssrcIndex) len() int {
-	n := 0
-	for i := range x.shards {
-		s := &x.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
-}
-
 // rtpSSRC returns the SSRC of an RTP packet (not RTCP: payload types 72–79
 // with the marker bit are RTCP's 200–207, RFC 5761). pkt is of ClassRTP.
 func rtpSSRC(pkt []byte) (uint32, bool) {

@@ -113,24 +113,7 @@ func (s *session) strayMedia(pc *popConn, client netip.AddrPort) {
 		return
 	}
 	user, pwd := s.clientCredentials()
-	if user == "" {
-		return
-	}
-	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(user),
-		ice.AttrControlled(tieBreaker()), ice.PriorityAttr(1),
-		stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
-	if err != nil {
-		return
-	}
-	r.reach.mu.Lock()
-	if r.reach.sent && now.UnixNano()-r.reach.sentAt < int64(reprobeAfter) {
-		r.reach.mu.Unlock()
-		return
-	}
-	r.reach.sent, r.reach.sentAt, r.reach.txID, r.reach.pwd = true, now.UnixNano(), msg.TransactionID, pwd
-	r.reach.follow = s
-	r.reach.mu.Unlock()
-	if err := pc.send(r, msg.Raw); err == nil {
+	if pc.sendProbe(r, user, pwd, reprobeAfter, s, now.UnixNano()) {
 		s.t.m.path.mediaProbes.Inc()
 	}
 }
@@ -142,15 +125,7 @@ func (s *session) clientCredentials() (user, pwd string) {
 	if a, ufrag := s.t.restarts.current(s); a != nil {
 		return a.client + ":" + ufrag, a.clientPwd
 	}
-	rd := s.pc.RemoteDescription()
-	if rd == nil {
-		return "", ""
-	}
-	c, err := iceFragment(rd.SDP)
-	if err != nil {
-		return "", ""
-	}
-	return c.ufrag + ":" + s.ufrag, c.pwd
+	return s.client.ufrag + ":" + s.ufrag, s.client.pwd
 }
 
 // presentCheck hands Pion a Binding Request from client built with the
@@ -159,15 +134,7 @@ func (s *session) clientCredentials() (user, pwd string) {
 // signed with the client's password). No USE-CANDIDATE: whether the path
 // moves is the binding-request hook's decision alone.
 func (s *session) presentCheck(pc *popConn, client netip.AddrPort) {
-	rd := s.pc.RemoteDescription()
-	if rd == nil {
-		return
-	}
-	c, err := iceFragment(rd.SDP)
-	if err != nil {
-		return
-	}
-	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(s.ufrag+":"+c.ufrag),
+	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(s.ufrag+":"+s.client.ufrag),
 		ice.AttrControlling(tieBreaker()), ice.PriorityAttr(prflxPriority),
 		stun.NewShortTermIntegrity(s.pwd), stun.Fingerprint)
 	if err != nil {

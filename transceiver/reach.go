@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"regexp"
 	"sync"
+	"time"
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/stun/v4"
@@ -37,7 +38,7 @@ const (
 type reach struct {
 	mu     sync.Mutex
 	sent   bool     // a probe went out
-	sentAt int64    // unix nanos when it went out (a probe started by stray media, hint.go)
+	sentAt int64    // unix nanos when it went out
 	txID   [12]byte // its transaction ID
 	pwd    string   // the client's ICE password, to check the answer
 	held   [][]byte // DTLS/media waiting for the proof, oldest first
@@ -66,23 +67,37 @@ func (s *podSocket) probe(pop uint16, client netip.AddrPort, username, sdp strin
 	if !ok || m == nil {
 		return
 	}
-	r.reach.mu.Lock()
-	if r.reach.sent {
-		r.reach.mu.Unlock()
-		return
-	}
-	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(remote+":"+local),
-		ice.AttrControlled(tieBreaker()), ice.PriorityAttr(1),
-		stun.NewShortTermIntegrity(m[1]), stun.Fingerprint)
-	if err != nil {
-		r.reach.mu.Unlock()
-		return
-	}
-	r.reach.sent, r.reach.txID, r.reach.pwd = true, msg.TransactionID, m[1]
-	r.reach.mu.Unlock()
-	if err := pc.send(r, msg.Raw); err == nil {
+	if pc.sendProbe(r, remote+":"+local, m[1], -1, nil, s.now().UnixNano()) {
 		s.m.reachProbes.Inc()
 	}
+}
+
+// sendProbe sends the route's client a Binding Request with USERNAME user
+// (client ufrag ":" server ufrag), signed with the client's password pwd,
+// and records it for answer. It sends nothing when a probe went out less
+// than again ago (again < 0: only one probe per address). follow, when
+// set, is the session whose audio from the address asked for the probe
+// (hint.go): a valid answer presents ICE a check for it. It reports
+// whether a probe was sent.
+func (c *popConn) sendProbe(r *route, user, pwd string, again time.Duration, follow *session, now int64) bool {
+	r.reach.mu.Lock()
+	if r.reach.sent && (again < 0 || now-r.reach.sentAt < int64(again)) {
+		r.reach.mu.Unlock()
+		return false
+	}
+	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(user),
+		ice.AttrControlled(tieBreaker()), ice.PriorityAttr(1),
+		stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
+	if err != nil {
+		r.reach.mu.Unlock()
+		return false
+	}
+	r.reach.sent, r.reach.sentAt, r.reach.txID, r.reach.pwd = true, now, msg.TransactionID, pwd
+	if follow != nil {
+		r.reach.follow = follow
+	}
+	r.reach.mu.Unlock()
+	return c.send(r, msg.Raw) == nil
 }
 
 func cut(username string) (local, remote string, ok bool) {

@@ -305,19 +305,8 @@ func (t *Transceiver) RestartICE(id, frag, ifMatch string) (RestartResult, error
 	if err != nil {
 		return RestartResult{}, err
 	}
-	// The agent's own credentials, from the descriptions it was set up with.
-	local, remote := s.pc.LocalDescription(), s.pc.RemoteDescription()
-	if local == nil || remote == nil {
-		return RestartResult{}, fmt.Errorf("%w: session not set up", ErrNotFound)
-	}
-	orig, err := iceFragment(local.SDP)
-	if err != nil {
-		return RestartResult{}, fmt.Errorf("local description: %w", err)
-	}
-	origClient, err := iceFragment(remote.SDP)
-	if err != nil {
-		return RestartResult{}, fmt.Errorf("remote description: %w", err)
-	}
+	// The agent's own credentials, those it was set up with.
+	orig, origClient := iceCreds{s.ufrag, s.pwd}, s.client
 	cur, curUfrag := t.restarts.current(s)
 	curClient := origClient.ufrag
 	if cur != nil {

@@ -38,6 +38,7 @@ type session struct {
 	created time.Time
 	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
 	pwd     string
+	client  iceCreds // the client's, from the offer (the agent's view of the remote side)
 
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
@@ -104,10 +105,10 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	}
 	s.pc = pc
 	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
-		var oldPeer *netip.AddrPort
+		var oldPeer, newPeer *netip.AddrPort
 		if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
 			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
-			oldPeer = s.selectedPeer.Swap(&peer)
+			oldPeer, newPeer = s.selectedPeer.Swap(&peer), &peer
 		}
 		// Every move to another POP or another client address counts,
 		// whichever side made it: the transceiver after silence
@@ -119,7 +120,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		switch old := s.selectedPOP.Swap(pop); {
 		case old != 0 && pop != 0 && old != pop:
 			s.t.m.popSwitches.Inc()
-		case old != 0 && old == pop && oldPeer != nil && s.selectedPeer.Load() != nil && *oldPeer != *s.selectedPeer.Load():
+		case old != 0 && old == pop && oldPeer != nil && newPeer != nil && *oldPeer != *newPeer:
 			s.t.m.path.addressChanges.Inc()
 		}
 	})
@@ -128,6 +129,9 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	pc.OnDataChannel(s.onDataChannel)
 
 	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: req.Offer}); err != nil {
+		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
+	}
+	if s.client, err = iceFragment(req.Offer); err != nil {
 		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
 	}
 	// A static RTP track written frame by frame rather than Pion's sample
