@@ -15,9 +15,12 @@ type Backend interface {
 	Open(ctx context.Context, info SessionInfo, out Sink) (Handler, error)
 }
 
-// Handler receives one session's input. Audio and Event are called from the
-// session's media goroutines and must not block for long: audio arrives
-// every 20 ms and a stalled handler delays the caller's echo.
+// Handler receives one session's input and must not block for long. Audio
+// is called on the pod socket's reader that decrypted the frame (the pod's
+// media path, media.go), one call at a time per session: a handler that
+// blocks holds up that reader's other sessions too, so hand slow work to
+// a goroutine of your own (netbackend queues every frame). Event is called
+// from the session's data-channel reader.
 type Handler interface {
 	// Audio is one Opus frame from the caller; payload is only valid
 	// during the call.

@@ -29,6 +29,9 @@ type NodeConfig struct {
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`
 	RouteTTL       time.Duration `yaml:"route_ttl"` // a client's return route without packets; default 2m
 	DTLSRole       string        `yaml:"dtls_role"` // client (a=setup:active) or server (a=setup:passive)
+	// PionMedia keeps SRTP on Pion's own path instead of the pod's
+	// (Config.PionMedia); for comparisons only.
+	PionMedia bool `yaml:"pion_media"`
 	// BackendAddr is the inference backend (host:port,
 	// docs/backend-protocol.md); empty: the in-process echo backend.
 	// netbackend.ForAddr turns it into the node's Backend.

@@ -35,6 +35,9 @@ const (
 	dropProvisionalEvicted
 	dropHeldOverflow
 	dropHeldExpired
+	// dropSRTP: SRTP or SRTCP of a session on the pod's media path that
+	// does not authenticate, is a replay, or is malformed (media.go).
+	dropSRTP
 	numDropReasons
 )
 
@@ -44,7 +47,7 @@ var dropLabels = [numDropReasons]string{
 	dropUnknownPOP: "unknown_pop", dropSessionQueue: "session_queue_full", dropUnknownClient: "unknown_client", dropNoRoute: "no_route", dropOversize: "oversize",
 	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
-	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired",
+	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired", dropSRTP: "srtp",
 }
 
 // String returns the reason's label.
@@ -82,6 +85,9 @@ type metrics struct {
 	reachProven  prometheus.Counter
 	earlySelects prometheus.Counter
 	path         *pathMetrics // address changes, ICE restarts (pathmetrics.go)
+	mediaPaths   *prometheus.CounterVec
+	reportsSent  prometheus.Counter
+	clientRTT    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -152,6 +158,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtcedge_transceiver_client_routes",
 			Help: "Client return routes (client address per POP) currently remembered.",
 		}),
+		mediaPaths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_media_paths_total",
+			Help: "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, media.go) or pion (the pod's path could not start; see the log).",
+		}, []string{"path"}),
+		reportsSent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtcedge_transceiver_rtcp_reports_total",
+			Help: "RTCP sender and receiver reports the pod's media path sent to clients.",
+		}),
+		clientRTT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rtcedge_transceiver_client_rtt_seconds",
+			Help:    "Round trip between the pod and its clients, from the clients' RTCP reports on the pod's audio (RFC 3550 LSR/DLSR).",
+			Buckets: []float64{.005, .01, .02, .03, .05, .075, .1, .15, .2, .3, .5, 1, 2},
+		}),
+	}
+	for _, p := range []string{"pod", "pion"} {
+		m.mediaPaths.WithLabelValues(p)
 	}
 	m.drops = udpio.NewDrops[dropReason](m.dropVec, "", dropLabels[:]...)
 	m.encapDrops = udpio.NewDrops[encap.Reason](m.dropVec, "encap_", encap.Reasons[:]...)
@@ -166,7 +188,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range append([]prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut,
 		m.writeErrors, m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.routes, m.popSwitches, m.earlySelects,
-		m.reachProbes, m.reachProven}, m.path.collectors()...) {
+		m.reachProbes, m.reachProven, m.mediaPaths, m.reportsSent, m.clientRTT}, m.path.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register transceiver metrics: %w", err)
 		}

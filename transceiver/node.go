@@ -74,7 +74,7 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 	n.tr, err = New(Config{
 		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, HopKeys: hop, Backend: backend, Relays: n.relays,
 		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
-		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, SessionAPISecret: cfg.SessionAPISecret, SessionAPISecretHash: cfg.SessionAPISecretSHA256,
+		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, PionMedia: cfg.PionMedia, SessionAPISecret: cfg.SessionAPISecret, SessionAPISecretHash: cfg.SessionAPISecretSHA256,
 		Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
 	}, s.Data)
 	if err != nil {

@@ -49,6 +49,7 @@ type outQueue struct {
 	pending  *outBatch // filled by send; guarded by mu
 	spare    *outBatch // the flusher's, swapped with pending under mu
 	flushing bool      // a goroutine is sending the queue; guarded by mu
+	corked   int       // readers holding the queue (cork); guarded by mu
 }
 
 // outBatch is one batch of datagrams to send, in preallocated slots.
@@ -63,24 +64,57 @@ func newOutQueue(conn *net.UDPConn, m *metrics) *outQueue {
 }
 
 // send queues a copy of pkt for to and, unless another goroutine is already
-// sending, sends the queue. Send errors of a batch are counted
-// (writeErrors), not returned; the error returned is that of a direct send
-// when the queue was full.
+// sending or a reader has corked the queue, sends the queue. Send errors of
+// a batch are counted (writeErrors), not returned; the error returned is
+// that of a direct send when the queue was full and another goroutine was
+// sending it.
 func (q *outQueue) send(pkt []byte, to netip.AddrPort) error {
 	q.mu.Lock()
 	if q.pending.n == podBatch {
-		q.mu.Unlock()
-		_, err := q.conn.WriteToUDPAddrPort(pkt, to)
-		return err
+		if q.flushing {
+			q.mu.Unlock()
+			_, err := q.conn.WriteToUDPAddrPort(pkt, to)
+			return err
+		}
+		q.drainLocked() // full while corked: send what there is
 	}
 	b := q.pending
 	n := copy(b.bufs[b.n][:], pkt)
 	b.ms[b.n] = udpio.Msg{Buf: b.bufs[b.n][:n], Addr: to}
 	b.n++
-	if q.flushing {
-		q.mu.Unlock()
-		return nil
+	if !q.flushing && q.corked == 0 {
+		q.drainLocked()
 	}
+	q.mu.Unlock()
+	return nil
+}
+
+// cork holds the queue's datagrams until the matching uncork. A socket
+// reader corks for the length of one receive batch: the echoes and
+// answers its datagrams cause on the same goroutine (the pod's media path,
+// media.go) then leave together in one sendmmsg when it uncorks, instead
+// of one system call each. Nothing waits for more traffic: a batch is
+// what one recvmmsg returned, handled without blocking.
+func (q *outQueue) cork() {
+	q.mu.Lock()
+	q.corked++
+	q.mu.Unlock()
+}
+
+// uncork releases a cork and, if it was the last, sends the queue.
+func (q *outQueue) uncork() {
+	q.mu.Lock()
+	q.corked--
+	if !q.flushing && q.corked == 0 {
+		q.drainLocked()
+	}
+	q.mu.Unlock()
+}
+
+// drainLocked sends the queue until it is empty, releasing mu around each
+// system call; datagrams queued meanwhile go in the next one. The caller
+// holds mu and no other goroutine is flushing.
+func (q *outQueue) drainLocked() {
 	q.flushing = true
 	for q.pending.n > 0 {
 		b := q.pending
@@ -91,8 +125,6 @@ func (q *outQueue) send(pkt []byte, to netip.AddrPort) error {
 		q.mu.Lock()
 	}
 	q.flushing = false
-	q.mu.Unlock()
-	return nil
 }
 
 // flush sends one batch; a datagram the kernel refuses is counted and

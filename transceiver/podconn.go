@@ -168,6 +168,8 @@ func (s *podSocket) readLoop() error {
 		}
 	}()
 	err := bc.ReadLoop(ms, func(n int) bool {
+		s.out.cork()
+		defer s.out.uncork()
 		for i := range n {
 			if ms[i].N > encap.MaxDatagram {
 				// Longer than any tier forwards: never a WebRTC datagram.
@@ -256,6 +258,16 @@ func (s *podSocket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	}
 	if pc.answer(h.Client, pkt[hl:]) {
 		return false // the answer to our own probe: not Pion's
+	}
+	if stunmsg.DemuxClass(pkt[hl:]) == stunmsg.ClassRTP {
+		if mp := pc.mux.media(h.Client); mp != nil {
+			// The session's own media path (media.go): decrypted and
+			// handed to the backend here, on this reader.
+			s.m.packetsIn.Inc()
+			s.m.bytesIn.Add(float64(n - hl))
+			mp.receive(pkt[hl:])
+			return false
+		}
 	}
 	// Shift the payload to the front so the buffer can be handed to Pion
 	// as is; datagrams are small, a copy is cheaper than a second buffer.

@@ -13,11 +13,11 @@ import (
 )
 
 // sessionQueueLen bounds the datagrams waiting for one session's ICE reader.
-// A session carries about 60 datagrams a second (50 audio, RTCP, SCTP), so
-// 64 is a second of its traffic: far longer than any scheduling stall of
-// a pod with CPU to spare. A full queue drops that session's datagram
-// (dropSessionQueue) and no other session's.
-const sessionQueueLen = 64
+// Once connected a session's audio and RTCP no longer pass through it (the
+// pod's media path, media.go): it carries STUN, DTLS and SCTP, a few
+// datagrams a second, and a burst of data-channel events. A full queue
+// drops that session's datagram (dropSessionQueue) and no other session's.
+const sessionQueueLen = 32
 
 // maxAddrsPerSession bounds the client addresses one session is reached
 // from (host, server reflexive, a NAT rebinding or two). A new address
@@ -184,6 +184,7 @@ type muxConn struct {
 	closeOnce sync.Once
 
 	readDeadline atomic.Pointer[time.Time]
+	media        atomic.Pointer[mediaPath] // the session's SRTP goes here, not to Pion (media.go)
 
 	addrs []netip.AddrPort // client addresses routed here; guarded by mux.mu
 }

@@ -34,6 +34,7 @@ type session struct {
 	t       *Transceiver
 	pc      *webrtc.PeerConnection
 	track   *webrtc.TrackLocalStaticRTP
+	sender  *webrtc.RTPSender
 	handler Handler
 	created time.Time
 	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
@@ -46,6 +47,12 @@ type session struct {
 	preferredPOP uint16                         // static: the nearest POP, first in the request
 	selectedPOP  atomic.Uint32                  // POP of the selected candidate pair; 0 before one is selected
 	selectedPeer atomic.Pointer[netip.AddrPort] // the client address of the selected pair
+	selectedTCP  atomic.Bool                    // the selected pair is ICE-TCP
+
+	// media is the session's own SRTP path once connected (media.go); nil
+	// while media goes through Pion. Stored under outMu.
+	media       atomic.Pointer[mediaPath]
+	mediaFailed atomic.Bool // startMedia failed: the session's media stays with Pion
 
 	// The outgoing audio stream: one RTP packet per Opus frame, header
 	// state reused across frames.
@@ -106,6 +113,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	s.pc = pc
 	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
 		var oldPeer, newPeer *netip.AddrPort
+		s.selectedTCP.Store(p.Local.Protocol == webrtc.ICEProtocolTCP)
 		if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
 			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
 			oldPeer, newPeer = s.selectedPeer.Swap(&peer), &peer
@@ -148,22 +156,26 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", fmt.Errorf("add track: %w", err)
 	}
-	// Reading the sender's RTCP passes the client's sender reports (which
-	// Pion delivers to every SSRC they name, ours included) through the
-	// receiver-report interceptor: it needs their timestamps for the
-	// LSR/DLSR fields from which the browser computes its round-trip time
-	// (remote-inbound-rtp roundTripTime). The RTCP of the client's own
-	// stream is not read; its buffer is bounded (rtcpReadBuffer).
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			if _, _, err := sender.Read(buf); err != nil {
-				return
+	s.sender = sender
+	if !t.mediaPath {
+		// Pion's media path (Config.PionMedia): reading the sender's RTCP
+		// passes the client's sender reports (which Pion delivers to
+		// every SSRC they name, ours included) through the receiver-report
+		// interceptor: it needs their timestamps for the LSR/DLSR fields
+		// from which the browser computes its round-trip time. The RTCP of
+		// the client's own stream is not read; its buffer is bounded
+		// (rtcpReadBuffer).
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			buf := make([]byte, 1500)
+			for {
+				if _, _, err := sender.Read(buf); err != nil {
+					return
+				}
 			}
-		}
-	}()
+		}()
+	}
 
 	s.handler, err = t.cfg.Backend.Open(ctx, SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}, s)
 	if err != nil {
@@ -330,6 +342,7 @@ func (s *session) onState(st webrtc.PeerConnectionState) {
 			now := s.t.cfg.Now()
 			s.lastActivity.Store(now.UnixNano())
 			s.t.m.setupSeconds.Observe(now.Sub(s.created).Seconds())
+			s.startMedia()
 			s.mu.Lock()
 			if s.connectTimer != nil {
 				s.connectTimer.Stop()
@@ -454,12 +467,22 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 		s.outPkt.Timestamp += uint32(ticks / int64(time.Second))
 		return nil
 	}
-	s.outPkt.SequenceNumber++
-	s.outPkt.Payload = payload
-	// WriteRTP copies the header and the payload is consumed before it
-	// returns, so the packet can be reused.
-	err := s.track.WriteRTP(&s.outPkt)
-	s.outPkt.Payload = nil
+	var err error
+	switch mp := s.media.Load(); {
+	case mp != nil:
+		s.outPkt.SequenceNumber++
+		err = mp.sendRTP(&s.outPkt.Header, payload)
+	case s.t.mediaPath && !s.mediaFailed.Load():
+		// Not connected yet: no one hears it, and what Pion would encrypt
+		// now the media path could encrypt again under the same SRTP index.
+	default:
+		s.outPkt.SequenceNumber++
+		s.outPkt.Payload = payload
+		// WriteRTP copies the header and the payload is consumed before
+		// it returns, so the packet can be reused.
+		err = s.track.WriteRTP(&s.outPkt)
+		s.outPkt.Payload = nil
+	}
 	s.outPkt.Timestamp += uint32(ticks / int64(time.Second))
 	return err
 }

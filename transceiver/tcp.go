@@ -126,6 +126,12 @@ func (ts *tcpSide) handle(buf *podBuf, n, hl int, h encap.Header, relay netip.Ad
 		}
 	}
 	p.lastSeen.Store(now)
+	if mp := p.conn.media.Load(); mp != nil && stunmsg.DemuxClass(pkt) == stunmsg.ClassRTP {
+		ts.sock.m.packetsIn.Inc()
+		ts.sock.m.bytesIn.Add(float64(n))
+		mp.receive(pkt)
+		return false
+	}
 	select {
 	case p.conn.in <- datagram{buf: buf, n: n, from: h.Client}:
 		ts.sock.m.packetsIn.Inc()
@@ -207,6 +213,24 @@ func (ts *tcpSide) open(ufrag string, pop POPAddr) *tcpICEConn {
 	return c
 }
 
+// conn returns a session's conn for one POP, nil if none.
+func (ts *tcpSide) conn(ufrag string, pop uint16) *tcpICEConn {
+	ts.mu.RLock()
+	defer ts.mu.RUnlock()
+	return ts.conns[tcpConnKey{ufrag, pop}]
+}
+
+// setMedia points every conn of a session's ufrag at its media path.
+func (ts *tcpSide) setMedia(ufrag string, mp *mediaPath) {
+	ts.mu.RLock()
+	defer ts.mu.RUnlock()
+	for k, c := range ts.conns {
+		if k.ufrag == ufrag {
+			c.media.Store(mp)
+		}
+	}
+}
+
 // remove forgets a closed conn and the clients bound to it.
 func (ts *tcpSide) remove(c *tcpICEConn) {
 	ts.mu.Lock()
@@ -260,6 +284,7 @@ type tcpICEConn struct {
 	closed       chan struct{}
 	closeOnce    sync.Once
 	readDeadline atomic.Pointer[time.Time]
+	media        atomic.Pointer[mediaPath] // the session's SRTP goes here, not to Pion (media.go)
 }
 
 // ReadFromAddrPort implements ice.AddrPortReaderWriter.

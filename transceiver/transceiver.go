@@ -74,6 +74,11 @@ type Config struct {
 	// batches of datagrams (recvmmsg) and running their receive path;
 	// default one per core (GOMAXPROCS), at most 4.
 	Readers int
+	// PionMedia keeps every session's SRTP on Pion's own path (its SRTP
+	// sessions, read streams and report interceptors) instead of the pod's
+	// (media.go). Only for comparing the two: the pod's path costs the pod
+	// a fraction of the CPU per datagram (docs/benchmarks.md).
+	PionMedia bool
 	// HopKeys are the cluster's inter-tier MAC keys (required): datagrams
 	// whose tag does not verify are dropped before anything else, replies
 	// are sealed. SetHopKeys replaces them without a restart.
@@ -175,7 +180,10 @@ type Transceiver struct {
 	sock *podSocket
 	me   *webrtc.MediaEngine
 	ir   *interceptor.Registry
-	base webrtc.SettingEngine
+	// mediaPath: sessions move their SRTP onto the pod's own path once
+	// connected (media.go); false with Config.PionMedia.
+	mediaPath bool
+	base      webrtc.SettingEngine
 	// restarts translates the ICE credentials of restarted sessions (restart.go).
 	restarts *restartTable
 	// byNonce finds a session by its routing token's nonce (hint.go).
@@ -214,20 +222,27 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	}, webrtc.RTPCodecTypeAudio); err != nil {
 		return nil, fmt.Errorf("register opus: %w", err)
 	}
-	ir, err := voiceInterceptors()
-	if err != nil {
-		return nil, err
+	// The pod's media path sends its own reports: Pion's interceptors
+	// would send a second set under the same SRTCP keys.
+	mediaPath := !cfg.PionMedia && mediaPathSupported()
+	ir := &interceptor.Registry{}
+	if !mediaPath {
+		if ir, err = voiceInterceptors(); err != nil {
+			return nil, err
+		}
 	}
 
 	t := &Transceiver{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "transceiver", "cluster", cfg.Cluster, "pod", cfg.Pod),
-		m:        m,
-		me:       me,
-		ir:       ir,
-		muxes:    map[uint16]*popMux{},
-		sessions: map[string]*session{},
-		runDone:  make(chan struct{}),
+		cfg: cfg,
+		log: cfg.Logger.With("component", "transceiver", "cluster", cfg.Cluster, "pod", cfg.Pod),
+		m:   m,
+		me:  me,
+		ir:  ir,
+
+		mediaPath: mediaPath,
+		muxes:     map[uint16]*popMux{},
+		sessions:  map[string]*session{},
+		runDone:   make(chan struct{}),
 
 		stateChanged: make(chan struct{}, 1),
 	}
@@ -275,6 +290,15 @@ var opusCapability = webrtc.RTPCodecCapability{
 func (t *Transceiver) Run(ctx context.Context) error {
 	readDone := make(chan error, 1)
 	go func() { readDone <- t.readAll() }()
+	reportsDone, reportsStop := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(reportsDone)
+		t.reportLoop(reportsStop)
+	}()
+	defer func() {
+		close(reportsStop)
+		<-reportsDone
+	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var err error

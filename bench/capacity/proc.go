@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +34,8 @@ type Pod struct {
 	cmd        *exec.Cmd
 	done       chan struct{}
 	waitErr    error
+	tailMu     sync.Mutex
+	tail       []string // the pod's last log lines, guarded by tailMu
 	profileDir string
 
 	Data    netip.AddrPort // the pod's UDP socket
@@ -48,6 +51,32 @@ type PodOptions struct {
 	ProfileDir string
 	// Extra is appended to the pod's YAML config as is.
 	Extra string
+}
+
+// podTailLines is how many of the pod's last log lines Died reports.
+const podTailLines = 40
+
+// keep remembers one line of the pod's log among the last podTailLines.
+func (p *Pod) keep(line string) {
+	p.tailMu.Lock()
+	defer p.tailMu.Unlock()
+	if len(p.tail) == podTailLines {
+		p.tail = append(p.tail[:0], p.tail[1:]...)
+	}
+	p.tail = append(p.tail, line)
+}
+
+// Died reports, once the pod process has exited, how it ended and its last
+// log lines; nil while it runs.
+func (p *Pod) Died() error {
+	select {
+	case <-p.done:
+	default:
+		return nil
+	}
+	p.tailMu.Lock()
+	defer p.tailMu.Unlock()
+	return fmt.Errorf("capacity: the pod exited (%v); its last log lines:\n%s", p.waitErr, strings.Join(p.tail, "\n"))
 }
 
 // StartPod starts `bin transceiver` on loopback (every port 0) with a
@@ -102,7 +131,9 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 	go func() {
 		var info upInfo
 		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20) // a panic's goroutine dump has long lines
 		for sc.Scan() {
+			p.keep(sc.Text())
 			f := logFields(sc.Text())
 			switch f["msg"] {
 			case "transceiver up":

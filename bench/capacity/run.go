@@ -128,6 +128,9 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 		}
 		steps = append(steps, st)
 		fmt.Fprintln(cfg.Progress, st.line())
+		if err := pod.Died(); err != nil {
+			return steps, err
+		}
 		if st.Loss > cfg.StopLoss {
 			fmt.Fprintf(cfg.Progress, "loss %.2f%% over %.0f%%: stopping\n", 100*st.Loss, 100*cfg.StopLoss)
 			break
