@@ -1,10 +1,15 @@
 package transceiver
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/pion/rtp"
+	"github.com/pion/srtp/v3"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
@@ -113,10 +118,8 @@ func TestSeveralReaders(t *testing.T) {
 	pc.mux.byAddr[client] = c
 	pc.mux.mu.Unlock()
 	const readers = 3
-	done := make(chan error, readers)
-	for range readers {
-		go func() { done <- s.readLoop() }()
-	}
+	done := make(chan error, 1)
+	go func() { done <- s.readers(readers) }()
 	relay := listenLoopback(t, "udp4", "127.0.0.1:0")
 	h := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
 	const total = 300
@@ -142,9 +145,104 @@ func TestSeveralReaders(t *testing.T) {
 		got++
 	}
 	conn.Close()
-	for range readers {
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// blockingAudio is a Handler whose Audio blocks until release closes.
+type blockingAudio struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blockingAudio) Audio([]byte, time.Duration) {
+	b.once.Do(func() { close(b.entered) })
+	<-b.release
+}
+func (b *blockingAudio) Event([]byte) {}
+func (b *blockingAudio) Close() error { return nil }
+
+// TestReadersRunInParallel holds one reader inside a session's backend and
+// checks another reader still delivers: readers of one descriptor would
+// take turns (podSocket.readers).
+func TestReadersRunInParallel(t *testing.T) {
+	conn := listenLoopback(t, "udp4", "127.0.0.1:0")
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newPodSocket(conn, 7, 3, testHop, nil, m, time.Now)
+	pc, _, err := s.popConn(1, netip.MustParseAddrPort("192.0.2.1:3478"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Session 1 is on the pod's media path with a backend that blocks;
+	// session 2's datagrams go to its queue.
+	key, salt := bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{8}, 12)
+	rx, err := newRxContext(key, salt, srtp.ProtectionProfileAeadAes128Gcm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srtp.CreateContext(key, salt, srtp.ProtectionProfileAeadAes128Gcm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := &blockingAudio{entered: make(chan struct{}), release: make(chan struct{})}
+	sess := &session{t: &Transceiver{cfg: Config{Now: time.Now}, m: m}, handler: block}
+	c1, c2 := getConn(t, pc, "u1"), getConn(t, pc, "u2")
+	c1.media.Store(&mediaPath{s: sess, rx: rx})
+	client1, client2 := netip.MustParseAddrPort("198.51.100.1:5000"), netip.MustParseAddrPort("198.51.100.2:5000")
+	pc.mux.mu.Lock()
+	pc.mux.byAddr[client1], pc.mux.byAddr[client2] = c1, c2
+	pc.mux.mu.Unlock()
+
+	done := make(chan error, 1)
+	go func() { done <- s.readers(2) }()
+	defer func() {
+		conn.Close()
 		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	relay := listenLoopback(t, "udp4", "127.0.0.1:0")
+	to := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	send := func(client netip.AddrPort, payload []byte) {
+		t.Helper()
+		h := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
+		if _, err := relay.WriteToUDPAddrPort(sealed(t, h, string(payload)), to); err != nil {
 			t.Fatal(err)
 		}
 	}
+	plain, err := (&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: 1, SSRC: 9}, Payload: []byte("a")}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srtpPkt, err := client.EncryptRTP(nil, plain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(client1, srtpPkt)
+	select {
+	case <-block.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the media path's backend never got the audio")
+	}
+	defer close(block.release)
+	send(client2, []byte{0x16, 0xfe, 0xfd}) // DTLS-looking, for the queue
+	b := make([]byte, 64)
+	_ = c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, _, err := c2.ReadFromAddrPort(b); err != nil || n != 3 {
+		t.Fatalf("with one reader held in a backend, the other delivered nothing: %d bytes, %v", n, err)
+	}
+}
+
+func getConn(t *testing.T, pc *popConn, ufrag string) *muxConn {
+	t.Helper()
+	c, err := pc.mux.GetConn(ufrag, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.(*muxConn)
 }

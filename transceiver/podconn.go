@@ -2,6 +2,7 @@ package transceiver
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -151,11 +152,70 @@ func (s *podSocket) lookup(id uint16) *popConn {
 // (recvmmsg through udpio.BatchConn: no allocation per datagram).
 const podBatch = 32
 
-// readLoop reads the socket until it is closed, a batch per system call.
-// It never blocks on Pion: a full session queue drops the datagram.
-// Several readLoops may run on one socket (Config.Readers).
-func (s *podSocket) readLoop() error {
-	bc := udpio.NewBatchConn(s.conn, podBatch)
+// readers runs n readLoops on the pod socket until it is closed and returns
+// the first reader's error. Every reader but the first reads its own
+// duplicate of the socket's descriptor: the runtime lets one goroutine at a
+// time read a descriptor, and a readLoop holds it for as long as it runs
+// (udpio.BatchConn.ReadLoop handles its batches inside the raw read), so
+// readers of one descriptor would take turns, never run at once. With a
+// descriptor each they share the socket's queue and run on every core the
+// pod has (TestReadersRunInParallel). When one reader ends (the socket was
+// closed, or it failed), the others are stopped.
+func (s *podSocket) readers(n int) error {
+	conns := []*net.UDPConn{s.conn}
+	for range n - 1 {
+		c, err := dupUDP(s.conn)
+		if err != nil {
+			for _, c := range conns[1:] {
+				_ = c.Close()
+			}
+			return fmt.Errorf("pod socket reader: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	errs := make(chan error, len(conns))
+	for _, c := range conns {
+		go func() { errs <- s.readLoop(c) }()
+	}
+	var first error
+	for i := range conns {
+		err := <-errs
+		if i == 0 {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// dupUDP returns a second conn on c's socket, with a descriptor of its own.
+func dupUDP(c *net.UDPConn) (*net.UDPConn, error) {
+	f, err := c.File()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	pc, err := net.FilePacketConn(f)
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := pc.(*net.UDPConn)
+	if !ok {
+		_ = pc.Close()
+		return nil, errors.New("duplicate is not a UDP conn")
+	}
+	return uc, nil
+}
+
+// readLoop reads conn (the pod socket or a duplicate of it) until it is
+// closed, a batch per system call. It never blocks on Pion: a full session
+// queue drops the datagram.
+func (s *podSocket) readLoop(conn *net.UDPConn) error {
+	bc := udpio.NewBatchConn(conn, podBatch)
 	bufs := make([]*podBuf, podBatch)
 	ms := make([]udpio.Msg, podBatch)
 	for i := range bufs {

@@ -45,7 +45,7 @@ func benchPodReader(b *testing.B, pps int) {
 	}
 	session := sc.(*muxConn)
 	readDone := make(chan struct{})
-	go func() { _ = sock.readLoop(); close(readDone) }()
+	go func() { _ = sock.readLoop(sock.conn); close(readDone) }()
 	got := make(chan int, 1)
 	go func() {
 		buf := make([]byte, 2048)

@@ -114,7 +114,7 @@ func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
 	done := make(chan struct{}, 3)
 	go func() { _ = gr.Run(ctx); done <- struct{}{} }()
 	go func() { _ = cr.Run(ctx); done <- struct{}{} }()
-	go func() { _ = sock.readLoop(); done <- struct{}{} }()
+	go func() { _ = sock.readLoop(sock.conn); done <- struct{}{} }()
 	tr.stop = func() {
 		cancel()
 		podConn.Close()

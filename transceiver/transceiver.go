@@ -323,20 +323,7 @@ func (t *Transceiver) Run(ctx context.Context) error {
 
 // readAll runs the socket's readers until the socket is closed, and
 // returns the first reader's error.
-func (t *Transceiver) readAll() error {
-	errs := make(chan error, t.cfg.Readers)
-	for range t.cfg.Readers {
-		go func() { errs <- t.sock.readLoop() }()
-	}
-	var first error
-	for range t.cfg.Readers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-			_ = t.sock.conn.Close() // stop the other readers too
-		}
-	}
-	return first
-}
+func (t *Transceiver) readAll() error { return t.sock.readers(t.cfg.Readers) }
 
 // housekeep expires idle sessions and stale routes.
 func (t *Transceiver) housekeep() {
