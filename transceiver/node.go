@@ -12,6 +12,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // Sockets are a transceiver node's listeners; nil ones are opened from the
@@ -67,6 +68,19 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 			n.life.Close()
 		}
 	}()
+	if s.Data == nil {
+		// SO_REUSEPORT, so the pod's socket readers each get a socket of
+		// their own, steered by client (readerConns).
+		b, perr := netip.ParseAddrPort(cfg.DataAddr)
+		if perr != nil {
+			return nil, fmt.Errorf("data_addr %q: %w", cfg.DataAddr, perr)
+		}
+		conns, lerr := udpio.ListenReusePort(b, 1)
+		if lerr != nil {
+			return nil, lerr
+		}
+		s.Data = conns[0]
+	}
 	if s.Data, n.data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/pion/srtp/v3"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 func listenLoopback(t testing.TB, network, addr string) *net.UDPConn {
@@ -166,9 +167,31 @@ func (b *blockingAudio) Close() error { return nil }
 
 // TestReadersRunInParallel holds one reader inside a session's backend and
 // checks another reader still delivers: readers of one descriptor would
-// take turns (podSocket.readers).
+// take turns (podSocket.readers). With a SO_REUSEPORT socket (the pod's
+// own) the readers' sockets are steered by client port: a datagram of
+// another client whose port maps to the held reader waits for it, and
+// comes once it is released.
 func TestReadersRunInParallel(t *testing.T) {
-	conn := listenLoopback(t, "udp4", "127.0.0.1:0")
+	for _, tc := range []struct {
+		name    string
+		steered bool
+	}{{"duplicated descriptor", false}, {"reuseport, steered by client", true}} {
+		t.Run(tc.name, func(t *testing.T) { readersRunInParallel(t, tc.steered) })
+	}
+}
+
+func readersRunInParallel(t *testing.T, steered bool) {
+	var conn *net.UDPConn
+	if steered {
+		cs, err := udpio.ListenReusePort(netip.MustParseAddrPort("127.0.0.1:0"), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn = cs[0]
+		t.Cleanup(func() { conn.Close() })
+	} else {
+		conn = listenLoopback(t, "udp4", "127.0.0.1:0")
+	}
 	m, err := newMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +202,8 @@ func TestReadersRunInParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Session 1 is on the pod's media path with a backend that blocks;
-	// session 2's datagrams go to its queue.
+	// sessions 2 and 3 take their datagrams from their queues. Ports 5000
+	// and 5002 map to one reader, 5001 to the other.
 	key, salt := bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{8}, 12)
 	rx, err := newRxContext(key, salt, srtp.ProtectionProfileAeadAes128Gcm)
 	if err != nil {
@@ -191,16 +215,22 @@ func TestReadersRunInParallel(t *testing.T) {
 	}
 	block := &blockingAudio{entered: make(chan struct{}), release: make(chan struct{})}
 	sess := &session{t: &Transceiver{cfg: Config{Now: time.Now}, m: m}, handler: block}
-	c1, c2 := getConn(t, pc, "u1"), getConn(t, pc, "u2")
+	c1, c2, c3 := getConn(t, pc, "u1"), getConn(t, pc, "u2"), getConn(t, pc, "u3")
 	c1.media.Store(&mediaPath{s: sess, rx: rx})
-	client1, client2 := netip.MustParseAddrPort("198.51.100.1:5000"), netip.MustParseAddrPort("198.51.100.2:5000")
+	client1 := netip.MustParseAddrPort("198.51.100.1:5000")
+	client2 := netip.MustParseAddrPort("198.51.100.2:5001")
+	client3 := netip.MustParseAddrPort("198.51.100.3:5002")
 	pc.mux.mu.Lock()
-	pc.mux.byAddr[client1], pc.mux.byAddr[client2] = c1, c2
+	pc.mux.byAddr[client1], pc.mux.byAddr[client2], pc.mux.byAddr[client3] = c1, c2, c3
 	pc.mux.mu.Unlock()
 
 	done := make(chan error, 1)
 	go func() { done <- s.readers(2) }()
+	released := false
 	defer func() {
+		if !released {
+			close(block.release)
+		}
 		conn.Close()
 		if err := <-done; err != nil {
 			t.Error(err)
@@ -229,12 +259,31 @@ func TestReadersRunInParallel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the media path's backend never got the audio")
 	}
-	defer close(block.release)
-	send(client2, []byte{0x16, 0xfe, 0xfd}) // DTLS-looking, for the queue
+	dtls := []byte{0x16, 0xfe, 0xfd} // DTLS-looking, for a queue
+	if steered {
+		send(client3, dtls) // to the held reader
+	}
+	send(client2, dtls)
 	b := make([]byte, 64)
 	_ = c2.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, _, err := c2.ReadFromAddrPort(b); err != nil || n != 3 {
 		t.Fatalf("with one reader held in a backend, the other delivered nothing: %d bytes, %v", n, err)
+	}
+	if !steered {
+		return
+	}
+	// client2's datagram was sent after client3's and has arrived: client3's
+	// is with the held reader, behind its batch.
+	select {
+	case d := <-c3.in:
+		t.Fatalf("a datagram of client port 5002 (%d bytes) came past the held reader of port 5000: not steered by client", d.n)
+	default:
+	}
+	close(block.release)
+	released = true
+	_ = c3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, _, err := c3.ReadFromAddrPort(b); err != nil || n != 3 {
+		t.Fatalf("the held reader's other client got nothing after the release: %d bytes, %v", n, err)
 	}
 }
 

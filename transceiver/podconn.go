@@ -2,7 +2,6 @@ package transceiver
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -152,26 +151,18 @@ func (s *podSocket) lookup(id uint16) *popConn {
 // (recvmmsg through udpio.BatchConn: no allocation per datagram).
 const podBatch = 32
 
-// readers runs n readLoops on the pod socket until it is closed and returns
-// the first reader's error. Every reader but the first reads its own
-// duplicate of the socket's descriptor: the runtime lets one goroutine at a
-// time read a descriptor, and a readLoop holds it for as long as it runs
+// readers runs n readLoops on the pod socket's port until it is closed and
+// returns the first reader's error. Every reader has a socket or descriptor
+// of its own (readerConns): the runtime lets one goroutine at a time read a
+// descriptor, and a readLoop holds it for as long as it runs
 // (udpio.BatchConn.ReadLoop handles its batches inside the raw read), so
-// readers of one descriptor would take turns, never run at once. With a
-// descriptor each they share the socket's queue and run on every core the
-// pod has (TestReadersRunInParallel). When one reader ends (the socket was
-// closed, or it failed), the others are stopped.
+// readers of one descriptor would take turns, never run at once
+// (TestReadersRunInParallel). When one reader ends (the socket was closed,
+// or it failed), the others are stopped.
 func (s *podSocket) readers(n int) error {
-	conns := []*net.UDPConn{s.conn}
-	for range n - 1 {
-		c, err := dupUDP(s.conn)
-		if err != nil {
-			for _, c := range conns[1:] {
-				_ = c.Close()
-			}
-			return fmt.Errorf("pod socket reader: %w", err)
-		}
-		conns = append(conns, c)
+	conns, err := readerConns(s.conn, n)
+	if err != nil {
+		return err
 	}
 	errs := make(chan error, len(conns))
 	for _, c := range conns {
@@ -192,7 +183,8 @@ func (s *podSocket) readers(n int) error {
 	return first
 }
 
-// dupUDP returns a second conn on c's socket, with a descriptor of its own.
+// dupUDP returns a second conn on c's socket, with a descriptor of its own
+// (readerConns).
 func dupUDP(c *net.UDPConn) (*net.UDPConn, error) {
 	f, err := c.File()
 	if err != nil {

@@ -73,6 +73,11 @@ const (
 	offKeyID       = 2
 )
 
+// ClientPortOffset is where the client's port starts in every header,
+// whatever the address families: right after the fixed part. The pod
+// steers its sockets' datagrams by it (transceiver, readers_linux.go).
+const ClientPortOffset = fixedLen
+
 // Header is the relay encapsulation header. Client and Ingress are
 // unmapped: an IPv4-mapped IPv6 address is encoded as IPv4, and Decode
 // never returns one. Zones are not carried.
