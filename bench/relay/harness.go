@@ -32,6 +32,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -171,6 +172,11 @@ type Trial struct {
 	Attempts     int     `json:"attempts"`
 	Quiet        bool    `json:"quiet"`
 	RcvbufErrors int64   `json:"rcvbuf_errors"` // machine-wide UDP receive-buffer overflows in the window
+	// GenBusy is how busy the load generator's core(s) were in the window
+	// (0–1, softirq included). Near 1, the generator, the echo and a
+	// chain's second hop, which share it, queue behind each other, and
+	// the RTTs measure that queue rather than the hops.
+	GenBusy float64 `json:"gen_core_busy"`
 }
 
 // Hop is one forwarding process of a trial.
@@ -377,6 +383,7 @@ type sample struct {
 	machine capacity.MachineStat
 	softirq time.Duration
 	rcvbuf  int64
+	gen     time.Duration // busy time of the generator's cores
 }
 
 func (r *runner) sample(hops []*child, echo *child) (sample, error) {
@@ -398,6 +405,7 @@ func (r *runner) sample(hops []*child, echo *child) (sample, error) {
 		return s, err
 	}
 	s.softirq = softirqTime()
+	s.gen = cpusBusy(r.cfg.GenCPUs)
 	s.rcvbuf = capacity.UDPRcvbufErrors()
 	return s, nil
 }
@@ -561,6 +569,9 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		RcvbufErrors: s1.rcvbuf - s0.rcvbuf,
 		Softirq:      (s1.softirq - s0.softirq).Seconds() / wall,
 	}
+	if n := len(cfg.GenCPUs); n > 0 {
+		t.GenBusy = (s1.gen - s0.gen).Seconds() / wall / float64(n)
+	}
 	if t.Sent > 0 {
 		t.Loss = 1 - float64(t.Echoed)/float64(t.Sent)
 	}
@@ -596,6 +607,34 @@ func softirqTime() time.Duration {
 	return time.Duration(v) * time.Second / clockTicks
 }
 
+// cpusBusy returns the busy time (everything but idle and iowait) of the
+// given CPUs so far (/proc/stat).
+func cpusBusy(cpus []int) time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	var busy int64
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.HasPrefix(f[0], "cpu") || f[0] == "cpu" {
+			continue
+		}
+		n, err := strconv.Atoi(f[0][3:])
+		if err != nil || !slices.Contains(cpus, n) {
+			continue
+		}
+		for i, v := range f[1:] {
+			if i == 3 || i == 4 { // idle, iowait
+				continue
+			}
+			x, _ := strconv.ParseInt(v, 10, 64)
+			busy += x
+		}
+	}
+	return time.Duration(busy) * time.Second / clockTicks
+}
+
 func loadavg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
@@ -613,8 +652,8 @@ func Table(rep *Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "relay benchmark %s, %d CPUs, %s, kernel %s, load %s -> %s, window %s\n",
 		rep.Date.Format("2006-01-02 15:04 UTC"), rep.CPUs, rep.Go, rep.Kernel, rep.LoadBefore, rep.LoadAfter, rep.Window)
-	fmt.Fprintf(&b, "%-11s %-5s %7s %8s %7s %6s %8s %8s %8s %8s %9s %6s %-23s %6s %5s\n",
-		"path", "load", "pps", "loss%", "stray", "rcvbuf", "rtt50us", "rtt99us", "+p50us", "+p99us", "ns/pkt", "xC", "hop ns/pkt@cpu/drops", "other", "tries")
+	fmt.Fprintf(&b, "%-11s %-5s %7s %8s %7s %6s %8s %8s %8s %8s %9s %6s %-23s %6s %5s %4s\n",
+		"path", "load", "pps", "loss%", "stray", "rcvbuf", "rtt50us", "rtt99us", "+p50us", "+p99us", "ns/pkt", "xC", "hop ns/pkt@cpu/drops", "other", "tries", "gen%")
 	for _, t := range rep.Trials {
 		var hops []string
 		for _, h := range t.Hops {
@@ -628,12 +667,13 @@ func Table(rep *Report) string {
 		if !t.Quiet {
 			quiet = "!"
 		}
-		fmt.Fprintf(&b, "%-11s %-5s %7d %8.3f %7d %6d %8.0f %8.0f %8.0f %8.0f %9.0f %6s %-23s %5.2f%1s %5d\n",
+		fmt.Fprintf(&b, "%-11s %-5s %7d %8.3f %7d %6d %8.0f %8.0f %8.0f %8.0f %9.0f %6s %-23s %5.2f%1s %5d %4.0f\n",
 			t.Path, t.Load.Name, t.Offered, 100*t.Loss, t.Stray, t.RcvbufErrors, t.RTTp50, t.RTTp99, t.AddedP50, t.AddedP99,
-			t.CPUPerPkt, vs, strings.Join(hops, " "), t.OtherLoad, quiet, t.Attempts)
+			t.CPUPerPkt, vs, strings.Join(hops, " "), t.OtherLoad, quiet, t.Attempts, 100*t.GenBusy)
 	}
 	b.WriteString("ns/pkt: CPU (utime+stime) of the forwarding processes per forwarded datagram; xC: against c (c-chain for chain);\n")
 	b.WriteString("+p50/+p99: round trip added over direct; other: cores the rest of the machine used (! = over the threshold in every try)\n")
+	b.WriteString("gen%: how busy the generator's core was (it also runs the echo and a chain's second hop); near 100 the RTTs are its queue\n")
 	return b.String()
 }
 

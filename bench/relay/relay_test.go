@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -60,6 +61,9 @@ func TestSmoke(t *testing.T) {
 		}
 		if len(tr.Hops) != wantHops[tr.Path] {
 			t.Errorf("%s: %d hops measured, want %d", tr.Path, len(tr.Hops), wantHops[tr.Path])
+		}
+		if runtime.NumCPU() >= 2 && (tr.GenBusy <= 0 || tr.GenBusy > 1.05) {
+			t.Errorf("%s/%s: generator core %.2f busy, want a fraction in (0, 1]", tr.Path, tr.Load.Name, tr.GenBusy)
 		}
 		for _, h := range tr.Hops {
 			if h.CPUs == "" {

@@ -26,7 +26,10 @@ type Msg struct {
 // Linux with recvmmsg/sendmmsg, with every message header, iovec and
 // address preallocated, so a batch is one system call and allocates
 // nothing; elsewhere (or when the socket gives no raw access) one datagram
-// per call, still without allocating. ReadBatch and WriteBatch may run
+// per call, still without allocating. On a non-blocking socket (every
+// *net.UDPConn) the calls are raw system calls that the scheduler does not
+// see: they never wait, and a call it saw would wake sysmon after every
+// idle spell (mmsg.rawRead). ReadBatch and WriteBatch may run
 // concurrently with each other, but neither with itself.
 type BatchConn struct {
 	conn *net.UDPConn

@@ -25,6 +25,19 @@ type mmsg struct {
 	// reads wait in recvmmsg (MSG_WAITFORONE) like a C forwarder instead
 	// of in the runtime's poller (experimental, see ForwardBatchBlocking).
 	blocking bool
+	// rawRead: the socket is non-blocking, so recvmmsg returns at once
+	// (EAGAIN when nothing is queued) and is made as a raw system call,
+	// without entersyscall/exitsyscall; sendmmsg always is, with
+	// MSG_DONTWAIT. A system call the scheduler is told about wakes
+	// sysmon from its deep sleep whenever the process was idle: on a
+	// relay that wakes per datagram, a futex wake and sysmon's 20 µs
+	// naps (two more system calls and two context switches) per
+	// wake-up, and a call sysmon sees twice loses its P to another
+	// thread. A raw call keeps its P for the few microseconds it takes,
+	// as Go code would. Blocking reads (makeBlocking) must go through
+	// the scheduler. See docs/benchmarks.md, "Relays at the limit of
+	// one hop".
+	rawRead bool
 }
 
 type mmsgHalf struct {
@@ -45,9 +58,13 @@ func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
 	m := &mmsg{rc: rc}
 	var ferr error
 	if err := rc.Control(func(fd uintptr) {
-		var dom int
+		var dom, fl int
 		dom, ferr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
 		m.v6 = dom == unix.AF_INET6
+		if ferr == nil {
+			fl, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0)
+			m.rawRead = fl&unix.O_NONBLOCK != 0
+		}
 	}); err != nil || ferr != nil {
 		return nil, false
 	}
@@ -111,7 +128,7 @@ func (m *mmsg) readLoop(ms []Msg, handle func(n int) bool) error {
 				h.hdrs[i].Len = 0
 			}
 			h.calls++
-			r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0, 0, 0)
+			r, _, e := m.syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0)
 			switch e {
 			case 0:
 			case unix.EINTR:
@@ -148,22 +165,29 @@ func (m *mmsg) readLoop(ms []Msg, handle func(n int) bool) error {
 
 func (m *mmsg) doRead(fd uintptr) bool {
 	if m.blocking {
-		return m.rd.callFlags(fd, unix.SYS_RECVMMSG, unix.MSG_WAITFORONE, "recvmmsg")
+		return m.call(&m.rd, fd, unix.SYS_RECVMMSG, unix.MSG_WAITFORONE, "recvmmsg")
 	}
-	return m.rd.call(fd, unix.SYS_RECVMMSG, "recvmmsg")
+	return m.call(&m.rd, fd, unix.SYS_RECVMMSG, 0, "recvmmsg")
 }
 
-func (m *mmsg) doWrite(fd uintptr) bool { return m.wr.call(fd, unix.SYS_SENDMMSG, "sendmmsg") }
+func (m *mmsg) doWrite(fd uintptr) bool {
+	return m.call(&m.wr, fd, unix.SYS_SENDMMSG, unix.MSG_DONTWAIT, "sendmmsg")
+}
+
+// syscall6 makes a recvmmsg or sendmmsg: raw unless it is a read that may
+// block (see mmsg.rawRead). A send never blocks: MSG_DONTWAIT.
+func (m *mmsg) syscall6(trap, fd, hdrs, n, flags uintptr) (uintptr, uintptr, syscall.Errno) {
+	if trap == unix.SYS_SENDMMSG || m.rawRead {
+		return unix.RawSyscall6(trap, fd, hdrs, n, flags, 0, 0)
+	}
+	return unix.Syscall6(trap, fd, hdrs, n, flags, 0, 0)
+}
 
 // call makes the half's system call on fd. It reports false when the
 // socket is not ready (the runtime then waits for it in the poller).
-func (h *mmsgHalf) call(fd uintptr, trap uintptr, op string) bool {
-	return h.callFlags(fd, trap, 0, op)
-}
-
-func (h *mmsgHalf) callFlags(fd uintptr, trap uintptr, flags int, op string) bool {
+func (m *mmsg) call(h *mmsgHalf, fd uintptr, trap uintptr, flags int, op string) bool {
 	h.calls++
-	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), uintptr(flags), 0, 0)
+	n, _, e := m.syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), uintptr(flags))
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
@@ -265,7 +289,7 @@ func (m *mmsg) makeBlocking() error {
 		return err
 	}
 	if serr == nil {
-		m.blocking = true
+		m.blocking, m.rawRead = true, false
 	}
 	return serr
 }
