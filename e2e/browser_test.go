@@ -98,6 +98,7 @@ func TestBrowserDemoCall(t *testing.T) {
 	t.Logf("Chromium's ICE RTT through the relays: current %.1f ms, mean %.2f ms (after %v packets)",
 		st.RTT*1000, st.MeanRTT*1000, st.PacketsReceived)
 	checkVoiceRTCP(t, b, "window.rtcedge.pc")
+	checkPodMediaPath(t, w)
 
 	// Hang up: DELETE, then the session ends on the server, the relays
 	// stop carrying its media, and the page lets go of the microphone.
@@ -181,6 +182,31 @@ func checkVoiceRTCP(t *testing.T, b *browser, pcExpr string) {
 		if strings.Contains(l, "transport-cc") || strings.Contains(l, "transport-wide-cc") || strings.Contains(l, "nack") {
 			t.Errorf("the answer negotiates %q, which the pod does not serve", l)
 		}
+	}
+}
+
+// checkPodMediaPath checks the call's media went through the pod's own
+// media path (transceiver/media.go), not Pion's, and that Chromium's RTCP
+// on the pod's audio gave the pod round-trip times: Chromium accepted the
+// pod's sender reports (its receiver reports carry their LSR) and the pod
+// read Chromium's reports.
+func checkPodMediaPath(t *testing.T, w *devworld.World) {
+	t.Helper()
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_media_paths_total", map[string]string{"path": "pod"}); n < 1 {
+		t.Errorf("no session on the pod's media path (media_paths_total{path=\"pod\"} = %v)", n)
+	}
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_media_paths_total", map[string]string{"path": "pion"}); n != 0 {
+		t.Errorf("%v sessions fell back to Pion's media path", n)
+	}
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_rtcp_reports_total", nil); n < 2 {
+		t.Errorf("the pod sent %v RTCP reports, want at least 2", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for metricSum(t, w.Registry, "rtcedge_transceiver_client_rtt_seconds", nil) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no round-trip time from Chromium's receiver reports on the pod's audio after 10 s")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
