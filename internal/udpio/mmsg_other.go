@@ -4,7 +4,9 @@ package udpio
 
 import "net"
 
-type mmsg struct{}
+// mmsg is never made here (newMmsg says so); blocking only keeps the
+// shared code compiling.
+type mmsg struct{ blocking bool }
 
 // newMmsg reports that batch system calls are not available here: the
 // BatchConn then moves one datagram per call.
