@@ -97,6 +97,7 @@ type mediaPath struct {
 	recv     recvStats
 	lastSR   uint32 // middle 32 bits of the NTP time of the client's last sender report
 	lastSRAt int64  // unix nanoseconds when it arrived; 0 before one
+	stopped  bool   // the session is ending: nothing more reaches the backend
 
 	// Outbound, guarded by the session's outMu: our audio and reports.
 	tx    *srtp.Context
@@ -147,6 +148,10 @@ func (s *session) startMedia() {
 		return
 	}
 	s.outMu.Lock()
+	if s.mediaFailed.Load() { // the session is ending (teardown)
+		s.outMu.Unlock()
+		return
+	}
 	s.media.Store(mp)
 	s.outMu.Unlock()
 	for _, id := range s.popByVIP {
@@ -233,6 +238,9 @@ func (mp *mediaPath) receive(b []byte) {
 	now := s.t.cfg.Now()
 	mp.inMu.Lock()
 	defer mp.inMu.Unlock()
+	if mp.stopped {
+		return
+	}
 	if isRTCP(b) {
 		plain, err := mp.rx.DecryptRTCP(b[:0], b, nil)
 		if err != nil {
@@ -261,6 +269,15 @@ func (mp *mediaPath) receive(b []byte) {
 	d := frameDuration(mp.lastTS, mp.rxHdr.Timestamp)
 	mp.lastTS = mp.rxHdr.Timestamp
 	s.handler.Audio(payload, d)
+}
+
+// stop ends the media path's deliveries to the backend: once it returns,
+// no reader is in the backend's Audio and none will call it again, so the
+// session can close its backend.
+func (mp *mediaPath) stop() {
+	mp.inMu.Lock()
+	mp.stopped = true
+	mp.inMu.Unlock()
 }
 
 // update counts one packet (RFC 3550 A.1, A.8). A packet of another SSRC

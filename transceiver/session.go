@@ -52,7 +52,7 @@ type session struct {
 	// media is the session's own SRTP path once connected (media.go); nil
 	// while media goes through Pion. Stored under outMu.
 	media       atomic.Pointer[mediaPath]
-	mediaFailed atomic.Bool // startMedia failed: the session's media stays with Pion
+	mediaFailed atomic.Bool // startMedia failed, or teardown began: no media path (again) for this session
 
 	// The outgoing audio stream: one RTP packet per Opus frame, header
 	// state reused across frames.
@@ -529,6 +529,13 @@ func (s *session) teardown() {
 			s.connectTimer.Stop()
 		}
 		s.mu.Unlock()
+		s.outMu.Lock() // startMedia stores under outMu: no media path appears after this
+		mp := s.media.Load()
+		s.mediaFailed.Store(true)
+		s.outMu.Unlock()
+		if mp != nil {
+			mp.stop()
+		}
 		if s.handler != nil {
 			_ = s.handler.Close()
 		}
