@@ -29,8 +29,8 @@ var testHop = func() *encap.Keyring {
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // startPod runs a transceiver in this process on a loopback socket and
-// returns its data address and session API URL.
-func startPod(t *testing.T) (*net.UDPConn, string) {
+// returns its data address and session API URL; tune adjusts its config.
+func startPod(t *testing.T, tune func(*transceiver.Config)) (*net.UDPConn, string) {
 	t.Helper()
 	keys, err := token.NewKeyring(1, map[uint8][]byte{1: make([]byte, 32)})
 	if err != nil {
@@ -40,10 +40,14 @@ func startPod(t *testing.T) (*net.UDPConn, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := transceiver.New(transceiver.Config{
+	cfg := transceiver.Config{
 		Cluster: 1, Pod: 1, Keys: keys, HopKeys: testHop, Backend: echo.Backend{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, conn)
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	tr, err := transceiver.New(cfg, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,9 +64,25 @@ func startPod(t *testing.T) (*net.UDPConn, string) {
 }
 
 // TestFleetEchoes checks the load generator itself: a few clients reach an
-// in-process pod through a Link, and their audio comes back.
+// in-process pod through a Link, and their audio comes back. It runs with
+// the pod as DTLS client and as DTLS server (the pod's media path derives
+// its SRTP keys by role: a wrong role decrypts nothing) and with the media
+// on Pion's path.
 func TestFleetEchoes(t *testing.T) {
-	conn, api := startPod(t)
+	for _, tc := range []struct {
+		name string
+		tune func(*transceiver.Config)
+	}{
+		{"pod is DTLS client", nil},
+		{"pod is DTLS server", func(c *transceiver.Config) { c.DTLSRole = "server" }},
+		{"Pion's media path", func(c *transceiver.Config) { c.PionMedia = true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { fleetEchoes(t, tc.tune) })
+	}
+}
+
+func fleetEchoes(t *testing.T, tune func(*transceiver.Config)) {
+	conn, api := startPod(t, tune)
 	link, err := NewLink(LinkConfig{Pod: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Cluster: 1, PodID: 1, POP: 1, HopKeys: testHop})
 	if err != nil {
 		t.Fatal(err)
