@@ -65,9 +65,10 @@ func mediaPathSupported() bool {
 	return ok && f.Type == reflect.TypeFor[*dtls.Conn]()
 }
 
-// dtlsConnOf returns the DTLS connection of a connected transport.
+// dtlsConnOf returns the DTLS connection of a connected transport; the
+// caller has checked mediaPathSupported (Transceiver.mediaPath).
 func dtlsConnOf(t *webrtc.DTLSTransport) (*dtls.Conn, error) {
-	if t == nil || !mediaPathSupported() {
+	if t == nil {
 		return nil, errNoMediaPath
 	}
 	f := reflect.ValueOf(t).Elem().FieldByName(dtlsConnField)
@@ -545,9 +546,7 @@ func (t *Transceiver) reportLoop(done <-chan struct{}) {
 // media returns the media path of the session a client address is routed
 // to, nil if none (or the session's media still goes through Pion).
 func (m *popMux) media(from netip.AddrPort) *mediaPath {
-	m.mu.RLock()
-	c := m.byAddr[from]
-	m.mu.RUnlock()
+	c := m.routed(from)
 	if c == nil {
 		return nil
 	}

@@ -127,16 +127,7 @@ func (a *audioRecorder) Close() error { return nil }
 // datagrams are dropped and counted; the client's sender report feeds LSR
 // and its receiver report on our stream the round-trip metric.
 func TestMediaPathReceive(t *testing.T) {
-	key, salt := bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{8}, 12)
-	const profile = srtp.ProtectionProfileAeadAes128Gcm
-	client, err := srtp.CreateContext(key, salt, profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rx, err := newRxContext(key, salt, profile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rx, client := srtpPair(t)
 	m, err := newMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -220,6 +211,22 @@ func TestMediaPathReceive(t *testing.T) {
 	if d := srtpDrops(); d != 3 {
 		t.Errorf("srtp drops %v after RTCP, want still 3", d)
 	}
+}
+
+// srtpPair returns the pod's receiving context (newRxContext) and a
+// client's sending context under one test key.
+func srtpPair(t *testing.T) (rx, client *srtp.Context) {
+	t.Helper()
+	key, salt := bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{8}, 12)
+	const profile = srtp.ProtectionProfileAeadAes128Gcm
+	rx, err := newRxContext(key, salt, profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if client, err = srtp.CreateContext(key, salt, profile); err != nil {
+		t.Fatal(err)
+	}
+	return rx, client
 }
 
 func TestRTPHeaderLen(t *testing.T) {

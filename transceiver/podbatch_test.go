@@ -1,7 +1,6 @@
 package transceiver
 
 import (
-	"bytes"
 	"net"
 	"net/netip"
 	"sync"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pion/rtp"
-	"github.com/pion/srtp/v3"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -100,15 +98,7 @@ func TestOutQueueNoAllocs(t *testing.T) {
 func TestSeveralReaders(t *testing.T) {
 	conn := listenLoopback(t, "udp4", "127.0.0.1:0")
 	_ = conn.SetReadBuffer(4 << 20)
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newPodSocket(conn, 7, 3, testHop, nil, m, time.Now)
-	pc, _, err := s.popConn(1, netip.MustParseAddrPort("192.0.2.1:3478"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, pc := testPOP(t, conn)
 	sc, err := pc.mux.GetConn("u", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -192,29 +182,13 @@ func readersRunInParallel(t *testing.T, steered bool) {
 	} else {
 		conn = listenLoopback(t, "udp4", "127.0.0.1:0")
 	}
-	m, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newPodSocket(conn, 7, 3, testHop, nil, m, time.Now)
-	pc, _, err := s.popConn(1, netip.MustParseAddrPort("192.0.2.1:3478"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, pc := testPOP(t, conn)
 	// Session 1 is on the pod's media path with a backend that blocks;
 	// sessions 2 and 3 take their datagrams from their queues. Ports 5000
 	// and 5002 map to one reader, 5001 to the other.
-	key, salt := bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{8}, 12)
-	rx, err := newRxContext(key, salt, srtp.ProtectionProfileAeadAes128Gcm)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := srtp.CreateContext(key, salt, srtp.ProtectionProfileAeadAes128Gcm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rx, client := srtpPair(t)
 	block := &blockingAudio{entered: make(chan struct{}), release: make(chan struct{})}
-	sess := &session{t: &Transceiver{cfg: Config{Now: time.Now}, m: m}, handler: block}
+	sess := &session{t: &Transceiver{cfg: Config{Now: time.Now}, m: s.m}, handler: block}
 	c1, c2, c3 := getConn(t, pc, "u1"), getConn(t, pc, "u2"), getConn(t, pc, "u3")
 	c1.media.Store(&mediaPath{s: sess, rx: rx})
 	client1 := netip.MustParseAddrPort("198.51.100.1:5000")

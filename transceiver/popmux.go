@@ -124,9 +124,7 @@ func (m *popMux) removeLocked(c *muxConn) {
 // not be reused by the caller, else why it was not. Safe for concurrent use
 // by several socket readers.
 func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, bool) {
-	m.mu.RLock()
-	c := m.byAddr[from]
-	m.mu.RUnlock()
+	c := m.routed(from)
 	if c == nil {
 		if c = m.learn(buf[:n], from); c == nil {
 			return dropUnknownClient, false
@@ -138,6 +136,14 @@ func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, b
 	default:
 		return dropSessionQueue, false
 	}
+}
+
+// routed returns the session conn a client address is routed to, nil if
+// none.
+func (m *popMux) routed(from netip.AddrPort) *muxConn {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.byAddr[from]
 }
 
 // learn maps a new client address to the session its STUN Binding Request

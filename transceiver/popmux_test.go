@@ -19,6 +19,14 @@ func newTestMux(t *testing.T) *popMux {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	_, pc := testPOP(t, conn)
+	t.Cleanup(func() { _ = pc.mux.Close() })
+	return pc.mux
+}
+
+// testPOP is a pod socket on conn (cluster 7, pod 3) with POP 1's conn.
+func testPOP(t *testing.T, conn *net.UDPConn) (*podSocket, *popConn) {
+	t.Helper()
 	m, err := newMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -28,8 +36,7 @@ func newTestMux(t *testing.T) *popMux {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = pc.mux.Close() })
-	return pc.mux
+	return s, pc
 }
 
 // bindingRequest is a STUN Binding Request whose USERNAME names serverUfrag.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net"
 	"runtime"
+
+	"golang.org/x/net/bpf"
 )
 
 // LockThread locks the calling goroutine to its OS thread; CPU affinity is
@@ -22,3 +24,11 @@ func Steer(conns []*net.UDPConn, s Steering, cpus []int) error {
 	}
 	return errors.New("udpio: reuseport steering other than hash needs Linux")
 }
+
+// AttachReuseportProgram needs Linux.
+func AttachReuseportProgram(*net.UDPConn, []bpf.Instruction) error {
+	return errors.New("udpio: reuseport programs need Linux")
+}
+
+// ReusePort is false off Linux: no reuseport steering there.
+func ReusePort(*net.UDPConn) bool { return false }
