@@ -99,6 +99,13 @@ type mediaPath struct {
 	lastSR   uint32 // middle 32 bits of the NTP time of the client's last sender report
 	lastSRAt int64  // unix nanoseconds when it arrived; 0 before one
 	stopped  bool   // the session is ending: nothing more reaches the backend
+	// rxKeys remake rx for retryROC; rtpOK: an RTP packet of the client's
+	// has authenticated; rocRetries counts retryROC's attempts.
+	rxKeys     rxKeys
+	rtpOK      bool
+	rocRetries int
+	saved      []byte   // the datagram as it came, while retryROC may need it
+	ssrcs      []uint32 // the client's SSRCs that authenticated, at most maxClientSSRCs
 
 	// Outbound, guarded by the session's outMu: our audio and reports.
 	tx    *srtp.Context
@@ -121,7 +128,7 @@ type recvStats struct {
 	received        uint32
 	expectedPrior   uint32
 	receivedPrior   uint32
-	transit         int64
+	transit         uint32
 	jitter          float64 // in RTP timestamp units
 	haveTransitPrev bool
 }
@@ -200,12 +207,25 @@ func (s *session) newMediaPath() (*mediaPath, error) {
 	}
 	now := s.t.cfg.Now().UnixNano()
 	return &mediaPath{
-		s: s, rx: rx, tx: tx,
+		s: s, rx: rx, tx: tx, rxKeys: rxKeys{cfg.Keys.RemoteMasterKey, cfg.Keys.RemoteMasterSalt, cfg.Profile},
 		ssrc: uint32(params.Encodings[0].SSRC), pt: uint8(params.Codecs[0].PayloadType),
 		txBuf: make([]byte, mediaBuf),
 		next:  now + int64(reportInterval/2) + rand.Int64N(int64(reportInterval/2)),
 	}, nil
 }
+
+// rxKeys are what the client's SRTP and SRTCP are opened with.
+type rxKeys struct {
+	key, salt []byte
+	profile   srtp.ProtectionProfile
+}
+
+// maxROCRetries bounds retryROC's attempts per session; maxClientSSRCs
+// the client's SSRCs a session keeps receive state for.
+const (
+	maxROCRetries  = 8
+	maxClientSSRCs = 4
+)
 
 // srtpOverhead is the most SRTP and SRTCP add to a packet: the longest
 // authentication tag (16) and the SRTCP index (4).
@@ -242,20 +262,42 @@ func (mp *mediaPath) receive(b []byte) {
 	if mp.stopped {
 		return
 	}
-	if isRTCP(b) {
+	rtcpPkt := isRTCP(b)
+	ssrc, ok := packetSSRC(b, rtcpPkt)
+	if !ok {
+		s.t.m.drop(dropSRTP)
+		return
+	}
+	if !mp.knownSSRC(ssrc) && len(mp.ssrcs) == maxClientSSRCs {
+		s.t.m.drop(dropSSRC)
+		return
+	}
+	if rtcpPkt {
 		plain, err := mp.rx.DecryptRTCP(b[:0], b, nil)
 		if err != nil {
 			s.t.m.drop(dropSRTP)
 			return
 		}
+		mp.addSSRC(ssrc)
 		mp.readRTCP(plain, now)
 		return
 	}
+	retry := !mp.rtpOK && mp.rocRetries < maxROCRetries
+	if retry {
+		mp.saved = append(mp.saved[:0], b...) // a failed open may clobber b
+	}
 	plain, err := mp.rx.DecryptRTP(b[:0], b, &mp.rxHdr)
+	if err != nil && retry {
+		plain, err = mp.retryROC(b, ssrc)
+	}
 	if err != nil {
 		s.t.m.drop(dropSRTP)
 		return
 	}
+	if !mp.rtpOK {
+		mp.rtpOK, mp.saved = true, nil
+	}
+	mp.addSSRC(ssrc)
 	payload := plain[rtpHeaderLen(plain):]
 	if mp.rxHdr.Padding && len(payload) > 0 {
 		pad := int(payload[len(payload)-1])
@@ -269,7 +311,64 @@ func (mp *mediaPath) receive(b []byte) {
 	s.lastActivity.Store(now.UnixNano())
 	d := frameDuration(mp.lastTS, mp.rxHdr.Timestamp)
 	mp.lastTS = mp.rxHdr.Timestamp
-	s.handler.Audio(payload, d)
+	s.audio(payload, d)
+}
+
+// packetSSRC reads the sender's SSRC of an SRTP or SRTCP datagram.
+func packetSSRC(b []byte, rtcpPkt bool) (uint32, bool) {
+	if rtcpPkt {
+		if len(b) < 8 {
+			return 0, false
+		}
+		return binary.BigEndian.Uint32(b[4:8]), true
+	}
+	if len(b) < 12 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint32(b[8:12]), true
+}
+
+// knownSSRC reports whether a packet of ssrc has authenticated before.
+// Every SSRC that authenticates costs receive state in the SRTP context for
+// the rest of the call, and a client holds the keys: only the first
+// maxClientSSRCs get that far (a browser uses one or two).
+func (mp *mediaPath) knownSSRC(ssrc uint32) bool {
+	for _, x := range mp.ssrcs {
+		if x == ssrc {
+			return true
+		}
+	}
+	return false
+}
+
+func (mp *mediaPath) addSSRC(ssrc uint32) {
+	if !mp.knownSSRC(ssrc) {
+		mp.ssrcs = append(mp.ssrcs, ssrc)
+	}
+}
+
+// retryROC opens b (restored from mp.saved) again, for a session none of
+// whose RTP has authenticated yet, as if the client's sequence number had
+// wrapped once already. Pion's own SRTP session opens a client's first
+// packets until the media path takes over, and when the client's random
+// start was just below the wrap the client is on rollover counter 1 there,
+// while a new context guesses 0 and would fail every packet of the call.
+// On success the retried context replaces rx (the SRTCP replay window
+// starts afresh with it: at most a few packets can have come before).
+func (mp *mediaPath) retryROC(b []byte, ssrc uint32) ([]byte, error) {
+	mp.rocRetries++
+	rx, err := newRxContext(mp.rxKeys.key, mp.rxKeys.salt, mp.rxKeys.profile)
+	if err != nil {
+		return nil, err
+	}
+	rx.SetROC(ssrc, 1)
+	copy(b, mp.saved)
+	plain, err := rx.DecryptRTP(b[:0], b, &mp.rxHdr)
+	if err != nil {
+		return nil, err
+	}
+	mp.rx = rx
+	return plain, nil
 }
 
 // stop ends the media path's deliveries to the backend: once it returns,
@@ -294,9 +393,9 @@ func (r *recvStats) update(h *rtp.Header, now int64) {
 	}
 	r.received++
 	arrival := now / int64(time.Second/time.Duration(opusCapability.ClockRate)) // in RTP units
-	transit := arrival - int64(h.Timestamp)
+	transit := uint32(arrival) - h.Timestamp                                    // modulo 2^32, as both clocks wrap
 	if r.haveTransitPrev {
-		d := transit - r.transit
+		d := int64(int32(transit - r.transit))
 		if d < 0 {
 			d = -d
 		}

@@ -3,7 +3,9 @@ package transceiver
 import (
 	"bytes"
 	"encoding/binary"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,16 +129,8 @@ func (a *audioRecorder) Close() error { return nil }
 // datagrams are dropped and counted; the client's sender report feeds LSR
 // and its receiver report on our stream the round-trip metric.
 func TestMediaPathReceive(t *testing.T) {
-	rx, client := srtpPair(t)
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Unix(1_700_000_000, 0)
-	clock := func() time.Time { return now }
-	rec := &audioRecorder{}
-	s := &session{t: &Transceiver{cfg: Config{Now: clock}, m: m}, handler: rec}
-	mp := &mediaPath{s: s, rx: rx, ssrc: 42}
+	mp, client, rec, m := testMediaPath(t)
+	s, now := mp.s, mp.s.t.cfg.Now()
 
 	seal := func(seq uint16, payload string, ext bool) []byte {
 		h := rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: seq, Timestamp: uint32(seq) * 960, SSRC: 9}
@@ -145,15 +139,7 @@ func TestMediaPathReceive(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		plain, err := (&rtp.Packet{Header: h, Payload: []byte(payload)}).Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := client.EncryptRTP(nil, plain, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
+		return sealHeader(t, client, h, payload)
 	}
 	srtpDrops := func() float64 { return testutil.ToFloat64(m.dropVec.WithLabelValues(dropSRTP.String())) }
 
@@ -245,5 +231,175 @@ func TestRTPHeaderLen(t *testing.T) {
 	padded := append([]byte{0x90, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0xbe, 0xde, 0, 2, 0x10, 0xaa, 0, 0, 0, 0, 0, 0}, "p"...)
 	if n := rtpHeaderLen(padded); n != len(padded)-1 || binary.BigEndian.Uint16(padded[14:]) != 2 {
 		t.Errorf("padded header length %d, want %d", n, len(padded)-1)
+	}
+}
+
+// testMediaPath is a media path on srtpPair's keys with a recording
+// backend, as newMediaPath would make it.
+func testMediaPath(t *testing.T) (*mediaPath, *srtp.Context, *audioRecorder, *metrics) {
+	t.Helper()
+	key, salt := bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{8}, 12)
+	rx, client := srtpPair(t)
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	rec := &audioRecorder{}
+	s := &session{t: &Transceiver{cfg: Config{Now: func() time.Time { return now }}, m: m}, handler: rec}
+	return &mediaPath{s: s, rx: rx, rxKeys: rxKeys{key, salt, srtp.ProtectionProfileAeadAes128Gcm}, ssrc: 42}, client, rec, m
+}
+
+// sealRTP is a client's SRTP packet of one 20 ms Opus frame.
+func sealRTP(t *testing.T, c *srtp.Context, ssrc uint32, seq uint16, payload string) []byte {
+	return sealHeader(t, c, rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: seq, Timestamp: uint32(seq) * 960, SSRC: ssrc}, payload)
+}
+
+func sealHeader(t *testing.T, c *srtp.Context, h rtp.Header, payload string) []byte {
+	t.Helper()
+	plain, err := (&rtp.Packet{Header: h, Payload: []byte(payload)}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.EncryptRTP(nil, plain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (a *audioRecorder) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.frames)
+}
+
+// TestMediaPathAfterWrapInPion: Pion's own SRTP session opens a client's
+// first packets until the media path takes over. When the client's
+// sequence number wrapped in those (it starts at random), the client is on
+// rollover counter 1 while a new context assumes 0, and without a retry
+// every packet of the call would fail to authenticate.
+func TestMediaPathAfterWrapInPion(t *testing.T) {
+	mp, client, rec, m := testMediaPath(t)
+	for seq := uint16(65533); seq != 0; seq++ {
+		_ = sealRTP(t, client, 9, seq, "pion's") // opened by Pion before the switch
+	}
+	for seq := range uint16(200) {
+		mp.receive(sealRTP(t, client, 9, seq, "ours"))
+	}
+	if n := rec.count(); n != 200 {
+		t.Errorf("backend got %d of 200 frames after a wrap Pion saw", n)
+	}
+	if d := testutil.ToFloat64(m.dropVec.WithLabelValues(dropSRTP.String())); d != 0 {
+		t.Errorf("%v srtp drops, want 0", d)
+	}
+
+	// Forgeries before a session's first authentic packet get a bounded
+	// number of retries, and a later authentic packet still opens.
+	mp2, client2, rec2, _ := testMediaPath(t)
+	for i := range 3 * maxROCRetries {
+		p := sealRTP(t, client2, 9, uint16(i), "forged")
+		p[len(p)-1] ^= 1
+		mp2.receive(p)
+	}
+	if mp2.rocRetries != maxROCRetries {
+		t.Errorf("%d retries for %d forgeries, want the bound %d", mp2.rocRetries, 3*maxROCRetries, maxROCRetries)
+	}
+	mp2.receive(sealRTP(t, client2, 9, 500, "real"))
+	if rec2.count() != 1 {
+		t.Error("an authentic packet after forgeries did not open")
+	}
+}
+
+// TestMediaPathSSRCLimit: every SSRC that authenticates costs receive
+// state in the SRTP context for the rest of the call, so a client (who
+// holds the keys) could grow it without bound by changing SSRC. Past
+// maxClientSSRCs new SSRCs are dropped before decryption; known ones go on.
+func TestMediaPathSSRCLimit(t *testing.T) {
+	mp, client, rec, m := testMediaPath(t)
+	for i := range maxClientSSRCs + 5 {
+		mp.receive(sealRTP(t, client, uint32(100+i), 1, "x"))
+	}
+	if n := rec.count(); n != maxClientSSRCs {
+		t.Errorf("backend got %d frames of %d SSRCs, want %d (the limit)", n, maxClientSSRCs+5, maxClientSSRCs)
+	}
+	if d := testutil.ToFloat64(m.dropVec.WithLabelValues(dropSSRC.String())); d != 5 {
+		t.Errorf("%v ssrc drops, want 5", d)
+	}
+	mp.receive(sealRTP(t, client, 100, 2, "y")) // a known SSRC
+	if n := rec.count(); n != maxClientSSRCs+1 {
+		t.Error("a known SSRC was dropped after the limit")
+	}
+	// Forgeries do not use up the limit: only authenticated SSRCs count.
+	mp2, client2, rec2, _ := testMediaPath(t)
+	for i := range 2 * maxClientSSRCs {
+		p := sealRTP(t, client2, uint32(200+i), 1, "forged")
+		p[len(p)-1] ^= 1
+		mp2.receive(p)
+	}
+	mp2.receive(sealRTP(t, client2, 7, 1, "real"))
+	if rec2.count() != 1 {
+		t.Error("forged SSRCs used up the limit")
+	}
+}
+
+// TestRecvStatsJitterTimestampWrap: the client's RTP timestamp starts at
+// random and wraps at 2^32 (on 2 % of 30 min calls); transit times must be
+// compared modulo 2^32 (RFC 3550 A.8), or the jitter we report jumps to
+// thousands of seconds.
+func TestRecvStatsJitterTimestampWrap(t *testing.T) {
+	var r recvStats
+	now := time.Unix(1_700_000_000, 0).UnixNano()
+	ts := uint32(1<<32 - 960*5)
+	for i := range 10 {
+		r.update(&rtp.Header{SSRC: 9, SequenceNumber: uint16(i), Timestamp: ts}, now+int64(i)*int64(20*time.Millisecond))
+		ts += 960
+	}
+	if r.jitter > 1 {
+		t.Errorf("jitter %.0f RTP units (%.0f s) across a timestamp wrap with perfect pacing, want 0", r.jitter, r.jitter/48000)
+	}
+}
+
+// overlapHandler counts Audio calls that began while another was running.
+type overlapHandler struct {
+	audioRecorder
+	in, overlaps atomic.Int32
+}
+
+func (h *overlapHandler) Audio(p []byte, d time.Duration) {
+	if h.in.Add(1) > 1 {
+		h.overlaps.Add(1)
+	}
+	runtime.Gosched() // widen the window another caller could enter
+	h.audioRecorder.Audio(p, d)
+	h.in.Add(-1)
+}
+
+// TestSessionAudioOneAtATime: while a session switches to its media path,
+// Pion's track reader and the pod's socket reader both deliver frames; the
+// backend must still get one Audio call at a time, and none once it is
+// closed.
+func TestSessionAudioOneAtATime(t *testing.T) {
+	h := &overlapHandler{}
+	s := &session{handler: h}
+	var wg sync.WaitGroup
+	const calls = 2000
+	for range 2 { // Pion's track reader and a pod socket reader
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				s.audio([]byte{1}, 20*time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := h.overlaps.Load(); n != 0 {
+		t.Errorf("%d Audio calls overlapped another", n)
+	}
+	s.closeAudio()
+	s.audio([]byte{2}, 20*time.Millisecond)
+	if n := h.count(); n != 2*calls {
+		t.Errorf("backend got %d frames, want %d and none after closeAudio", n, 2*calls)
 	}
 }

@@ -38,6 +38,9 @@ const (
 	// dropSRTP: SRTP or SRTCP of a session on the pod's media path that
 	// does not authenticate, is a replay, or is malformed (media.go).
 	dropSRTP
+	// dropSSRC: SRTP or SRTCP of a session on the pod's media path from
+	// an SSRC past the session's first maxClientSSRCs (media.go).
+	dropSSRC
 	numDropReasons
 )
 
@@ -48,6 +51,7 @@ var dropLabels = [numDropReasons]string{
 	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
 	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired", dropSRTP: "srtp",
+	dropSSRC: "ssrc",
 }
 
 // String returns the reason's label.

@@ -54,6 +54,13 @@ type session struct {
 	media       atomic.Pointer[mediaPath]
 	mediaFailed atomic.Bool // startMedia failed, or teardown began: no media path (again) for this session
 
+	// audioMu makes the backend's Audio one call at a time: Pion's track
+	// reader (onTrack) still hands over the frames Pion opened when the
+	// media path's readers start on the next ones. audioClosed: the
+	// backend is closed (teardown), no Audio after it.
+	audioMu     sync.Mutex
+	audioClosed bool
+
 	// The outgoing audio stream: one RTP packet per Opus frame, header
 	// state reused across frames.
 	outMu     sync.Mutex
@@ -372,9 +379,27 @@ func (s *session) onTrack(track *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 			continue
 		}
 		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
-		s.handler.Audio(pkt.Payload, frameDuration(lastTS, pkt.Timestamp))
+		s.audio(pkt.Payload, frameDuration(lastTS, pkt.Timestamp))
 		lastTS = pkt.Timestamp
 	}
+}
+
+// audio hands one frame to the backend, unless it is closed: from Pion's
+// track reader and from the media path, never both at once (audioMu).
+func (s *session) audio(p []byte, d time.Duration) {
+	s.audioMu.Lock()
+	defer s.audioMu.Unlock()
+	if !s.audioClosed {
+		s.handler.Audio(p, d)
+	}
+}
+
+// closeAudio ends the backend's Audio calls: once it returns none is in
+// progress and none will begin.
+func (s *session) closeAudio() {
+	s.audioMu.Lock()
+	s.audioClosed = true
+	s.audioMu.Unlock()
 }
 
 // frameDuration derives an Opus frame's duration from the RTP clock (48 kHz),
@@ -536,6 +561,7 @@ func (s *session) teardown() {
 		if mp != nil {
 			mp.stop()
 		}
+		s.closeAudio()
 		if s.handler != nil {
 			_ = s.handler.Close()
 		}
