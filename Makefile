@@ -67,10 +67,12 @@ bench-capacity: build
 	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN) -json bin/bench-capacity.json $(CAPACITY_FLAGS)
 
 # Relays against a minimal C forwarder (docs/benchmarks.md, "Relays at the
-# limit of one hop"): direct, C, naive Go, global relay, and the two-tier
-# chain against two chained C forwarders, voice and flood, each process
-# pinned; a few minutes, prints a table and writes bin/bench-relay.json.
-# Needs gcc; run as root for SCHED_FIFO (see the doc).
+# limit of one hop"): direct, C, the C forwarder written in Go (goblock,
+# goepoll), naive Go, global relay, and the two-tier chain against two
+# chained C forwarders, voice and flood, each process pinned; a few minutes,
+# prints a table and writes bin/bench-relay.json. Needs gcc; run as root for
+# SCHED_FIFO (see the doc). BENCH_RELAY_FLAGS="-rounds 3" repeats the run and
+# prints each path's median against each run's own C forwarder.
 bench-relay:
 	$(GO) run ./bench/relay/cmd/relaybench -json bin/bench-relay.json $(BENCH_RELAY_FLAGS)
 

@@ -3,6 +3,8 @@
 //
 //	direct       load generator → echo
 //	c            → minimal C recvmmsg/sendmmsg forwarder (cfwd/fwd.c, built with gcc at run time) → echo
+//	goblock      → the C forwarder written in Go: a locked thread per direction in a raw blocking recvmmsg → echo
+//	goepoll      → the same in one raw epoll loop on a locked thread → echo
 //	naive        → naive Go forwarder (one datagram per system call) → echo
 //	globalrelay  → the global relay (package globalrelay, production defaults) → echo as its cluster
 //	c-chain      → C forwarder → C forwarder → echo
@@ -51,6 +53,8 @@ const (
 	PathDirect      = "direct"
 	PathC           = "c"
 	PathNaive       = "naive"
+	PathGoEpoll     = "goepoll"
+	PathGoBlock     = "goblock"
 	PathGlobalRelay = "globalrelay"
 	PathCChain      = "c-chain"
 	PathChain       = "chain"
@@ -58,7 +62,7 @@ const (
 )
 
 // AllPaths is every path of a full run.
-var AllPaths = []string{PathDirect, PathC, PathNaive, PathGlobalRelay, PathCChain, PathChain, PathChainBundle}
+var AllPaths = []string{PathDirect, PathC, PathGoBlock, PathGoEpoll, PathNaive, PathGlobalRelay, PathCChain, PathChain, PathChainBundle}
 
 // Variants of the global relay alone, measured when asked for by name
 // (-paths): the relay's worker placement options. "2w" variants run two
@@ -487,6 +491,10 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		err = add(cfwd(hopCPUs, target))
 	case PathNaive:
 		err = add(goRole(roleNaive, hopCPUs, hopRT, target))
+	case PathGoEpoll:
+		err = add(goRole(roleGoEpoll, hopCPUs, hopRT, target))
+	case PathGoBlock:
+		err = add(goRole(roleGoBlock, hopCPUs, hopRT, target))
 	case PathGlobalRelay:
 		keys = r.keys
 		err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, target))

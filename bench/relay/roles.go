@@ -101,6 +101,8 @@ const (
 	roleNaive        = "naive"        // plain read/write Go forwarder with the C forwarder's 8-byte header
 	roleGlobalRelay  = "globalrelay"  // the globalrelay package with the role's production defaults
 	roleClusterRelay = "clusterrelay" // the clusterrelay package with the role's production defaults
+	roleGoEpoll      = "goepoll"      // runGoEpoll: a C-style event loop written in Go
+	roleGoBlock      = "goblock"      // runGoEpoll, blocking: the C forwarder's threads written in Go
 )
 
 // ready is what a child reports once its sockets are open.
@@ -164,6 +166,10 @@ func runRole(role, target string) error {
 			udpio.Hooks{Unbundle: true, Bundle: os.Getenv(echoEnv) == "bundle=1"})
 	case roleNaive:
 		return runNaive(ctx, to)
+	case roleGoEpoll:
+		return runGoEpoll(ctx, to.Addr().As4(), int(to.Port()), false)
+	case roleGoBlock:
+		return runGoEpoll(ctx, to.Addr().As4(), int(to.Port()), true)
 	case roleClusterRelay:
 		c, err := udpio.Listen(loop)
 		if err != nil {

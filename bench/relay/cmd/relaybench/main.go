@@ -1,6 +1,7 @@
 // Command relaybench runs the relay benchmark (package bench/relay,
 // `make bench-relay`): the direct path, a minimal C recvmmsg/sendmmsg
-// forwarder, a naive Go forwarder, the global relay, and the global →
+// forwarder, the same forwarder's loops written in Go (goblock, goepoll), a
+// naive Go forwarder, the global relay, and the global →
 // cluster relay chain against two chained C forwarders, at voice and flood
 // load, each forwarder pinned to its own core. It prints a table and writes
 // the report as JSON. See docs/benchmarks.md.
@@ -41,7 +42,8 @@ func run() error {
 	nice := flag.Int("nice", -10, "nice value of every process of a trial; below 0 needs root (else it runs at 0)")
 	rt := flag.Int("rt", 1, "SCHED_FIFO priority of the forwarding processes (0: normal class; needs root)")
 	jsonOut := flag.String("json", "bin/bench-relay.json", "write the report here (empty: do not)")
-	limit := flag.Duration("timeout", 10*time.Minute, "bound on the whole run")
+	rounds := flag.Int("rounds", 1, "runs of every path, one after another; more than 1 also prints each path's median and range against each run's C path")
+	limit := flag.Duration("timeout", 10*time.Minute, "bound on the whole run (on each run, with -rounds)")
 	flag.Parse()
 
 	cfg := relay.Config{Window: *window, Warmup: *warmup, Quiet: *quiet, Attempts: *attempts, Nice: *nice, RT: *rt, Progress: os.Stderr}
@@ -63,19 +65,35 @@ func run() error {
 	if len(cfg.Loads) == 0 {
 		return fmt.Errorf("no load: set -voice or -flood")
 	}
+	if *rounds < 1 {
+		return fmt.Errorf("-rounds: want at least 1, got %d", *rounds)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, *limit)
-	defer cancel()
-	rep, err := relay.Run(ctx, cfg)
-	if rep != nil {
-		fmt.Print(relay.Table(rep))
-		if *jsonOut != "" {
-			if werr := relay.WriteJSON(rep, *jsonOut); werr != nil {
-				return werr
-			}
-			fmt.Println("report:", *jsonOut)
+	var reps []*relay.Report
+	var err error
+	for i := 0; i < *rounds && err == nil; i++ {
+		rctx, cancel := context.WithTimeout(ctx, *limit)
+		var rep *relay.Report
+		rep, err = relay.Run(rctx, cfg)
+		cancel()
+		if rep != nil {
+			fmt.Print(relay.Table(rep))
+			reps = append(reps, rep)
 		}
+	}
+	if len(reps) > 1 {
+		fmt.Print(relay.SummaryTable(relay.Summarize(reps)))
+	}
+	if *jsonOut != "" && len(reps) > 0 {
+		werr := relay.WriteJSON(reps[0], *jsonOut)
+		if len(reps) > 1 {
+			werr = relay.WriteRoundsJSON(reps, *jsonOut)
+		}
+		if werr != nil {
+			return werr
+		}
+		fmt.Println("report:", *jsonOut)
 	}
 	return err
 }
