@@ -55,7 +55,8 @@ const (
 type TCPConfig struct {
 	// MaxConns caps the connections of the replica, handshaking or not.
 	MaxConns int
-	// MaxConnsPerIP caps the connections from one client IP address.
+	// MaxConnsPerIP caps the connections from one client IPv4 address or
+	// IPv6 /64 (addrKey).
 	MaxConnsPerIP int
 	// MaxPending caps the connections that have not yet sent a valid
 	// first frame (slowloris from many addresses fills this, not MaxConns).
@@ -221,7 +222,7 @@ type TCP struct {
 	mu     sync.Mutex
 	conns  map[netip.AddrPort]*tcpConn // established, by client address; guarded by mu
 	all    map[*tcpConn]struct{}       // every open connection; guarded by mu
-	perIP  map[netip.Addr]int          // open connections per client IP; guarded by mu
+	perIP  map[netip.Prefix]int        // open connections per client address (addrKey); guarded by mu
 	tokens map[tokenKey]int            // established connections per token; guarded by mu
 }
 
@@ -241,7 +242,7 @@ func NewTCP(r *Relay, ln net.Listener, cfg TCPConfig) (*TCP, error) {
 		log:   cfg.Logger.With("transport", "tcp"),
 		done:  make(chan struct{}),
 		conns: map[netip.AddrPort]*tcpConn{}, all: map[*tcpConn]struct{}{},
-		perIP: map[netip.Addr]int{}, tokens: map[tokenKey]int{},
+		perIP: map[netip.Prefix]int{}, tokens: map[tokenKey]int{},
 	}
 	if !r.tcp.CompareAndSwap(nil, s) {
 		return nil, errors.New("globalrelay: the relay already has a TCP ingress")
@@ -385,7 +386,7 @@ func (s *TCP) admit(nc net.Conn) {
 		s.mu.Unlock()
 		refuse(tcpCloseConnLimit)
 		return
-	case s.perIP[client.Addr()] >= s.cfg.MaxConnsPerIP:
+	case s.perIP[addrKey(client.Addr())] >= s.cfg.MaxConnsPerIP:
 		s.mu.Unlock()
 		refuse(tcpCloseIPLimit)
 		return
@@ -395,7 +396,7 @@ func (s *TCP) admit(nc net.Conn) {
 		return
 	}
 	s.all[c] = struct{}{}
-	s.perIP[client.Addr()]++
+	s.perIP[addrKey(client.Addr())]++
 	s.pending.Add(1)
 	c.pending = true
 	s.m.conns.Set(float64(len(s.all)))
@@ -405,6 +406,18 @@ func (s *TCP) admit(nc net.Conn) {
 		defer s.wg.Done()
 		c.readLoop()
 	}()
+}
+
+// addrKey is what MaxConnsPerIP counts by: an IPv4 address, or the /64 of
+// an IPv6 one — a single host is routinely given a whole /64, so counting
+// by /128 would give one host as many addresses as it likes.
+func addrKey(a netip.Addr) netip.Prefix {
+	bits := 32
+	if a.Is6() {
+		bits = 64
+	}
+	p, _ := a.Prefix(bits)
+	return p
 }
 
 // establish registers a connection whose first frame carried tok. It
@@ -422,19 +435,23 @@ func (s *TCP) establish(c *tcpConn, tok token.Token) tcpCloseReason {
 	ws := r.workers
 	c.w = &ws[int(c.client.Port())%len(ws)]
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.tokens[c.f.tok] >= maxConnsPerToken {
+		s.mu.Unlock()
 		return tcpCloseTokenReuse
 	}
-	if old := s.conns[c.client]; old != nil {
-		// The same address and port again: the old connection is gone
-		// on the client's side (a TCP four-tuple is unique).
-		defer old.close(tcpCloseEOF)
-	}
+	// The same address and port again (a wildcard listener reached at
+	// two addresses, or a port reused before the old connection's reset
+	// came in): replies go to the new connection, and the old one is
+	// closed — after the lock, since closing forgets it under the lock.
+	old := s.conns[c.client]
 	s.tokens[c.f.tok]++
 	s.conns[c.client] = c
 	c.pending = false
 	s.pending.Add(-1)
+	s.mu.Unlock()
+	if old != nil {
+		old.close(tcpCloseEOF)
+	}
 	s.m.established.Inc()
 	s.m.firstFrame.Observe(r.cfg.Now().Sub(c.accepted).Seconds())
 	return 0
@@ -448,8 +465,10 @@ func (s *TCP) forget(c *tcpConn) {
 		return
 	}
 	delete(s.all, c)
-	if s.perIP[c.client.Addr()]--; s.perIP[c.client.Addr()] <= 0 {
-		delete(s.perIP, c.client.Addr())
+	if k := addrKey(c.client.Addr()); s.perIP[k] <= 1 {
+		delete(s.perIP, k)
+	} else {
+		s.perIP[k]--
 	}
 	if c.pending {
 		s.pending.Add(-1)
@@ -479,7 +498,9 @@ func (r *Relay) tcpToClient(h *encap.Header, payload []byte, from netip.AddrPort
 	switch {
 	case c == nil:
 		s.m.drops.Inc(tcpDropNoConn)
-	case c.f.cluster != h.Cluster || c.f.pod != h.Pod:
+	case c.f.cluster != h.Cluster || c.f.pod != h.Pod || c.f.tok.nonce != h.Token:
+		// Another pod's, or another connection's from the same address
+		// (its token is the one its first frame carried).
 		s.m.drops.Inc(tcpDropFlowMismatch)
 	default:
 		r.watchReply(&c.f, from, r.now.Load())

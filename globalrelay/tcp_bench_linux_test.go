@@ -92,7 +92,7 @@ func BenchmarkTCPForwardCost(b *testing.B) {
 				c := &tcpConn{s: s, nc: nc, client: netip.AddrPortFrom(a.Addr().Unmap(), a.Port()), wake: make(chan struct{}, 1), closed: make(chan struct{})}
 				s.mu.Lock()
 				s.all[c] = struct{}{}
-				s.perIP[c.client.Addr()]++
+				s.perIP[addrKey(c.client.Addr())]++
 				s.pending.Add(1)
 				c.pending = true
 				s.mu.Unlock()
@@ -206,12 +206,17 @@ func BenchmarkTCPReturnCost(b *testing.B) {
 				}
 			}
 			_ = cluster.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if _, _, err := cluster.ReadFromUDPAddrPort(buf); err != nil {
+			n, _, err := cluster.ReadFromUDPAddrPort(buf)
+			if err != nil {
 				b.Fatal("check not forwarded: ", err)
+			}
+			fwd, _, err := encap.Decode(buf[:n])
+			if err != nil {
+				b.Fatal(err)
 			}
 			media := make([]byte, 120)
 			media[0] = 0x80
-			reply := seal(b, encap.Header{TCP: tcp, ToClient: true, Cluster: 0x12, Pod: 1, POP: 9, Client: client, Ingress: addrOf(in)}, media)
+			reply := seal(b, encap.Header{TCP: tcp, ToClient: true, Cluster: 0x12, Pod: 1, POP: 9, Token: fwd.Token, Client: client, Ingress: addrOf(in)}, media)
 			b.ReportAllocs()
 			b.ResetTimer()
 			t0 := processCPU()

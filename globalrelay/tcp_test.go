@@ -8,13 +8,17 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pion/stun/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sys/unix"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
@@ -28,8 +32,14 @@ type tcpRig struct {
 
 func newTCPRig(t *testing.T, cfg Config, tcfg TCPConfig) *tcpRig {
 	t.Helper()
+	return newTCPRigOn(t, cfg, tcfg, net.IPv4(127, 0, 0, 1))
+}
+
+// newTCPRigOn is newTCPRig with the TCP listener on ip (IPv4).
+func newTCPRigOn(t *testing.T, cfg Config, tcfg TCPConfig, ip net.IP) *tcpRig {
+	t.Helper()
 	r := newRig(t, cfg)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: ip})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,9 +121,11 @@ func TestTCPForwardingBothWays(t *testing.T) {
 	if _, err := c.Write(append(frame(check), frame(media)...)); err != nil {
 		t.Fatal(err)
 	}
+	var tok [6]byte // the connection's: its first frame's token
 	for i, want := range [][]byte{check, media} {
 		got, _ := read(t, r.cluster)
 		h, n, err := encap.Decode(got)
+		tok = h.Token
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,26 +138,27 @@ func TestTCPForwardingBothWays(t *testing.T) {
 		}
 	}
 	for _, p := range [][]byte{[]byte("response"), bytes.Repeat([]byte{0x17}, encap.MaxPayload)} {
-		h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Client: tcpAddrOf(c), Ingress: r.ingress}
+		h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Token: tok, Client: tcpAddrOf(c), Ingress: r.ingress}
 		r.cluster.WriteToUDPAddrPort(seal(t, h, p), r.ingress)
 		if got := readFrame(t, c); !bytes.Equal(got, p) {
 			t.Fatalf("client read %d bytes, want %d", len(got), len(p))
 		}
 	}
-	// A UDP-path reply for the same address is not written into the
-	// connection, and a TCP reply from another pod is dropped.
+	// A TCP reply from another pod, or for another connection this
+	// address had (another token), is dropped.
 	for _, h := range []encap.Header{
-		{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x43, POP: 9, Client: tcpAddrOf(c), Ingress: r.ingress},
+		{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x43, POP: 9, Token: tok, Client: tcpAddrOf(c), Ingress: r.ingress},
+		{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Token: [6]byte{tok[0] ^ 1}, Client: tcpAddrOf(c), Ingress: r.ingress},
 	} {
 		r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("not yours")), r.ingress)
 	}
-	h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Client: tcpAddrOf(c), Ingress: r.ingress}
+	h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 0x42, POP: 9, Token: tok, Client: tcpAddrOf(c), Ingress: r.ingress}
 	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("mine")), r.ingress)
 	if got := readFrame(t, c); string(got) != "mine" {
-		t.Fatalf("client read %q, want only its own pod's reply", got)
+		t.Fatalf("client read %q, want only its own connection's reply", got)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", TCPDropFlowMismatch); v != 1 {
-		t.Errorf("flow_mismatch drops = %v, want 1", v)
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", TCPDropFlowMismatch); v != 2 {
+		t.Errorf("flow_mismatch drops = %v, want 2", v)
 	}
 }
 
@@ -280,7 +293,7 @@ func TestTCPBackpressureDropsOldest(t *testing.T) {
 		c := &tcpConn{s: s, nc: srv, wake: make(chan struct{}, 1), closed: make(chan struct{})}
 		s.mu.Lock()
 		s.all[c] = struct{}{}
-		s.perIP[c.client.Addr()]++
+		s.perIP[addrKey(c.client.Addr())]++
 		s.mu.Unlock()
 		s.wg.Add(1) // stands for the reader goroutine a real connection has
 		t.Cleanup(func() { c.close(tcpCloseEOF); s.wg.Done(); cli.Close() })
@@ -390,4 +403,82 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogr
 	}
 	t.Fatalf("no histogram %s", name)
 	return nil
+}
+
+// TestTCPSameClientAddressTwice: a second connection from a client
+// address and port that already has one (a wildcard listener reached at
+// two addresses, or a port reused before the old connection's reset came
+// in) replaces the old one. It once deadlocked the ingress: the old
+// connection was closed, and so forgotten, under the lock that forgetting
+// takes, and every accept and every TCP reply of the worker then waited on
+// it.
+func TestTCPSameClientAddressTwice(t *testing.T) {
+	r := newTCPRigOn(t, Config{}, TCPConfig{}, net.IPv4zero)
+	port := r.addr.Port()
+	reuse := func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+		return errors.Join(err, serr)
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, Control: reuse}
+	a, err := d.Dial("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.Write(frame(r.validCheck(t, 1))); err != nil {
+		t.Fatal(err)
+	}
+	read(t, r.cluster)
+	// The same source address and port, toward the relay's other address.
+	d.LocalAddr = a.LocalAddr()
+	b, err := d.Dial("tcp4", net.JoinHostPort("127.0.0.2", strconv.Itoa(int(port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	check := r.validCheck(t, 1)
+	if _, err := b.Write(frame(check)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := read(t, r.cluster)
+	if !bytes.HasSuffix(got, check) {
+		t.Fatal("the second connection's check was not forwarded")
+	}
+	fwd, _, err := encap.Decode(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := a.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the replaced connection was not closed: %v", err)
+	}
+	if n := r.tcp.Conns(); n != 1 {
+		t.Errorf("%d connections, want the new one", n)
+	}
+	// Replies go to the new connection.
+	h := encap.Header{TCP: true, ToClient: true, Cluster: 0x12, Pod: 1, POP: 9, Token: fwd.Token, Client: tcpAddrOf(b.(*net.TCPConn)), Ingress: r.ingress}
+	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("reply")), r.ingress)
+	if got := readFrame(t, b); string(got) != "reply" {
+		t.Fatalf("new connection read %q", got)
+	}
+}
+
+// TestTCPAddrKey: the per-address limit counts an IPv6 client by its /64,
+// which one host can fill with addresses; IPv4 addresses one by one.
+func TestTCPAddrKey(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"2001:db8::1", "2001:db8::ffff:2", true},
+		{"2001:db8::1", "2001:db8:0:1::1", false},
+		{"10.0.0.1", "10.0.0.2", false},
+		{"10.0.0.1", "10.0.0.1", true},
+	} {
+		ka, kb := addrKey(netip.MustParseAddr(c.a)), addrKey(netip.MustParseAddr(c.b))
+		if (ka == kb) != c.same {
+			t.Errorf("%s (%v) and %s (%v): same key %v, want %v", c.a, ka, c.b, kb, ka == kb, c.same)
+		}
+	}
 }

@@ -147,10 +147,12 @@ func (ts *tcpSide) handle(buf *podBuf, n, hl int, h encap.Header, relay netip.Ad
 // datagram must be a Binding Request whose USERNAME names a session conn
 // of the POP (the global relay opened the connection with exactly such a
 // check); a known client keeps its conn when its route changes (another
-// relay replica).
+// relay replica) under the same routing token. Another token from the same
+// address is another connection — a NAT that reused the port for a new
+// call — and binds afresh from its check.
 func (ts *tcpSide) bind(key tcpPeerKey, h encap.Header, relay netip.AddrPort, pkt []byte, old *tcpPeer) (*tcpPeer, bool) {
 	var conn *tcpICEConn
-	if old != nil {
+	if old != nil && old.hdr.Token == h.Token {
 		conn = old.conn
 	} else {
 		user, err := stunmsg.Username(pkt)

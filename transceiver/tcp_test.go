@@ -107,3 +107,56 @@ func TestTCPSide(t *testing.T) {
 		t.Error("media for a closed conn's client accepted")
 	}
 }
+
+// TestTCPSideNewSessionSameAddress: a client address and port that a
+// session's connection had comes back with another session's check (a
+// NAT reusing the port for a new call's TCP connection): it is bound to
+// the session its check names, not kept on the old one, while a route
+// change of the same session (another relay replica) keeps its conn.
+func TestTCPSideNewSessionSameAddress(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	podConn, relay := udp4(t), udp4(t)
+	defer relay.Close()
+	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
+	defer podConn.Close()
+	defer s.closeAll()
+	pop := POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
+	old, next := s.tcp.open("EQABAAKc6XVfTs3E56z0", pop), s.tcp.open("EQABAAKc6XVfTs3E56z1", pop)
+	relayAddr := relay.LocalAddr().(*net.UDPAddr).AddrPort()
+	client := netip.MustParseAddrPort("198.51.100.1:40000")
+	feed := func(h encap.Header, ufrag string) {
+		msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(ufrag+":clnt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := bufPool.Get().(*podBuf)
+		if !s.handle(buf, copy(buf[:], sealed(t, h, string(msg.Raw))), relayAddr) {
+			bufPool.Put(buf)
+			t.Fatalf("check for %s refused", ufrag)
+		}
+	}
+	got := func(c net.PacketConn) {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := c.ReadFrom(make([]byte, 1500)); err != nil {
+			t.Fatalf("the check did not reach its session: %v", err)
+		}
+	}
+	hdr := encap.Header{TCP: true, Cluster: 7, Pod: 3, POP: 1, Token: [6]byte{1}, Client: client, Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
+	feed(hdr, "EQABAAKc6XVfTs3E56z0")
+	got(old)
+	moved := hdr
+	moved.Ingress = netip.MustParseAddrPort("127.0.0.1:10") // another replica, same session
+	feed(moved, "EQABAAKc6XVfTs3E56z0")
+	got(old)
+	call := hdr
+	call.Token = [6]byte{2} // another session's connection from the same address
+	feed(call, "EQABAAKc6XVfTs3E56z1")
+	got(next)
+	if p := s.tcp.peer(1, client); p == nil || p.conn != next {
+		t.Error("the address stayed bound to the old session")
+	}
+}
