@@ -25,7 +25,7 @@ import (
 const (
 	sessionsPath  = sessionapi.SessionsPath
 	podAttempts   = 2
-	maxCreateBody = 96 << 10
+	maxCreateBody = sessionapi.MaxRequestBody
 )
 
 // FrontConfig configures the session API front.

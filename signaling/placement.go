@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -75,10 +76,18 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 	for _, p := range pops {
 		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP, TCPPort: p.TCPPort})
 	}
-	body, err := json.Marshal(req)
+	body, err := sessionapi.Encode(req)
 	if err != nil {
 		s.log.Error("encode session create", "err", err)
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not encode the request", 0)
+		return
+	}
+	if len(body) > sessionapi.MaxRequestBody {
+		// JSON escapes control characters to six bytes each: an offer
+		// under the body cap can still be too large for the clusters,
+		// which would refuse it one after another.
+		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
+			fmt.Sprintf("the offer takes %d bytes once encoded, over %d", len(body), sessionapi.MaxRequestBody), 0)
 		return
 	}
 	start := s.cfg.Now()

@@ -42,9 +42,14 @@ func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	reqBody, err := json.Marshal(sessionapi.RestartRequest{Fragment: string(body), IfMatch: r.Header.Get("If-Match")})
+	reqBody, err := sessionapi.Encode(sessionapi.RestartRequest{Fragment: string(body), IfMatch: r.Header.Get("If-Match")})
 	if err != nil {
 		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
+		return
+	}
+	if len(reqBody) > sessionapi.MaxRequestBody {
+		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
+			fmt.Sprintf("the fragment takes %d bytes once encoded, over %d", len(reqBody), sessionapi.MaxRequestBody), 0)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)

@@ -384,3 +384,32 @@ func metricValue(t *testing.T, w *world, name string, labels map[string]string) 
 	}
 	return sum
 }
+
+// TestSignalingOfferEncodedSize: an offer under the body cap stays under
+// the session API's once encoded. Characters HTML-escaping JSON makes six
+// bytes of ('<', '>', '&') once turned a 21 KB offer into a 503, after
+// three clusters had each refused it as too large; control characters,
+// which JSON must escape so, get a 413 here instead of the same tour.
+func TestSignalingOfferEncodedSize(t *testing.T) {
+	w := newWorld(t, worldConfig{})
+	offer := testsdp.Offer(t)
+	padded := offer + "a=x-pad:" + strings.Repeat("<&>", 7000) + "\r\n"
+	rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", ipFrankfurt, "application/sdp", padded, nil)
+	res, body := recorded(rec)
+	checkPlaced(t, res, body, inFrankfurt)
+	w.hangup(t, rec, nil)
+
+	ctl := offer + "a=x-pad:" + strings.Repeat("\x01", 20000) + "\r\n"
+	rec = w.do(t, http.MethodPost, "/v1/realtime/sdp", ipFrankfurt, "application/sdp", ctl, nil)
+	res, body = recorded(rec)
+	if res.StatusCode/100 != 4 {
+		t.Fatalf("offer with control characters: %d %s, want a 4xx", res.StatusCode, body)
+	}
+	var created float64
+	for _, p := range w.pods {
+		created += p.created(t)
+	}
+	if created != 1 {
+		t.Errorf("pods created %v sessions, want only the first offer's", created)
+	}
+}

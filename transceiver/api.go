@@ -22,7 +22,7 @@ const (
 )
 
 // maxAPIBody caps a create request: a 64 KiB offer plus JSON framing.
-const maxAPIBody = 96 << 10
+const maxAPIBody = sessionapi.MaxRequestBody
 
 // APICreateRequest is the JSON body of POST /internal/v1/sessions.
 type APICreateRequest = sessionapi.CreateRequest

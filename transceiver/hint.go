@@ -50,6 +50,12 @@ type nonceIndex struct {
 	m  map[[6]byte]*session // guarded by mu
 }
 
+// maxNoncesPerSession bounds the tokens a session is found by: its first
+// server ufrag's and its latest ICE restarts' (only the latest restart's
+// ufrag is translated at all, restartTable), so that a client restarting
+// over and over does not grow the index.
+const maxNoncesPerSession = 3
+
 func (x *nonceIndex) add(nonce [6]byte, s *session) {
 	x.mu.Lock()
 	if x.m == nil {
@@ -57,6 +63,13 @@ func (x *nonceIndex) add(nonce [6]byte, s *session) {
 	}
 	x.m[nonce] = s
 	s.nonces = append(s.nonces, nonce)
+	if len(s.nonces) > maxNoncesPerSession {
+		// Keep the first; forget the oldest restart's.
+		if old := s.nonces[1]; x.m[old] == s {
+			delete(x.m, old)
+		}
+		s.nonces = append(s.nonces[:1], s.nonces[2:]...)
+	}
 	x.mu.Unlock()
 }
 

@@ -403,3 +403,25 @@ func TestSessionAudioOneAtATime(t *testing.T) {
 		t.Errorf("backend got %d frames, want %d and none after closeAudio", n, 2*calls)
 	}
 }
+
+// TestNonceIndexBounded: every ICE restart gives a session another routing
+// token; the index keeps the first and the latest ones only, so a client
+// restarting all day does not grow it.
+func TestNonceIndexBounded(t *testing.T) {
+	var x nonceIndex
+	s := &session{}
+	for i := range 1000 {
+		x.add([6]byte{byte(i), byte(i >> 8), 1}, s)
+	}
+	if len(x.m) != maxNoncesPerSession || len(s.nonces) != maxNoncesPerSession {
+		t.Fatalf("%d nonces indexed, %d kept by the session, want %d", len(x.m), len(s.nonces), maxNoncesPerSession)
+	}
+	first, last := [6]byte{0, 0, 1}, [6]byte{byte(999 & 0xff), byte(999 >> 8), 1}
+	if x.get(first) != s || x.get(last) != s {
+		t.Error("the first or the latest token no longer finds the session")
+	}
+	x.remove(s)
+	if len(x.m) != 0 {
+		t.Errorf("%d nonces left after remove", len(x.m))
+	}
+}

@@ -161,6 +161,9 @@ const podBatch = 32
 // or it failed), the others are stopped.
 func (s *podSocket) readers(n int) error {
 	conns, err := readerConns(s.conn, n)
+	if errors.Is(err, net.ErrClosed) {
+		return nil // closed before the readers started: the normal end
+	}
 	if err != nil {
 		return err
 	}

@@ -160,3 +160,20 @@ func TestTCPSideNewSessionSameAddress(t *testing.T) {
 		t.Error("the address stayed bound to the old session")
 	}
 }
+
+// TestReadersClosedBeforeStart: a pod closed before its socket readers
+// started (a test's or a node's shutdown racing Run) ends as a closed pod
+// does, not with an error from setting up the readers.
+func TestReadersClosedBeforeStart(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	podConn := udp4(t)
+	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
+	defer s.closeAll()
+	podConn.Close()
+	if err := s.readers(2); err != nil {
+		t.Errorf("readers on a closed socket: %v, want the normal end", err)
+	}
+}

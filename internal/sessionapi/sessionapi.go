@@ -15,6 +15,7 @@
 package sessionapi
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -32,6 +33,23 @@ const (
 	SessionsPath = "/internal/v1/sessions"
 	StatusPath   = "/internal/v1/status"
 )
+
+// MaxRequestBody caps a request body on every hop of the session API: a
+// 64 KiB offer (signaling's default cap) and its JSON framing.
+const MaxRequestBody = 96 << 10
+
+// Encode is a request body: JSON without HTML escaping, which would make
+// an offer's every '<', '>' and '&' six bytes and a valid offer too large
+// for the next hop. Callers compare the result with MaxRequestBody.
+func Encode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
 
 // POP names a global relay POP whose VIP a session's answer advertises.
 // The VIP travels as "ip:port".
