@@ -20,6 +20,9 @@ type flow struct {
 	choice       atomic.Pointer[relayChoice]
 	watch        relayWatch    // is the chosen relay still answering? (failover.go)
 	ssrc         atomic.Uint64 // 1<<32 | the SSRC of the client's audio, 0 before any (ssrc.go)
+	// unconfirmed: restored from a reply's header (the return path) and
+	// no datagram from the client since; replies are not forwarded.
+	unconfirmed atomic.Bool
 }
 
 // tokenKey identifies one minted token (one session's server ufrag).

@@ -50,6 +50,8 @@ const (
 	DropFlowBusy       = "flow_busy"        // a check for another cluster/pod while the address's flow is live
 	DropNoHopKey       = "no_hop_key"       // no inter-tier key for the flow's cluster
 	DropSSRCLive       = "ssrc_live"        // RTP from an unknown address with the SSRC of a live flow (ssrc.go)
+	DropUnconfirmed    = "unconfirmed"      // a reply for a flow restored from the return path before its client sent on it
+	DropRestoreLimit   = "restore_limit"    // a return-path restore over the rate restores are limited to
 )
 
 // dropReason is the typed form of the labels above; it indexes the
@@ -74,6 +76,8 @@ const (
 	dropFlowBusy
 	dropNoHopKey
 	dropSSRCLive
+	dropUnconfirmed
+	dropRestoreLimit
 	numDropReasons
 )
 
@@ -84,7 +88,7 @@ var dropLabels = [numDropReasons]string{
 	dropFlowMismatch: DropFlowMismatch, dropEmpty: DropEmpty, dropDraining: DropDraining,
 	dropTokenReuse: DropTokenReuse, dropOversize: DropOversize, dropNotFromCluster: DropNotFromCluster,
 	dropBadSource: DropBadSource, dropTokenExpired: DropTokenExpired, dropFlowBusy: DropFlowBusy, dropNoHopKey: DropNoHopKey,
-	dropSSRCLive: DropSSRCLive,
+	dropSSRCLive: DropSSRCLive, dropUnconfirmed: DropUnconfirmed, dropRestoreLimit: DropRestoreLimit,
 }
 
 // Config configures a Relay.
@@ -182,11 +186,14 @@ type Relay struct {
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 	tcp     atomic.Pointer[TCP] // the TCP ingress, if any (tcp.go)
 
-	now       atomic.Int64 // coarse clock, unix nanos, advanced by Run
-	suspects  suspects     // cluster relays avoided on data-plane evidence (failover.go)
-	draining  atomic.Bool
-	closeOnce sync.Once
-	done      chan struct{}
+	now atomic.Int64 // coarse clock, unix nanos, advanced by Run
+	// restoreSec and restoreN count this second's return-path restores
+	// (restoreBudget).
+	restoreSec, restoreN atomic.Int64
+	suspects             suspects // cluster relays avoided on data-plane evidence (failover.go)
+	draining             atomic.Bool
+	closeOnce            sync.Once
+	done                 chan struct{}
 
 	// repickTrace, when set, is called at each change of a flow's cluster
 	// relay (SetRepickTrace, failover.go).
@@ -297,6 +304,22 @@ func (r *Relay) SetHopKeys(k *encap.ClusterKeys) {
 	if k != nil {
 		r.hopKeys.Store(k)
 	}
+}
+
+// unconfirmedTTL is how long a flow restored from the return path lives
+// without a datagram from its client.
+const unconfirmedTTL = 2 * time.Second
+
+// restoreBudget reports whether another return-path restore fits in this
+// second's budget: an eighth of MaxFlows a second, so that with
+// unconfirmedTTL unconfirmed flows hold at most a quarter of the table.
+func (r *Relay) restoreBudget() bool {
+	sec := r.now.Load() / int64(time.Second)
+	if r.restoreSec.Load() != sec {
+		r.restoreSec.Store(sec)
+		r.restoreN.Store(0)
+	}
+	return r.restoreN.Add(1) <= int64(max(r.cfg.MaxFlows/8, 1))
 }
 
 // sourceOK reports whether a client address may have a flow: it is checked
@@ -411,7 +434,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			done = true
 		case <-r.done:
 			done = true
-		case now := <-tick.C:
+		case <-tick.C:
+			now := r.cfg.Now()
 			r.now.Store(now.UnixNano())
 			r.m.flows.Set(float64(r.flows.len()))
 			if now.Sub(lastScan) >= scanEvery {
@@ -436,7 +460,10 @@ func (r *Relay) bundled(bundles, datagrams int) {
 
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
-	if n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
+	unconfirmed := r.cfg.Now().Add(-unconfirmedTTL).UnixNano()
+	n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()) // abandon.go
+	n += r.flows.removeIf(func(f *flow) bool { return f.unconfirmed.Load() && f.created < unconfirmed })
+	if n > 0 {
 		r.m.flowsExpired.Add(float64(n))
 		r.ssrcs.sweep(r.flows)
 	}
@@ -546,6 +573,9 @@ func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.Addr
 		return nil, 0, netip.AddrPort{}, false
 	}
 	f.lastSeen.Store(now)
+	if f.unconfirmed.Load() {
+		f.unconfirmed.Store(false) // the client spoke: replies may go to it
+	}
 	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Token: f.tok.nonce, Client: from, Ingress: ingress}
 	hl := h.Len()
 	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
@@ -706,9 +736,19 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 	f := r.flows.get(h.Client)
 	if f == nil {
 		// A restarted replica learns the flow back from the first reply;
-		// it counts against the token the header names.
+		// it counts against the token the header names. But a
+		// compromised pod can name any client and token: the flow sends
+		// nothing until its client sends on it (encapsulate), lives
+		// unconfirmedTTL without that, and restores are rate-limited,
+		// so a pod can neither spray the Internet from our address nor
+		// fill the table. The client's next datagram finds the flow,
+		// which is the restore's point.
 		if !r.sourceOK(h.Client) {
 			r.m.drops.Inc(dropBadSource)
+			return nil, netip.AddrPort{}, false
+		}
+		if !r.restoreBudget() {
+			r.m.drops.Inc(dropRestoreLimit)
 			return nil, netip.AddrPort{}, false
 		}
 		nf, res := r.storeFlow(h.Client, tokenKey{h.Cluster, h.Pod, h.Token}, r.now.Load(), false)
@@ -722,15 +762,21 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 			}
 		case putStored:
 			r.m.flowsRestoredReturn.Inc()
-			// The next client datagram writes it to the cache
-			// (lastStored is zero).
-			f = nf
+			// The next client datagram confirms it and writes it to
+			// the cache (lastStored is zero).
+			nf.unconfirmed.Store(true)
+			r.watchReply(nf, from, r.now.Load())
+			return nil, netip.AddrPort{}, false
 		}
 	} else if f.cluster != h.Cluster || f.pod != h.Pod {
 		r.m.drops.Inc(dropFlowMismatch)
 		return nil, netip.AddrPort{}, false
 	}
 	r.watchReply(f, from, r.now.Load())
+	if f.unconfirmed.Load() {
+		r.m.drops.Inc(dropUnconfirmed)
+		return nil, netip.AddrPort{}, false
+	}
 	r.m.toClient.Inc()
 	r.m.toClientBytes.Add(float64(n - hl))
 	return pkt[hl:], h.Client, true

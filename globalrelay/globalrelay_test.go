@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -309,10 +310,14 @@ func TestReturnPathTrust(t *testing.T) {
 	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 3, POP: 9, Client: addrOf(victim), Ingress: r.ingress}
 	pkt := seal(t, h, []byte("spoofed"))
 	stranger.WriteToUDPAddrPort(pkt, r.ingress)
-	// From the known cluster relay it is trusted and restores the flow.
+	// From the known cluster relay it is trusted and restores the flow,
+	// which forwards replies once the client has spoken on it.
 	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("restored")), r.ingress)
-	if back, _ := read(t, victim); string(back) != "restored" {
-		t.Fatalf("victim got %q first: the stranger's datagram was reflected", back)
+	victim.WriteToUDPAddrPort([]byte{0x80, 111, 0, 1}, r.pub)
+	read(t, r.cluster) // the client's datagram found the restored flow
+	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("confirmed")), r.ingress)
+	if back, _ := read(t, victim); string(back) != "confirmed" {
+		t.Fatalf("victim got %q first: the stranger's datagram was reflected, or the reply before the client spoke", back)
 	}
 	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropNotFromCluster); v != 1 {
 		t.Errorf("not_from_cluster drops = %v, want 1", v)
@@ -609,5 +614,59 @@ func TestFirstPacketAllocations(t *testing.T) {
 		}); a != 0 {
 			t.Errorf("refused first packet (%s): %v allocations, want 0", tc.name, a)
 		}
+	}
+}
+
+// TestReturnPathRestoreSendsNothing: a compromised pod holds its cluster's
+// hop key, so the headers of its replies can name any client address and
+// any token. A flow it restores that way forwards nothing until the
+// client itself sends on it, restored flows no client confirms expire
+// within seconds, and restores are rate-limited: the pod can neither spray
+// arbitrary addresses from the POP's public address nor fill the table
+// other clusters' calls need.
+func TestReturnPathRestoreSendsNothing(t *testing.T) {
+	now := time.Now()
+	var clock atomic.Pointer[time.Time]
+	clock.Store(&now)
+	r := newRig(t, Config{MaxFlows: 160, Now: func() time.Time { return *clock.Load() }})
+	victim := listen(t)
+	defer victim.Close()
+	for i := range 40 {
+		h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 3, POP: 9, Token: [6]byte{byte(i), 1}, Client: addrOf(victim), Ingress: r.ingress}
+		h.Client = netip.AddrPortFrom(h.Client.Addr(), h.Client.Port()+uint16(i)) // the first is the victim's own address
+		r.cluster.WriteToUDPAddrPort(seal(t, h, bytes.Repeat([]byte{0xAA}, 1000)), r.ingress)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path")+
+		counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropRestoreLimit) < 40 {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not take the 40 replies")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The victim's address is among them: its next datagram confirms that
+	// flow, and only replies after that reach it.
+	victim.WriteToUDPAddrPort([]byte{0x80, 111, 0, 1}, r.pub)
+	read(t, r.cluster)
+	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 3, POP: 9, Token: [6]byte{0, 1}, Client: addrOf(victim), Ingress: r.ingress}
+	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("after")), r.ingress)
+	if back, _ := read(t, victim); string(back) != "after" {
+		t.Fatalf("victim got %d bytes %.8q: a reply for a flow the client had not confirmed was forwarded", len(back), back)
+	}
+	// 160/8 = 20 restores a second: the other 20 were refused.
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropRestoreLimit); v != 20 {
+		t.Errorf("restore_limit drops = %v, want 20", v)
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropUnconfirmed); v != 0 {
+		t.Errorf("unconfirmed drops = %v before any reply to an unconfirmed flow", v)
+	}
+	if n := r.relay.Flows(); n != 20 {
+		t.Errorf("%d flows, want the 20 restored", n)
+	}
+	later := now.Add(unconfirmedTTL + time.Second)
+	clock.Store(&later)
+	r.relay.expire()
+	if n := r.relay.Flows(); n != 1 {
+		t.Errorf("%d flows after the unconfirmed ones' lifetime, want the victim's confirmed one", n)
 	}
 }

@@ -225,11 +225,17 @@ func TestRebindingRestartAndRecovery(t *testing.T) {
 	if _, ok := fresh.send(t, old, media); ok {
 		t.Fatal("a restarted replica forwarded media of a flow it does not know")
 	}
-	if !fresh.reply(t, encap.Header{Cluster: 0x12, Pod: 1, POP: 9, Client: rebound, Ingress: fresh.ingress}, nil) {
-		t.Fatal("a restarted replica did not restore the flow from a reply")
+	// The reply restores the flow but reaches the client only once the
+	// client has sent on it (a compromised pod can name any client).
+	reply := encap.Header{Cluster: 0x12, Pod: 1, POP: 9, Client: rebound, Ingress: fresh.ingress}
+	if fresh.reply(t, reply, nil) {
+		t.Fatal("a reply restoring a flow was forwarded before the client sent on it")
 	}
 	if h, ok := fresh.send(t, rebound, media); !ok || h.Pod != 1 {
-		t.Fatal("media of the restored flow not forwarded")
+		t.Fatal("media of the flow restored from a reply not forwarded")
+	}
+	if !fresh.reply(t, reply, nil) {
+		t.Fatal("a reply of the restored flow not forwarded once the client spoke")
 	}
 	if h, ok := fresh.send(t, old, tok); !ok || h.Pod != 1 {
 		t.Fatal("a restarted replica did not take the next check")
