@@ -167,22 +167,23 @@ type suspects struct {
 	votes map[netip.AddrPort]vote
 }
 
-// vote is how many flows left a relay on borrowed evidence since first.
+// vote is which sessions' flows left a relay since first.
 type vote struct {
+	toks  [votesNeeded]tokenKey
 	n     int
 	first int64
 }
 
-// Borrowed evidence against one relay from votesNeeded flows within
-// voteWindow makes it suspect for every flow.
+// Evidence against one relay from flows of votesNeeded sessions (tokens)
+// within voteWindow makes it suspect for every flow.
 const (
 	votesNeeded = 3
 	voteWindow  = 2 * time.Second
 )
 
-// vote records that a flow left addr on borrowed evidence at now and
-// reports whether enough flows have, recently enough.
-func (s *suspects) vote(addr netip.AddrPort, now int64) bool {
+// vote records that a flow of session tok left addr at now and reports
+// whether flows of enough sessions have, recently enough.
+func (s *suspects) vote(addr netip.AddrPort, tok tokenKey, now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.votes == nil {
@@ -197,6 +198,10 @@ func (s *suspects) vote(addr netip.AddrPort, now int64) bool {
 	if v.n == 0 {
 		v.first = now
 	}
+	if slices.Contains(v.toks[:v.n], tok) {
+		return false // the same session again
+	}
+	v.toks[v.n] = tok
 	v.n++
 	s.votes[addr] = v
 	if v.n >= votesNeeded {
@@ -314,8 +319,16 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		if reason, strong = r.evidence(f, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
-			if !strong && (reason == RepickCheck || reason == RepickUnanswered) {
-				strong = r.suspects.vote(c.addr, now) // several flows at once are no slow pod
+			// Whether every flow avoids the relay takes flows of several
+			// sessions: a client can leave its own check unanswered at
+			// will (a wrong MESSAGE-INTEGRITY, which only the pod can
+			// tell), so one session's evidence, however strong, moves
+			// only its own flow; several sessions at once are no slow
+			// pod and no single caller.
+			if reason == RepickCheck || reason == RepickUnanswered {
+				strong = r.suspects.vote(c.addr, f.tok, now)
+			} else {
+				strong = false
 			}
 			if strong && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))

@@ -158,32 +158,71 @@ func TestSilentClusterRelayIsLeft(t *testing.T) {
 }
 
 // TestUnansweredCheckMakesRelaySuspect: a check through a relay that gets
-// no reply at all makes every flow avoid that relay (new ones too) until
-// it answers again; a relay that answers is trusted again at once.
+// no reply at all moves its flow off that relay; when flows of three
+// sessions find the same, every flow avoids the relay (new ones too) until
+// it answers again, and a relay that answers is trusted again at once. One
+// session's evidence, however strong, moves only its own flow: a caller can
+// leave its own checks unanswered at will (a wrong MESSAGE-INTEGRITY), and
+// would otherwise turn every call away from a healthy relay.
 func TestUnansweredCheckMakesRelaySuspect(t *testing.T) {
 	f := newFailoverUnit(t)
 	a := f.clients[relay12]
-	f.open(a, 7)
-	f.call(a, 0, 200*time.Millisecond, all)
-	// A consent check through relay12 right after the last reply, never
-	// answered; the client's next datagram comes CheckTimeout later.
-	f.at(220 * time.Millisecond)
-	if to := f.forward(a, f.check(t, 0x12, 7, 0)); to != relay12 {
-		t.Fatalf("check went to %v", to)
+	b := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))
+	c := f.clientOf(relay12, b)
+	// Session a's call also has flows from two more addresses (its own
+	// token from other candidates).
+	a2 := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 55000))
+	a3 := f.clientOf(relay12, a2)
+	tokA := f.check(t, 0x12, 7, 0)
+	for _, cl := range []netip.AddrPort{a, a2, a3} {
+		f.at(0)
+		f.answer(cl, f.forward(cl, tokA))
 	}
-	f.at(220*time.Millisecond + DefaultCheckTimeout)
-	if to := f.forward(a, media); to != relay12b {
-		t.Fatalf("%v after an unanswered check the flow still uses %v", DefaultCheckTimeout, to)
+	for _, cl := range []netip.AddrPort{a, a2, a3} {
+		f.call(cl, 0, 200*time.Millisecond, all)
 	}
-	if n := f.repicks(RepickCheck); n != 1 {
-		t.Errorf("repicks{check} = %v, want 1", n)
+	// Consent checks through relay12 right after the last replies, never
+	// answered; the clients' next datagrams come CheckTimeout later.
+	unanswered := func(at time.Duration, cls map[netip.AddrPort]uint16) {
+		t.Helper()
+		f.at(at)
+		for cl, pod := range cls {
+			if to := f.forward(cl, f.check(t, 0x12, pod, 0)); to != relay12 {
+				t.Fatalf("check went to %v", to)
+			}
+		}
+		f.at(at + DefaultCheckTimeout)
+		for cl := range cls {
+			if to := f.forward(cl, media); to != relay12b {
+				t.Fatalf("%v after an unanswered check the flow still uses %v", DefaultCheckTimeout, to)
+			}
+		}
 	}
+	unanswered(220*time.Millisecond, map[netip.AddrPort]uint16{a: 7, a2: 7, a3: 7})
+	if n := f.repicks(RepickCheck); n != 3 {
+		t.Errorf("repicks{check} = %v, want 3", n)
+	}
+	if n := f.suspects(); n != 0 {
+		t.Errorf("one session's unanswered checks (three flows) made %v relays suspect for everyone, want 0", n)
+	}
+	fresh := f.clientOf(relay12, c)
+	if to := f.forward(fresh, f.check(t, 0x12, 11, 0)); to != relay12 {
+		t.Errorf("after one session's evidence a new flow was sent to %v, want its own relay", to)
+	}
+	// Two more sessions' calls start, and their checks go unanswered too.
+	t1 := 240*time.Millisecond + DefaultCheckTimeout
+	for i, cl := range []netip.AddrPort{b, c} {
+		f.at(t1)
+		f.answer(cl, f.forward(cl, f.check(t, 0x12, uint16(8+i), 0)))
+		f.call(cl, t1, 200*time.Millisecond, all)
+	}
+	unanswered(t1+220*time.Millisecond, map[netip.AddrPort]uint16{b: 8, c: 9})
 	if n := f.suspects(); n != 1 {
-		t.Errorf("suspects = %v, want 1", n)
+		t.Errorf("after three sessions' unanswered checks, suspects = %v, want 1", n)
 	}
 	// A new call whose client hashes to relay12 starts on relay12b.
-	fresh := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))
-	if to := f.forward(fresh, f.check(t, 0x12, 9, 0)); to != relay12b {
+	next := f.clientOf(relay12, fresh)
+	if to := f.forward(next, f.check(t, 0x12, 9, 0)); to != relay12b {
 		t.Errorf("a new flow was sent to the suspect relay %v", to)
 	}
 	// relay12 answers (a late reply): trusted again, new flows go back.
@@ -191,7 +230,7 @@ func TestUnansweredCheckMakesRelaySuspect(t *testing.T) {
 	if n := f.suspects(); n != 0 {
 		t.Errorf("after relay12 answered, suspects = %v, want 0", n)
 	}
-	late := f.clientOf(relay12, fresh)
+	late := f.clientOf(relay12, next)
 	if to := f.forward(late, f.check(t, 0x12, 10, 0)); to != relay12 {
 		t.Errorf("after relay12 answered again a new flow went to %v", to)
 	}
@@ -255,13 +294,39 @@ func TestRestoredFlowLeavesDeadRelay(t *testing.T) {
 	if moved == 0 || moved > firstCheckTimeout+clockTick {
 		t.Errorf("restored flow left its dead relay after %v, want within %v", moved, firstCheckTimeout+clockTick)
 	}
-	// That is evidence against the relay for every flow: another restored
-	// flow that would hash to it starts on the other relay.
-	b := f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))
+	// One session's evidence moves only its flow; restored flows of two
+	// more sessions that find the same make it evidence for every flow:
+	// another restored flow that would hash to the relay starts on the
+	// other one.
+	if n := f.suspects(); n != 0 {
+		t.Errorf("one restored flow made %v relays suspect for everyone, want 0", n)
+	}
+	more := []netip.AddrPort{f.clientOf(relay12, netip.AddrPortFrom(a.Addr(), 50000))}
+	more = append(more, f.clientOf(relay12, more[0]))
+	at := moved + clockTick
+	f.at(at)
+	for i, c := range more {
+		rc := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, byte(7 + i)}, Stored: stored}
+		rc.KeyID, rc.Tag = f.hop.For(0x12).SealRoute(c, 0x12, 7, rc.Token, stored)
+		f.r.RestoreFlow(c, rc)
+		if to := f.forward(c, media); to != relay12 {
+			t.Fatalf("restored flow %v went to %v before any evidence", c, to)
+		}
+	}
+	f.at(at + firstCheckTimeout + clockTick)
+	for _, c := range more {
+		if to := f.forward(c, media); to != relay12b {
+			t.Errorf("restored flow %v still on the dead relay", c)
+		}
+	}
+	if n := f.suspects(); n != 1 {
+		t.Errorf("after three sessions' restored flows left it, %v relays suspect, want 1", n)
+	}
+	b := f.clientOf(relay12, more[1])
 	r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(b, 0x12, 7, r.Token, stored)
 	f.r.RestoreFlow(b, r)
 	if to := f.forward(b, media); to != relay12b {
-		t.Errorf("a second restored flow went to the relay the first found dead: %v", to)
+		t.Errorf("a restored flow went to the relay three sessions found dead: %v", to)
 	}
 }
 
@@ -421,13 +486,14 @@ func TestRestoredFlowsLeaveDeadRelayByClusterRTT(t *testing.T) {
 	if n := f.suspects(); n != 0 {
 		t.Errorf("%v relays suspect for everyone after evidence borrowed from the cluster, want 0", n)
 	}
-	// Two more restored flows through the dead relay leave it the same way:
-	// three flows at once are no slow pod, so every flow avoids it now.
+	// Two more restored flows (of other sessions) through the dead relay
+	// leave it the same way: three sessions at once are no slow pod and no
+	// single caller, so every flow avoids it now.
 	at := moved.Truncate(clockTick) + clockTick
 	more := []netip.AddrPort{f.clientOf(relay12, netip.AddrPortFrom(dead.Addr(), 50000))}
 	more = append(more, f.clientOf(relay12, more[0]))
-	for _, c := range more {
-		r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, 7}, Stored: stored}
+	for i, c := range more {
+		r := routecache.Route{Cluster: 0x12, Pod: 7, Token: [6]byte{1, 2, 3, 4, 5, byte(7 + i)}, Stored: stored}
 		r.KeyID, r.Tag = f.hop.For(0x12).SealRoute(c, 0x12, 7, r.Token, stored)
 		f.r.RestoreFlow(c, r)
 	}
