@@ -27,13 +27,14 @@ import (
 // Drop reasons (the "reason" label), besides encap's own decode reasons
 // which appear as "encap_<reason>".
 const (
-	DropWrongCluster = "wrong_cluster"
-	DropUnknownPod   = "unknown_pod"
-	DropNotFromPod   = "not_from_pod"
-	DropPodMismatch  = "pod_mismatch"
-	DropEmpty        = "empty"
-	DropOversize     = "oversize"         // longer than encap.MaxDatagram
-	DropIngress      = "ingress_mismatch" // toward a pod, but not sent by the ingress the header names
+	DropWrongCluster   = "wrong_cluster"
+	DropUnknownPod     = "unknown_pod"
+	DropNotFromPod     = "not_from_pod"
+	DropPodMismatch    = "pod_mismatch"
+	DropEmpty          = "empty"
+	DropOversize       = "oversize"         // longer than encap.MaxDatagram
+	DropIngress        = "ingress_mismatch" // toward a pod, but not sent by the ingress the header names
+	DropUnknownIngress = "unknown_ingress"  // a reply toward an address no global relay sent from
 )
 
 // dropReason is the typed form of the labels above; it indexes the
@@ -49,6 +50,7 @@ const (
 	dropEmpty
 	dropOversize
 	dropIngress
+	dropUnknownIngress
 	numDropReasons
 )
 
@@ -56,7 +58,7 @@ const (
 var dropLabels = [numDropReasons]string{
 	dropOther: "other", dropWrongCluster: DropWrongCluster, dropUnknownPod: DropUnknownPod,
 	dropNotFromPod: DropNotFromPod, dropPodMismatch: DropPodMismatch, dropEmpty: DropEmpty,
-	dropOversize: DropOversize, dropIngress: DropIngress,
+	dropOversize: DropOversize, dropIngress: DropIngress, dropUnknownIngress: DropUnknownIngress,
 }
 
 // Config configures a Relay.
@@ -96,7 +98,43 @@ type Relay struct {
 	m    *metrics
 	keys atomic.Pointer[encap.Keyring]
 
+	// ingresses are the global relay internal sockets that have sent
+	// authenticated datagrams toward pods through this relay: the only
+	// addresses replies go to. A pod's header could name any address (a
+	// compromised pod holds the hop key), and the relay would be its
+	// forwarder to anywhere.
+	ingresses ingressSet
+
 	closeOnce sync.Once
+}
+
+// ingressSet is a bounded set of addresses, cleared when full (a
+// deployment has a few hundred global relay sockets at most; replies to
+// the ones cleared wait for their next datagram toward a pod).
+type ingressSet struct {
+	mu sync.RWMutex
+	m  map[netip.AddrPort]struct{}
+}
+
+const maxIngresses = 1 << 12
+
+func (s *ingressSet) has(a netip.AddrPort) bool {
+	s.mu.RLock()
+	_, ok := s.m[a]
+	s.mu.RUnlock()
+	return ok
+}
+
+func (s *ingressSet) add(a netip.AddrPort) {
+	if s.has(a) {
+		return
+	}
+	s.mu.Lock()
+	if s.m == nil || len(s.m) >= maxIngresses {
+		s.m = map[netip.AddrPort]struct{}{}
+	}
+	s.m[a] = struct{}{}
+	s.mu.Unlock()
 }
 
 // New returns a relay over conn. It takes ownership of conn.
@@ -228,6 +266,10 @@ func (r *Relay) route(pkt []byte, h encap.Header, hl int, from netip.AddrPort) (
 			r.m.drops.Inc(dropPodMismatch)
 			return nil, netip.AddrPort{}, false
 		}
+		if !r.ingresses.has(h.Ingress) {
+			r.m.drops.Inc(dropUnknownIngress)
+			return nil, netip.AddrPort{}, false
+		}
 		r.m.toClient.Inc()
 		r.m.toClientBytes.Add(float64(n))
 		return pkt, h.Ingress, true
@@ -239,6 +281,7 @@ func (r *Relay) route(pkt []byte, h encap.Header, hl int, from netip.AddrPort) (
 		r.m.drops.Inc(dropIngress)
 		return nil, netip.AddrPort{}, false
 	}
+	r.ingresses.add(from)
 	dst, ok := r.cfg.Pods.PodAddr(h.Pod)
 	if !ok {
 		r.m.drops.Inc(dropUnknownPod)

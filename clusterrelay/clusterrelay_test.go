@@ -136,6 +136,10 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int) {
 
 	forgedReply := toClient(1)
 	forgedReply.KeyID = 2
+	// A pod (a compromised one holds the hop key) names as ingress an
+	// address no global relay sent from.
+	toStranger := toClient(1)
+	toStranger.Ingress = addrOf(stranger)
 
 	// Bad ones first, each followed by a good one on the same path.
 	bad := []struct {
@@ -160,6 +164,7 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int) {
 		{"ingress is not the sender", stranger, pkt(toPod(2), "steer replies to a victim"), DropIngress, pkt(toPod(2), "g8"), pod2},
 		{"reply from a stranger", stranger, pkt(toClient(1), "reflect me"), DropNotFromPod, pkt(toClient(1), "g6"), ingress},
 		{"reply in another pod's name", pod2, pkt(toClient(1), "x"), DropPodMismatch, pkt(toClient(2), "g7"), ingress},
+		{"reply toward an address no global relay sent from", pod1, pkt(toStranger, "forward me anywhere"), DropUnknownIngress, pkt(toClient(1), "g14"), ingress},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
