@@ -22,6 +22,7 @@ import (
 var offerCodes = map[string]bool{
 	sdpcheck.CodeInvalidSDP: true, sdpcheck.CodeNotOffer: true, sdpcheck.CodeNoAudio: true, sdpcheck.CodeNoOpus: true,
 	sdpcheck.CodeNoICECreds: true, sdpcheck.CodeNoFingerprint: true, sdpcheck.CodeTooManySection: true,
+	sdpcheck.CodeBadFingerprint: true, sdpcheck.CodeNotSecure: true,
 }
 
 // podFaultError is a pod refusing a create for a reason other than the

@@ -32,6 +32,8 @@ const (
 	CodeNoOpus         = "no_opus"
 	CodeNoICECreds     = "missing_ice_credentials"
 	CodeNoFingerprint  = "missing_fingerprint"
+	CodeBadFingerprint = "invalid_fingerprint"
+	CodeNotSecure      = "insecure_profile"
 	CodeTooManySection = "too_many_media_sections"
 )
 
@@ -67,10 +69,12 @@ func Offer(raw string) error {
 	_, sessPwd := d.Attribute("ice-pwd")
 	_, sessFP := d.Attribute("fingerprint")
 
+	sessFPValue, _ := d.Attribute("fingerprint")
+
 	audio, opus := false, false
 	for _, m := range d.MediaDescriptions {
-		if m.MediaName.Media != "audio" {
-			continue
+		if m.MediaName.Media != "audio" || m.MediaName.Port.Value == 0 {
+			continue // port 0: a section the offerer rejected
 		}
 		audio = true
 		if !hasOpus(m) {
@@ -79,12 +83,21 @@ func Offer(raw string) error {
 		opus = true
 		_, ufrag := m.Attribute("ice-ufrag")
 		_, pwd := m.Attribute("ice-pwd")
-		_, fp := m.Attribute("fingerprint")
+		fpValue, fp := m.Attribute("fingerprint")
 		if !(ufrag || sessUfrag) || !(pwd || sessPwd) {
 			return fail(CodeNoICECreds, "audio section lacks a=ice-ufrag or a=ice-pwd")
 		}
 		if !(fp || sessFP) {
 			return fail(CodeNoFingerprint, "audio section lacks a=fingerprint (DTLS is required)")
+		}
+		if !fp {
+			fpValue = sessFPValue
+		}
+		if err := checkFingerprint(fpValue); err != nil {
+			return err
+		}
+		if !secureProfile(m.MediaName.Protos) {
+			return fail(CodeNotSecure, "audio section's profile %s is not DTLS-SRTP (UDP/TLS/RTP/SAVPF)", strings.Join(m.MediaName.Protos, "/"))
 		}
 	}
 	switch {
@@ -94,6 +107,50 @@ func Offer(raw string) error {
 		return fail(CodeNoOpus, "no audio section offers Opus")
 	}
 	return nil
+}
+
+// fingerprintLen is the digest length, in bytes, of each hash a DTLS
+// fingerprint may use (RFC 8122).
+var fingerprintLen = map[string]int{"sha-1": 20, "sha-224": 28, "sha-256": 32, "sha-384": 48, "sha-512": 64}
+
+// checkFingerprint checks an a=fingerprint value: a known hash and its
+// digest as colon-separated hex bytes. An offer with anything else can
+// never complete DTLS, and would hold a pod's slot until it times out.
+func checkFingerprint(v string) error {
+	hash, digest, ok := strings.Cut(strings.TrimSpace(v), " ")
+	n, known := fingerprintLen[strings.ToLower(hash)]
+	if !ok || !known {
+		return fail(CodeBadFingerprint, "a=fingerprint hash %q is not one of sha-1, sha-224, sha-256, sha-384, sha-512", hash)
+	}
+	parts := strings.Split(strings.TrimSpace(digest), ":")
+	if len(parts) != n {
+		return fail(CodeBadFingerprint, "a=fingerprint %s digest has %d bytes, want %d", hash, len(parts), n)
+	}
+	for _, p := range parts {
+		if len(p) != 2 || !isHex(p[0]) || !isHex(p[1]) {
+			return fail(CodeBadFingerprint, "a=fingerprint digest is not colon-separated hex bytes")
+		}
+	}
+	return nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// secureProfile reports whether a media section's transport protocol is
+// DTLS-SRTP: UDP/TLS/RTP/SAVP(F), or TCP/DTLS/RTP/SAVPF and the like.
+func secureProfile(protos []string) bool {
+	var tls, savp bool
+	for _, p := range protos {
+		switch strings.ToUpper(p) {
+		case "TLS", "DTLS":
+			tls = true
+		case "SAVP", "SAVPF":
+			savp = true
+		}
+	}
+	return tls && savp
 }
 
 func hasOpus(m *sdp.MediaDescription) bool {
