@@ -313,6 +313,7 @@ func TestReturnPathTrust(t *testing.T) {
 	// From the known cluster relay it is trusted and restores the flow,
 	// which forwards replies once the client has spoken on it.
 	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("restored")), r.ingress)
+	waitCounter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path", 1)
 	victim.WriteToUDPAddrPort([]byte{0x80, 111, 0, 1}, r.pub)
 	read(t, r.cluster) // the client's datagram found the restored flow
 	r.cluster.WriteToUDPAddrPort(seal(t, h, []byte("confirmed")), r.ingress)
@@ -636,14 +637,10 @@ func TestReturnPathRestoreSendsNothing(t *testing.T) {
 		h.Client = netip.AddrPortFrom(h.Client.Addr(), h.Client.Port()+uint16(i)) // the first is the victim's own address
 		r.cluster.WriteToUDPAddrPort(seal(t, h, bytes.Repeat([]byte{0xAA}, 1000)), r.ingress)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for counter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path")+
-		counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropRestoreLimit) < 40 {
-		if time.Now().After(deadline) {
-			t.Fatal("the relay did not take the 40 replies")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	// The replies and the client's datagrams arrive on different sockets:
+	// wait until the relay has taken all 40.
+	waitCounter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path", 20)
+	waitCounter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropRestoreLimit, 20)
 	// The victim's address is among them: its next datagram confirms that
 	// flow, and only replies after that reach it.
 	victim.WriteToUDPAddrPort([]byte{0x80, 111, 0, 1}, r.pub)
@@ -668,5 +665,18 @@ func TestReturnPathRestoreSendsNothing(t *testing.T) {
 	r.relay.expire()
 	if n := r.relay.Flows(); n != 1 {
 		t.Errorf("%d flows after the unconfirmed ones' lifetime, want the victim's confirmed one", n)
+	}
+}
+
+// waitCounter waits until a counter reaches want (the relay's loops run on
+// their own goroutines), failing after 5 s.
+func waitCounter(t *testing.T, reg *prometheus.Registry, name, label, value string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, reg, name, label, value) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s{%s=%q} = %v after 5 s, want %v", name, label, value, counter(t, reg, name, label, value), want)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

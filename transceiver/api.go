@@ -101,11 +101,17 @@ func (t *Transceiver) writeCreateError(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed):
 		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity", "pod is at capacity", time.Second)
 	case errors.Is(err, ErrBadOffer):
-		code := sdpcheck.CodeOf(err)
-		if code == "" {
-			code = sdpcheck.CodeInvalidSDP
+		// The client sees sdpcheck's own words, or a fixed sentence: what
+		// Pion said about an offer it could not answer names our
+		// internals, and goes to the log.
+		var se *sdpcheck.Error
+		code, msg := sdpcheck.CodeInvalidSDP, "the offer cannot be answered"
+		if errors.As(err, &se) {
+			code, msg = se.Code, se.Msg
+		} else {
+			t.log.Info("offer not answerable", "err", err)
 		}
-		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, code, err.Error(), 0)
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, code, msg, 0)
 	case errors.Is(err, ErrBadPOP):
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_pops", err.Error(), 0)
 	default:

@@ -3,6 +3,10 @@ package transceiver
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -15,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 )
 
 func TestMediaPathSupported(t *testing.T) {
@@ -423,5 +429,30 @@ func TestNonceIndexBounded(t *testing.T) {
 	x.remove(s)
 	if len(x.m) != 0 {
 		t.Errorf("%d nonces left after remove", len(x.m))
+	}
+}
+
+// TestCreateErrorWords: a client whose offer is refused sees sdpcheck's
+// own words or a fixed sentence, never what Pion said about its internals.
+func TestCreateErrorWords(t *testing.T) {
+	tr := &Transceiver{log: quiet}
+	for _, c := range []struct {
+		err        error
+		code, want string
+	}{
+		{fmt.Errorf("%w: %w", ErrBadOffer, &sdpcheck.Error{Code: sdpcheck.CodeNoOpus, Msg: "no audio section offers Opus"}), sdpcheck.CodeNoOpus, "no audio section offers Opus"},
+		{fmt.Errorf("%w: create answer: unable to populate media section, RTPSender created with no codecs", ErrBadOffer), sdpcheck.CodeInvalidSDP, "the offer cannot be answered"},
+	} {
+		rec := httptest.NewRecorder()
+		tr.writeCreateError(rec, c.err)
+		var body struct {
+			Error struct{ Code, Message string }
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != http.StatusBadRequest || body.Error.Code != c.code || body.Error.Message != c.want {
+			t.Errorf("%v: %d %+v, want 400 %s %q", c.err, rec.Code, body.Error, c.code, c.want)
+		}
 	}
 }
