@@ -110,18 +110,22 @@ type Relay struct {
 
 // ingressSet is a bounded set of addresses, cleared when full (a
 // deployment has a few hundred global relay sockets at most; replies to
-// the ones cleared wait for their next datagram toward a pod).
+// the ones cleared wait for their next datagram toward a pod). It changes
+// only when a new global relay socket appears, so it is an immutable map
+// replaced whole: a lookup per datagram is one atomic load.
 type ingressSet struct {
-	mu sync.RWMutex
-	m  map[netip.AddrPort]struct{}
+	mu   sync.Mutex // serialises replacements
+	snap atomic.Pointer[map[netip.AddrPort]struct{}]
 }
 
 const maxIngresses = 1 << 12
 
 func (s *ingressSet) has(a netip.AddrPort) bool {
-	s.mu.RLock()
-	_, ok := s.m[a]
-	s.mu.RUnlock()
+	m := s.snap.Load()
+	if m == nil {
+		return false
+	}
+	_, ok := (*m)[a]
 	return ok
 }
 
@@ -130,11 +134,15 @@ func (s *ingressSet) add(a netip.AddrPort) {
 		return
 	}
 	s.mu.Lock()
-	if s.m == nil || len(s.m) >= maxIngresses {
-		s.m = map[netip.AddrPort]struct{}{}
+	defer s.mu.Unlock()
+	old := s.snap.Load()
+	next := map[netip.AddrPort]struct{}{a: {}}
+	if old != nil && len(*old) < maxIngresses {
+		for k := range *old {
+			next[k] = struct{}{}
+		}
 	}
-	s.m[a] = struct{}{}
-	s.mu.Unlock()
+	s.snap.Store(&next)
 }
 
 // New returns a relay over conn. It takes ownership of conn.
