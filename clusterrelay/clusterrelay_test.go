@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/membership"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -290,5 +291,35 @@ func TestPickPods(t *testing.T) {
 	// goes first.
 	if first[2] != 200 {
 		t.Errorf("less loaded pod first %d of 200 times", first[2])
+	}
+}
+
+// TestPodIDClaimedTwice: every member of the cluster pool holds its key, a
+// compromised pod too. A second member claiming a live pod's ID must not
+// take that pod's calls (the last claim used to win); the ID stays with the
+// member that held it, and an ID whose holder is not among its claimants
+// goes to nobody until one claim is left.
+func TestPodIDClaimedTwice(t *testing.T) {
+	pod := func(name string, id uint16, data string) membership.Member {
+		return membership.Member{Name: name, State: membership.StateAlive, Meta: membership.Meta{
+			Role: membership.RoleTransceiver, Cluster: 3, Pod: id, Data: netip.MustParseAddrPort(data)}}
+	}
+	victim, other := pod("transceiver-4", 5, "10.0.0.5:7000"), pod("transceiver-5", 6, "10.0.0.6:7000")
+	evil := pod("zzz-evil", 5, "10.6.6.6:7000") // sorts last, as the attacker chose
+	holders := map[uint16]string{}
+	podInfos([]membership.Member{victim, other}, 3, holders)
+	infos, refused := podInfos([]membership.Member{victim, other, evil}, 3, holders)
+	if len(infos) != 2 || infos[0].Data != victim.Meta.Data || len(refused) != 1 || refused[0].Name != "zzz-evil" {
+		t.Fatalf("directory %+v, refused %v: want pod 5 kept at the victim's address and the newcomer refused", infos, refused)
+	}
+	// Two claimants for an ID neither held before: nobody gets it.
+	infos, refused = podInfos([]membership.Member{pod("a", 9, "10.0.0.9:7000"), pod("b", 9, "10.6.6.9:7000")}, 3, map[uint16]string{})
+	if len(infos) != 0 || len(refused) != 2 {
+		t.Errorf("an ID claimed twice at once: directory %+v, %d refused; want none and both", infos, len(refused))
+	}
+	// The victim leaves: its ID is free, and the one claim left gets it.
+	infos, _ = podInfos([]membership.Member{other, evil}, 3, holders)
+	if len(infos) != 2 || infos[0].Data != evil.Meta.Data {
+		t.Errorf("after the holder left, directory %+v, want the remaining claim", infos)
 	}
 }

@@ -2,8 +2,10 @@ package clusterrelay
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,20 +71,67 @@ func (d *Directory) Aggregate() (load, capacity, ready int) {
 }
 
 // FollowPods rebuilds dir from the cluster pool on every membership change
-// until ctx ends: alive transceivers of the cluster, draining or not.
-func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir *Directory) {
+// until ctx ends: alive transceivers of the cluster, draining or not. A pod
+// ID claimed by more than one member goes to the member that held it
+// before, or to none (podInfos); log hears of every such claim.
+func FollowPods(ctx context.Context, pool *membership.Pool, cluster uint16, dir *Directory, log *slog.Logger) {
+	holders := map[uint16]string{}
 	pool.Watch(ctx, func(members []membership.Member) {
-		var infos []PodInfo
-		for _, m := range members {
-			if m.State != membership.StateAlive || m.Meta.Role != membership.RoleTransceiver || m.Meta.Cluster != cluster || !m.Meta.Data.IsValid() {
-				continue
-			}
-			infos = append(infos, PodInfo{ID: m.Meta.Pod, Data: m.Meta.Data, API: m.Meta.API,
-				Load: m.Meta.Load, Capacity: m.Meta.Capacity, Draining: m.Meta.Draining})
+		infos, refused := podInfos(members, cluster, holders)
+		for _, m := range refused {
+			log.Warn("pod ID claimed by more than one member; refusing the newcomer", "pod", m.Meta.Pod, "member", m.Name, "data", m.Meta.Data, "holder", holders[m.Meta.Pod])
 		}
-		slices.SortFunc(infos, func(a, b PodInfo) int { return int(a.ID) - int(b.ID) })
 		dir.SetPods(infos)
 	})
+}
+
+// podInfos is the directory of members, sorted by pod ID, and the members
+// refused. Every member of the pool holds its key, a compromised pod too,
+// and a second member claiming a live pod's ID would otherwise take that
+// pod's calls (the last claim won): an ID claimed twice stays with its
+// holder (holders, updated here: the member that had the ID when it was
+// last unique), and goes to nobody when its holder is not among the
+// claimants, until one claim is left.
+func podInfos(members []membership.Member, cluster uint16, holders map[uint16]string) (infos []PodInfo, refused []membership.Member) {
+	claims := map[uint16][]membership.Member{}
+	for _, m := range members {
+		if m.State != membership.StateAlive || m.Meta.Role != membership.RoleTransceiver || m.Meta.Cluster != cluster || !m.Meta.Data.IsValid() {
+			continue
+		}
+		claims[m.Meta.Pod] = append(claims[m.Meta.Pod], m)
+	}
+	for id := range holders {
+		if _, ok := claims[id]; !ok {
+			delete(holders, id) // the pod is gone: its ID is free
+		}
+	}
+	for id, cs := range claims {
+		pick := -1
+		if len(cs) == 1 {
+			pick = 0
+		} else {
+			for i, m := range cs {
+				if m.Name == holders[id] {
+					pick = i
+				}
+			}
+		}
+		for i, m := range cs {
+			if i != pick {
+				refused = append(refused, m)
+				continue
+			}
+			holders[id] = m.Name
+			infos = append(infos, PodInfo{ID: id, Data: m.Meta.Data, API: m.Meta.API,
+				Load: m.Meta.Load, Capacity: m.Meta.Capacity, Draining: m.Meta.Draining})
+		}
+		if pick < 0 {
+			delete(holders, id)
+		}
+	}
+	slices.SortFunc(infos, func(a, b PodInfo) int { return int(a.ID) - int(b.ID) })
+	slices.SortFunc(refused, func(a, b membership.Member) int { return strings.Compare(a.Name, b.Name) })
+	return infos, refused
 }
 
 // RepublishInterval is how often PublishAggregate announces an unchanged

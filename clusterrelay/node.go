@@ -117,7 +117,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return cfg.GlobalGossip.JoinLoop(ctx, n.globalPool, env.Logger)
 	})
 	n.life.Go("follow pods", func(ctx context.Context) error {
-		FollowPods(ctx, n.clusterPool, cfg.Cluster, n.dir)
+		FollowPods(ctx, n.clusterPool, cfg.Cluster, n.dir, env.Logger)
 		return nil
 	})
 	n.life.Go("publish aggregate", func(ctx context.Context) error {
