@@ -98,6 +98,8 @@ func (t *Transceiver) writeCreateError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, ErrDraining):
 		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "draining", "pod is draining", time.Second)
+	case errors.Is(err, ErrBackendEnded):
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "backend_unavailable", "the backend did not take the call", time.Second)
 	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed):
 		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity", "pod is at capacity", time.Second)
 	case errors.Is(err, ErrBadOffer):

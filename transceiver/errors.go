@@ -18,6 +18,9 @@ var (
 	ErrNotFound = errors.New("transceiver: no such session")
 	// ErrClosed: the transceiver has been closed.
 	ErrClosed = errors.New("transceiver: closed")
+	// ErrBackendEnded: the backend ended the session before its create
+	// finished (it refused the call, or its connection closed at once).
+	ErrBackendEnded = errors.New("transceiver: the backend ended the session")
 )
 
 // Rejection reasons (label of sessions_rejected_total).
@@ -27,4 +30,5 @@ const (
 	rejectBadOffer = "bad_offer"
 	rejectBadPOP   = "bad_pop"
 	rejectInternal = "internal"
+	rejectBackend  = "backend" // the backend ended the session while it was created
 )

@@ -181,7 +181,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.drops = udpio.NewDrops[dropReason](m.dropVec, "", dropLabels[:]...)
 	m.encapDrops = udpio.NewDrops[encap.Reason](m.dropVec, "encap_", encap.Reasons[:]...)
-	for _, r := range []string{rejectDraining, rejectFull, rejectBadOffer, rejectBadPOP, rejectInternal} {
+	for _, r := range []string{rejectDraining, rejectFull, rejectBadOffer, rejectBadPOP, rejectInternal, rejectBackend} {
 		m.rejected.WithLabelValues(r)
 	}
 	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed, endBackend} {

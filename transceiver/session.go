@@ -78,6 +78,7 @@ type session struct {
 
 	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu (hint.go)
 
+	forgotten    bool // forget ran: the session ended; guarded by t.mu
 	endOnce      sync.Once
 	teardownOnce sync.Once
 }

@@ -481,6 +481,10 @@ func (t *Transceiver) muxesFor(pops []POPAddr) ([]ice.UDPMux, error) {
 	return out, nil
 }
 
+// beforeRegister, when set (tests), runs between a session's creation and
+// its registration.
+var beforeRegister func(*session)
+
 // CreateSession creates a session for an offer and returns its answer. The
 // answer is complete (no trickle): its candidates are the requested VIPs.
 func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (CreateResult, error) {
@@ -493,6 +497,9 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 	}
 	defer t.creates.Done()
 	s, answer, err := t.newSession(ctx, req)
+	if err == nil && beforeRegister != nil {
+		beforeRegister(s)
+	}
 	if err == nil && ctx.Err() != nil {
 		// The caller gave up (its timeout passed): nobody will get this
 		// answer, so the session must not hold a slot until its connect
@@ -504,6 +511,10 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 	if err == nil {
 		if t.closed {
 			err = ErrClosed
+		} else if s.forgotten {
+			// The backend ended it meanwhile (netbackend: its server hung
+			// up after the hello): registered, nothing could end it again.
+			err = ErrBackendEnded
 		} else {
 			t.sessions[s.id] = s
 			t.m.sessions.Set(float64(len(t.sessions)))
@@ -514,10 +525,15 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 	t.mu.Unlock()
 	if err != nil {
 		if s != nil {
+			// Ended here: a later end (the PeerConnection's "closed"
+			// callback) must not count it or add to t.wg after Close.
+			s.endOnce.Do(func() {})
 			s.teardown()
 		}
 		if errors.Is(err, ErrBadPOP) {
 			t.m.rejected.WithLabelValues(rejectBadPOP).Inc()
+		} else if errors.Is(err, ErrBackendEnded) {
+			t.m.rejected.WithLabelValues(rejectBackend).Inc()
 		} else if !errors.Is(err, ErrClosed) {
 			t.m.rejected.WithLabelValues(rejectInternal).Inc()
 		}
@@ -536,6 +552,7 @@ func (t *Transceiver) forget(s *session) {
 	// does not see has already been added to t.wg, and its Wait cannot
 	// return before that teardown (or race with the Add).
 	t.wg.Add(1)
+	s.forgotten = true
 	if t.sessions[s.id] == s {
 		delete(t.sessions, s.id)
 		t.m.sessions.Set(float64(len(t.sessions)))

@@ -64,7 +64,10 @@ func newPod(t *testing.T, cfg Config) *pod {
 	if cfg.Cluster == 0 {
 		cfg.Cluster = 7
 	}
-	cfg.Pod, cfg.Keys, cfg.Backend, cfg.Logger, cfg.Registerer = 3, keys, loopBackend{}, quiet, reg
+	if cfg.Backend == nil {
+		cfg.Backend = loopBackend{}
+	}
+	cfg.Pod, cfg.Keys, cfg.Logger, cfg.Registerer = 3, keys, quiet, reg
 	if cfg.HopKeys == nil {
 		cfg.HopKeys = testHop
 	}
@@ -263,6 +266,28 @@ func TestConnectTimeoutFreesSession(t *testing.T) {
 	eventually(t, "the unconnected session to be freed", func() bool { return p.t.Sessions() == 0 })
 	if v := p.counter(t, "rtcedge_transceiver_sessions_ended_total", "reason", endConnectTimeout); v != 1 {
 		t.Errorf("ended{connect_timeout} = %v, want 1", v)
+	}
+}
+
+// TestBackendEndsDuringCreate: a session its backend ended before the
+// create finished (netbackend ends it from its own goroutine when the model
+// server hangs up right after the hello) must not be registered: nothing
+// could end it again, and its slot and the pod's drain were lost for good.
+func TestBackendEndsDuringCreate(t *testing.T) {
+	p := newPod(t, Config{MaxSessions: 1})
+	beforeRegister = func(s *session) { s.End("refused") }
+	defer func() { beforeRegister = nil }()
+	_, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}})
+	if !errors.Is(err, ErrBackendEnded) {
+		t.Fatalf("create with a backend that hung up: %v, want ErrBackendEnded", err)
+	}
+	if n := p.t.Sessions(); n != 0 {
+		t.Fatalf("%d sessions held after the backend ended the only one", n)
+	}
+	select {
+	case <-p.t.Drain():
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain did not complete")
 	}
 }
 
