@@ -328,11 +328,12 @@ func (t *Transceiver) RestartICE(id, frag, ifMatch string) (RestartResult, error
 	if err != nil {
 		return RestartResult{}, fmt.Errorf("ice password: %w", err)
 	}
-	t.restarts.set(ufrag, &iceAlias{
+	if !t.addRestart(s, ufrag, &iceAlias{
 		session: s, serverPwd: pwd, client: client.ufrag, clientPwd: client.pwd, orig: orig, origClient: origClient.ufrag,
 		username: orig.ufrag + ":" + origClient.ufrag,
-	})
-	t.indexUfrag(ufrag, s)
+	}) {
+		return RestartResult{}, ErrNotFound // it ended meanwhile
+	}
 	s.restartedAt.Store(t.cfg.Now().UnixNano())
 	t.log.Info("ICE restart", "session", s.id)
 	return RestartResult{
@@ -340,6 +341,22 @@ func (t *Transceiver) RestartICE(id, frag, ifMatch string) (RestartResult, error
 		Fragment:  "a=ice-lite\r\na=ice-ufrag:" + ufrag + "\r\na=ice-pwd:" + pwd + "\r\n",
 		ETag:      etag(ufrag),
 	}, nil
+}
+
+// addRestart registers an ICE restart's alias and routing token for s,
+// unless s has ended: under t.mu, so that it comes either before forget
+// (whose cleanup, and teardown's, then remove both) or not at all. A
+// restart racing the session's end left both behind for good, each
+// holding the dead session.
+func (t *Transceiver) addRestart(s *session, ufrag string, a *iceAlias) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s.forgotten || t.sessions[s.id] != s {
+		return false
+	}
+	t.restarts.set(ufrag, a)
+	t.indexUfrag(ufrag, s)
+	return true
 }
 
 // noteRestartCheck records the first authenticated check after an ICE

@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -238,5 +239,39 @@ func BenchmarkRestartRewriteInOther(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rt.rewriteIn(buf, copy(buf, other), now)
+	}
+}
+
+// TestRestartAfterEndLeavesNothing: an ICE restart that found its session
+// just before the session ended registers nothing (its alias and routing
+// token would outlive the session, each holding it, for good).
+func TestRestartAfterEndLeavesNothing(t *testing.T) {
+	p := newPod(t, Config{})
+	res, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.t.mu.Lock()
+	s := p.t.sessions[res.ID]
+	p.t.mu.Unlock()
+	if err := p.t.EndSession(res.ID); err != nil {
+		t.Fatal(err)
+	}
+	ufrag, err := p.t.cfg.Keys.Mint(p.t.cfg.Cluster, p.t.cfg.Pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.t.addRestart(s, ufrag, &iceAlias{session: s}) {
+		t.Error("a restart of an ended session was registered")
+	}
+	if n := p.t.restarts.active.Load(); n != 0 {
+		t.Errorf("%d restart aliases after the session ended", n)
+	}
+	tok, err := p.t.cfg.Keys.Verify([]byte(ufrag))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.t.byNonce.get(tok.Nonce) != nil {
+		t.Error("the restart's routing token still finds the ended session")
 	}
 }
