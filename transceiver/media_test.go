@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pion/datachannel"
 	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/srtp/v3"
@@ -454,5 +456,48 @@ func TestCreateErrorWords(t *testing.T) {
 		if rec.Code != http.StatusBadRequest || body.Error.Code != c.code || body.Error.Message != c.want {
 			t.Errorf("%v: %d %+v, want 400 %s %q", c.err, rec.Code, body.Error, c.code, c.want)
 		}
+	}
+}
+
+// backlogChannel is an events channel whose client reads nothing.
+type backlogChannel struct {
+	datachannel.ReadWriteCloser
+	buffered uint64
+	written  int
+}
+
+func (c *backlogChannel) BufferedAmount() uint64 { return c.buffered }
+func (c *backlogChannel) WriteDataChannel(p []byte, _ bool) (int, error) {
+	c.written++
+	c.buffered += uint64(len(p))
+	return len(p), nil
+}
+
+// Pion's detached channel is what SendEvent measures.
+var _ interface{ BufferedAmount() uint64 } = (*datachannel.DataChannel)(nil)
+
+// TestSendEventBacklog: events toward a client that reads none are dropped
+// once maxEventBacklog bytes wait, and counted; before that they go out.
+func TestSendEventBacklog(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := &backlogChannel{}
+	s := &session{t: &Transceiver{m: m}, events: ch}
+	ev := bytes.Repeat([]byte("x"), 64<<10)
+	var dropped int
+	for range 40 {
+		if err := s.SendEvent(ev); errors.Is(err, errEventsBacklog) {
+			dropped++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ch.written != 16 || dropped != 24 || ch.buffered > maxEventBacklog {
+		t.Errorf("%d written (%d bytes waiting), %d dropped; want 16 of 64 KiB (1 MiB) and 24 dropped", ch.written, ch.buffered, dropped)
+	}
+	if d := testutil.ToFloat64(m.dropVec.WithLabelValues(dropEventBacklog.String())); d != 24 {
+		t.Errorf("event_backlog drops = %v, want 24", d)
 	}
 }

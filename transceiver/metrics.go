@@ -41,6 +41,9 @@ const (
 	// dropSSRC: SRTP or SRTCP of a session on the pod's media path from
 	// an SSRC past the session's first maxClientSSRCs (media.go).
 	dropSSRC
+	// dropEventBacklog: an event toward a client whose events channel
+	// holds maxEventBacklog unread bytes (session.go).
+	dropEventBacklog
 	numDropReasons
 )
 
@@ -51,7 +54,7 @@ var dropLabels = [numDropReasons]string{
 	dropRouteTable: "route_table_full", dropUnknownRelay: "unknown_relay",
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
 	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired", dropSRTP: "srtp",
-	dropSSRC: "ssrc",
+	dropSSRC: "ssrc", dropEventBacklog: "event_backlog",
 }
 
 // String returns the reason's label.

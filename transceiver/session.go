@@ -26,6 +26,16 @@ const EventsLabel = "oai-events"
 // errChannelNotOpen is returned by SendEvent before the events channel opens.
 var errChannelNotOpen = errors.New("transceiver: events channel not open")
 
+// errEventsBacklog: the client has not read maxEventBacklog bytes of
+// events already; the event is dropped (SendEvent).
+var errEventsBacklog = errors.New("transceiver: events channel backlog full")
+
+// maxEventBacklog bounds what one session's events channel holds toward a
+// client that does not read: writes do not block, so a client that keeps
+// sending (never idle) behind a zero receive window would otherwise grow
+// the pod's queue without bound.
+const maxEventBacklog = 1 << 20
+
 // session is one call. The PeerConnection and its callbacks own the media;
 // the session struct only tracks lifecycle.
 type session struct {
@@ -520,6 +530,10 @@ func (s *session) SendEvent(data []byte) error {
 	s.mu.Unlock()
 	if ev == nil {
 		return errChannelNotOpen
+	}
+	if b, ok := ev.(interface{ BufferedAmount() uint64 }); ok && b.BufferedAmount()+uint64(len(data)) > maxEventBacklog {
+		s.t.m.drop(dropEventBacklog)
+		return errEventsBacklog
 	}
 	// Text, as OpenAI sends events: clients JSON.parse(e.data).
 	_, err := ev.WriteDataChannel(data, true)
