@@ -80,6 +80,9 @@ type handler struct {
 	out   transceiver.Sink
 	log   *slog.Logger
 	queue chan []byte
+	// queued is the bytes of the frames in queue or being written: the
+	// queue is bounded in frames, and an event may be 256 KiB.
+	queued atomic.Int64
 
 	closeOnce sync.Once
 	mu        sync.RWMutex // guards sends on queue against its close
@@ -102,12 +105,23 @@ func (h *handler) enqueue(typ byte, parts ...[]byte) {
 	if h.closed {
 		return
 	}
+	if h.queued.Add(int64(len(frame))) > maxQueuedBytes {
+		h.queued.Add(-int64(len(frame)))
+		h.b.dropped.Add(1)
+		return
+	}
 	select {
 	case h.queue <- frame:
 	default:
+		h.queued.Add(-int64(len(frame)))
 		h.b.dropped.Add(1)
 	}
 }
+
+// maxQueuedBytes bounds what one session holds toward a backend that is
+// slow or stalled: with events of up to 256 KiB, the frame bound alone
+// let one client make the pod hold tens of MiB.
+const maxQueuedBytes = 1 << 20
 
 // Audio implements transceiver.Handler.
 func (h *handler) Audio(payload []byte, d time.Duration) {
@@ -122,7 +136,9 @@ func (h *handler) Event(data []byte) { h.enqueue(FrameEvent, data) }
 func (h *handler) writeLoop() {
 	defer h.wg.Done()
 	for frame := range h.queue {
-		if _, err := h.conn.Write(frame); err != nil {
+		_, err := h.conn.Write(frame)
+		h.queued.Add(-int64(len(frame)))
+		if err != nil {
 			h.log.Debug("write to backend", "err", err)
 			_ = h.conn.Close()
 			for range h.queue { // drain until Close closes the queue

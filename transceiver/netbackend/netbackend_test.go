@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"testing"
@@ -262,4 +263,26 @@ func TestBackendGoneEndsSession(t *testing.T) {
 		t.Error("closing from the pod's side asked the session to end again")
 	default:
 	}
+}
+
+// TestQueueBoundedInBytes: toward a backend that reads nothing, one
+// session holds at most maxQueuedBytes; the rest is dropped and counted.
+// (The queue's frame bound alone let 256 events of 256 KiB wait.)
+func TestQueueBoundedInBytes(t *testing.T) {
+	pod, backend := net.Pipe() // the backend never reads: writes block
+	defer backend.Close()
+	b := &Backend{}
+	h := &handler{b: b, conn: pod, queue: make(chan []byte, 256), log: slog.New(slog.DiscardHandler)}
+	h.wg.Add(1)
+	go h.writeLoop()
+	event := bytes.Repeat([]byte("x"), 256<<10)
+	const sent = 20
+	for range sent {
+		h.Event(event)
+	}
+	kept := sent - int(b.Dropped())
+	if q := h.queued.Load(); q > maxQueuedBytes || kept*len(event) > maxQueuedBytes || kept < 3 {
+		t.Errorf("%d of %d events kept, %d bytes queued: want at most %d bytes (3 events)", kept, sent, q, maxQueuedBytes)
+	}
+	_ = h.Close()
 }
