@@ -382,6 +382,13 @@ func (s *TCP) admit(nc net.Conn) {
 	c.initRaw()
 	s.mu.Lock()
 	switch {
+	case s.draining.Load():
+		// Close (or Drain) came since the check above: Close takes its
+		// snapshot of the connections under s.mu after setting draining,
+		// so a connection registered now would be left for Run to wait on.
+		s.mu.Unlock()
+		refuse(tcpCloseDraining)
+		return
 	case len(s.all) >= s.cfg.MaxConns:
 		s.mu.Unlock()
 		refuse(tcpCloseConnLimit)
