@@ -13,6 +13,24 @@ import (
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
+// tcpSideRig is a pod socket of cluster 7, pod 3, a socket playing its
+// cluster relay, and a POP with a TCP port; all closed when the test ends.
+func tcpSideRig(t *testing.T, reg *prometheus.Registry) (*podSocket, *net.UDPConn, POPAddr) {
+	t.Helper()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podConn, relay := udp4(t), udp4(t)
+	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
+	t.Cleanup(func() {
+		s.closeAll()
+		podConn.Close()
+		relay.Close()
+	})
+	return s, relay, POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
+}
+
 // TestTCPSide: a TCP-flagged datagram binds its client to the session conn
 // its check names and reaches Pion's conn with a TCP peer address; replies
 // leave as datagrams with the TCP flag toward the relay they came from;
@@ -20,16 +38,7 @@ import (
 // and counted, and nothing is answered.
 func TestTCPSide(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := newMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	podConn, relay := udp4(t), udp4(t)
-	defer relay.Close()
-	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
-	defer podConn.Close()
-	defer s.closeAll()
-	pop := POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
+	s, relay, pop := tcpSideRig(t, reg)
 	const ufrag = "EQABAAKc6XVfTs3E56z0"
 	conn := s.tcp.open(ufrag, pop)
 	if got := conn.LocalAddr().String(); got != "127.0.0.2:443" {
@@ -114,16 +123,7 @@ func TestTCPSide(t *testing.T) {
 // the session its check names, not kept on the old one, while a route
 // change of the same session (another relay replica) keeps its conn.
 func TestTCPSideNewSessionSameAddress(t *testing.T) {
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	podConn, relay := udp4(t), udp4(t)
-	defer relay.Close()
-	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
-	defer podConn.Close()
-	defer s.closeAll()
-	pop := POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
+	s, relay, pop := tcpSideRig(t, prometheus.NewRegistry())
 	old, next := s.tcp.open("EQABAAKc6XVfTs3E56z0", pop), s.tcp.open("EQABAAKc6XVfTs3E56z1", pop)
 	relayAddr := relay.LocalAddr().(*net.UDPAddr).AddrPort()
 	client := netip.MustParseAddrPort("198.51.100.1:40000")
