@@ -55,7 +55,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		}
 	}()
 	var data netip.AddrPort
-	if s.Data, data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise); err != nil {
+	if s.Data, data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise, env.Logger); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)

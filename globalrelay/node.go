@@ -96,6 +96,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 			s.Workers = append(s.Workers, Worker{Public: pubs[i], Internal: ins[i]})
 		}
 	}
+	if len(s.Workers) > 0 {
+		node.WarnSmallBuffer(env.Logger, s.Workers[0].Public)
+	}
 	for _, w := range s.Workers {
 		n.life.OnClose(w.Public.Close)
 		n.life.OnClose(w.Internal.Close)

@@ -370,3 +370,50 @@ func TestPOPServiceKeepsClients(t *testing.T) {
 		}
 	}
 }
+
+// TestRuntimeSizedToRequests: the containers sized for the data plane (the
+// global relay, the transceiver) set GOMAXPROCS from their CPU request:
+// without a CPU limit the Go runtime, and the relay's workers (one per
+// CPU), would follow the node's cores instead.
+func TestRuntimeSizedToRequests(t *testing.T) {
+	tree := loadTree(t)
+	for _, want := range []struct{ module, container string }{{"modules/pop", "globalrelay"}, {"modules/region", "transceiver"}} {
+		found := false
+		var walk func(b *hclsyntax.Body, inContainer bool)
+		walk = func(b *hclsyntax.Body, inContainer bool) {
+			for _, blk := range b.Blocks {
+				in := inContainer
+				if blk.Type == "container" {
+					name, ok := blk.Body.Attributes["name"]
+					v, d := name.Expr.Value(nil)
+					in = ok && !d.HasErrors() && v.Type() == cty.String && v.AsString() == want.container
+				}
+				if in && blk.Type == "env" {
+					if n, ok := blk.Body.Attributes["name"]; ok {
+						if v, d := n.Expr.Value(nil); !d.HasErrors() && v.Type() == cty.String && v.AsString() == "GOMAXPROCS" {
+							for _, vf := range blk.Body.Blocks {
+								for _, rf := range vf.Body.Blocks {
+									if r, ok := rf.Body.Attributes["resource"]; rf.Type == "resource_field_ref" && ok {
+										if v, d := r.Expr.Value(nil); !d.HasErrors() && v.AsString() == "requests.cpu" {
+											found = true
+										}
+									}
+								}
+							}
+						}
+					}
+				}
+				walk(blk.Body, in)
+			}
+		}
+		for _, b := range tree[want.module].blocks("resource", "kubernetes_deployment_v1") {
+			walk(b.Body, false)
+		}
+		for _, b := range tree[want.module].blocks("resource", "kubernetes_stateful_set_v1") {
+			walk(b.Body, false)
+		}
+		if !found {
+			t.Errorf("%s: container %s sets no GOMAXPROCS from requests.cpu", want.module, want.container)
+		}
+	}
+}

@@ -81,7 +81,7 @@ func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node,
 		}
 		s.Data = conns[0]
 	}
-	if s.Data, n.data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise); err != nil {
+	if s.Data, n.data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise, env.Logger); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)

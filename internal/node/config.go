@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -268,7 +269,7 @@ func (k *TokenKeys) Keyring() (*token.Keyring, error) {
 // advertise when set, else the bound address. A wildcard result is
 // refused: gossiped to others, "0.0.0.0" would send their datagrams to
 // themselves. On error conn (given or opened) is closed.
-func DataSocket(conn *net.UDPConn, bind, advertise string) (*net.UDPConn, netip.AddrPort, error) {
+func DataSocket(conn *net.UDPConn, bind, advertise string, log *slog.Logger) (*net.UDPConn, netip.AddrPort, error) {
 	if conn == nil {
 		b, err := netip.ParseAddrPort(bind)
 		if err != nil {
@@ -283,7 +284,25 @@ func DataSocket(conn *net.UDPConn, bind, advertise string) (*net.UDPConn, netip.
 		conn.Close()
 		return nil, netip.AddrPort{}, err
 	}
+	WarnSmallBuffer(log, conn)
 	return conn, data, nil
+}
+
+// WarnSmallBuffer logs a warning when the kernel gave c less receive
+// buffer than udpio.SocketBuffer: net.core.rmem_max is below it on this
+// node, and a reader's short stall (GC, scheduling) then loses datagrams
+// instead of queueing them (docs/deploy.md). It reports whether it warned.
+func WarnSmallBuffer(log *slog.Logger, c *net.UDPConn) bool {
+	if runtime.GOOS != "linux" {
+		return false // only Linux reports the buffer it granted so
+	}
+	got := udpio.ReceiveBuffer(c) / 2
+	if got <= 0 || got >= udpio.SocketBuffer {
+		return false
+	}
+	log.Warn("UDP receive buffer capped by net.core.rmem_max: set it (and wmem_max) to at least 4 MiB on this node, or bursts are dropped",
+		"granted_bytes", got, "wanted_bytes", udpio.SocketBuffer, "socket", udpio.LocalAddrPort(c))
+	return true
 }
 
 // Advertised is advertise when set, else bound; a wildcard is refused. The

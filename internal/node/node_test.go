@@ -7,20 +7,23 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestWildcardAdvertiseRefused(t *testing.T) {
-	if _, _, err := DataSocket(nil, "0.0.0.0:0", ""); err == nil {
+	if _, _, err := DataSocket(nil, "0.0.0.0:0", "", slog.New(slog.DiscardHandler)); err == nil {
 		t.Error("a data socket on 0.0.0.0 without data_advertise was accepted")
 	}
-	c, ap, err := DataSocket(nil, "0.0.0.0:0", "127.0.0.1:7000")
+	c, ap, err := DataSocket(nil, "0.0.0.0:0", "127.0.0.1:7000", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,3 +146,32 @@ func TestLifeCloseStopsRun(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestWarnSmallBuffer: a socket whose receive buffer the kernel capped
+// below udpio.SocketBuffer (net.core.rmem_max too small on the node) is
+// reported at start, one the kernel gave it to is not.
+func TestWarnSmallBuffer(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the granted buffer is read on Linux only")
+	}
+	var logged strings.Builder
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	c, _, err := DataSocket(nil, "127.0.0.1:0", "", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	capped := udpio.ReceiveBuffer(c)/2 < udpio.SocketBuffer // what this machine's rmem_max allows
+	if strings.Contains(logged.String(), "rmem_max") != capped {
+		t.Errorf("granted %d bytes: warned %v, want %v", udpio.ReceiveBuffer(c)/2, !capped, capped)
+	}
+	// A socket with a small buffer, as a node with the default rmem_max
+	// (about 200 KiB) grants.
+	if err := c.SetReadBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	logged.Reset()
+	if !WarnSmallBuffer(log, c) || !strings.Contains(logged.String(), "net.core.rmem_max") {
+		t.Errorf("a 64 KiB receive buffer was not reported: %q", logged.String())
+	}
+}

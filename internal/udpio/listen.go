@@ -22,6 +22,22 @@ func setBuffers(c *net.UDPConn) {
 	_ = c.SetWriteBuffer(SocketBuffer)
 }
 
+// ReceiveBuffer is the receive buffer c's socket has, as the kernel reports
+// it (Linux reports twice what it granted, for its own bookkeeping), or 0
+// when it cannot be read.
+func ReceiveBuffer(c *net.UDPConn) int {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { n, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) }); err != nil || serr != nil {
+		return 0
+	}
+	return n
+}
+
 // ListenReusePort opens n UDP sockets on the same address with SO_REUSEPORT,
 // so the kernel spreads clients over them by 4-tuple hash: one reader per
 // socket, one socket per core. With port 0 the first socket picks the port

@@ -152,6 +152,19 @@ resource "kubernetes_deployment_v1" "globalrelay" {
             }
           }
 
+          # Without a CPU limit the runtime would size itself (and the
+          # relay its workers, one per CPU) to the node's cores, not to the
+          # cores this pod is given.
+          env {
+            name = "GOMAXPROCS"
+            value_from {
+              resource_field_ref {
+                resource = "requests.cpu"
+                divisor  = "1"
+              }
+            }
+          }
+
           dynamic "env" {
             for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
             content {

@@ -19,7 +19,7 @@ output "vip_address" {
 
 output "vip" {
   description = "The VIP as the catalogue writes it, address:port."
-  value       = "${coalesce(var.load_balancer_ip, try(kubernetes_service_v1.vip.status[0].load_balancer[0].ingress[0].ip, ""))}:${var.public_port}"
+  value       = "${try(coalesce(var.load_balancer_ip, kubernetes_service_v1.vip.status[0].load_balancer[0].ingress[0].ip), "")}:${var.public_port}"
 }
 
 output "redis_url" {

@@ -248,6 +248,19 @@ resource "kubernetes_stateful_set_v1" "transceiver" {
             }
           }
 
+          # Without a CPU limit the runtime would size itself (and the
+          # relay its workers, one per CPU) to the node's cores, not to the
+          # cores this pod is given.
+          env {
+            name = "GOMAXPROCS"
+            value_from {
+              resource_field_ref {
+                resource = "requests.cpu"
+                divisor  = "1"
+              }
+            }
+          }
+
           dynamic "env" {
             for_each = local.transceiver_secret_keys
             content {

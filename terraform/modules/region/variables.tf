@@ -78,7 +78,7 @@ variable "transceiver_replicas" {
 variable "max_sessions" {
   description = "Calls per transceiver pod."
   type        = number
-  default     = 500
+  default     = 1000
 }
 
 variable "drain_timeout_seconds" {
