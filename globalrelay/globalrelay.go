@@ -657,8 +657,10 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	}
 	// A live flow's entry is rewritten every CacheRefresh: an older one is
 	// a dead flow's, or replayed by someone who can write to the cache.
-	// A few seconds "ahead" are clock skew between replicas.
-	age := r.now.Load()/int64(time.Second) - int64(route.Stored)
+	// A few seconds "ahead" are clock skew between replicas. The clock is
+	// read afresh: the bulk load of the cache comes before Run advances
+	// the coarse one.
+	age := r.cfg.Now().Unix() - int64(route.Stored)
 	if age > int64(3*r.cfg.CacheRefresh/time.Second) || age < -5 {
 		r.m.cacheRejected.Inc()
 		return
@@ -670,7 +672,10 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	now := r.now.Load()
 	nf := &flow{cluster: route.Cluster, pod: route.Pod, tok: tokenKey{route.Cluster, route.Pod, route.Token}, created: now}
 	nf.lastSeen.Store(now)
-	nf.lastStored.Store(now) // it was just read from the cache
+	// The entry is as old as its writer made it: the flow rewrites it a
+	// CacheRefresh after that, not after this restore (it would expire
+	// meanwhile).
+	nf.lastStored.Store(int64(route.Stored) * int64(time.Second))
 	switch r.flows.putIfAbsent(client, nf) {
 	case putStored:
 		r.m.flowsRestoredCache.Inc()

@@ -2,7 +2,9 @@ package globalrelay
 
 import (
 	"bytes"
+	"context"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -434,5 +436,66 @@ func TestNoHopKeyOpensNoFlow(t *testing.T) {
 	}
 	if v := u.drops(t, DropNoHopKey); v != 1 {
 		t.Errorf("no_hop_key drops = %v, want 1", v)
+	}
+}
+
+// storeCounter is a route cache that counts the stores it is given.
+type storeCounter struct {
+	mu     sync.Mutex
+	stores int
+}
+
+func (c *storeCounter) Store(netip.AddrPort, routecache.Route) {
+	c.mu.Lock()
+	c.stores++
+	c.mu.Unlock()
+}
+func (c *storeCounter) Lookup(netip.AddrPort, func(routecache.Route)) {}
+func (c *storeCounter) Delete(netip.AddrPort)                         {}
+func (c *storeCounter) Flush(context.Context) error                   { return nil }
+func (c *storeCounter) Stats() routecache.Stats                       { return routecache.Stats{} }
+func (c *storeCounter) Run(context.Context) error                     { return nil }
+func (c *storeCounter) Close() error                                  { return nil }
+func (c *storeCounter) n() int                                        { c.mu.Lock(); defer c.mu.Unlock(); return c.stores }
+
+// TestRestoredFlowRefreshesItsEntry: a flow restored from an entry 50 s
+// old rewrites it by the time it would expire (written at 0, TTL 60 s).
+// It used to count the restore as a fresh store and wait a whole
+// CacheRefresh, leaving a window in which its entry was gone and a second
+// move of the client found nothing.
+func TestRestoredFlowRefreshesItsEntry(t *testing.T) {
+	c := &storeCounter{}
+	u := newUnit(t, Config{Cache: c})
+	client := netip.MustParseAddrPort("198.51.100.77:4000")
+	u.at(0)
+	stored := u.stamp()
+	rt := routecache.Route{Cluster: 0x12, Pod: 1, Stored: stored}
+	rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(client, 0x12, 1, rt.Token, stored)
+	u.at(50 * time.Second)
+	u.r.RestoreFlow(client, rt)
+	if u.r.flows.get(client) == nil {
+		t.Fatal("not restored")
+	}
+	u.at(51 * time.Second)
+	u.send(t, client, media)
+	if c.n() == 0 {
+		t.Error("no store after the restore of a 50 s old entry: it expires at 60 s")
+	}
+}
+
+// TestRestoreJudgesAgeByTheClock: the bulk load of the route cache runs
+// before Run advances the coarse clock; a fresh entry must not look "from
+// the future" then.
+func TestRestoreJudgesAgeByTheClock(t *testing.T) {
+	u := newUnit(t, Config{})
+	u.at(0)
+	u.offset = 6 * time.Second // the clock moved; nothing advanced the coarse one
+	client := netip.MustParseAddrPort("198.51.100.78:4000")
+	stored := u.stamp() // written just now by another replica
+	rt := routecache.Route{Cluster: 0x12, Pod: 1, Stored: stored}
+	rt.KeyID, rt.Tag = u.hop.For(0x12).SealRoute(client, 0x12, 1, rt.Token, stored)
+	u.r.RestoreFlow(client, rt)
+	if u.r.flows.get(client) == nil {
+		t.Error("a fresh, correctly sealed entry was rejected before Run")
 	}
 }

@@ -2,6 +2,7 @@ package routecache
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"net/netip"
 	"sync"
@@ -399,5 +400,28 @@ func TestEnqueueDoesNotAllocate(t *testing.T) {
 		if a := testing.AllocsPerRun(n-1, tc.f); a != 0 {
 			t.Errorf("%s: %v allocations per call; want 0", tc.name, a)
 		}
+	}
+}
+
+// TestGlobalLimitSpendsNoPrefixBudget: a lookup the global budget refuses
+// gives its prefix's token back. A flood spoofed across many prefixes
+// empties the global bucket; a legitimate /24 whose lookups were refused
+// meanwhile must not find its own budget spent when the bucket refills.
+func TestGlobalLimitSpendsNoPrefixBudget(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	c := NewMemory(Config{LookupsPerSec: 10, PrefixLookupsPerSec: 5, Now: func() time.Time { return now }})
+	defer c.Close()
+	for i := range 10 { // spoofed: exhausts the global bucket
+		c.Lookup(netip.MustParseAddrPort(fmt.Sprintf("203.0.%d.1:1", i)), nil)
+	}
+	for i := range 5 { // the victim's /24, refused by the global limit
+		c.Lookup(netip.MustParseAddrPort(fmt.Sprintf("198.51.100.%d:1", i+1)), nil)
+	}
+	now = now.Add(500 * time.Millisecond) // the global bucket refills 5 tokens
+	for i := range 3 {
+		c.Lookup(netip.MustParseAddrPort(fmt.Sprintf("198.51.100.%d:1", 50+i)), nil)
+	}
+	if s := c.Stats(); s.LookupsPrefixLimited > 0 {
+		t.Errorf("the victim's prefix was limited %d times, though none of its lookups had gone out", s.LookupsPrefixLimited)
 	}
 }

@@ -205,3 +205,11 @@ func (p *prefixBudget) allow(a netip.Addr, now int64) bool {
 	p.tokens[i]--
 	return true
 }
+
+// refund gives back the token allow took for a lookup that did not happen
+// (the global budget refused it): a flood spoofed across many prefixes must
+// not spend the budgets of prefixes whose lookups never went out.
+func (p *prefixBudget) refund(a netip.Addr) {
+	i := p.bucket(a)
+	p.tokens[i] = min(p.burst, p.tokens[i]+1)
+}

@@ -363,6 +363,7 @@ func (e *engine) lookup(client netip.AddrPort, done func(Route)) {
 		return
 	}
 	if !e.limiter.AllowN(now, 1) {
+		e.prefix.refund(client.Addr())
 		e.mu.Unlock()
 		e.lookupCount[lookupRateLimited].Add(1)
 		return
