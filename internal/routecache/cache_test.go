@@ -2,8 +2,8 @@ package routecache
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
