@@ -288,16 +288,24 @@ func DataSocket(conn *net.UDPConn, bind, advertise string, log *slog.Logger) (*n
 	return conn, data, nil
 }
 
+// bufferCapped reports the receive buffer the kernel granted c and
+// whether it is below udpio.SocketBuffer.
+func bufferCapped(c *net.UDPConn) (int, bool) {
+	if runtime.GOOS != "linux" {
+		return 0, false // only Linux reports the buffer it granted so
+	}
+	got := udpio.ReceiveBuffer(c) / 2
+	return got, got > 0 && got < udpio.SocketBuffer
+}
+
 // WarnSmallBuffer logs a warning when the kernel gave c less receive
 // buffer than udpio.SocketBuffer: net.core.rmem_max is below it on this
 // node, and a reader's short stall (GC, scheduling) then loses datagrams
 // instead of queueing them (docs/deploy.md). It reports whether it warned.
+// Sockets on loopback (the dev world, tests) are not reported.
 func WarnSmallBuffer(log *slog.Logger, c *net.UDPConn) bool {
-	if runtime.GOOS != "linux" {
-		return false // only Linux reports the buffer it granted so
-	}
-	got := udpio.ReceiveBuffer(c) / 2
-	if got <= 0 || got >= udpio.SocketBuffer {
+	got, capped := bufferCapped(c)
+	if !capped || udpio.LocalAddrPort(c).Addr().IsLoopback() {
 		return false
 	}
 	log.Warn("UDP receive buffer capped by net.core.rmem_max: set it (and wmem_max) to at least 4 MiB on this node, or bursts are dropped",
