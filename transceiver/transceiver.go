@@ -311,6 +311,17 @@ func (t *Transceiver) Run(ctx context.Context) error {
 			return <-readDone
 		case err = <-readDone:
 			if err == nil {
+				// The readers end when the socket closes. Closed by Close or
+				// by the node's shutdown (ctx ended too; select picks at
+				// random among ready cases): the normal end.
+				select {
+				case <-t.runDone:
+					return nil
+				case <-ctx.Done():
+					t.Close()
+					return nil
+				default:
+				}
 				err = errors.New("pod socket closed")
 			}
 		case <-tick.C:
