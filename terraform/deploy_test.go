@@ -417,3 +417,53 @@ func TestRuntimeSizedToRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryWorkloadHasADisruptionBudget: every rtcedge Deployment and
+// StatefulSet has a PodDisruptionBudget selecting its pods by the same
+// labels, so a node upgrade or the autoscaler never evicts all replicas of a
+// role at once.
+func TestEveryWorkloadHasADisruptionBudget(t *testing.T) {
+	tree := loadTree(t)
+	selector := func(b *hclsyntax.Body) string {
+		for _, spec := range b.Blocks {
+			if spec.Type != "spec" {
+				continue
+			}
+			for _, sel := range spec.Body.Blocks {
+				if sel.Type == "selector" {
+					if a, ok := sel.Body.Attributes["match_labels"]; ok {
+						if ste, ok := a.Expr.(*hclsyntax.ScopeTraversalExpr); ok {
+							var parts []string
+							for _, tr := range ste.Traversal {
+								switch x := tr.(type) {
+								case hcl.TraverseRoot:
+									parts = append(parts, x.Name)
+								case hcl.TraverseAttr:
+									parts = append(parts, x.Name)
+								}
+							}
+							return strings.Join(parts, ".")
+						}
+					}
+				}
+			}
+		}
+		return ""
+	}
+	for _, mod := range []string{"modules/pop", "modules/region"} {
+		budgets := map[string]bool{}
+		for _, b := range tree[mod].blocks("resource", "kubernetes_pod_disruption_budget_v1") {
+			budgets[selector(b.Body)] = true
+		}
+		for _, kind := range []string{"kubernetes_deployment_v1", "kubernetes_stateful_set_v1"} {
+			for _, b := range tree[mod].blocks("resource", kind) {
+				if b.Labels[1] == "redis" {
+					continue // a single replica: a budget would block every drain
+				}
+				if sel := selector(b.Body); !budgets[sel] {
+					t.Errorf("%s: %s %q (selector %s) has no PodDisruptionBudget", mod, kind, b.Labels[1], sel)
+				}
+			}
+		}
+	}
+}

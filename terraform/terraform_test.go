@@ -279,18 +279,19 @@ func TestTerraformTree(t *testing.T) {
 // the versioned Kubernetes resources.
 func TestProviderResourceNames(t *testing.T) {
 	allowed := map[string]bool{
-		"cloudflare_load_balancer":         true,
-		"cloudflare_load_balancer_pool":    true,
-		"cloudflare_load_balancer_monitor": true,
-		"cloudflare_dns_record":            true,
-		"cloudflare_managed_transforms":    true,
-		"kubernetes_namespace_v1":          true,
-		"kubernetes_network_policy_v1":     true,
-		"kubernetes_secret_v1":             true,
-		"kubernetes_config_map_v1":         true,
-		"kubernetes_service_v1":            true,
-		"kubernetes_deployment_v1":         true,
-		"kubernetes_stateful_set_v1":       true,
+		"cloudflare_load_balancer":            true,
+		"cloudflare_load_balancer_pool":       true,
+		"cloudflare_load_balancer_monitor":    true,
+		"cloudflare_dns_record":               true,
+		"cloudflare_managed_transforms":       true,
+		"kubernetes_namespace_v1":             true,
+		"kubernetes_network_policy_v1":        true,
+		"kubernetes_secret_v1":                true,
+		"kubernetes_config_map_v1":            true,
+		"kubernetes_service_v1":               true,
+		"kubernetes_deployment_v1":            true,
+		"kubernetes_stateful_set_v1":          true,
+		"kubernetes_pod_disruption_budget_v1": true,
 	}
 	fsys := os.DirFS(".")
 	dirs, _, err := checkTree(fsys)

@@ -328,3 +328,20 @@ resource "kubernetes_service_v1" "redis" {
     }
   }
 }
+
+# A voluntary disruption (a node upgrade, the autoscaler) takes one replica
+# at a time: the others keep the POP's VIP answering while the evicted one
+# drains.
+resource "kubernetes_pod_disruption_budget_v1" "globalrelay" {
+  metadata {
+    name      = "globalrelay"
+    namespace = local.namespace
+    labels    = local.labels
+  }
+  spec {
+    max_unavailable = "1"
+    selector {
+      match_labels = local.labels
+    }
+  }
+}

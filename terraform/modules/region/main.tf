@@ -667,3 +667,48 @@ resource "kubernetes_service_v1" "signaling" {
     }
   }
 }
+
+# A voluntary disruption (a node upgrade, the autoscaler) takes one pod of
+# each role at a time: evicting both transceivers or both cluster relays at
+# once would end every call of the region.
+resource "kubernetes_pod_disruption_budget_v1" "transceiver" {
+  metadata {
+    name      = "transceiver"
+    namespace = local.namespace
+    labels    = local.transceiver_labels
+  }
+  spec {
+    max_unavailable = "1"
+    selector {
+      match_labels = local.transceiver_labels
+    }
+  }
+}
+
+resource "kubernetes_pod_disruption_budget_v1" "clusterrelay" {
+  metadata {
+    name      = "clusterrelay"
+    namespace = local.namespace
+    labels    = local.clusterrelay_labels
+  }
+  spec {
+    max_unavailable = "1"
+    selector {
+      match_labels = local.clusterrelay_labels
+    }
+  }
+}
+
+resource "kubernetes_pod_disruption_budget_v1" "signaling" {
+  metadata {
+    name      = "signaling"
+    namespace = local.namespace
+    labels    = local.signaling_labels
+  }
+  spec {
+    max_unavailable = "1"
+    selector {
+      match_labels = local.signaling_labels
+    }
+  }
+}
