@@ -315,8 +315,7 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 		f.choice.Store(c)
 	}
 	if c != nil && c.gen == gen && c.sgen == sgen && c.found {
-		var strong bool
-		if reason, strong = r.evidence(f, now); reason != "" {
+		if reason = r.evidence(f, now); reason != "" {
 			r.m.repicks[reason].Inc()
 			until := now + int64(r.cfg.AvoidFor)
 			// Whether every flow avoids the relay takes flows of several
@@ -325,11 +324,7 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 			// tell), so one session's evidence, however strong, moves
 			// only its own flow; several sessions at once are no slow
 			// pod and no single caller.
-			if reason == RepickCheck || reason == RepickUnanswered {
-				strong = r.suspects.vote(c.addr, f.tok, now)
-			} else {
-				strong = false
-			}
+			strong := (reason == RepickCheck || reason == RepickUnanswered) && r.suspects.vote(c.addr, f.tok, now)
 			if strong && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))
 				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
@@ -482,31 +477,24 @@ func (c *clusterAnswers) observe(cluster uint16, rtt int64) {
 
 // answerLimit is how long a reply may take through the flow's relay before
 // that is evidence against it: four round trips (at least CheckTimeout) of
-// the flow's own checks, else of its cluster's flows, else a second. own
-// is the limit without the cluster's: only that much evidence, from the
-// flow's own round trips, is held against the relay for every flow (a pod
-// slow to answer one new call must not turn its relay away from all).
-func (r *Relay) answerLimit(f *flow) (limit, own int64) {
-	own = int64(firstCheckTimeout)
+// the flow's own checks, else of its cluster's flows (at most a second),
+// else a second.
+func (r *Relay) answerLimit(f *flow) int64 {
 	if rtt := f.watch.checkRTT.Load(); rtt > 0 {
-		own = max(int64(r.cfg.CheckTimeout), 4*rtt)
-		return own, own
+		return max(int64(r.cfg.CheckTimeout), 4*rtt)
 	}
 	if rtt := r.answers.get(f.cluster); rtt > 0 {
-		return min(own, max(int64(r.cfg.CheckTimeout), 4*rtt)), own
+		return min(int64(firstCheckTimeout), max(int64(r.cfg.CheckTimeout), 4*rtt))
 	}
-	return own, own
+	return int64(firstCheckTimeout)
 }
 
-// evidence returns why the flow's current relay should be left, or "", and
-// whether the evidence is strong enough to make every flow avoid it.
-func (r *Relay) evidence(f *flow, now int64) (string, bool) {
+// evidence returns why the flow's current relay should be left, or "".
+func (r *Relay) evidence(f *flow, now int64) string {
 	w := &f.watch
 	strikes := w.strikes.Load()
-	if at := w.checkAt.Load(); at != 0 {
-		if limit, own := r.answerLimit(f); now-at >= limit<<strikes {
-			return RepickCheck, now-at >= own<<strikes
-		}
+	if at := w.checkAt.Load(); at != 0 && now-at >= r.answerLimit(f)<<strikes {
+		return RepickCheck
 	}
 	last := w.lastReply.Load()
 	if last == 0 {
@@ -517,21 +505,21 @@ func (r *Relay) evidence(f *flow, now int64) (string, bool) {
 		// judged the same way).
 		d := now - w.since.Load()
 		if d < int64(r.cfg.CheckTimeout)<<strikes {
-			return "", false // below any limit: no need to look further
+			return "" // below any limit: no need to look further
 		}
-		if limit, own := r.answerLimit(f); d >= limit<<strikes {
-			return RepickUnanswered, d >= own<<strikes
+		if d >= r.answerLimit(f)<<strikes {
+			return RepickUnanswered
 		}
-		return "", false
+		return ""
 	}
 	if w.replies.Load() < minReplies {
-		return "", false // no usual interval yet: the check timeout judges it
+		return "" // no usual interval yet: the check timeout judges it
 	}
 	silence := min(max(int64(r.cfg.SilenceAfter), 3*w.replyGap.Load()), int64(maxSilence))
 	if now-max(last, w.since.Load()) >= silence<<strikes {
-		return RepickSilence, false
+		return RepickSilence
 	}
-	return "", false
+	return ""
 }
 
 // keeps reports whether a flow stays on relay across a change of the

@@ -151,9 +151,13 @@ func (t *flowTable) release(f *flow) {
 	t.tmu.Unlock()
 }
 
-// expire removes flows not seen since cutoff and returns how many it removed.
-func (t *flowTable) expire(cutoff int64) int {
-	return t.removeIf(func(f *flow) bool { return f.lastSeen.Load() < cutoff })
+// expire removes flows not seen since cutoff, and flows restored from the
+// return path before unconfirmedCutoff that their client never confirmed,
+// in one pass; it returns how many it removed.
+func (t *flowTable) expire(cutoff, unconfirmedCutoff int64) int {
+	return t.removeIf(func(f *flow) bool {
+		return f.lastSeen.Load() < cutoff || (f.unconfirmed.Load() && f.created < unconfirmedCutoff)
+	})
 }
 
 // removeIf removes the flows gone says are gone and returns how many.

@@ -461,9 +461,7 @@ func (r *Relay) bundled(bundles, datagrams int) {
 func (r *Relay) expire() {
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
 	unconfirmed := r.cfg.Now().Add(-unconfirmedTTL).UnixNano()
-	n := r.flows.expire(cutoff) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()) // abandon.go
-	n += r.flows.removeIf(func(f *flow) bool { return f.unconfirmed.Load() && f.created < unconfirmed })
-	if n > 0 {
+	if n := r.flows.expire(cutoff, unconfirmed) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
 		r.m.flowsExpired.Add(float64(n))
 		r.ssrcs.sweep(r.flows)
 	}

@@ -370,10 +370,6 @@ func (s *TCP) admit(nc net.Conn) {
 		}
 		_ = nc.Close()
 	}
-	if s.draining.Load() || s.r.draining.Load() {
-		refuse(tcpCloseDraining)
-		return
-	}
 	if !s.r.sourceOK(client) {
 		refuse(tcpCloseBadSource)
 		return
@@ -382,10 +378,10 @@ func (s *TCP) admit(nc net.Conn) {
 	c.initRaw()
 	s.mu.Lock()
 	switch {
-	case s.draining.Load():
-		// Close (or Drain) came since the check above: Close takes its
-		// snapshot of the connections under s.mu after setting draining,
-		// so a connection registered now would be left for Run to wait on.
+	case s.draining.Load() || s.r.draining.Load():
+		// Checked under s.mu: Close takes its snapshot of the connections
+		// under it after setting draining, so a connection registered
+		// after that would be left for Run to wait on.
 		s.mu.Unlock()
 		refuse(tcpCloseDraining)
 		return
