@@ -76,18 +76,8 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 	for _, p := range pops {
 		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP, TCPPort: p.TCPPort})
 	}
-	body, err := sessionapi.Encode(req)
-	if err != nil {
-		s.log.Error("encode session create", "err", err)
-		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not encode the request", 0)
-		return
-	}
-	if len(body) > sessionapi.MaxRequestBody {
-		// JSON escapes control characters to six bytes each: an offer
-		// under the body cap can still be too large for the clusters,
-		// which would refuse it one after another.
-		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
-			fmt.Sprintf("the offer takes %d bytes once encoded, over %d", len(body), sessionapi.MaxRequestBody), 0)
+	body, ok := s.encodeForCluster(w, req, "offer")
+	if !ok {
 		return
 	}
 	start := s.cfg.Now()
@@ -181,3 +171,24 @@ func attemptResult(status int, err error) string {
 type badAnswerError struct{ msg string }
 
 func (e *badAnswerError) Error() string { return e.msg }
+
+// encodeForCluster is a session API request body for v, or false once it
+// has answered the client: a 413 when the body would be over the session
+// API's cap (JSON escapes control characters to six bytes each, so a
+// request under signaling's own cap can still be; the clusters would
+// refuse it one after another), a 500 when v does not encode. what names
+// the client's part of the request in the 413.
+func (s *Server) encodeForCluster(w http.ResponseWriter, v any, what string) ([]byte, bool) {
+	body, err := sessionapi.Encode(v)
+	if err != nil {
+		s.log.Error("encode a session API request", "err", err)
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
+		return nil, false
+	}
+	if len(body) > sessionapi.MaxRequestBody {
+		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
+			fmt.Sprintf("the %s takes %d bytes once encoded, over %d", what, len(body), sessionapi.MaxRequestBody), 0)
+		return nil, false
+	}
+	return body, true
+}

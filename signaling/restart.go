@@ -42,14 +42,8 @@ func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	reqBody, err := sessionapi.Encode(sessionapi.RestartRequest{Fragment: string(body), IfMatch: r.Header.Get("If-Match")})
-	if err != nil {
-		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
-		return
-	}
-	if len(reqBody) > sessionapi.MaxRequestBody {
-		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large",
-			fmt.Sprintf("the fragment takes %d bytes once encoded, over %d", len(reqBody), sessionapi.MaxRequestBody), 0)
+	reqBody, ok := s.encodeForCluster(w, sessionapi.RestartRequest{Fragment: string(body), IfMatch: r.Header.Get("If-Match")}, "fragment")
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)

@@ -21,9 +21,6 @@ const (
 	StatusPath   = sessionapi.StatusPath
 )
 
-// maxAPIBody caps a create request: a 64 KiB offer plus JSON framing.
-const maxAPIBody = sessionapi.MaxRequestBody
-
 // APICreateRequest is the JSON body of POST /internal/v1/sessions.
 type APICreateRequest = sessionapi.CreateRequest
 
@@ -73,7 +70,7 @@ func (t *Transceiver) Handler() http.Handler {
 
 func (t *Transceiver) handleCreate(w http.ResponseWriter, r *http.Request) {
 	var req APICreateRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAPIBody))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, sessionapi.MaxRequestBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		var mbe *http.MaxBytesError

@@ -351,7 +351,7 @@ func (t *Transceiver) RestartICE(id, frag, ifMatch string) (RestartResult, error
 func (t *Transceiver) addRestart(s *session, ufrag string, a *iceAlias) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s.forgotten || t.sessions[s.id] != s {
+	if t.sessions[s.id] != s { // forget removes it under t.mu
 		return false
 	}
 	t.restarts.set(ufrag, a)
@@ -370,7 +370,7 @@ func (s *session) noteRestartCheck(now time.Time) {
 // handleRestart serves PATCH SessionsPath/{id}: an ICE restart.
 func (t *Transceiver) handleRestart(w http.ResponseWriter, r *http.Request) {
 	var req sessionapi.RestartRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAPIBody))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, sessionapi.MaxRequestBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		t.m.path.iceRestarts.WithLabelValues(restartBadFrag).Inc()

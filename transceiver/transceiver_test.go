@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
@@ -366,7 +367,7 @@ func TestSessionAPI(t *testing.T) {
 		{"unknown field", `{"offer":"x","pop":[]}`, http.StatusBadRequest, "invalid_json"},
 		{"bad offer", `{"offer":"v=0","pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, "invalid_sdp"},
 		{"no POPs", `{"offer":` + string(offer) + `,"pops":[]}`, http.StatusBadRequest, "invalid_pops"},
-		{"too large", `{"offer":"` + strings.Repeat("a", maxAPIBody) + `"}`, http.StatusRequestEntityTooLarge, "body_too_large"},
+		{"too large", `{"offer":"` + strings.Repeat("a", sessionapi.MaxRequestBody) + `"}`, http.StatusRequestEntityTooLarge, "body_too_large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, out := post(tc.body)
