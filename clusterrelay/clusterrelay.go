@@ -83,7 +83,11 @@ type Config struct {
 	// pod or global relay ingress as one bundle (docs/bundle.md). Turn it
 	// on once every pod and global relay reads bundles; bundles from
 	// global relays are always read.
-	Bundle     bool
+	Bundle bool
+	// EventLoop (Linux) serves the socket from one OS thread waiting in a
+	// raw epoll_pwait, outside the runtime's poller, as in
+	// globalrelay.Config.EventLoop. Needs Batch > 1.
+	EventLoop  bool
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
 }
@@ -95,6 +99,8 @@ type Relay struct {
 	cfg  Config
 	log  *slog.Logger
 	conn *net.UDPConn
+	addr netip.AddrPort
+	loop *udpio.Loop // with Config.EventLoop: owns the socket (conn is closed)
 	m    *metrics
 	keys atomic.Pointer[encap.Keyring]
 
@@ -163,8 +169,18 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), conn: conn, m: m}
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), conn: conn, m: m,
+		addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
 	r.keys.Store(cfg.HopKeys)
+	if cfg.EventLoop && cfg.Batch > 1 && udpio.LoopSupported {
+		raw, err := udpio.Detach(conn)
+		if err != nil {
+			return nil, fmt.Errorf("clusterrelay: %w", err)
+		}
+		if r.loop, err = udpio.NewLoop([]udpio.LoopPath{{From: raw, To: raw, Limit: encap.MaxDatagram, Batch: cfg.Batch, Decide: r.decide, Hooks: r.hooks()}}); err != nil {
+			return nil, fmt.Errorf("clusterrelay: %w", err)
+		}
+	}
 	return r, nil
 }
 
@@ -177,45 +193,38 @@ func (r *Relay) SetHopKeys(k *encap.Keyring) {
 }
 
 // Addr returns the relay's data address.
-func (r *Relay) Addr() netip.AddrPort { return r.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+func (r *Relay) Addr() netip.AddrPort { return r.addr }
 
 // Run forwards until ctx ends or Close is called.
 func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
-	hooks := udpio.Hooks{
-		WriteErr:  func(error) { r.m.writeErrors.Inc() },
-		Oversize:  func() { r.m.drops.Inc(dropOversize) },
-		Unbundle:  true,
-		BadBundle: func() { r.m.encapDrops.Inc(encap.ReasonBundle) },
-		Bundle:    r.cfg.Bundle,
-		Bundled: func(bundles, datagrams int) {
-			r.m.bundles.Add(float64(bundles))
-			r.m.bundledPackets.Add(float64(datagrams))
-		},
+	hooks := r.hooks()
+	cpu := -1
+	if len(r.cfg.CPUs) > 0 {
+		cpu = r.cfg.CPUs[0]
 	}
 	forward := func() error {
+		if r.loop != nil {
+			return r.loop.Run(cpu) // locks (and pins) its thread
+		}
+		if len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
+			if perr := udpio.LockThread(cpu); perr != nil {
+				r.log.Warn("read loop not pinned", "err", perr)
+			}
+		}
 		if r.cfg.Batch > 1 {
 			return udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
 		}
 		return udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
 	}
 	var err error
-	if len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
+	if r.loop != nil || len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
 		// A goroutine of its own that ends with the loop: the lock is
 		// never undone, so the runtime retires the pinned thread with it
 		// and the caller's goroutine is left as it was.
-		cpu := -1
-		if len(r.cfg.CPUs) > 0 {
-			cpu = r.cfg.CPUs[0]
-		}
 		done := make(chan error, 1)
-		go func() {
-			if perr := udpio.LockThread(cpu); perr != nil {
-				r.log.Warn("read loop not pinned", "err", perr)
-			}
-			done <- forward()
-		}()
+		go func() { done <- forward() }()
 		err = <-done
 	} else {
 		err = forward()
@@ -227,9 +236,28 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+func (r *Relay) hooks() udpio.Hooks {
+	return udpio.Hooks{
+		WriteErr:  func(error) { r.m.writeErrors.Inc() },
+		Oversize:  func() { r.m.drops.Inc(dropOversize) },
+		Unbundle:  true,
+		BadBundle: func() { r.m.encapDrops.Inc(encap.ReasonBundle) },
+		Bundle:    r.cfg.Bundle,
+		Bundled: func(bundles, datagrams int) {
+			r.m.bundles.Add(float64(bundles))
+			r.m.bundledPackets.Add(float64(datagrams))
+		},
+	}
+}
+
 // Close stops the relay. Idempotent.
 func (r *Relay) Close() error {
-	r.closeOnce.Do(func() { _ = r.conn.Close() })
+	r.closeOnce.Do(func() {
+		if r.loop != nil {
+			_ = r.loop.Close()
+		}
+		_ = r.conn.Close()
+	})
 	return nil
 }
 

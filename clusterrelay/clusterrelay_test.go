@@ -95,17 +95,19 @@ func TestForwardAndDrop(t *testing.T) {
 		name  string
 		batch int
 		cpus  []int
-	}{{"batch-0", 0, nil}, {"batch-32", 32, nil}, {"batch-32-pinned", 32, []int{0}}} {
-		t.Run(tc.name, func(t *testing.T) { testForwardAndDrop(t, tc.batch, tc.cpus) })
+		loop  bool
+	}{{"batch-0", 0, nil, false}, {"batch-32", 32, nil, false}, {"batch-32-pinned", 32, []int{0}, false},
+		{"event-loop", 32, nil, true}, {"event-loop-pinned", 32, []int{0}, true}} {
+		t.Run(tc.name, func(t *testing.T) { testForwardAndDrop(t, tc.batch, tc.cpus, tc.loop) })
 	}
 }
 
-func testForwardAndDrop(t *testing.T, batch int, cpus []int) {
+func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
 	pod1, pod2, ingress, stranger := listen(t), listen(t), listen(t), listen(t)
 	reg := prometheus.NewRegistry()
 	conn := listen(t)
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
-		HopKeys: testHop, Batch: batch, CPUs: cpus, Logger: quiet, Registerer: reg}, conn)
+		HopKeys: testHop, Batch: batch, CPUs: cpus, EventLoop: loop, Logger: quiet, Registerer: reg}, conn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ type NodeConfig struct {
 	LockThreads   bool   `yaml:"lock_threads"` // Config.LockThreads
 	CPUs          []int  `yaml:"cpus"`         // Config.CPUs
 	Bundle        bool   `yaml:"bundle"`       // Config.Bundle; off by default
+	EventLoop     *bool  `yaml:"event_loop"`   // Config.EventLoop; default true
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
@@ -57,6 +58,9 @@ func (c *NodeConfig) Defaults() {
 	c.Common.Defaults()
 	if c.Batch == 0 {
 		c.Batch = DefaultBatch
+	}
+	if c.EventLoop == nil {
+		c.EventLoop = new(true)
 	}
 }
 

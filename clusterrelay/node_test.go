@@ -31,6 +31,9 @@ func TestNodeReadyAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n.relay.loop == nil {
+		t.Error("the node's socket is not on an event loop, its default")
+	}
 	readyz := "http://" + metrics.Addr().String() + "/readyz"
 	stop := nodetest.Run(t, n)
 	announced := func(draining bool) func() bool {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"runtime"
 	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
@@ -59,9 +58,12 @@ type NodeConfig struct {
 	Steering    string `yaml:"steering"`
 	// Bundle is Config.Bundle: off by default, for a fleet whose cluster
 	// relays and pods all read bundles.
-	Bundle   bool          `yaml:"bundle"`
-	FlowIdle time.Duration `yaml:"flow_idle"`
-	MaxFlows int           `yaml:"max_flows"`
+	Bundle bool `yaml:"bundle"`
+	// EventLoop is Config.EventLoop; default true (false: the runtime's
+	// poller, as before). Off Linux the poller runs whatever it says.
+	EventLoop *bool         `yaml:"event_loop"`
+	FlowIdle  time.Duration `yaml:"flow_idle"`
+	MaxFlows  int           `yaml:"max_flows"`
 	// Clusters are the cluster IDs this POP serves: the replica is ready
 	// once it knows a live cluster relay of each. Catalogue, a region
 	// catalogue file, adds all of its clusters. Neither set: ready once it
@@ -131,10 +133,13 @@ func (c *NodeConfig) ApplyEnv() error {
 func (c *NodeConfig) Defaults() {
 	c.Common.Defaults()
 	if c.Workers == 0 {
-		c.Workers = runtime.GOMAXPROCS(0)
+		c.Workers = udpio.Procs()
 	}
 	if c.Batch == 0 {
 		c.Batch = DefaultBatch
+	}
+	if c.EventLoop == nil {
+		c.EventLoop = new(true)
 	}
 	if c.ReadyWait == 0 {
 		c.ReadyWait = DefaultReadyWait

@@ -156,6 +156,13 @@ type Config struct {
 	// and pod reads bundles (this version and later do; replies in bundles
 	// are always read).
 	Bundle bool
+	// EventLoop (Linux) serves each worker's two sockets from one OS
+	// thread waiting in a raw epoll_pwait, outside the runtime's poller
+	// (udpio.Loop): less CPU per datagram and a shorter added delay than
+	// the poller's read loops, for one more GOMAXPROCS per worker. Needs
+	// Batch > 1; elsewhere the poller's loops run. See docs/benchmarks.md,
+	// "An event loop".
+	EventLoop bool
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -205,6 +212,19 @@ type Relay struct {
 type worker struct {
 	Worker
 	ingress netip.AddrPort
+	// With Config.EventLoop: the loop that owns both sockets, and the
+	// internal one, on which the TCP ingress sends (Internal is closed).
+	loop     *udpio.Loop
+	internal *udpio.RawConn
+}
+
+// sendInternal sends a datagram toward a cluster relay on the worker's
+// internal socket, from outside its read loops.
+func (w *worker) sendInternal(b []byte, to netip.AddrPort) (int, error) {
+	if w.internal != nil {
+		return w.internal.WriteToUDPAddrPort(b, to)
+	}
+	return w.Internal.WriteToUDPAddrPort(b, to)
 }
 
 // New returns a relay over the given workers' sockets, taking ownership of
@@ -294,7 +314,56 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	r.hopKeys.Store(cfg.HopKeys)
 	r.now.Store(cfg.Now().UnixNano())
+	if cfg.EventLoop && cfg.Batch > 1 && udpio.LoopSupported {
+		if err := r.makeLoops(); err != nil {
+			return nil, fmt.Errorf("globalrelay: %w", err)
+		}
+	}
 	return r, nil
+}
+
+// makeLoops takes every worker's sockets out of the runtime's poller into
+// an event loop of its own. On error the sockets are closed.
+func (r *Relay) makeLoops() error {
+	for i := range r.workers {
+		w := &r.workers[i]
+		pub, err := udpio.Detach(w.Public)
+		if err != nil {
+			r.closeSockets()
+			return err
+		}
+		in, err := udpio.Detach(w.Internal)
+		if err != nil {
+			pub.Close()
+			r.closeSockets()
+			return err
+		}
+		w.loop, err = udpio.NewLoop([]udpio.LoopPath{
+			{From: pub, To: in, Headroom: encap.MaxLen, Limit: encap.MaxPayload, Batch: r.cfg.Batch, Hooks: r.hooks(true),
+				Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+					return r.fromClient(buf, n, from, w.ingress)
+				}},
+			{From: in, To: pub, Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Hooks: r.hooks(false), Decide: r.toClient},
+		})
+		if err != nil {
+			r.closeSockets()
+			return err
+		}
+		w.internal = in
+	}
+	return nil
+}
+
+// hooks are the read loops' hooks, toward the cluster or toward clients.
+func (r *Relay) hooks(toCluster bool) udpio.Hooks {
+	hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
+	if toCluster {
+		hooks.Bundle, hooks.Bundled = r.cfg.Bundle, r.bundled
+	} else {
+		// Cluster relays may bundle replies; always read bundles.
+		hooks.Unbundle, hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+	}
+	return hooks
 }
 
 // SetHopKeys replaces the inter-tier keys (key rotation): datagrams are
@@ -383,6 +452,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
+	// A loop that ends, for whatever reason, ends the relay.
+	fail := func(err error) {
+		if err != nil {
+			errOnce.Do(func() { firstErr = err })
+		}
+		r.Close()
+	}
 	loop := func(cpu int, toCluster bool, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
 		defer wg.Done()
 		if cpu >= 0 || r.cfg.LockThreads {
@@ -391,28 +467,29 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.log.Warn("read loop not pinned", "err", err)
 			}
 		}
-		hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
-		if toCluster {
-			hooks.Bundle, hooks.Bundled = r.cfg.Bundle, r.bundled
-		} else {
-			// Cluster relays may bundle replies; always read bundles.
-			hooks.Unbundle, hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
-		}
+		hooks := r.hooks(toCluster)
 		var err error
 		if r.cfg.Batch > 1 {
 			err = udpio.ForwardBatch(conn, dst, headroom, limit, r.cfg.Batch, decide, hooks)
 		} else {
 			err = udpio.Forward(conn, dst, headroom, limit, decide, hooks)
 		}
-		if err != nil {
-			errOnce.Do(func() { firstErr = err })
-		}
-		r.Close()
+		fail(err)
 	}
-	for i, w := range r.workers {
+	for i := range r.workers {
+		w := &r.workers[i]
 		cpu := -1
 		if len(r.cfg.CPUs) > 0 {
 			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
+		}
+		if w.loop != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Run locks (and pins) this goroutine's thread for good.
+				fail(w.loop.Run(cpu))
+			}()
+			continue
 		}
 		wg.Add(2)
 		go loop(cpu, true, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
@@ -472,12 +549,21 @@ func (r *Relay) expire() {
 func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		close(r.done)
-		for _, w := range r.workers {
-			_ = w.Public.Close()
-			_ = w.Internal.Close()
-		}
+		r.closeSockets()
 	})
 	return nil
+}
+
+// closeSockets closes every worker's sockets (an event loop closes its
+// own once it has stopped).
+func (r *Relay) closeSockets() {
+	for _, w := range r.workers {
+		if w.loop != nil {
+			_ = w.loop.Close()
+		}
+		_ = w.Public.Close()
+		_ = w.Internal.Close()
+	}
 }
 
 // fromClient handles a datagram on the public socket. The datagram is at

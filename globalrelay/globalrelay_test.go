@@ -109,6 +109,9 @@ func newRig(t *testing.T, cfg Config) *rig {
 		t.Fatal(err)
 	}
 	r.relay, r.pub, r.ingress = relay, addrOf(pub), addrOf(in)
+	if cfg.EventLoop && relay.workers[0].loop == nil {
+		t.Fatal("event_loop set, but the worker has no event loop")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- relay.Run(ctx) }()
@@ -186,6 +189,14 @@ func TestForwardingBothWays(t *testing.T) {
 		testForwardingBothWays(t, Config{Batch: 32, CPUs: []int{0}})
 		if n := threadsOnlyOn(t, 0); n < 2 {
 			t.Errorf("%d threads pinned to CPU 0, want the 2 read loops", n)
+		}
+	})
+	// The event loop: both directions from one thread, pinned.
+	t.Run("event-loop", func(t *testing.T) { testForwardingBothWays(t, Config{Batch: 32, EventLoop: true}) })
+	t.Run("event-loop-pinned", func(t *testing.T) {
+		testForwardingBothWays(t, Config{Batch: 32, EventLoop: true, CPUs: []int{0}})
+		if n := threadsOnlyOn(t, 0); n < 1 {
+			t.Errorf("%d threads pinned to CPU 0, want the event loop's", n)
 		}
 	})
 }

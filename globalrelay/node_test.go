@@ -134,6 +134,9 @@ func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n.Relay().workers[0].loop == nil {
+		t.Error("the node's workers are not on event loops, its default")
+	}
 	stop := nodetest.Run(t, n)
 	nodetest.Await(t, "the replica to be ready", func() bool { return n.Ready() == nil })
 	// A cache entry as another replica sealed it.

@@ -114,7 +114,13 @@ func tcpAddrOf(c *net.TCPConn) netip.AddrPort {
 // frames reach the cluster relay as datagrams with the TCP flag and the
 // connection's address; replies with the TCP flag come back framed.
 func TestTCPForwardingBothWays(t *testing.T) {
-	r := newTCPRig(t, Config{}, TCPConfig{})
+	t.Run("poller", func(t *testing.T) { testTCPForwardingBothWays(t, Config{}) })
+	// The TCP ingress sends on the internal socket the event loop owns.
+	t.Run("event-loop", func(t *testing.T) { testTCPForwardingBothWays(t, Config{Batch: 32, EventLoop: true}) })
+}
+
+func testTCPForwardingBothWays(t *testing.T, cfg Config) {
+	r := newTCPRig(t, cfg, TCPConfig{})
 	c := r.dial(t)
 	check := r.validCheck(t, 0x42)
 	media := []byte{0x80, 111, 0, 1, 2, 3}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -21,7 +20,7 @@ import (
 // Config.Readers is zero: one per core the process may use, at most 4.
 // Every reader runs the whole receive path of its datagrams (header, route,
 // session queue), so one core is no longer the ceiling of a pod.
-func defaultReaders() int { return min(runtime.GOMAXPROCS(0), 4) }
+func defaultReaders() int { return min(udpio.Procs(), 4) }
 
 // Why several readers on one socket rather than SO_REUSEPORT sockets: the
 // kernel spreads a reuseport group by the 4-tuple hash, and a pod's peers

@@ -72,7 +72,7 @@ type Config struct {
 	Relays *RelaySet
 	// Readers is how many goroutines read the pod socket, each taking
 	// batches of datagrams (recvmmsg) and running their receive path;
-	// default one per core (GOMAXPROCS), at most 4.
+	// default one per core (udpio.Procs: GOMAXPROCS without the relays' event loops), at most 4.
 	Readers int
 	// PionMedia keeps every session's SRTP on Pion's own path (its SRTP
 	// sessions, read streams and report interceptors) instead of the pod's

@@ -59,10 +59,26 @@ const (
 	PathCChain      = "c-chain"
 	PathChain       = "chain"
 	PathChainBundle = "chain-bundle"
+	// PathChainPoller and PathChainPollerBundle run both relays with
+	// event_loop: false (the runtime's poller), without and with bundles.
+	PathChainPoller       = "chain-poller"
+	PathChainPollerBundle = "chain-poller-bundle"
 )
 
 // AllPaths is every path of a full run.
-var AllPaths = []string{PathDirect, PathC, PathGoBlock, PathGoEpoll, PathNaive, PathGlobalRelay, PathCChain, PathChain, PathChainBundle}
+var AllPaths = []string{PathDirect, PathC, PathGoBlock, PathGoEpoll, PathNaive, PathGlobalRelay, PathGlobalRelayPoller, PathCChain, PathChain, PathChainBundle, PathChainPollerBundle}
+
+// PathGlobalRelayPoller is the global relay with event_loop: false.
+const PathGlobalRelayPoller = "globalrelay-poller"
+
+// chainOptions are the options (grEnv and crEnv alike) of each chain path.
+var chainOptions = map[string]string{PathChain: "", PathChainBundle: "bundle=1", PathChainPoller: "loop=0", PathChainPollerBundle: "bundle=1 loop=0"}
+
+// isChain reports whether path is a chain of two hops.
+func isChain(path string) bool {
+	_, ok := chainOptions[path]
+	return ok || path == PathCChain
+}
 
 // Variants of the global relay alone, measured when asked for by name
 // (-paths): the relay's worker placement options. "2w" variants run two
@@ -73,6 +89,8 @@ var Variants = map[string]struct {
 	EchoBundle bool   // the echo (as the cluster relay) bundles its replies
 }{
 	"globalrelay-bundle":         {"bundle=1", false, true},
+	PathGlobalRelayPoller:        {"loop=0", false, false},
+	"globalrelay-poller-bundle":  {"bundle=1 loop=0", false, true},
 	"globalrelay-locked":         {"lock=1", false, false},
 	"globalrelay-batch1":         {"batch=1", false, false},
 	"globalrelay-batch8":         {"batch=8", false, false},
@@ -233,7 +251,7 @@ func (c *Config) defaults() error {
 		c.Progress = io.Discard
 	}
 	for _, p := range c.Paths {
-		if _, ok := Variants[p]; !ok && !contains(AllPaths, p) {
+		if _, ok := Variants[p]; !ok && !contains(AllPaths, p) && !isChain(p) {
 			return fmt.Errorf("unknown path %q (want %s or a variant)", p, strings.Join(AllPaths, ", "))
 		}
 	}
@@ -362,7 +380,7 @@ func compare(ts []Trial) {
 			t.AddedP50, t.AddedP99 = t.RTTp50-d.RTTp50, t.RTTp99-d.RTTp99
 		}
 		base := PathC
-		if t.Path == PathChain || t.Path == PathChainBundle || t.Path == PathCChain {
+		if isChain(t.Path) {
 			base = PathCChain
 		}
 		if c := find(base, t.Load.Name); c != nil && c.CPUPerPkt > 0 && t.CPUPerPkt > 0 {
@@ -439,8 +457,8 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		return c, err
 	}
 	grOpts, crOpts, echoOpts := "", "", ""
-	if path == PathChainBundle {
-		grOpts, crOpts = "bundle=1", "bundle=1"
+	if o, ok := chainOptions[path]; ok {
+		grOpts, crOpts = o, o
 	}
 	if Variants[path].EchoBundle {
 		echoOpts = "bundle=1"
@@ -502,7 +520,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		if err = add(cfwd(cfg.GenCPUs, target)); err == nil {
 			err = add(cfwd(hopCPUs, hops[0].rd.Addr))
 		}
-	case PathChain, PathChainBundle:
+	case PathChain, PathChainBundle, PathChainPoller, PathChainPollerBundle:
 		keys = r.keys
 		if err = add(goRole(roleClusterRelay, cfg.GenCPUs, hopRT, target)); err == nil {
 			err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, hops[0].rd.Addr))

@@ -51,7 +51,7 @@ func TestSmoke(t *testing.T) {
 	if want := len(AllPaths) * 2; len(back.Trials) != want {
 		t.Fatalf("%d trials, want %d", len(back.Trials), want)
 	}
-	wantHops := map[string]int{PathDirect: 0, PathC: 1, PathGoBlock: 1, PathGoEpoll: 1, PathNaive: 1, PathGlobalRelay: 1, PathCChain: 2, PathChain: 2, PathChainBundle: 2}
+	wantHops := map[string]int{PathDirect: 0, PathC: 1, PathGoBlock: 1, PathGoEpoll: 1, PathNaive: 1, PathGlobalRelay: 1, PathGlobalRelayPoller: 1, PathCChain: 2, PathChain: 2, PathChainBundle: 2, PathChainPollerBundle: 2}
 	for _, tr := range back.Trials {
 		if tr.Sent == 0 || tr.Echoed == 0 {
 			t.Errorf("%s/%s: sent %d, echoed %d: nothing went through", tr.Path, tr.Load.Name, tr.Sent, tr.Echoed)

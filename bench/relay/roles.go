@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,8 +39,9 @@ const keyEnv = "RTCEDGE_RELAYBENCH_KEY"
 // "workers=N lock=1 cpus=0:1 steer=cpu", every part optional.
 const grEnv = "RTCEDGE_RELAYBENCH_GR"
 
-// crEnv and echoEnv carry "bundle=1" to the cluster relay and the echo:
-// they then send bundles (the echo as a cluster relay would its replies).
+// crEnv carries the cluster relay's options (bundle=1, loop=1; parsed as
+// grEnv's) and echoEnv "bundle=1" to the echo, which then bundles its
+// replies as a cluster relay would.
 const (
 	crEnv   = "RTCEDGE_RELAYBENCH_CR"
 	echoEnv = "RTCEDGE_RELAYBENCH_ECHO"
@@ -55,11 +55,12 @@ type grOptions struct {
 	cpus    []int
 	steer   udpio.Steering
 	bundle  bool
-	batch   int // 0: globalrelay.DefaultBatch
+	loop    bool // event_loop (default true, as the node's)
+	batch   int  // 0: globalrelay.DefaultBatch
 }
 
 func parseGROptions(s string) (grOptions, error) {
-	var o grOptions
+	o := grOptions{loop: true}
 	for _, f := range strings.Fields(s) {
 		k, v, _ := strings.Cut(f, "=")
 		var err error
@@ -80,6 +81,8 @@ func parseGROptions(s string) (grOptions, error) {
 			o.steer, err = udpio.ParseSteering(v)
 		case "bundle":
 			o.bundle = v == "1"
+		case "loop":
+			o.loop = v != "0"
 		case "batch":
 			o.batch, err = strconv.Atoi(v)
 
@@ -175,8 +178,13 @@ func runRole(role, target string) error {
 		if err != nil {
 			return err
 		}
+		opt, err := parseGROptions(os.Getenv(crEnv)) // bundle and loop apply
+		if err != nil {
+			c.Close()
+			return err
+		}
 		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, HopKeys: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
-			Batch: clusterrelay.DefaultBatch, Bundle: os.Getenv(crEnv) == "bundle=1", Logger: quiet}, c)
+			Batch: clusterrelay.DefaultBatch, Bundle: opt.bundle, EventLoop: opt.loop, Logger: quiet}, c)
 		if err != nil {
 			c.Close()
 			return err
@@ -196,7 +204,7 @@ func runRole(role, target string) error {
 		// says otherwise: one worker per CPU (GOMAXPROCS: one when pinned
 		// to one core), batches of 32, hash steering, threads unlocked.
 		if opt.workers == 0 {
-			opt.workers = runtime.GOMAXPROCS(0)
+			opt.workers = udpio.Procs()
 		}
 		if opt.batch == 0 {
 			opt.batch = globalrelay.DefaultBatch
@@ -215,7 +223,7 @@ func runRole(role, target string) error {
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
 			HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
 			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Batch:    opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, Logger: quiet}, ws)
+			Batch:    opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: opt.loop, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()

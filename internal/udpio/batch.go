@@ -127,64 +127,97 @@ func (b *BatchConn) WriteBatch(ms []Msg) (int, error) {
 // bundles what it sends (docs/bundle.md). Semantics otherwise match
 // Forward.
 func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Decide, hooks Hooks) error {
-	batch = max(batch, 1)
-	if hooks.Unbundle && headroom != 0 {
-		return errors.New("udpio: unbundling needs headroom 0")
+	f, err := newBatchForwarder(NewBatchConn(dst, min(outputs(batch, hooks), maxWriteBatch)), headroom, limit, batch, decide, hooks)
+	if err != nil {
+		return err
 	}
-	// Every item of every bundle of a batch may yield a datagram.
-	outs := batch
-	if hooks.Unbundle {
-		outs = batch * encap.MaxBundleItems
-	}
-	rd, wr := NewBatchConn(conn, batch), NewBatchConn(dst, min(outs, maxWriteBatch))
+	rd := NewBatchConn(conn, f.batch)
 	if hooks.BlockingReads && rd.mm != nil {
 		if err := rd.mm.makeBlocking(); err != nil {
 			return err
 		}
 	}
-	bufs := make([][]byte, batch)
-	in := make([]Msg, batch)
-	out := make([]Msg, outs)
-	for i := range batch {
-		bufs[i] = make([]byte, headroom+limit+1)
-		in[i].Buf = bufs[i][headroom:]
-	}
-	var bd *bundler
-	if hooks.Bundle {
-		bd = newBundler(outs)
-	}
-	err := rd.ReadLoop(in, func(n int) bool {
-		k := 0
-		for i := range n {
-			if in[i].N > limit {
-				hooks.oversize()
-				continue
-			}
-			if hooks.Unbundle && encap.IsBundle(in[i].Buf[:in[i].N]) {
-				k = unbundle(in[i].Buf[:in[i].N], in[i].Addr, decide, out, k, hooks)
-				continue
-			}
-			pkt, to, ok := decide(bufs[i], in[i].N, in[i].Addr)
-			if !ok {
-				continue
-			}
-			out[k].Buf, out[k].Addr = pkt, to
-			k++
-		}
-		send := out[:k]
-		if bd != nil && k > 1 {
-			var bundles, items int
-			send, bundles, items = bd.pack(send)
-			if bundles > 0 && hooks.Bundled != nil {
-				hooks.Bundled(bundles, items)
-			}
-		}
-		return writeAll(wr, send, hooks) == nil // nil: dst is open
-	})
+	err = rd.ReadLoop(f.in, f.handle)
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
+}
+
+// outputs is how many datagrams one batch of batch reads may yield: every
+// item of every bundle, when they are unbundled.
+func outputs(batch int, hooks Hooks) int {
+	batch = max(batch, 1)
+	if hooks.Unbundle {
+		return batch * encap.MaxBundleItems
+	}
+	return batch
+}
+
+// batchForwarder is ForwardBatch's per-batch work, shared with Loop: its
+// read buffers (in), what it decided (out) and the bundler, all made once.
+type batchForwarder struct {
+	wr     *BatchConn
+	batch  int
+	limit  int
+	decide Decide
+	hooks  Hooks
+	bufs   [][]byte // the whole buffers, headroom included
+	in     []Msg    // the read messages; Buf is bufs[i][headroom:]
+	out    []Msg
+	bd     *bundler
+	handle func(n int) bool // f.forward, made once: passing it does not allocate
+}
+
+func newBatchForwarder(wr *BatchConn, headroom, limit, batch int, decide Decide, hooks Hooks) (*batchForwarder, error) {
+	if hooks.Unbundle && headroom != 0 {
+		return nil, errors.New("udpio: unbundling needs headroom 0")
+	}
+	batch = max(batch, 1)
+	f := &batchForwarder{wr: wr, batch: batch, limit: limit, decide: decide, hooks: hooks,
+		bufs: make([][]byte, batch), in: make([]Msg, batch), out: make([]Msg, outputs(batch, hooks))}
+	for i := range batch {
+		f.bufs[i] = make([]byte, headroom+limit+1)
+		f.in[i].Buf = f.bufs[i][headroom:]
+	}
+	if hooks.Bundle {
+		f.bd = newBundler(len(f.out))
+	}
+	f.handle = f.forward
+	return f, nil
+}
+
+// forward decides the n datagrams read into f.in and sends what they
+// yield, bundled when asked. It reports false once the destination socket
+// is closed.
+func (f *batchForwarder) forward(n int) bool {
+	in, out, hooks := f.in, f.out, f.hooks
+	k := 0
+	for i := range n {
+		if in[i].N > f.limit {
+			hooks.oversize()
+			continue
+		}
+		if hooks.Unbundle && encap.IsBundle(in[i].Buf[:in[i].N]) {
+			k = unbundle(in[i].Buf[:in[i].N], in[i].Addr, f.decide, out, k, hooks)
+			continue
+		}
+		pkt, to, ok := f.decide(f.bufs[i], in[i].N, in[i].Addr)
+		if !ok {
+			continue
+		}
+		out[k].Buf, out[k].Addr = pkt, to
+		k++
+	}
+	send := out[:k]
+	if f.bd != nil && k > 1 {
+		var bundles, items int
+		send, bundles, items = f.bd.pack(send)
+		if bundles > 0 && hooks.Bundled != nil {
+			hooks.Bundled(bundles, items)
+		}
+	}
+	return writeAll(f.wr, send, hooks) == nil // nil: dst is open
 }
 
 // maxWriteBatch is the most datagrams one sendmmsg takes (UIO_MAXIOV).

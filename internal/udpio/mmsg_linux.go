@@ -38,6 +38,10 @@ type mmsg struct {
 	// the scheduler. See docs/benchmarks.md, "Relays at the limit of
 	// one hop".
 	rawRead bool
+	// fd >= 0: a socket outside the runtime's poller (RawConn), called
+	// directly (rc is nil): a read that finds nothing returns 0 and a
+	// send that would wait fails with EAGAIN.
+	fd int
 }
 
 type mmsgHalf struct {
@@ -47,7 +51,11 @@ type mmsgHalf struct {
 	ms    []Msg                   // the call's messages
 	n     int                     // the call's result
 	err   error
-	calls int // system calls made (read half: recvmmsg), for tests; only its goroutine touches it
+	calls int           // system calls made (read half: recvmmsg), for tests; only its goroutine touches it
+	again syscall.Errno // the errno of the last call that reported not ready
+	// readNow's: the batch size its iovecs were set up for (0: not yet)
+	// and how many headers its last call filled.
+	prepared, used int
 }
 
 func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
@@ -55,7 +63,7 @@ func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
 	if err != nil {
 		return nil, false
 	}
-	m := &mmsg{rc: rc}
+	m := &mmsg{rc: rc, fd: -1}
 	var ferr error
 	if err := rc.Control(func(fd uintptr) {
 		var dom, fl int
@@ -68,6 +76,18 @@ func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
 	}); err != nil || ferr != nil {
 		return nil, false
 	}
+	m.init(size)
+	return m, true
+}
+
+// newRawMmsg is mmsg over a socket outside the runtime's poller.
+func newRawMmsg(fd int, v6 bool, size int) *mmsg {
+	m := &mmsg{fd: fd, v6: v6, rawRead: true}
+	m.init(size)
+	return m
+}
+
+func (m *mmsg) init(size int) {
 	for _, h := range []*mmsgHalf{&m.rd, &m.wr} {
 		h.hdrs = make([]unix.Mmsghdr, size)
 		h.iovs = make([]unix.Iovec, size)
@@ -79,7 +99,58 @@ func newMmsg(c *net.UDPConn, size int) (*mmsg, bool) {
 		}
 	}
 	m.rfn, m.wfn = m.doRead, m.doWrite
-	return m, true
+}
+
+// readNow makes one recvmmsg on a raw socket (fd >= 0) into ms: 0 when
+// nothing is queued.
+// The loop reads into the same messages every time, so their iovecs are
+// set once (again only when ms or a buffer changes) and after a call only
+// the headers the kernel wrote (h.used) get their address length back: a
+// wake-up that reads one datagram touches one header, not the batch's.
+func (m *mmsg) readNow(ms []Msg) (int, error) {
+	h := &m.rd
+	k := min(len(ms), len(h.hdrs))
+	if h.prepared != k || !sameBufs(h.iovs[:k], ms[:k]) {
+		for i := range k {
+			setIov(&h.iovs[i], ms[i].Buf)
+			h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		}
+		h.prepared, h.used = k, 0
+	}
+	for i := range h.used {
+		h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+	}
+	h.used = 0
+	for {
+		h.calls++
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(m.fd), uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0, 0, 0)
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, nil
+		default:
+			return 0, errnoErr("recvmmsg", e)
+		}
+		n := int(r)
+		h.used = n
+		for i := range n {
+			ms[i].N = int(h.hdrs[i].Len)
+			ms[i].Addr = sockaddrToAddrPort(&h.names[i])
+		}
+		return n, nil
+	}
+}
+
+// sameBufs reports whether the first and the last iovec still point at
+// ms's buffers, whole: a cheap guard, since only the Loop calls readNow and
+// its messages are set up once and never change.
+func sameBufs(iovs []unix.Iovec, ms []Msg) bool {
+	same := func(i int) bool {
+		return len(ms[i].Buf) > 0 && iovs[i].Base == &ms[i].Buf[0] && uint64(iovs[i].Len) == uint64(len(ms[i].Buf))
+	}
+	return same(0) && same(len(ms)-1)
 }
 
 func (m *mmsg) read(ms []Msg) (int, error) {
@@ -189,6 +260,7 @@ func (m *mmsg) call(h *mmsgHalf, fd uintptr, trap uintptr, flags int, op string)
 	h.calls++
 	n, _, e := m.syscall6(trap, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(len(h.ms)), uintptr(flags))
 	if e == unix.EAGAIN || e == unix.EINTR {
+		h.again = e
 		return false
 	}
 	h.n, h.err = int(n), nil
@@ -207,7 +279,16 @@ func (m *mmsg) write(ms []Msg) (int, error) {
 		h.hdrs[i].Len = 0
 	}
 	h.ms = ms[:k]
-	if err := m.rc.Write(m.wfn); err != nil {
+	if m.rc == nil {
+		for !m.doWrite(uintptr(m.fd)) {
+			// EINTR or EAGAIN: retry the first, fail on the second (a
+			// raw socket has no poller to wait in).
+			if m.wr.again == unix.EAGAIN {
+				h.ms = nil
+				return 0, errnoErr("sendmmsg", unix.EAGAIN)
+			}
+		}
+	} else if err := m.rc.Write(m.wfn); err != nil {
 		h.ms = nil
 		return 0, err
 	}
