@@ -205,13 +205,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		cpu = r.cfg.CPUs[0]
 	}
 	forward := func() error {
-		if r.loop != nil {
-			return r.loop.Run(cpu) // locks (and pins) its thread
-		}
 		if len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
 			if perr := udpio.LockThread(cpu); perr != nil {
 				r.log.Warn("read loop not pinned", "err", perr)
 			}
+		}
+		if r.loop != nil {
+			return r.loop.Run() // keeps the thread locked for good
 		}
 		if r.cfg.Batch > 1 {
 			return udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)

@@ -486,8 +486,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				// Run locks (and pins) this goroutine's thread for good.
-				fail(w.loop.Run(cpu))
+				// Run locks this goroutine's thread for good; pinned first.
+				if cpu >= 0 {
+					if err := udpio.LockThread(cpu); err != nil {
+						r.log.Warn("event loop not pinned", "err", err)
+					}
+				}
+				fail(w.loop.Run())
 			}()
 			continue
 		}

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -184,13 +183,11 @@ func (s *session) newMediaPath() (*mediaPath, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: no DTLS state", errNoMediaPath)
 	}
-	ld := s.pc.LocalDescription()
-	if ld == nil {
-		return nil, fmt.Errorf("%w: no local description", errNoMediaPath)
-	}
-	// a=setup:active in our answer: we are the DTLS client.
+	// Our answer's a=setup (s.dtlsClient), not the PeerConnection's local
+	// description: reading that takes the PeerConnection's lock and waits
+	// for the ICE agent's loop (see onBindingRequest).
 	cfg := srtp.Config{Profile: srtp.ProtectionProfile(profile)}
-	if err := cfg.ExtractSessionKeysFromDTLS(&state, strings.Contains(ld.SDP, "a=setup:active")); err != nil {
+	if err := cfg.ExtractSessionKeysFromDTLS(&state, s.dtlsClient); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNoMediaPath, err)
 	}
 	rx, err := newRxContext(cfg.Keys.RemoteMasterKey, cfg.Keys.RemoteMasterSalt, cfg.Profile)

@@ -2,7 +2,6 @@ package transceiver
 
 import (
 	"net/netip"
-	"regexp"
 	"sync"
 	"time"
 
@@ -47,13 +46,11 @@ type reach struct {
 	follow *session // the probe was started by this session's audio from the address (hint.go)
 }
 
-var icePwdRE = regexp.MustCompile(`a=ice-pwd:(\S+)`)
-
 // probe sends the client at the POP route a Binding Request with its own
 // ICE credentials (USERNAME remote:local, MESSAGE-INTEGRITY with the
 // client's password), once per address. username is the USERNAME of the
-// client's check ("local:remote"); sdp is the client's offer.
-func (s *podSocket) probe(pop uint16, client netip.AddrPort, username, sdp string) {
+// client's check ("local:remote"); pwd is the client's ICE password.
+func (s *podSocket) probe(pop uint16, client netip.AddrPort, username, pwd string) {
 	pc := s.lookup(pop)
 	if pc == nil {
 		return
@@ -63,11 +60,10 @@ func (s *podSocket) probe(pop uint16, client netip.AddrPort, username, sdp strin
 		return
 	}
 	local, remote, ok := cut(username)
-	m := icePwdRE.FindStringSubmatch(sdp)
-	if !ok || m == nil {
+	if !ok || pwd == "" {
 		return
 	}
-	if pc.sendProbe(r, remote+":"+local, m[1], -1, nil, s.now().UnixNano()) {
+	if pc.sendProbe(r, remote+":"+local, pwd, -1, nil, s.now().UnixNano()) {
 		s.m.reachProbes.Inc()
 	}
 }

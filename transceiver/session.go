@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,9 @@ type session struct {
 	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
 	pwd     string
 	client  iceCreds // the client's, from the offer (the agent's view of the remote side)
+	// dtlsClient: our answer says a=setup:active (we are the DTLS client;
+	// newMediaPath derives the SRTP keys by it).
+	dtlsClient bool
 
 	lastActivity atomic.Int64 // unix nanos of the last media packet or event from the client
 	connected    atomic.Bool
@@ -203,6 +207,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", fmt.Errorf("%w: create answer: %w", ErrBadOffer, err)
 	}
+	s.dtlsClient = strings.Contains(answer.SDP, "a=setup:active")
 	gathered := webrtc.GatheringCompletePromise(pc)
 	if err := pc.SetLocalDescription(answer); err != nil {
 		return s, "", fmt.Errorf("set local description: %w", err)
@@ -281,6 +286,13 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 // check. Only the preferred POP is selected this way, so an early choice
 // never pins a call to the backup; a later nomination of the same pair
 // changes nothing.
+//
+// It runs on the ICE agent's task loop, so it must not call the
+// PeerConnection: Pion holds the PeerConnection's lock while it waits for
+// that loop (LocalDescription gathers the agent's candidates under it), and
+// a check handled meanwhile would wait for the lock: both stuck, the
+// session and the pod's Close with them (seen in CI).
+// TestBindingRequestHandlerLeavesThePeerConnection guards it.
 func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidate, _ *ice.CandidatePair) bool {
 	cur := uint16(s.selectedPOP.Load())
 	pop := s.popOf(local.Address(), uint16(local.Port()))
@@ -293,8 +305,8 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 		// must not be whichever POP answered first.
 		if checks == 1 && (cur != 0 || pop == s.preferredPOP || msg.Contains(stun.AttrUseCandidate)) {
 			var user stun.Username
-			if rd := s.pc.RemoteDescription(); rd != nil && user.GetFrom(msg) == nil {
-				s.t.sock.probe(pop, client, user.String(), rd.SDP)
+			if user.GetFrom(msg) == nil {
+				s.t.sock.probe(pop, client, user.String(), s.client.pwd)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"syscall"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 )
@@ -244,7 +245,10 @@ func unbundle(b []byte, from netip.AddrPort, decide Decide, out []Msg, k int, ho
 }
 
 // writeAll sends ms, skipping a datagram the kernel refuses (one bad peer
-// must not stall the rest). It returns an error only when dst is closed.
+// must not stall the rest). A full send buffer (EAGAIN, from a socket no
+// poller waits for) drops the rest of ms, counted once: trying each of
+// them would only cost more calls. It returns an error only when dst is
+// closed.
 func writeAll(wr *BatchConn, ms []Msg, hooks Hooks) error {
 	for sent := 0; sent < len(ms); {
 		m, err := wr.WriteBatch(ms[sent:])
@@ -253,6 +257,9 @@ func writeAll(wr *BatchConn, ms []Msg, hooks Hooks) error {
 			hooks.writeErr(err)
 			if errors.Is(err, net.ErrClosed) {
 				return err
+			}
+			if errors.Is(err, syscall.EAGAIN) {
+				return nil
 			}
 			sent++
 		}

@@ -5,18 +5,25 @@ import (
 	"sync"
 )
 
-// procsMu serialises the event loops' changes of GOMAXPROCS; procsAdded is
-// how many Ps the running loops added.
+// procsMu serialises the event loops' changes of GOMAXPROCS: procsBase is
+// what it was when the first of the running loops started, procsAdded how
+// many Ps the running loops added. Setting base + added, rather than
+// adding to whatever GOMAXPROCS is, keeps the count right when something
+// else saves and restores GOMAXPROCS around a loop's start or end.
 var (
 	procsMu    sync.Mutex
+	procsBase  int
 	procsAdded int
 )
 
 func addProcs(d int) {
 	procsMu.Lock()
 	defer procsMu.Unlock()
+	if procsAdded == 0 {
+		procsBase = runtime.GOMAXPROCS(0)
+	}
 	procsAdded += d
-	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + d)
+	runtime.GOMAXPROCS(procsBase + procsAdded)
 }
 
 // Procs is GOMAXPROCS without the Ps running event loops added (Loop.Run):
@@ -25,7 +32,10 @@ func addProcs(d int) {
 func Procs() int {
 	procsMu.Lock()
 	defer procsMu.Unlock()
-	return max(runtime.GOMAXPROCS(0)-procsAdded, 1)
+	if procsAdded == 0 {
+		return runtime.GOMAXPROCS(0)
+	}
+	return procsBase
 }
 
 // LoopPath is one direction a Loop forwards: datagrams read on From are

@@ -23,6 +23,7 @@ type RawConn struct {
 	fd    int // -1 once closed
 	v6    bool
 	local netip.AddrPort
+	owned bool // a Loop reads it: only the Loop closes it (under mu)
 }
 
 // Detach takes c's socket out of the runtime's poller: it keeps a
@@ -62,9 +63,9 @@ func Detach(c *net.UDPConn) (*RawConn, error) {
 // LocalAddrPort is the socket's local address, unmapped.
 func (r *RawConn) LocalAddrPort() netip.AddrPort { return r.local }
 
-// WriteToUDPAddrPort sends b to `to` without waiting (a full send buffer
-// is an error, EAGAIN) and without allocating; after Close it fails with
-// net.ErrClosed.
+// WriteToUDPAddrPort sends b to `to` without allocating. A full send
+// buffer is waited for briefly (writableWait), then an error (EAGAIN);
+// after Close it fails with net.ErrClosed.
 func (r *RawConn) WriteToUDPAddrPort(b []byte, to netip.AddrPort) (int, error) {
 	var sa unix.RawSockaddrInet6
 	l := putSockaddr(&sa, to, r.v6)
@@ -77,28 +78,81 @@ func (r *RawConn) WriteToUDPAddrPort(b []byte, to netip.AddrPort) (int, error) {
 	if r.fd < 0 {
 		return 0, net.ErrClosed
 	}
+	waited := false
 	for {
 		n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(r.fd), uintptr(p), uintptr(len(b)), unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&sa)), uintptr(l))
-		switch e {
-		case 0:
+		switch {
+		case e == 0:
 			return int(n), nil
-		case unix.EINTR:
+		case e == unix.EINTR:
 			continue
+		case e == unix.EAGAIN && !waited:
+			waited = true
+			if waitWritable(r.fd) {
+				continue
+			}
 		}
 		return 0, errnoErr("sendto", e)
 	}
 }
 
+// writableWait is how long a send on a raw socket waits for room in its
+// full send buffer before it gives up (EAGAIN): long enough for a NIC
+// queue to drain, short against a voice frame.
+const writableWait = 5 // ms
+
+// waitWritable waits up to writableWait for fd to take a datagram.
+func waitWritable(fd int) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	for {
+		n, err := unix.Poll(pfd, writableWait)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n > 0 && pfd[0].Revents&unix.POLLOUT != 0
+	}
+}
+
+// errOwned: a Loop's socket is closed by closing the Loop, never under it
+// (the loop would go on using a descriptor number the kernel may reuse).
+var errOwned = errors.New("udpio: the socket belongs to a loop: close the loop")
+
 // Close closes the socket; a send in progress finishes first. Idempotent.
+// A socket a Loop owns is closed with the Loop, not here.
 func (r *RawConn) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.owned {
+		return errOwned
+	}
+	return r.closeLocked()
+}
+
+func (r *RawConn) closeLocked() error {
 	if r.fd < 0 {
 		return nil
 	}
 	err := unix.Close(r.fd)
 	r.fd = -1
 	return err
+}
+
+// own marks r as the Loop's; false if another Loop has it already.
+func (r *RawConn) own() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.owned || r.fd < 0 {
+		return false
+	}
+	r.owned = true
+	return true
+}
+
+// closeOwned is the owning Loop's Close.
+func (r *RawConn) closeOwned() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.closeLocked()
 }
 
 // batchConn is a BatchConn over the raw socket, for the Loop that owns it.
@@ -137,21 +191,31 @@ type loopPath struct {
 const loopBatches = 8
 
 // NewLoop sets up a Loop over paths; the Loop owns their sockets from
-// then on and closes them when it is closed.
+// then on (RawConn.Close refuses them) and closes them when it is closed,
+// or at once if NewLoop fails.
 func NewLoop(paths []LoopPath) (*Loop, error) {
 	l := &Loop{ep: -1, wake: -1}
 	seen := map[*RawConn]bool{}
+	var taken error
 	for _, p := range paths {
 		for _, c := range []*RawConn{p.From, p.To} {
-			if !seen[c] {
-				seen[c] = true
-				l.conns = append(l.conns, c)
+			if seen[c] {
+				continue
 			}
+			seen[c] = true
+			if !c.own() {
+				taken = errors.New("udpio: a loop path's socket is closed or another loop's")
+				continue
+			}
+			l.conns = append(l.conns, c)
 		}
 	}
 	fail := func(err error) (*Loop, error) {
 		l.closeAll()
 		return nil, err
+	}
+	if taken != nil {
+		return fail(taken)
 	}
 	if len(paths) == 0 {
 		return fail(errors.New("udpio: a loop needs a path"))
@@ -185,10 +249,10 @@ func NewLoop(paths []LoopPath) (*Loop, error) {
 }
 
 // Run forwards until Close is called (nil) or a socket fails. It locks the
-// calling goroutine to its thread and, with cpu >= 0, pins the thread
-// there (LockThread: never undone, so call Run from a goroutine that ends
-// with it). The sockets are closed when Run returns. Run once.
-func (l *Loop) Run(cpu int) error {
+// calling goroutine to its thread for good (pin it first with LockThread
+// if it should run on one CPU), so call it from a goroutine that ends with
+// it. The sockets are closed when Run returns. Run once.
+func (l *Loop) Run() error {
 	l.mu.Lock()
 	if l.ran {
 		l.mu.Unlock()
@@ -207,23 +271,25 @@ func (l *Loop) Run(cpu int) error {
 		l.closeAll()
 		l.mu.Unlock()
 	}()
-	perr := LockThread(cpu)
+	runtime.LockOSThread() // never undone: the thread ends with the goroutine
 	addProcs(1)
 	defer addProcs(-1)
-	err := l.serve()
-	if err == nil && perr != nil {
-		err = perr
-	}
-	return err
+	return l.serve()
 }
+
+// loopWait bounds one wait, so that a loop that no signal interrupts
+// (GODEBUG=asyncpreemptoff=1) still reaches a point where the runtime can
+// stop it for a collection.
+const loopWait = 50 // ms
 
 func (l *Loop) serve() error {
 	events := make([]unix.EpollEvent, len(l.paths)+1)
 	for {
-		r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), ^uintptr(0), 0, 0)
-		if e == unix.EINTR {
-			// A signal: often the runtime asking this thread to stop for
-			// a collection. Raw calls never yield; let it.
+		r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), loopWait, 0, 0)
+		if e == unix.EINTR || (e == 0 && r == 0) {
+			// A signal (often the runtime asking this thread to stop, for
+			// a collection or because it ran 10 ms without yielding) or
+			// a quiet spell. Raw calls never yield; let it.
 			runtime.Gosched()
 			continue
 		}
@@ -278,7 +344,7 @@ func (l *Loop) Close() error {
 // closeAll closes the sockets and the loop's own descriptors.
 func (l *Loop) closeAll() {
 	for _, c := range l.conns {
-		_ = c.Close()
+		c.closeOwned()
 	}
 	for _, fd := range []*int{&l.ep, &l.wake} {
 		if *fd >= 0 {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,9 +17,11 @@ import (
 )
 
 // detachT detaches a fresh loopback socket.
-func detachT(t testing.TB) *RawConn {
+func detachT(t testing.TB) *RawConn { return detachOn(t, "127.0.0.1:0") }
+
+func detachOn(t testing.TB, addr string) *RawConn {
 	t.Helper()
-	r, err := Detach(listenT(t, "127.0.0.1:0"))
+	r, err := Detach(listenT(t, addr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +38,7 @@ func loopT(t testing.TB, paths []LoopPath) (stop func() error) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- l.Run(-1) }()
+	go func() { done <- l.Run() }()
 	var ended bool
 	var res error
 	stop = func() error {
@@ -59,6 +62,7 @@ func loopT(t testing.TB, paths []LoopPath) (stop func() error) {
 // to the back peer; datagrams from the back peer lose it and go to the
 // client whose port it names.
 func relayPaths(front, back *RawConn, peer netip.AddrPort, hooks Hooks) []LoopPath {
+	host := front.LocalAddrPort().Addr()
 	return []LoopPath{
 		{From: front, To: back, Headroom: 4, Limit: 1500, Batch: 8, Hooks: hooks,
 			Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
@@ -71,7 +75,7 @@ func relayPaths(front, back *RawConn, peer netip.AddrPort, hooks Hooks) []LoopPa
 					return nil, netip.AddrPort{}, false
 				}
 				port := uint16(buf[2])<<8 | uint16(buf[3])
-				return buf[4:n], netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), true
+				return buf[4:n], netip.AddrPortFrom(host, port), true
 			}},
 	}
 }
@@ -80,8 +84,14 @@ func relayPaths(front, back *RawConn, peer netip.AddrPort, hooks Hooks) []LoopPa
 // oversized datagrams as ForwardBatch does, and the sockets keep their
 // addresses.
 func TestLoopForwards(t *testing.T) {
-	front, back := detachT(t), detachT(t)
-	peer, client := listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0")
+	for _, host := range []string{"127.0.0.1", "[::1]"} {
+		t.Run(host, func(t *testing.T) { testLoopForwards(t, host) })
+	}
+}
+
+func testLoopForwards(t *testing.T, host string) {
+	front, back := detachOn(t, host+":0"), detachOn(t, host+":0")
+	peer, client := listenT(t, host+":0"), listenT(t, host+":0")
 	var oversize atomic.Int32
 	loopT(t, relayPaths(front, back, LocalAddrPort(peer), Hooks{Oversize: func() { oversize.Add(1) }}))
 	if !front.LocalAddrPort().IsValid() || front.LocalAddrPort().Port() == 0 {
@@ -167,7 +177,7 @@ func TestLoopCloseAndProcs(t *testing.T) {
 	if _, err := a.WriteToUDPAddrPort([]byte("x"), LocalAddrPort(peer)); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("send on a loop closed before Run: %v, want net.ErrClosed", err)
 	}
-	if err := l.Run(-1); err != nil {
+	if err := l.Run(); err != nil {
 		t.Errorf("Run after Close: %v", err)
 	}
 }
@@ -261,4 +271,93 @@ func epollSetsWatching(t *testing.T, ino uint64) []string {
 		}
 	}
 	return sets
+}
+
+// TestLoopOwnsItsSockets: a Loop's sockets are closed only with the Loop
+// (closing one under it would leave the loop on a descriptor number the
+// kernel may hand to another file), and no two Loops share one.
+func TestLoopOwnsItsSockets(t *testing.T) {
+	front, back := detachT(t), detachT(t)
+	peer := LocalAddrPort(listenT(t, "127.0.0.1:0"))
+	loopT(t, relayPaths(front, back, peer, Hooks{}))
+	if err := front.Close(); err == nil {
+		t.Error("Close of a loop's socket succeeded")
+	}
+	if _, err := front.WriteToUDPAddrPort([]byte("x"), peer); err != nil {
+		t.Errorf("the loop's socket was closed under it: %v", err)
+	}
+	other := detachT(t)
+	if _, err := NewLoop(relayPaths(other, back, peer, Hooks{})); err == nil {
+		t.Error("a second loop took a socket of the first")
+	}
+}
+
+// TestReadNowFollowsBuffers: the loop's reader sets its iovecs once, and
+// again when it is handed other buffers.
+func TestReadNowFollowsBuffers(t *testing.T) {
+	rx := detachT(t)
+	tx := listenT(t, "127.0.0.1:0")
+	m := rx.batchConn(4).mm
+	read := func(ms []Msg, want string) {
+		t.Helper()
+		if _, err := tx.WriteToUDPAddrPort([]byte(want), rx.LocalAddrPort()); err != nil {
+			t.Fatal(err)
+		}
+		pfd := []unix.PollFd{{Fd: int32(rx.fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(pfd, 5000); n != 1 || err != nil {
+			t.Fatalf("poll: %d, %v", n, err)
+		}
+		n, err := m.readNow(ms)
+		if err != nil || n != 1 || string(ms[0].Buf[:ms[0].N]) != want || ms[0].Addr != LocalAddrPort(tx) {
+			t.Fatalf("read %d, %v: %q from %v, want %q from %v", n, err, ms[0].Buf[:ms[0].N], ms[0].Addr, want, LocalAddrPort(tx))
+		}
+	}
+	msgs := func() []Msg {
+		ms := make([]Msg, 4)
+		for i := range ms {
+			ms[i].Buf = make([]byte, 64)
+		}
+		return ms
+	}
+	a, b := msgs(), msgs()
+	read(a, "one")
+	read(a, "two")
+	read(b, "three")
+	if string(a[0].Buf[:5]) == "three" {
+		t.Error("the read went into the old buffers")
+	}
+}
+
+// TestFullSendBufferDropsTheBatch: when a raw socket's send buffer stays
+// full, a batch costs one wait and one error, not a call and an error per
+// datagram; with room, the same batch goes out whole.
+func TestFullSendBufferDropsTheBatch(t *testing.T) {
+	out := detachT(t)
+	sink := listenT(t, "127.0.0.1:0")
+	var writeErrs atomic.Int32
+	f, err := newBatchForwarder(out.batchConn(8), 0, 100, 8, func(buf []byte, n int, _ netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+		return buf[:n], LocalAddrPort(sink), true
+	}, Hooks{WriteErr: func(error) { writeErrs.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		f.in[i].N = copy(f.in[i].Buf, fmt.Sprintf("d%d", i))
+	}
+	var calls int
+	sendHook = func() syscall.Errno { calls++; return unix.EAGAIN }
+	f.forward(8)
+	sendHook = nil
+	if writeErrs.Load() != 1 || calls != 2 {
+		t.Errorf("a full buffer cost %d errors and %d sends, want 1 and 2 (one wait)", writeErrs.Load(), calls)
+	}
+	f.forward(8)
+	buf := make([]byte, 64)
+	_ = sink.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for i := range 8 {
+		n, _, err := sink.ReadFromUDPAddrPort(buf)
+		if err != nil || string(buf[:n]) != fmt.Sprintf("d%d", i) {
+			t.Fatalf("datagram %d: %q, %v", i, buf[:n], err)
+		}
+	}
 }

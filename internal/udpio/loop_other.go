@@ -30,6 +30,6 @@ type Loop struct{}
 
 func NewLoop([]LoopPath) (*Loop, error) { return nil, errNoLoop }
 
-func (*Loop) Run(int) error { return errNoLoop }
+func (*Loop) Run() error { return errNoLoop }
 
 func (*Loop) Close() error { return nil }

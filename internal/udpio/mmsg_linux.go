@@ -242,8 +242,19 @@ func (m *mmsg) doRead(fd uintptr) bool {
 }
 
 func (m *mmsg) doWrite(fd uintptr) bool {
+	if sendHook != nil {
+		if e := sendHook(); e != 0 {
+			m.wr.again = e
+			return false
+		}
+	}
 	return m.call(&m.wr, fd, unix.SYS_SENDMMSG, unix.MSG_DONTWAIT, "sendmmsg")
 }
+
+// sendHook, set only by tests, makes sendmmsg report an errno without
+// sending (loopback never fills a send buffer: the skb is orphaned on
+// transmit).
+var sendHook func() syscall.Errno
 
 // syscall6 makes a recvmmsg or sendmmsg: raw unless it is a read that may
 // block (see mmsg.rawRead). A send never blocks: MSG_DONTWAIT.
@@ -280,13 +291,20 @@ func (m *mmsg) write(ms []Msg) (int, error) {
 	}
 	h.ms = ms[:k]
 	if m.rc == nil {
+		// A raw socket has no poller to wait in: EINTR is retried, and
+		// on EAGAIN (the send buffer full) the call waits for room once,
+		// briefly, then fails with EAGAIN (writeAll drops the rest of the
+		// batch).
+		waited := false
 		for !m.doWrite(uintptr(m.fd)) {
-			// EINTR or EAGAIN: retry the first, fail on the second (a
-			// raw socket has no poller to wait in).
-			if m.wr.again == unix.EAGAIN {
+			if m.wr.again != unix.EAGAIN {
+				continue
+			}
+			if waited || !waitWritable(m.fd) {
 				h.ms = nil
 				return 0, errnoErr("sendmmsg", unix.EAGAIN)
 			}
+			waited = true
 		}
 	} else if err := m.rc.Write(m.wfn); err != nil {
 		h.ms = nil

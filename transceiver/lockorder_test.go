@@ -1,0 +1,88 @@
+package transceiver
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestBindingRequestHandlerLeavesThePeerConnection: the ICE binding
+// request handler runs on the ICE agent's task loop, and Pion holds a
+// PeerConnection's lock while it waits for that loop (LocalDescription
+// gathers the agent's candidates under it). A handler that takes the lock
+// (RemoteDescription did) therefore deadlocks against any such call: the
+// session, and the pod's Close that waits for it, stuck for good (seen in
+// CI: startMedia's LocalDescription against a check's RemoteDescription).
+// So nothing the handler reaches in this package may touch a session's
+// PeerConnection. The calls are followed by name through every function
+// and method of the package (over-approximating: a name shared by two
+// types is followed into both).
+func TestBindingRequestHandlerLeavesThePeerConnection(t *testing.T) {
+	fset := token.NewFileSet()
+	ents, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	funcs := map[string][]*ast.FuncDecl{}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, e.Name(), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			if fd, ok := d.(*ast.FuncDecl); ok && fd.Body != nil {
+				funcs[fd.Name.Name] = append(funcs[fd.Name.Name], fd)
+			}
+		}
+	}
+	if len(funcs["onBindingRequest"]) != 1 {
+		t.Fatalf("%d functions named onBindingRequest, want the session's one", len(funcs["onBindingRequest"]))
+	}
+	seen := map[string]bool{}
+	queue := []string{"onBindingRequest"}
+	var path = map[string]string{"onBindingRequest": ""}
+	for len(queue) > 0 {
+		name := queue[0]
+		queue = queue[1:]
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		for _, fd := range funcs[name] {
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				switch x := n.(type) {
+				case *ast.SelectorExpr:
+					if x.Sel.Name == "pc" {
+						if id, ok := x.X.(*ast.Ident); ok && (id.Name == "s" || id.Name == "sess") {
+							t.Errorf("%s (reached from onBindingRequest%s) touches the PeerConnection at %s", name, path[name], fset.Position(x.Pos()))
+						}
+					}
+				case *ast.CallExpr:
+					var callee string
+					switch f := x.Fun.(type) {
+					case *ast.Ident:
+						callee = f.Name
+					case *ast.SelectorExpr:
+						callee = f.Sel.Name
+					}
+					if _, ok := funcs[callee]; ok && !seen[callee] {
+						if _, known := path[callee]; !known {
+							path[callee] = path[name] + " → " + callee
+						}
+						queue = append(queue, callee)
+					}
+				}
+				return true
+			})
+		}
+	}
+	if !seen["probe"] {
+		t.Error("the walk did not reach probe: it no longer follows the handler's calls")
+	}
+}
