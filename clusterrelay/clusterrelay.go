@@ -177,7 +177,9 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 		if err != nil {
 			return nil, fmt.Errorf("clusterrelay: %w", err)
 		}
-		if r.loop, err = udpio.NewLoop([]udpio.LoopPath{{From: raw, To: raw, Limit: encap.MaxDatagram, Batch: cfg.Batch, Decide: r.decide, Hooks: r.hooks()}}); err != nil {
+		p := r.path()
+		p.From, p.To = raw, raw
+		if r.loop, err = udpio.NewLoop([]udpio.LoopPath{p}); err != nil {
 			return nil, fmt.Errorf("clusterrelay: %w", err)
 		}
 	}
@@ -199,7 +201,7 @@ func (r *Relay) Addr() netip.AddrPort { return r.addr }
 func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
-	hooks := r.hooks()
+	p := r.path()
 	cpu := -1
 	if len(r.cfg.CPUs) > 0 {
 		cpu = r.cfg.CPUs[0]
@@ -214,9 +216,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			return r.loop.Run() // keeps the thread locked for good
 		}
 		if r.cfg.Batch > 1 {
-			return udpio.ForwardBatch(r.conn, r.conn, 0, encap.MaxDatagram, r.cfg.Batch, r.decide, hooks)
+			return udpio.ForwardBatch(r.conn, r.conn, p.Headroom, p.Limit, p.Batch, p.Decide, p.Hooks)
 		}
-		return udpio.Forward(r.conn, r.conn, 0, encap.MaxDatagram, r.decide, hooks)
+		return udpio.Forward(r.conn, r.conn, p.Headroom, p.Limit, p.Decide, p.Hooks)
 	}
 	var err error
 	if r.loop != nil || len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
@@ -236,8 +238,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-func (r *Relay) hooks() udpio.Hooks {
-	return udpio.Hooks{
+// path is how the relay forwards, without its socket (the event loop and
+// the poller's read loop alike): every datagram decided as it stands,
+// bundles from either side split.
+func (r *Relay) path() udpio.LoopPath {
+	return udpio.LoopPath{Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Decide: r.decide, Hooks: udpio.Hooks{
 		WriteErr:  func(error) { r.m.writeErrors.Inc() },
 		Oversize:  func() { r.m.drops.Inc(dropOversize) },
 		Unbundle:  true,
@@ -247,7 +252,7 @@ func (r *Relay) hooks() udpio.Hooks {
 			r.m.bundles.Add(float64(bundles))
 			r.m.bundledPackets.Add(float64(datagrams))
 		},
-	}
+	}}
 }
 
 // Close stops the relay. Idempotent.

@@ -338,13 +338,9 @@ func (r *Relay) makeLoops() error {
 			r.closeSockets()
 			return err
 		}
-		w.loop, err = udpio.NewLoop([]udpio.LoopPath{
-			{From: pub, To: in, Headroom: encap.MaxLen, Limit: encap.MaxPayload, Batch: r.cfg.Batch, Hooks: r.hooks(true),
-				Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-					return r.fromClient(buf, n, from, w.ingress)
-				}},
-			{From: in, To: pub, Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Hooks: r.hooks(false), Decide: r.toClient},
-		})
+		up, down := r.directions(w)
+		up.From, up.To, down.From, down.To = pub, in, in, pub
+		w.loop, err = udpio.NewLoop([]udpio.LoopPath{up, down})
 		if err != nil {
 			r.closeSockets()
 			return err
@@ -354,16 +350,21 @@ func (r *Relay) makeLoops() error {
 	return nil
 }
 
-// hooks are the read loops' hooks, toward the cluster or toward clients.
-func (r *Relay) hooks(toCluster bool) udpio.Hooks {
+// directions are a worker's two ways, without their sockets: from clients
+// toward cluster relays (read on Public, the header written into the
+// headroom) and back (read on Internal). The event loop and the poller's
+// read loops forward both the same way.
+func (r *Relay) directions(w *worker) (up, down udpio.LoopPath) {
 	hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
-	if toCluster {
-		hooks.Bundle, hooks.Bundled = r.cfg.Bundle, r.bundled
-	} else {
-		// Cluster relays may bundle replies; always read bundles.
-		hooks.Unbundle, hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
-	}
-	return hooks
+	up = udpio.LoopPath{Headroom: encap.MaxLen, Limit: encap.MaxPayload, Batch: r.cfg.Batch, Hooks: hooks,
+		Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+			return r.fromClient(buf, n, from, w.ingress)
+		}}
+	up.Hooks.Bundle, up.Hooks.Bundled = r.cfg.Bundle, r.bundled
+	down = udpio.LoopPath{Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Hooks: hooks, Decide: r.toClient}
+	// Cluster relays may bundle replies; always read bundles.
+	down.Hooks.Unbundle, down.Hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+	return up, down
 }
 
 // SetHopKeys replaces the inter-tier keys (key rotation): datagrams are
@@ -459,20 +460,22 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.Close()
 	}
-	loop := func(cpu int, toCluster bool, conn, dst *net.UDPConn, headroom, limit int, decide udpio.Decide) {
-		defer wg.Done()
+	pin := func(cpu int) {
 		if cpu >= 0 || r.cfg.LockThreads {
-			// Never unlocked: the thread ends with the loop.
+			// Never unlocked: the thread ends with its loop.
 			if err := udpio.LockThread(cpu); err != nil {
 				r.log.Warn("read loop not pinned", "err", err)
 			}
 		}
-		hooks := r.hooks(toCluster)
+	}
+	loop := func(cpu int, conn, dst *net.UDPConn, d udpio.LoopPath) {
+		defer wg.Done()
+		pin(cpu)
 		var err error
 		if r.cfg.Batch > 1 {
-			err = udpio.ForwardBatch(conn, dst, headroom, limit, r.cfg.Batch, decide, hooks)
+			err = udpio.ForwardBatch(conn, dst, d.Headroom, d.Limit, d.Batch, d.Decide, d.Hooks)
 		} else {
-			err = udpio.Forward(conn, dst, headroom, limit, decide, hooks)
+			err = udpio.Forward(conn, dst, d.Headroom, d.Limit, d.Decide, d.Hooks)
 		}
 		fail(err)
 	}
@@ -486,21 +489,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				// Run locks this goroutine's thread for good; pinned first.
-				if cpu >= 0 {
-					if err := udpio.LockThread(cpu); err != nil {
-						r.log.Warn("event loop not pinned", "err", err)
-					}
-				}
+				pin(cpu) // Run then keeps the thread locked for good
 				fail(w.loop.Run())
 			}()
 			continue
 		}
+		up, down := r.directions(w)
 		wg.Add(2)
-		go loop(cpu, true, w.Public, w.Internal, encap.MaxLen, encap.MaxPayload, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-			return r.fromClient(buf, n, from, w.ingress)
-		})
-		go loop(cpu, false, w.Internal, w.Public, 0, encap.MaxDatagram, r.toClient)
+		go loop(cpu, w.Public, w.Internal, up)
+		go loop(cpu, w.Internal, w.Public, down)
 	}
 	// The coarse clock ticks often (it stamps flows and times the
 	// failure detection); the expiry scan, which locks every shard in

@@ -265,7 +265,8 @@ func (mp *mediaPath) receive(b []byte) {
 		s.t.m.drop(dropSRTP)
 		return
 	}
-	if !mp.knownSSRC(ssrc) && len(mp.ssrcs) == maxClientSSRCs {
+	known := mp.knownSSRC(ssrc)
+	if !known && len(mp.ssrcs) == maxClientSSRCs {
 		s.t.m.drop(dropSSRC)
 		return
 	}
@@ -275,7 +276,9 @@ func (mp *mediaPath) receive(b []byte) {
 			s.t.m.drop(dropSRTP)
 			return
 		}
-		mp.addSSRC(ssrc)
+		if !known {
+			mp.ssrcs = append(mp.ssrcs, ssrc)
+		}
 		mp.readRTCP(plain, now)
 		return
 	}
@@ -294,7 +297,9 @@ func (mp *mediaPath) receive(b []byte) {
 	if !mp.rtpOK {
 		mp.rtpOK, mp.saved = true, nil
 	}
-	mp.addSSRC(ssrc)
+	if !known {
+		mp.ssrcs = append(mp.ssrcs, ssrc)
+	}
 	payload := plain[rtpHeaderLen(plain):]
 	if mp.rxHdr.Padding && len(payload) > 0 {
 		pad := int(payload[len(payload)-1])
@@ -336,12 +341,6 @@ func (mp *mediaPath) knownSSRC(ssrc uint32) bool {
 		}
 	}
 	return false
-}
-
-func (mp *mediaPath) addSSRC(ssrc uint32) {
-	if !mp.knownSSRC(ssrc) {
-		mp.ssrcs = append(mp.ssrcs, ssrc)
-	}
 }
 
 // retryROC opens b (restored from mp.saved) again, for a session none of

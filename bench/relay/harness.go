@@ -457,8 +457,9 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		return c, err
 	}
 	grOpts, crOpts, echoOpts := "", "", ""
-	if o, ok := chainOptions[path]; ok {
-		grOpts, crOpts = o, o
+	chainOpts, relayChain := chainOptions[path]
+	if relayChain {
+		grOpts, crOpts = chainOpts, chainOpts
 	}
 	if Variants[path].EchoBundle {
 		echoOpts = "bundle=1"
@@ -503,24 +504,24 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		}
 		return start("c", cpus, hopRT, r.cbin, nil, ap.Addr().String(), strconv.Itoa(int(ap.Port())), "32")
 	}
-	switch path {
-	case PathDirect:
-	case PathC:
+	switch {
+	case path == PathDirect:
+	case path == PathC:
 		err = add(cfwd(hopCPUs, target))
-	case PathNaive:
+	case path == PathNaive:
 		err = add(goRole(roleNaive, hopCPUs, hopRT, target))
-	case PathGoEpoll:
+	case path == PathGoEpoll:
 		err = add(goRole(roleGoEpoll, hopCPUs, hopRT, target))
-	case PathGoBlock:
+	case path == PathGoBlock:
 		err = add(goRole(roleGoBlock, hopCPUs, hopRT, target))
-	case PathGlobalRelay:
+	case path == PathGlobalRelay:
 		keys = r.keys
 		err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, target))
-	case PathCChain:
+	case path == PathCChain:
 		if err = add(cfwd(cfg.GenCPUs, target)); err == nil {
 			err = add(cfwd(hopCPUs, hops[0].rd.Addr))
 		}
-	case PathChain, PathChainBundle, PathChainPoller, PathChainPollerBundle:
+	case relayChain:
 		keys = r.keys
 		if err = add(goRole(roleClusterRelay, cfg.GenCPUs, hopRT, target)); err == nil {
 			err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, hops[0].rd.Addr))

@@ -128,11 +128,11 @@ func (b *BatchConn) WriteBatch(ms []Msg) (int, error) {
 // bundles what it sends (docs/bundle.md). Semantics otherwise match
 // Forward.
 func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Decide, hooks Hooks) error {
-	f, err := newBatchForwarder(NewBatchConn(dst, min(outputs(batch, hooks), maxWriteBatch)), headroom, limit, batch, decide, hooks)
+	f, err := newBatchForwarder(func(size int) *BatchConn { return NewBatchConn(dst, size) }, headroom, limit, batch, decide, hooks)
 	if err != nil {
 		return err
 	}
-	rd := NewBatchConn(conn, f.batch)
+	rd := NewBatchConn(conn, len(f.in))
 	if hooks.BlockingReads && rd.mm != nil {
 		if err := rd.mm.makeBlocking(); err != nil {
 			return err
@@ -145,38 +145,35 @@ func ForwardBatch(conn, dst *net.UDPConn, headroom, limit, batch int, decide Dec
 	return err
 }
 
-// outputs is how many datagrams one batch of batch reads may yield: every
-// item of every bundle, when they are unbundled.
-func outputs(batch int, hooks Hooks) int {
-	batch = max(batch, 1)
-	if hooks.Unbundle {
-		return batch * encap.MaxBundleItems
-	}
-	return batch
-}
-
 // batchForwarder is ForwardBatch's per-batch work, shared with Loop: its
 // read buffers (in), what it decided (out) and the bundler, all made once.
 type batchForwarder struct {
 	wr     *BatchConn
-	batch  int
 	limit  int
 	decide Decide
 	hooks  Hooks
 	bufs   [][]byte // the whole buffers, headroom included
-	in     []Msg    // the read messages; Buf is bufs[i][headroom:]
+	in     []Msg    // the read messages (one batch); Buf is bufs[i][headroom:]
 	out    []Msg
 	bd     *bundler
 	handle func(n int) bool // f.forward, made once: passing it does not allocate
 }
 
-func newBatchForwarder(wr *BatchConn, headroom, limit, batch int, decide Decide, hooks Hooks) (*batchForwarder, error) {
+// newBatchForwarder makes the buffers for batches of batch reads and the
+// writer (writer(size): a BatchConn on the destination moving size
+// datagrams a call) for what they may yield: every item of every bundle,
+// when they are unbundled.
+func newBatchForwarder(writer func(size int) *BatchConn, headroom, limit, batch int, decide Decide, hooks Hooks) (*batchForwarder, error) {
 	if hooks.Unbundle && headroom != 0 {
 		return nil, errors.New("udpio: unbundling needs headroom 0")
 	}
 	batch = max(batch, 1)
-	f := &batchForwarder{wr: wr, batch: batch, limit: limit, decide: decide, hooks: hooks,
-		bufs: make([][]byte, batch), in: make([]Msg, batch), out: make([]Msg, outputs(batch, hooks))}
+	outs := batch
+	if hooks.Unbundle {
+		outs = batch * encap.MaxBundleItems
+	}
+	f := &batchForwarder{wr: writer(min(outs, maxWriteBatch)), limit: limit, decide: decide, hooks: hooks,
+		bufs: make([][]byte, batch), in: make([]Msg, batch), out: make([]Msg, outs)}
 	for i := range batch {
 		f.bufs[i] = make([]byte, headroom+limit+1)
 		f.in[i].Buf = f.bufs[i][headroom:]

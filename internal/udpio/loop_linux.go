@@ -233,11 +233,11 @@ func NewLoop(paths []LoopPath) (*Loop, error) {
 			return fail(errors.New("udpio: two loop paths read one socket"))
 		}
 		reads[p.From] = true
-		f, err := newBatchForwarder(p.To.batchConn(min(outputs(p.Batch, p.Hooks), maxWriteBatch)), p.Headroom, p.Limit, p.Batch, p.Decide, p.Hooks)
+		f, err := newBatchForwarder(p.To.batchConn, p.Headroom, p.Limit, p.Batch, p.Decide, p.Hooks)
 		if err != nil {
 			return fail(err)
 		}
-		l.paths = append(l.paths, loopPath{rd: p.From.batchConn(f.batch), f: f})
+		l.paths = append(l.paths, loopPath{rd: p.From.batchConn(len(f.in)), f: f})
 		if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, p.From.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(i)}); err != nil {
 			return fail(fmt.Errorf("udpio: epoll_ctl: %w", err))
 		}

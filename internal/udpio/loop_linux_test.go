@@ -335,7 +335,7 @@ func TestFullSendBufferDropsTheBatch(t *testing.T) {
 	out := detachT(t)
 	sink := listenT(t, "127.0.0.1:0")
 	var writeErrs atomic.Int32
-	f, err := newBatchForwarder(out.batchConn(8), 0, 100, 8, func(buf []byte, n int, _ netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+	f, err := newBatchForwarder(out.batchConn, 0, 100, 8, func(buf []byte, n int, _ netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 		return buf[:n], LocalAddrPort(sink), true
 	}, Hooks{WriteErr: func(error) { writeErrs.Add(1) }})
 	if err != nil {

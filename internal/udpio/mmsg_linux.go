@@ -53,7 +53,7 @@ type mmsgHalf struct {
 	err   error
 	calls int           // system calls made (read half: recvmmsg), for tests; only its goroutine touches it
 	again syscall.Errno // the errno of the last call that reported not ready
-	// readNow's: the batch size its iovecs were set up for (0: not yet)
+	// recvBatch's: the batch size its iovecs were set up for (0: not yet)
 	// and how many headers its last call filled.
 	prepared, used int
 }
@@ -101,13 +101,14 @@ func (m *mmsg) init(size int) {
 	m.rfn, m.wfn = m.doRead, m.doWrite
 }
 
-// readNow makes one recvmmsg on a raw socket (fd >= 0) into ms: 0 when
-// nothing is queued.
-// The loop reads into the same messages every time, so their iovecs are
-// set once (again only when ms or a buffer changes) and after a call only
-// the headers the kernel wrote (h.used) get their address length back: a
-// wake-up that reads one datagram touches one header, not the batch's.
-func (m *mmsg) readNow(ms []Msg) (int, error) {
+// recvBatch makes one recvmmsg on fd into ms (retrying EINTR) and fills
+// N and Addr of the n it read; e is the call's errno (EAGAIN: nothing was
+// queued). The read loops read into the same messages every time, so their
+// iovecs are set once (again only when ms or a buffer changes) and after a
+// call only the headers the kernel wrote (h.used) get their address length
+// back: a wake-up that reads one datagram touches one header, not the
+// batch's.
+func (m *mmsg) recvBatch(fd uintptr, ms []Msg) (n int, e syscall.Errno) {
 	h := &m.rd
 	k := min(len(ms), len(h.hdrs))
 	if h.prepared != k || !sameBufs(h.iovs[:k], ms[:k]) {
@@ -123,15 +124,12 @@ func (m *mmsg) readNow(ms []Msg) (int, error) {
 	h.used = 0
 	for {
 		h.calls++
-		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(m.fd), uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0, 0, 0)
-		switch e {
-		case 0:
-		case unix.EINTR:
+		r, _, e := m.syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0)
+		if e == unix.EINTR {
 			continue
-		case unix.EAGAIN:
-			return 0, nil
-		default:
-			return 0, errnoErr("recvmmsg", e)
+		}
+		if e != 0 {
+			return 0, e
 		}
 		n := int(r)
 		h.used = n
@@ -139,13 +137,27 @@ func (m *mmsg) readNow(ms []Msg) (int, error) {
 			ms[i].N = int(h.hdrs[i].Len)
 			ms[i].Addr = sockaddrToAddrPort(&h.names[i])
 		}
+		return n, 0
+	}
+}
+
+// readNow makes one recvmmsg on a raw socket (fd >= 0) into ms: 0 when
+// nothing is queued.
+func (m *mmsg) readNow(ms []Msg) (int, error) {
+	switch n, e := m.recvBatch(uintptr(m.fd), ms); e {
+	case 0:
 		return n, nil
+	case unix.EAGAIN:
+		return 0, nil
+	default:
+		return 0, errnoErr("recvmmsg", e)
 	}
 }
 
 // sameBufs reports whether the first and the last iovec still point at
-// ms's buffers, whole: a cheap guard, since only the Loop calls readNow and
-// its messages are set up once and never change.
+// ms's buffers, whole: a cheap guard, since the read loops' messages are
+// set up once and never change (read, which takes any messages, sets every
+// iovec itself and makes recvBatch set them again).
 func sameBufs(iovs []unix.Iovec, ms []Msg) bool {
 	same := func(i int) bool {
 		return len(ms[i].Buf) > 0 && iovs[i].Base == &ms[i].Buf[0] && uint64(iovs[i].Len) == uint64(len(ms[i].Buf))
@@ -156,6 +168,7 @@ func sameBufs(iovs []unix.Iovec, ms []Msg) bool {
 func (m *mmsg) read(ms []Msg) (int, error) {
 	h := &m.rd
 	k := min(len(ms), len(h.hdrs))
+	h.prepared = 0 // recvBatch sets its iovecs again
 	for i := range k {
 		setIov(&h.iovs[i], ms[i].Buf)
 		h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
@@ -187,33 +200,19 @@ func (m *mmsg) read(ms []Msg) (int, error) {
 // makes one read per wake-up; so does this loop, where ReadBatch makes a
 // second one that returns EAGAIN.
 func (m *mmsg) readLoop(ms []Msg, handle func(n int) bool) error {
-	h := &m.rd
-	k := min(len(ms), len(h.hdrs))
+	k := min(len(ms), len(m.rd.hdrs))
 	var stop bool
 	var rerr error
 	f := func(fd uintptr) bool {
 		for {
-			for i := range k {
-				setIov(&h.iovs[i], ms[i].Buf)
-				h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
-				h.hdrs[i].Len = 0
-			}
-			h.calls++
-			r, _, e := m.syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&h.hdrs[0])), uintptr(k), 0)
+			n, e := m.recvBatch(fd, ms)
 			switch e {
 			case 0:
-			case unix.EINTR:
-				continue
 			case unix.EAGAIN:
 				return false
 			default:
 				rerr = errnoErr("recvmmsg", e)
 				return true
-			}
-			n := int(r)
-			for i := range n {
-				ms[i].N = int(h.hdrs[i].Len)
-				ms[i].Addr = sockaddrToAddrPort(&h.names[i])
 			}
 			if !handle(n) {
 				stop = true
@@ -242,18 +241,24 @@ func (m *mmsg) doRead(fd uintptr) bool {
 }
 
 func (m *mmsg) doWrite(fd uintptr) bool {
+	return m.call(&m.wr, fd, unix.SYS_SENDMMSG, unix.MSG_DONTWAIT, "sendmmsg")
+}
+
+// writeRaw is doWrite on a raw socket (fd >= 0), where tests can make the
+// call fail (sendHook).
+func (m *mmsg) writeRaw() bool {
 	if sendHook != nil {
 		if e := sendHook(); e != 0 {
 			m.wr.again = e
 			return false
 		}
 	}
-	return m.call(&m.wr, fd, unix.SYS_SENDMMSG, unix.MSG_DONTWAIT, "sendmmsg")
+	return m.doWrite(uintptr(m.fd))
 }
 
-// sendHook, set only by tests, makes sendmmsg report an errno without
-// sending (loopback never fills a send buffer: the skb is orphaned on
-// transmit).
+// sendHook, set only by tests, makes a raw socket's sendmmsg report an
+// errno without sending (loopback never fills a send buffer: the skb is
+// orphaned on transmit).
 var sendHook func() syscall.Errno
 
 // syscall6 makes a recvmmsg or sendmmsg: raw unless it is a read that may
@@ -296,7 +301,7 @@ func (m *mmsg) write(ms []Msg) (int, error) {
 		// briefly, then fails with EAGAIN (writeAll drops the rest of the
 		// batch).
 		waited := false
-		for !m.doWrite(uintptr(m.fd)) {
+		for !m.writeRaw() {
 			if m.wr.again != unix.EAGAIN {
 				continue
 			}
