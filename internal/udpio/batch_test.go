@@ -389,3 +389,64 @@ func TestReadLoopOneReadPerWake(t *testing.T) {
 		})
 	}
 }
+
+// TestReadLoopFollowsSwappedBuffers: a ReadLoop handler may hand a
+// buffer on and put a fresh one in its place (the pod's reader does, for
+// every datagram it queues); the next batch lands in the fresh buffer and
+// leaves the handed-on one alone. A reader that set its iovecs once, or
+// checked only the first and last, wrote the next datagram into the
+// buffer already handed on (seen as loss in an end-to-end test). It needs
+// two batches of two: a batch the kernel splits is read and the pair sent
+// again (bounded).
+func TestReadLoopFollowsSwappedBuffers(t *testing.T) {
+	rx, tx := listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0")
+	to := LocalAddrPort(rx)
+	send := func(ps ...string) {
+		for _, p := range ps {
+			if _, err := tx.WriteToUDPAddrPort([]byte(p), to); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ms := make([]Msg, 4)
+	for i := range ms {
+		ms[i].Buf = make([]byte, 64)
+	}
+	var handedOn []byte // ms[1]'s buffer of the first pair, once swapped
+	var handedWant string
+	checked, attempts := false, 0
+	send("a0", "a1")
+	_ = rx.SetReadDeadline(time.Now().Add(10 * time.Second))
+	err := NewBatchConn(rx, 4).ReadLoop(ms, func(n int) bool {
+		if attempts++; attempts > 100 {
+			t.Error("never two batches of two datagrams")
+			return false
+		}
+		last := string(ms[n-1].Buf[:ms[n-1].N])
+		switch {
+		case handedOn == nil && n == 2:
+			handedOn, handedWant = ms[1].Buf, string(ms[1].Buf[:ms[1].N])
+			ms[1].Buf = make([]byte, 64)
+			send("b0", "b1")
+		case handedOn != nil && n == 2:
+			if got := string(ms[1].Buf[:ms[1].N]); got != "b1" {
+				t.Errorf("second batch's datagram 1 in the fresh buffer: %q, want b1", got)
+			}
+			if got := string(handedOn[:len(handedWant)]); got != handedWant {
+				t.Errorf("the handed-on buffer now holds %q, want %q untouched", got, handedWant)
+			}
+			checked = true
+			return false
+		case last == "a1" || last == "b1": // split: the pair is read, start over
+			handedOn = nil
+			send("a0", "a1")
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !checked && !t.Failed() {
+		t.Error("the second batch was never checked")
+	}
+}

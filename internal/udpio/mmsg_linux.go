@@ -103,20 +103,24 @@ func (m *mmsg) init(size int) {
 
 // recvBatch makes one recvmmsg on fd into ms (retrying EINTR) and fills
 // N and Addr of the n it read; e is the call's errno (EAGAIN: nothing was
-// queued). The read loops read into the same messages every time, so their
-// iovecs are set once (again only when ms or a buffer changes) and after a
-// call only the headers the kernel wrote (h.used) get their address length
-// back: a wake-up that reads one datagram touches one header, not the
-// batch's.
-func (m *mmsg) recvBatch(fd uintptr, ms []Msg) (n int, e syscall.Errno) {
+// queued). With fixed, ms's buffers are the same every call (the Loop's
+// are), so the iovecs are set once (again only when ms changes) and after
+// a call only the headers the kernel wrote (h.used) get their address
+// length back: a wake-up that reads one datagram touches one header, not
+// the batch's. ReadLoop's handler may hand a buffer on and put a fresh one
+// in its place (the pod's reader does), so there every iovec is set anew.
+func (m *mmsg) recvBatch(fd uintptr, ms []Msg, fixed bool) (n int, e syscall.Errno) {
 	h := &m.rd
 	k := min(len(ms), len(h.hdrs))
-	if h.prepared != k || !sameBufs(h.iovs[:k], ms[:k]) {
+	if !fixed || h.prepared != k || !sameBufs(h.iovs[:k], ms[:k]) {
 		for i := range k {
 			setIov(&h.iovs[i], ms[i].Buf)
 			h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
 		}
 		h.prepared, h.used = k, 0
+		if !fixed {
+			h.prepared = 0
+		}
 	}
 	for i := range h.used {
 		h.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
@@ -144,7 +148,7 @@ func (m *mmsg) recvBatch(fd uintptr, ms []Msg) (n int, e syscall.Errno) {
 // readNow makes one recvmmsg on a raw socket (fd >= 0) into ms: 0 when
 // nothing is queued.
 func (m *mmsg) readNow(ms []Msg) (int, error) {
-	switch n, e := m.recvBatch(uintptr(m.fd), ms); e {
+	switch n, e := m.recvBatch(uintptr(m.fd), ms, true); e {
 	case 0:
 		return n, nil
 	case unix.EAGAIN:
@@ -155,9 +159,9 @@ func (m *mmsg) readNow(ms []Msg) (int, error) {
 }
 
 // sameBufs reports whether the first and the last iovec still point at
-// ms's buffers, whole: a cheap guard, since the read loops' messages are
-// set up once and never change (read, which takes any messages, sets every
-// iovec itself and makes recvBatch set them again).
+// ms's buffers, whole: a cheap guard, since the Loop's messages are set up
+// once and never change (read, which takes any messages, sets every iovec
+// itself and makes recvBatch set them again).
 func sameBufs(iovs []unix.Iovec, ms []Msg) bool {
 	same := func(i int) bool {
 		return len(ms[i].Buf) > 0 && iovs[i].Base == &ms[i].Buf[0] && uint64(iovs[i].Len) == uint64(len(ms[i].Buf))
@@ -205,7 +209,7 @@ func (m *mmsg) readLoop(ms []Msg, handle func(n int) bool) error {
 	var rerr error
 	f := func(fd uintptr) bool {
 		for {
-			n, e := m.recvBatch(fd, ms)
+			n, e := m.recvBatch(fd, ms, false)
 			switch e {
 			case 0:
 			case unix.EAGAIN:
