@@ -18,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/echo"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/encap"
@@ -25,7 +27,6 @@ import (
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
-	"github.com/rtcedge/rtcedge/transceiver/echo"
 )
 
 // Fixture client addresses: geo.DevGeoIPDB places them in the three test
@@ -68,7 +69,7 @@ type recorder struct {
 	configs []string
 }
 
-func (r *recorder) Open(ctx context.Context, info transceiver.SessionInfo, out transceiver.Sink) (transceiver.Handler, error) {
+func (r *recorder) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
 	r.mu.Lock()
 	r.configs = append(r.configs, string(info.Config))
 	r.mu.Unlock()
@@ -85,7 +86,7 @@ func (r *recorder) last() string {
 	return r.configs[len(r.configs)-1]
 }
 
-func startPod(t *testing.T, cluster uint16, backend transceiver.Backend, apiSecret string) *pod {
+func startPod(t *testing.T, cluster uint16, be backend.Backend, apiSecret string) *pod {
 	t.Helper()
 	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -103,7 +104,7 @@ func startPod(t *testing.T, cluster uint16, backend transceiver.Backend, apiSecr
 	}
 	reg := prometheus.NewRegistry()
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cluster, Pod: 1, Keys: keys, HopKeys: hop, Backend: backend, SessionAPISecret: apiSecret,
+		Cluster: cluster, Pod: 1, Keys: keys, HopKeys: hop, Backend: be, SessionAPISecret: apiSecret,
 		Logger: testLogger(), Registerer: reg,
 	}, conn)
 	if err != nil {

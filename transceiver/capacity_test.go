@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/backend/echo"
 	"github.com/rtcedge/rtcedge/bench/capacity"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/transceiver"
-	"github.com/rtcedge/rtcedge/transceiver/echo"
 )
 
 // benchPod is a transceiver with the echo backend on a loopback socket,

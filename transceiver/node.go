@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
@@ -23,13 +24,6 @@ type Sockets struct {
 	Metrics net.Listener
 }
 
-// ReadyBackend is a Backend that can tell whether it can open sessions
-// (the network backend dials it); Node.Ready asks it.
-type ReadyBackend interface {
-	Backend
-	Ready(ctx context.Context) error
-}
-
 // Errors Ready reports.
 var (
 	ErrNoRelay = errors.New("transceiver: no cluster relay known")
@@ -42,7 +36,7 @@ type Node struct {
 	env     node.Env
 	life    node.Life
 	tr      *Transceiver
-	backend Backend
+	backend backend.Backend
 	relays  *RelaySet
 	pool    *membership.Pool
 	apiURL  string
@@ -51,7 +45,7 @@ type Node struct {
 
 // NewNode builds a transceiver node from cfg (defaults applied, validated)
 // bridging its sessions to backend. Run starts it.
-func NewNode(cfg NodeConfig, s Sockets, backend Backend, env node.Env) (_ *Node, err error) {
+func NewNode(cfg NodeConfig, s Sockets, backend backend.Backend, env node.Env) (_ *Node, err error) {
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -180,7 +174,7 @@ func (n *Node) Ready() error {
 	case n.relays.Len() == 0:
 		return ErrNoRelay
 	}
-	if rb, ok := n.backend.(ReadyBackend); ok {
+	if rb, ok := n.backend.(backend.Ready); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if err := rb.Ready(ctx); err != nil {

@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rtcedge/rtcedge/backend/netbackend"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/node/nodetest"
 	"github.com/rtcedge/rtcedge/transceiver"
-	"github.com/rtcedge/rtcedge/transceiver/netbackend"
 )
 
 // TestNodeReady: a pod is ready only with a cluster relay known from

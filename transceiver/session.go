@@ -18,6 +18,7 @@ import (
 	"github.com/pion/stun/v4"
 	"github.com/pion/webrtc/v4"
 
+	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
 
@@ -46,7 +47,7 @@ type session struct {
 	pc      *webrtc.PeerConnection
 	track   *webrtc.TrackLocalStaticRTP
 	sender  *webrtc.RTPSender
-	handler Handler
+	handler backend.Handler
 	created time.Time
 	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
 	pwd     string
@@ -199,7 +200,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		}()
 	}
 
-	s.handler, err = t.cfg.Backend.Open(ctx, SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}, s)
+	s.handler, err = t.cfg.Backend.Open(ctx, backend.SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}, s)
 	if err != nil {
 		return s, "", fmt.Errorf("open backend: %w", err)
 	}
@@ -497,13 +498,13 @@ func (s *session) readEvents(raw datachannel.ReadWriteCloser) {
 	}
 }
 
-// End implements Ender: the backend side is gone, so the call ends.
+// End implements backend.Ender: the backend side is gone, so the call ends.
 func (s *session) End(reason string) {
 	s.t.log.Info("backend ended the session", "session", s.id, "reason", reason)
 	s.end(endBackend)
 }
 
-// WriteAudio implements Sink. One frame is one RTP packet; the timestamp
+// WriteAudio implements backend.Sink. One frame is one RTP packet; the timestamp
 // advances by the frame's duration on the 48 kHz clock, and an empty frame
 // only advances it.
 func (s *session) WriteAudio(payload []byte, d time.Duration) error {
@@ -535,7 +536,7 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 	return err
 }
 
-// SendEvent implements Sink.
+// SendEvent implements backend.Sink.
 func (s *session) SendEvent(data []byte) error {
 	s.mu.Lock()
 	ev := s.events

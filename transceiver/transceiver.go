@@ -9,7 +9,7 @@
 // The server runs ICE-lite with a server ufrag that is a freshly minted
 // routing token: relays route the client's first STUN packet by it.
 //
-// Audio and data-channel events are bridged to a Backend; the echo
+// Audio and data-channel events are bridged to a backend.Backend; the echo
 // subpackage is the reference one.
 package transceiver
 
@@ -27,6 +27,7 @@ import (
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
@@ -36,10 +37,10 @@ import (
 
 // Config configures a Transceiver. Zero durations take the defaults noted.
 type Config struct {
-	Cluster uint16         // this pod's cluster ID (non-zero)
-	Pod     uint16         // this pod's ID, unique among live pods of the cluster
-	Keys    *token.Keyring // mints server ufrags
-	Backend Backend        // the inference side of every session
+	Cluster uint16          // this pod's cluster ID (non-zero)
+	Pod     uint16          // this pod's ID, unique among live pods of the cluster
+	Keys    *token.Keyring  // mints server ufrags
+	Backend backend.Backend // the inference side of every session
 
 	MaxSessions    int           // capacity; default 500
 	ConnectTimeout time.Duration // a session not connected by then is freed; default 30s
@@ -155,7 +156,7 @@ type CreateRequest struct {
 	// POPs to advertise, preferred first; later ones get lower candidate
 	// priority so clients use them only when the first fails.
 	POPs []POPAddr
-	// Config is passed to the backend as SessionInfo.Config.
+	// Config is passed to the backend as backend.SessionInfo.Config.
 	Config []byte
 }
 

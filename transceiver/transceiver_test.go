@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
@@ -34,11 +35,11 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // (it imports this package).
 type loopBackend struct{}
 
-func (loopBackend) Open(_ context.Context, _ SessionInfo, out Sink) (Handler, error) {
+func (loopBackend) Open(_ context.Context, _ backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
 	return loopHandler{out}, nil
 }
 
-type loopHandler struct{ out Sink }
+type loopHandler struct{ out backend.Sink }
 
 func (h loopHandler) Audio(p []byte, d time.Duration) { _ = h.out.WriteAudio(p, d) }
 func (h loopHandler) Event([]byte)                    {}

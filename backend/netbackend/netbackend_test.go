@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/backend"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -85,7 +85,7 @@ func TestEchoOverTheNetwork(t *testing.T) {
 	})
 	b := &Backend{Addr: addr}
 	out := newSink()
-	h, err := b.Open(context.Background(), transceiver.SessionInfo{ID: "rtc_a", Cluster: 1, Pod: 2, Config: []byte(`{"voice":"x"}`)}, out)
+	h, err := b.Open(context.Background(), backend.SessionInfo{ID: "rtc_a", Cluster: 1, Pod: 2, Config: []byte(`{"voice":"x"}`)}, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestHelloConfigIsJSON(t *testing.T) {
 	b := &Backend{Addr: addr}
 	out := newSink()
 	const cfg = `{"instructions":"SERVER-CHOSEN","model":"m"}`
-	h, err := b.Open(context.Background(), transceiver.SessionInfo{ID: "rtc_b", Cluster: 1, Pod: 2, Config: []byte(cfg)}, out)
+	h, err := b.Open(context.Background(), backend.SessionInfo{ID: "rtc_b", Cluster: 1, Pod: 2, Config: []byte(cfg)}, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestCloseEndsBackendSession(t *testing.T) {
 			}
 		}
 	})
-	h, err := (&Backend{Addr: addr}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_b"}, newSink())
+	h, err := (&Backend{Addr: addr}).Open(context.Background(), backend.SessionInfo{ID: "rtc_b"}, newSink())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestOpenFailsFast(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	if _, err := (&Backend{Addr: addr}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_c"}, newSink()); err == nil {
+	if _, err := (&Backend{Addr: addr}).Open(context.Background(), backend.SessionInfo{ID: "rtc_c"}, newSink()); err == nil {
 		t.Fatal("Open succeeded with no backend")
 	}
 }
@@ -237,7 +237,7 @@ func (s endingSink) End(reason string) { s.ended <- reason }
 func TestBackendGoneEndsSession(t *testing.T) {
 	addr := startServer(t, func(ctx context.Context, c *Conn) {}) // hangs up at once
 	out := endingSink{sink: newSink(), ended: make(chan string, 1)}
-	h, err := (&Backend{Addr: addr}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_d"}, out)
+	h, err := (&Backend{Addr: addr}).Open(context.Background(), backend.SessionInfo{ID: "rtc_d"}, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestBackendGoneEndsSession(t *testing.T) {
 
 	addr2 := startServer(t, EchoHandler)
 	out2 := endingSink{sink: newSink(), ended: make(chan string, 1)}
-	h2, err := (&Backend{Addr: addr2}).Open(context.Background(), transceiver.SessionInfo{ID: "rtc_e"}, out2)
+	h2, err := (&Backend{Addr: addr2}).Open(context.Background(), backend.SessionInfo{ID: "rtc_e"}, out2)
 	if err != nil {
 		t.Fatal(err)
 	}

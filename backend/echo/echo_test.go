@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/backend"
 )
 
 type sink struct {
@@ -26,7 +26,7 @@ func (s *sink) SendEvent(b []byte) error {
 
 func TestEcho(t *testing.T) {
 	out := &sink{}
-	h, err := Backend{}.Open(context.Background(), transceiver.SessionInfo{ID: "rtc_x"}, out)
+	h, err := Backend{}.Open(context.Background(), backend.SessionInfo{ID: "rtc_x"}, out)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,20 +8,20 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/backend"
 )
 
 // Backend is the echo backend. The zero value is ready to use.
 type Backend struct{}
 
-// Open implements transceiver.Backend.
-func (Backend) Open(_ context.Context, info transceiver.SessionInfo, out transceiver.Sink) (transceiver.Handler, error) {
+// Open implements backend.Backend.
+func (Backend) Open(_ context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
 	return &handler{id: info.ID, out: out}, nil
 }
 
 type handler struct {
 	id  string
-	out transceiver.Sink
+	out backend.Sink
 }
 
 func (h *handler) Audio(payload []byte, d time.Duration) {

@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rtcedge/rtcedge/transceiver"
+	"github.com/rtcedge/rtcedge/backend"
 )
 
-// Backend is a transceiver.Backend that reaches the inference backend at
+// Backend is a backend.Backend that reaches the inference backend at
 // Addr: one TCP connection per session.
 type Backend struct {
 	Addr        string        // host:port of the backend
@@ -31,8 +31,8 @@ type Backend struct {
 // toward the backend was full.
 func (b *Backend) Dropped() uint64 { return b.dropped.Load() }
 
-// Open implements transceiver.Backend.
-func (b *Backend) Open(ctx context.Context, info transceiver.SessionInfo, out transceiver.Sink) (transceiver.Handler, error) {
+// Open implements backend.Backend.
+func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
 	timeout := b.DialTimeout
 	if timeout == 0 {
 		timeout = 2 * time.Second
@@ -77,7 +77,7 @@ func (b *Backend) Open(ctx context.Context, info transceiver.SessionInfo, out tr
 type handler struct {
 	b     *Backend
 	conn  net.Conn
-	out   transceiver.Sink
+	out   backend.Sink
 	log   *slog.Logger
 	queue chan []byte
 	// queued is the bytes of the frames in queue or being written: the
@@ -123,14 +123,14 @@ func (h *handler) enqueue(typ byte, parts ...[]byte) {
 // let one client make the pod hold tens of MiB.
 const maxQueuedBytes = 1 << 20
 
-// Audio implements transceiver.Handler.
+// Audio implements backend.Handler.
 func (h *handler) Audio(payload []byte, d time.Duration) {
 	var dur [4]byte
 	binary.BigEndian.PutUint32(dur[:], uint32(d/time.Microsecond))
 	h.enqueue(FrameAudio, dur[:], payload)
 }
 
-// Event implements transceiver.Handler.
+// Event implements backend.Handler.
 func (h *handler) Event(data []byte) { h.enqueue(FrameEvent, data) }
 
 func (h *handler) writeLoop() {
@@ -162,7 +162,7 @@ func (h *handler) readLoop() {
 				// The backend went away: end the call rather than leave
 				// the caller talking to nobody.
 				h.log.Info("backend closed the session", "err", err)
-				if e, ok := h.out.(transceiver.Ender); ok {
+				if e, ok := h.out.(backend.Ender); ok {
 					go e.End("backend_closed") // End tears down this handler; not from its own loop
 				}
 			}
@@ -179,7 +179,7 @@ func (h *handler) readLoop() {
 	}
 }
 
-// Close implements transceiver.Handler: it stops both loops and closes the
+// Close implements backend.Handler: it stops both loops and closes the
 // connection, which tells the backend the session is over.
 func (h *handler) Close() error {
 	h.closeOnce.Do(func() {

@@ -1,4 +1,8 @@
-package transceiver
+// Package backend is the inference side of a call, seen from the pod: the
+// interface the transceiver bridges every session to, and the backends that
+// implement it (echo, rtcedge's network protocol in netbackend). A new model
+// backend is a package here; it never touches the pod.
+package backend
 
 import (
 	"context"
@@ -17,7 +21,7 @@ type Backend interface {
 
 // Handler receives one session's input and must not block for long. Audio
 // is called on the pod socket's reader that decrypted the frame (the pod's
-// media path, media.go), one call at a time per session: a handler that
+// media path), one call at a time per session: a handler that
 // blocks holds up that reader's other sessions too, so hand slow work to
 // a goroutine of your own (netbackend queues every frame). Event is called
 // from the session's data-channel reader.
@@ -56,4 +60,11 @@ type SessionInfo struct {
 // connection) ends the call instead of leaving the caller with dead air.
 type Ender interface {
 	End(reason string)
+}
+
+// Ready is implemented by a Backend that can tell whether it can open
+// sessions (the network backend dials it); the pod's readiness asks it.
+type Ready interface {
+	Backend
+	Ready(ctx context.Context) error
 }

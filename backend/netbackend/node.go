@@ -6,15 +6,15 @@ import (
 	"log/slog"
 	"net"
 
+	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/echo"
 	"github.com/rtcedge/rtcedge/internal/node"
-	"github.com/rtcedge/rtcedge/transceiver"
-	"github.com/rtcedge/rtcedge/transceiver/echo"
 )
 
 // ForAddr is the backend a transceiver node with backend_addr addr uses:
 // the network backend at addr, or the in-process echo backend when addr
 // is empty.
-func ForAddr(addr string, log *slog.Logger) transceiver.Backend {
+func ForAddr(addr string, log *slog.Logger) backend.Backend {
 	if addr == "" {
 		return echo.Backend{}
 	}
