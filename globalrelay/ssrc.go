@@ -117,8 +117,20 @@ func rtpSSRC(pkt []byte) (uint32, bool) {
 	return binary.BigEndian.Uint32(pkt[8:12]), true
 }
 
+// forget drops ssrc's entry if it is still f's.
+func (x *ssrcIndex) forget(ssrc uint32, f *flow) {
+	s := x.shard(ssrc)
+	s.mu.Lock()
+	if e, ok := s.m[ssrc]; ok && e.f == f {
+		delete(s.m, ssrc)
+	}
+	s.mu.Unlock()
+}
+
 // noteSSRC records the SSRC of an RTP datagram a flow forwards. The index
-// is written only when the flow's SSRC changes (its first audio).
+// is written only when the flow's SSRC changes (its first audio), and a
+// flow holds one entry, its latest SSRC: the previous one is dropped, so
+// the index never outgrows the flow table, whatever SSRCs a caller sends.
 func (r *Relay) noteSSRC(f *flow, from netip.AddrPort, pkt []byte, now int64) {
 	ssrc, ok := rtpSSRC(pkt)
 	if !ok {
@@ -128,7 +140,9 @@ func (r *Relay) noteSSRC(f *flow, from netip.AddrPort, pkt []byte, now int64) {
 	if f.ssrc.Load() == tagged {
 		return
 	}
-	f.ssrc.Store(tagged)
+	if prev := f.ssrc.Swap(tagged); prev != 0 {
+		r.ssrcs.forget(uint32(prev), f)
+	}
 	r.ssrcs.note(ssrc, from, f, r.flows, now)
 }
 
@@ -166,4 +180,16 @@ func (r *Relay) followSSRC(pkt []byte, from netip.AddrPort, now int64) *flow {
 		r.m.ssrcFollows.Inc()
 	}
 	return nf
+}
+
+// len counts the entries (tests).
+func (x *ssrcIndex) len() int {
+	n := 0
+	for i := range x.shards {
+		s := &x.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
 }

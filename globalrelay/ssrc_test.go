@@ -78,3 +78,41 @@ func TestSSRCFollowsSilentFlow(t *testing.T) {
 		t.Error("a second rebind did not follow the new address")
 	}
 }
+
+// TestSSRCIndexBoundedPerFlow: a flow that keeps changing the SSRC of its
+// RTP holds one index entry, its latest, however many it sends; other
+// calls' SSRCs are untouched. Without the drop of a flow's previous entry,
+// one caller sending fresh SSRCs grew the index by an entry a datagram
+// (~117 B each) and every sweep walked them under the shard locks.
+func TestSSRCIndexBoundedPerFlow(t *testing.T) {
+	u := newUnit(t, Config{})
+	victim := netip.MustParseAddrPort("198.51.100.7:50000")
+	attacker := netip.MustParseAddrPort("203.0.113.9:4000")
+	u.at(0)
+	for _, c := range []struct {
+		from netip.AddrPort
+		pod  uint16
+	}{{victim, 3}, {attacker, 4}} {
+		if _, ok := u.send(t, c.from, u.check(t, 0x12, c.pod, 0)); !ok {
+			t.Fatalf("the check from %v was not forwarded", c.from)
+		}
+	}
+	if _, ok := u.send(t, victim, rtpFrom(0xcafe)); !ok {
+		t.Fatal("the victim's audio was not forwarded")
+	}
+	const n = 20000
+	for i := range n {
+		if _, ok := u.send(t, attacker, rtpFrom(0x10000+uint32(i))); !ok {
+			t.Fatalf("the attacker's audio %d was not forwarded", i)
+		}
+	}
+	if got := u.r.ssrcs.len(); got != 2 {
+		t.Errorf("SSRC index holds %d entries after %d fresh SSRCs from one flow, want 2 (one per flow)", got, n)
+	}
+	if e, ok := u.r.ssrcs.get(0x10000 + n - 1); !ok || e.addr != attacker {
+		t.Errorf("the attacker's latest SSRC is not indexed: %+v %v", e, ok)
+	}
+	if e, ok := u.r.ssrcs.get(0xcafe); !ok || e.addr != victim {
+		t.Errorf("the victim's SSRC entry was lost: %+v %v", e, ok)
+	}
+}
