@@ -122,7 +122,8 @@ func (c *TCPConfig) defaults(r *Relay) error {
 const (
 	TCPCloseConnLimit        = "conn_limit"        // MaxConns reached
 	TCPCloseIPLimit          = "ip_limit"          // MaxConnsPerIP reached
-	TCPClosePendingLimit     = "pending_limit"     // MaxPending reached
+	TCPClosePendingLimit     = "pending_limit"     // MaxPending reached, and the client's prefix holds the most pending (pendingSet)
+	TCPClosePendingEvicted   = "pending_evicted"   // a pending connection gave its slot to a client of a prefix holding fewer
 	TCPCloseDraining         = "draining"          // the replica drains: no new connections
 	TCPCloseHandshakeTimeout = "handshake_timeout" // no complete first frame in time (slowloris)
 	TCPCloseNotBinding       = "not_binding"       // first frame is not a STUN Binding Request
@@ -144,6 +145,7 @@ const (
 	tcpCloseConnLimit
 	tcpCloseIPLimit
 	tcpClosePendingLimit
+	tcpClosePendingEvicted
 	tcpCloseDraining
 	tcpCloseHandshakeTimeout
 	tcpCloseNotBinding
@@ -161,7 +163,8 @@ const (
 
 var tcpCloseLabels = [numTCPCloseReasons]string{
 	tcpCloseOther: "other", tcpCloseConnLimit: TCPCloseConnLimit, tcpCloseIPLimit: TCPCloseIPLimit,
-	tcpClosePendingLimit: TCPClosePendingLimit, tcpCloseDraining: TCPCloseDraining,
+	tcpClosePendingLimit: TCPClosePendingLimit, tcpClosePendingEvicted: TCPClosePendingEvicted,
+	tcpCloseDraining:         TCPCloseDraining,
 	tcpCloseHandshakeTimeout: TCPCloseHandshakeTimeout, tcpCloseNotBinding: TCPCloseNotBinding,
 	tcpCloseBadToken: TCPCloseBadToken, tcpCloseTokenExpired: TCPCloseTokenExpired,
 	tcpCloseTokenReuse: TCPCloseTokenReuse, tcpCloseBadSource: TCPCloseBadSource,
@@ -213,7 +216,6 @@ type TCP struct {
 	log *slog.Logger
 	m   *tcpMetrics
 
-	pending   atomic.Int64 // connections before their first valid frame
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
@@ -224,6 +226,7 @@ type TCP struct {
 	all    map[*tcpConn]struct{}       // every open connection; guarded by mu
 	perIP  map[netip.Prefix]int        // open connections per client address (addrKey); guarded by mu
 	tokens map[tokenKey]int            // established connections per token; guarded by mu
+	pend   pendingSet                  // connections before their first valid frame; guarded by mu
 }
 
 // NewTCP attaches a TCP ingress on ln to the relay, taking ownership of
@@ -242,7 +245,7 @@ func NewTCP(r *Relay, ln net.Listener, cfg TCPConfig) (*TCP, error) {
 		log:   cfg.Logger.With("transport", "tcp"),
 		done:  make(chan struct{}),
 		conns: map[netip.AddrPort]*tcpConn{}, all: map[*tcpConn]struct{}{},
-		perIP: map[netip.Prefix]int{}, tokens: map[tokenKey]int{},
+		perIP: map[netip.Prefix]int{}, tokens: map[tokenKey]int{}, pend: newPendingSet(),
 	}
 	if !r.tcp.CompareAndSwap(nil, s) {
 		return nil, errors.New("globalrelay: the relay already has a TCP ingress")
@@ -393,18 +396,26 @@ func (s *TCP) admit(nc net.Conn) {
 		s.mu.Unlock()
 		refuse(tcpCloseIPLimit)
 		return
-	case s.pending.Load() >= int64(s.cfg.MaxPending):
-		s.mu.Unlock()
-		refuse(tcpClosePendingLimit)
-		return
+	}
+	var evicted *tcpConn
+	if s.pend.n >= s.cfg.MaxPending {
+		if evicted = s.pend.evictFor(client.Addr()); evicted == nil {
+			s.mu.Unlock()
+			refuse(tcpClosePendingLimit)
+			return
+		}
+		evicted.evicted = true
 	}
 	s.all[c] = struct{}{}
 	s.perIP[addrKey(client.Addr())]++
-	s.pending.Add(1)
+	s.pend.add(c, client.Addr())
 	c.pending = true
 	s.m.conns.Set(float64(len(s.all)))
 	s.wg.Add(1)
 	s.mu.Unlock()
+	if evicted != nil {
+		evicted.close(tcpClosePendingEvicted)
+	}
 	go func() {
 		defer s.wg.Done()
 		c.readLoop()
@@ -438,6 +449,10 @@ func (s *TCP) establish(c *tcpConn, tok token.Token) tcpCloseReason {
 	ws := r.workers
 	c.w = &ws[int(c.client.Port())%len(ws)]
 	s.mu.Lock()
+	if c.evicted {
+		s.mu.Unlock()
+		return tcpClosePendingEvicted
+	}
 	if s.tokens[c.f.tok] >= maxConnsPerToken {
 		s.mu.Unlock()
 		return tcpCloseTokenReuse
@@ -450,7 +465,7 @@ func (s *TCP) establish(c *tcpConn, tok token.Token) tcpCloseReason {
 	s.tokens[c.f.tok]++
 	s.conns[c.client] = c
 	c.pending = false
-	s.pending.Add(-1)
+	s.pend.remove(c)
 	s.mu.Unlock()
 	if old != nil {
 		old.close(tcpCloseEOF)
@@ -474,7 +489,7 @@ func (s *TCP) forget(c *tcpConn) {
 		s.perIP[k]--
 	}
 	if c.pending {
-		s.pending.Add(-1)
+		s.pend.remove(c) // gone already if it was evicted
 	} else {
 		if s.conns[c.client] == c {
 			delete(s.conns, c.client)
@@ -533,6 +548,7 @@ type tcpConn struct {
 	w      *worker
 
 	pending  bool      // before establish; guarded by s.mu
+	evicted  bool      // its pending slot went to another (pendingSet); guarded by s.mu
 	accepted time.Time // static: when admit saw it (Config.Now)
 
 	// raw writes a frame inline, without the writer goroutine, when

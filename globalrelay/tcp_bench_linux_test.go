@@ -93,7 +93,7 @@ func BenchmarkTCPForwardCost(b *testing.B) {
 				s.mu.Lock()
 				s.all[c] = struct{}{}
 				s.perIP[addrKey(c.client.Addr())]++
-				s.pending.Add(1)
+				s.pend.add(c, c.client.Addr())
 				c.pending = true
 				s.mu.Unlock()
 				locked(func() error { c.readLoop(); return nil })

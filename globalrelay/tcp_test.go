@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -487,4 +488,72 @@ func TestTCPAddrKey(t *testing.T) {
 			t.Errorf("%s (%v) and %s (%v): same key %v, want %v", c.a, ka, c.b, kb, ka == kb, c.same)
 		}
 	}
+}
+
+// TestTCPPendingFairAcrossPrefixes: a party that fills every pending slot
+// from many addresses of one prefix (a /57 of IPv6 is 128 /64s; here
+// loopback addresses of one /24) does not lock callers of other prefixes
+// out: a newcomer takes the slot of that prefix's oldest pending
+// connection (closed, pending_evicted) and completes its handshake, while
+// another connection from the full prefix is refused (pending_limit).
+// With a plain count of pending connections every newcomer was refused.
+func TestTCPPendingFairAcrossPrefixes(t *testing.T) {
+	const max = 6
+	r := newTCPRig(t, Config{}, TCPConfig{MaxPending: max, HandshakeTimeout: time.Minute})
+	dialFrom := func(ip string) (*net.TCPConn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", r.addr.String())
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.TCPConn), nil
+	}
+	var slow []*net.TCPConn
+	for i := range max {
+		c, err := dialFrom(fmt.Sprintf("127.0.9.%d", 1+i%3)) // three hosts of one /24
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow = append(slow, c)
+	}
+	waitPending := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r.tcp.mu.Lock()
+			got := r.tcp.pend.n
+			r.tcp.mu.Unlock()
+			if got == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pending connections %d, want %d", got, n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitPending(max)
+	// One more from the full prefix is refused.
+	if c, err := dialFrom("127.0.9.4"); err == nil {
+		awaitClosed(t, c)
+	}
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", TCPClosePendingLimit); v != 1 {
+		t.Errorf("pending_limit closes = %v, want 1", v)
+	}
+	// A caller from another prefix gets in, in the oldest slow one's place.
+	caller, err := dialFrom("127.0.10.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitClosed(t, slow[0])
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", TCPClosePendingEvicted); v != 1 {
+		t.Errorf("pending_evicted closes = %v, want 1", v)
+	}
+	check := r.validCheck(t, 1)
+	caller.Write(frame(check))
+	if got, _ := read(t, r.cluster); !bytes.HasSuffix(got, check) {
+		t.Fatal("the caller's check was not forwarded")
+	}
+	waitPending(max - 1)
 }
