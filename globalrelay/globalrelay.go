@@ -194,13 +194,13 @@ type Relay struct {
 	tcp     atomic.Pointer[TCP] // the TCP ingress, if any (tcp.go)
 
 	now atomic.Int64 // coarse clock, unix nanos, advanced by Run
-	// restoreSec and restoreN count this second's return-path restores
-	// (restoreBudget).
-	restoreSec, restoreN atomic.Int64
-	suspects             suspects // cluster relays avoided on data-plane evidence (failover.go)
-	draining             atomic.Bool
-	closeOnce            sync.Once
-	done                 chan struct{}
+	// restores counts this second's return-path restores: the unix
+	// second in the high 32 bits, the count in the low (restoreBudget).
+	restores  atomic.Uint64
+	suspects  suspects // cluster relays avoided on data-plane evidence (failover.go)
+	draining  atomic.Bool
+	closeOnce sync.Once
+	done      chan struct{}
 
 	// repickTrace, when set, is called at each change of a flow's cluster
 	// relay (SetRepickTrace, failover.go).
@@ -383,13 +383,25 @@ const unconfirmedTTL = 2 * time.Second
 // restoreBudget reports whether another return-path restore fits in this
 // second's budget: an eighth of MaxFlows a second, so that with
 // unconfirmedTTL unconfirmed flows hold at most a quarter of the table.
+// The second and its count are one word, changed by compare-and-swap:
+// two atomics reset by whoever saw the second change let a late reset
+// wipe what others had counted.
 func (r *Relay) restoreBudget() bool {
-	sec := r.now.Load() / int64(time.Second)
-	if r.restoreSec.Load() != sec {
-		r.restoreSec.Store(sec)
-		r.restoreN.Store(0)
+	sec := uint64(r.now.Load()/int64(time.Second)) << 32
+	limit := uint64(max(r.cfg.MaxFlows/8, 1))
+	for {
+		old := r.restores.Load()
+		cur, n := old&^(1<<32-1), old&(1<<32-1)
+		if cur < sec { // a worker that read the clock late counts in the newer second
+			cur, n = sec, 0
+		}
+		if n >= limit {
+			return false
+		}
+		if r.restores.CompareAndSwap(old, cur|(n+1)) {
+			return true
+		}
 	}
-	return r.restoreN.Add(1) <= int64(max(r.cfg.MaxFlows/8, 1))
 }
 
 // sourceOK reports whether a client address may have a flow: it is checked

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"net/netip"
+
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -497,5 +499,37 @@ func TestRestoreJudgesAgeByTheClock(t *testing.T) {
 	u.r.RestoreFlow(client, rt)
 	if u.r.flows.get(client) == nil {
 		t.Error("a fresh, correctly sealed entry was rejected before Run")
+	}
+}
+
+// TestRestoreBudgetAtomic: workers racing across many seconds' turns
+// never admit more return-path restores than the budget of the seconds
+// they saw. The budget's second and count were two atomics, reset by
+// whoever saw the second change: a late reset wiped the count others had
+// added to, and the second's budget was spent again.
+func TestRestoreBudgetAtomic(t *testing.T) {
+	u := newUnit(t, Config{MaxFlows: 8}) // a budget of 1 a second
+	const workers, calls = 4, 50000
+	u.at(0)
+	var admitted, seconds atomic.Int64
+	seconds.Store(1)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				if w == 0 && i%4 == 0 { // the clock turns while the others spend
+					u.r.now.Store(u.t0.Add(time.Duration(seconds.Add(1)-1) * time.Second).UnixNano())
+				}
+				if u.r.restoreBudget() {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n, s := admitted.Load(), seconds.Load(); n > s {
+		t.Fatalf("%d restores admitted over %d seconds, want at most the budget of 1 a second", n, s)
 	}
 }
