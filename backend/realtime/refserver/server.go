@@ -165,11 +165,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if model == "" {
 		model = "rtcedge-ref"
 	}
-	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: protos})
+	var s *Session
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: protos,
+		// Called by s.run's reads: a stalled session answers no ping.
+		OnPingReceived: func(context.Context, []byte) bool { return !s.stalled.Load() }})
 	if err != nil {
 		return // Accept answered the request
 	}
-	s := h.newSession(conn, model)
+	s = h.newSession(conn, model)
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
