@@ -129,6 +129,7 @@ func (c *call) sendSession(config []byte) error {
 }
 
 func (c *call) start() {
+	c.pacer.start()
 	c.wg.Add(3)
 	go c.writeLoop()
 	go c.readLoop()

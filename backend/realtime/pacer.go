@@ -34,6 +34,8 @@ type pacer struct {
 	quit  chan struct{}
 	done  chan struct{}
 
+	started bool // run was started: close waits for it
+
 	// owned by run
 	pkt []byte
 	buf []int16
@@ -53,8 +55,13 @@ func newPacer(enc *opus.Encoder, out backend.Sink, m *metrics, maxQueued time.Du
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		pkt: make([]byte, opus.MaxPacket)}
 	p.buf = make([]int16, p.frame)
-	go p.run()
 	return p
+}
+
+// start runs the pacer's goroutine until close.
+func (p *pacer) start() {
+	p.started = true
+	go p.run()
 }
 
 // push queues reply audio of response id.
@@ -221,5 +228,7 @@ func (p *pacer) step() bool {
 // close stops the pacer and waits for it; queued audio is dropped.
 func (p *pacer) close() {
 	close(p.quit)
-	<-p.done
+	if p.started {
+		<-p.done
+	}
 }
