@@ -13,7 +13,7 @@ import (
 type discard struct{}
 
 func (discard) WriteAudio([]byte, time.Duration) error { return nil }
-func (discard) SendEvent([]byte) error                { return nil }
+func (discard) SendEvent([]byte) error                 { return nil }
 
 // BenchmarkFrame is the connector's cost per 20 ms of audio each way, with
 // no network: in, the caller's Opus frame decoded to PCM16 at 24 kHz,
