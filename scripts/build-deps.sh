@@ -8,8 +8,8 @@ set -euo pipefail
 
 need=()
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
-command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
-pkg-config --exists opus 2>/dev/null || need+=(libopus-dev)
+# The header and the static library the image links (libopus.a).
+[ -r /usr/include/opus/opus.h ] && compgen -G '/usr/lib/*/libopus.a' >/dev/null || need+=(libopus-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -3,9 +3,12 @@
 package opus
 
 /*
-#cgo pkg-config: opus
-#include <stdlib.h>
-#include <opus.h>
+// -lm after -lopus: a static link (scripts/build-image.sh) resolves
+// libopus's math only in that order. The header's directory is the one
+// every distribution's libopus-dev uses; elsewhere set CGO_CFLAGS and
+// CGO_LDFLAGS.
+#cgo LDFLAGS: -lopus -lm
+#include <opus/opus.h>
 
 // opus_encoder_ctl is variadic, which cgo cannot call: one wrapper sets
 // everything NewEncoder chooses and returns the first error.
