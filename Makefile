@@ -19,19 +19,24 @@ ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --ex
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
 
-.PHONY: run build test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
+.PHONY: run build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
 
 run: build
 	./$(BIN) dev
 
-build:
+# libopus (internal/opus, through cgo) and what links it: installed by
+# scripts/build-deps.sh when missing, a no-op otherwise.
+build: build-deps
 	$(GO) build -o $(BIN) ./cmd/rtcedge
+
+build-deps:
+	./scripts/build-deps.sh
 
 # Builds with podman, or docker when podman is not installed.
 image:
 	VERSION=$(VERSION) IMAGE=$(IMAGE) GO=$(GO) ./scripts/build-image.sh
 
-test-deps:
+test-deps: build-deps
 	./scripts/test-deps.sh
 
 test: test-deps
@@ -76,7 +81,7 @@ bench-capacity: build
 bench-relay:
 	$(GO) run ./bench/relay/cmd/relaybench -json bin/bench-relay.json $(BENCH_RELAY_FLAGS)
 
-lint:
+lint: build-deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 

@@ -2,8 +2,11 @@
 # Installs what the test suite needs when it is missing: redis-server for the
 # route-cache tests, Debian's chromium for the browser tests, iproute2 and
 # nftables for the UDP-blocked browser test, and podman with
-# runc for the container image tests (deploy/imagetest). Safe to run again;
-# does nothing when everything is there.
+# runc for the container image tests (deploy/imagetest), espeak-ng and sox
+# for the speech the audio tests send (internal/audiotest). What the build
+# needs (libopus-dev, pkg-config) comes from scripts/build-deps.sh, which the
+# Makefile's test-deps target runs first. Safe to run again; does nothing
+# when everything is there.
 #
 # Podman: rootful with host networking it needs only podman (which brings
 # conmon and containers-common) and runc, the runtime the image tests pass
@@ -17,6 +20,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v gcc >/dev/null 2>&1 || need+=(gcc) # bench/relay's C forwarder
+command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
+command -v sox >/dev/null 2>&1 || need+=(sox)
 # The UDP-blocked browser test (e2e TestBrowserOverTCPWithUDPBlocked):
 # a network namespace with a veth pair (iproute2) whose nftables ruleset
 # drops all UDP.

@@ -1,0 +1,436 @@
+package realtime
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/opus"
+)
+
+const (
+	// appendMs is the caller audio in one input_audio_buffer.append. 40 ms
+	// (two Opus frames) adds at most 20 ms to what the server has heard,
+	// against 100 ms for bigger batches, at 25 messages a second per call:
+	// the JSON and base64 of a message cost less than decoding its audio.
+	appendMs = 40
+	// queueLen bounds the messages waiting for the server (about 2.5 s of
+	// appends); maxQueuedBytes bounds their bytes, as events may be big.
+	queueLen       = 64
+	maxQueuedBytes = 1 << 20
+	// readLimit is the largest server event read (a long audio delta).
+	readLimit = 16 << 20
+	// closeWait bounds the close handshake with the server.
+	closeWait = time.Second
+)
+
+var (
+	appendPrefix = []byte(`{"type":"input_audio_buffer.append","audio":"`)
+	appendSuffix = []byte(`"}`)
+)
+
+// call is one session's WebSocket: the media path (Audio) and the data
+// channel (Event) feed a bounded queue that one writer drains; one reader
+// hands server events to the caller and audio to the pacer; a pinger
+// watches for a stalled server.
+type call struct {
+	b     *Backend
+	out   backend.Sink
+	conn  *websocket.Conn
+	log   *slog.Logger
+	pacer *pacer
+	enc   *opus.Encoder  // the pacer's; closed with the call
+	cfg   map[string]any // the call's session config, static after Open
+
+	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
+	dec          *opus.Decoder
+	pcm          []int16 // decoded frame
+	batch        []int16 // decoded audio not yet sent, < batchSamples
+	raw          []byte  // batch as PCM16LE
+	batchSamples int
+
+	queue  chan msg    // toward the server; closed by Close under mu
+	free   chan []byte // the append buffers not in queue
+	queued atomic.Int64
+
+	// Owned by the reader.
+	rbuf []byte
+	dbuf []byte
+	dpcm []int16
+
+	mu        sync.RWMutex // guards sends on queue against its close, and dec
+	closed    bool         // guarded by mu
+	closeOnce sync.Once
+	failOnce  sync.Once
+	ctx       context.Context // ends with Close: stops the pinger
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// msg is one message toward the server.
+type msg struct {
+	b       []byte
+	samples int  // caller audio it carries
+	pooled  bool // b goes back to free
+}
+
+func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
+	rate := b.cfg.Rate
+	c := &call{b: b, out: out, conn: conn, dec: dec, enc: enc,
+		log:          b.log.With("session", info.ID),
+		pcm:          make([]int16, rate*120/1000), // the longest Opus packet
+		batchSamples: rate * appendMs / 1000,
+		queue:        make(chan msg, queueLen),
+		free:         make(chan []byte, queueLen),
+	}
+	c.batch = make([]int16, 0, c.batchSamples+len(c.pcm))
+	c.raw = make([]byte, 0, 2*cap(c.batch))
+	size := len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
+	for range queueLen {
+		c.free <- make([]byte, 0, size)
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.pacer = newPacer(enc, out, b.m, b.cfg.MaxQueuedReply)
+	return c
+}
+
+// sendSession sends the first session.update: the call's config shaped for
+// the server, with the audio formats the edge transcodes to.
+func (c *call) sendSession(config []byte) error {
+	c.cfg = map[string]any{}
+	if len(bytes.TrimSpace(config)) > 0 && !bytes.Equal(bytes.TrimSpace(config), []byte("null")) {
+		if err := json.Unmarshal(config, &c.cfg); err != nil || c.cfg == nil {
+			return fmt.Errorf("realtime: session config is not a JSON object: %v", err)
+		}
+	}
+	ev, err := sessionEvent("", shapeSession(c.cfg, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.b.cfg.DialTimeout)
+	defer cancel()
+	if err := c.conn.Write(ctx, websocket.MessageText, ev); err != nil {
+		return fmt.Errorf("realtime: send session.update to %s: %w", c.b.host, err)
+	}
+	c.b.m.eventsTo.Inc()
+	return nil
+}
+
+func (c *call) start() {
+	c.pacer.start()
+	c.wg.Add(3)
+	go c.writeLoop()
+	go c.readLoop()
+	go c.pingLoop()
+}
+
+// Audio implements backend.Handler: decode, batch, and queue an append
+// every appendMs. It never blocks: a full queue drops the batch (counted).
+func (c *call) Audio(payload []byte, d time.Duration) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return
+	}
+	n, err := c.dec.Decode(payload, c.pcm)
+	if err != nil {
+		c.b.m.dropped[dropDecode].Inc()
+		// Keep the server's clock: conceal the lost frame.
+		want := min(len(c.pcm), int(int64(c.b.cfg.Rate)*int64(d)/int64(time.Second)))
+		if n, err = c.dec.Conceal(c.pcm[:want]); err != nil {
+			return
+		}
+	}
+	c.batch = append(c.batch, c.pcm[:n]...)
+	if len(c.batch) >= c.batchSamples {
+		c.flushLocked()
+	}
+}
+
+// flushLocked queues the batch as one append; mu.RLock must be held.
+func (c *call) flushLocked() {
+	samples := len(c.batch)
+	var buf []byte
+	select {
+	case buf = <-c.free:
+	default:
+		c.b.m.dropped[dropQueueFull].Inc()
+		c.batch = c.batch[:0]
+		return
+	}
+	c.raw = opus.AppendPCM16LE(c.raw[:0], c.batch)
+	c.batch = c.batch[:0]
+	buf = append(buf[:0], appendPrefix...)
+	buf = base64.StdEncoding.AppendEncode(buf, c.raw)
+	buf = append(buf, appendSuffix...)
+	if !c.enqueueLocked(msg{b: buf, samples: samples, pooled: true}) {
+		c.free <- buf
+	}
+}
+
+func (c *call) enqueueLocked(m msg) bool {
+	if c.queued.Add(int64(len(m.b))) > maxQueuedBytes {
+		c.queued.Add(-int64(len(m.b)))
+		c.b.m.dropped[dropQueueFull].Inc()
+		return false
+	}
+	select {
+	case c.queue <- m:
+		return true
+	default:
+		c.queued.Add(-int64(len(m.b)))
+		c.b.m.dropped[dropQueueFull].Inc()
+		return false
+	}
+}
+
+// Event implements backend.Handler: a caller's data-channel event.
+func (c *call) Event(data []byte) {
+	var ev struct {
+		Type    string         `json:"type"`
+		EventID string         `json:"event_id"`
+		Session map[string]any `json:"session"`
+	}
+	_ = json.Unmarshal(data, &ev) // a malformed event goes to the server, which answers it
+	switch ev.Type {
+	case "input_audio_buffer.append":
+		c.b.m.dropped[dropAppendEvent].Inc() // audio comes by media only
+		return
+	case "output_audio_buffer.clear": // WebRTC-only: the edge holds the output buffer
+		c.pacer.clear()
+		return
+	case "session.update":
+		var err error
+		if data, err = c.clientSession(ev.EventID, ev.Session); err != nil {
+			c.toCaller(errorEvent("invalid_request_error", "invalid_session", err.Error(), "The session field "+err.Error()+" may not be set by the client.", ev.EventID))
+			return
+		}
+	default:
+		data = bytes.Clone(data)
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return
+	}
+	if c.enqueueLocked(msg{b: data}) {
+		c.b.m.eventsTo.Inc()
+	}
+}
+
+// clientSession filters a caller's session.update: only the fields the
+// configuration allows (or ones that repeat the call's value), shaped for
+// the server with the audio formats forced. The error names the first
+// refused field as its param.
+func (c *call) clientSession(eventID string, s map[string]any) ([]byte, error) {
+	for k, v := range s {
+		if c.b.allowed(k) {
+			continue
+		}
+		if cur, ok := c.cfg[k]; ok && reflect.DeepEqual(cur, v) {
+			delete(s, k)
+			continue
+		}
+		return nil, errors.New("session." + k)
+	}
+	return sessionEvent(eventID, shapeSession(s, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+}
+
+func (c *call) toCaller(ev []byte) {
+	if c.out.SendEvent(ev) != nil {
+		c.b.m.dropped[dropSink].Inc()
+		return
+	}
+	c.b.m.eventsFrom.Inc()
+}
+
+func (c *call) writeLoop() {
+	defer c.wg.Done()
+	sec := 1 / float64(c.b.cfg.Rate)
+	for m := range c.queue {
+		// No context: one with a deadline costs an allocation per write;
+		// Close and a failure end a blocked write by closing the conn.
+		err := c.conn.Write(context.Background(), websocket.MessageText, m.b)
+		c.queued.Add(-int64(len(m.b)))
+		if m.pooled {
+			c.free <- m.b
+		}
+		if err != nil {
+			c.fail(ReasonClosed, err)
+			for m := range c.queue { // until Close closes it
+				if m.pooled {
+					c.free <- m.b
+				}
+			}
+			return
+		}
+		if m.samples > 0 {
+			c.b.m.audioTo.Add(float64(m.samples) * sec)
+		}
+	}
+}
+
+func (c *call) readLoop() {
+	defer c.wg.Done()
+	for {
+		_, r, err := c.conn.Reader(context.Background())
+		if err == nil {
+			err = c.readMessage(r)
+		}
+		if err != nil {
+			c.fail(ReasonClosed, err)
+			return
+		}
+		c.handle(c.rbuf)
+	}
+}
+
+// readMessage reads one message into rbuf, reusing its memory.
+func (c *call) readMessage(r io.Reader) error {
+	c.rbuf = c.rbuf[:0]
+	for {
+		if len(c.rbuf) == cap(c.rbuf) {
+			c.rbuf = append(c.rbuf, 0)[:len(c.rbuf)]
+		}
+		n, err := r.Read(c.rbuf[len(c.rbuf):cap(c.rbuf)])
+		c.rbuf = c.rbuf[:len(c.rbuf)+n]
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// handle routes one server event: audio deltas to the pacer, the rest to
+// the caller as they came.
+func (c *call) handle(data []byte) {
+	var f fields
+	ok := scanEvent(data, &f)
+	if ok && f.escaped {
+		ok = f.unescape(data)
+	}
+	if ok && isAudioDelta(f.typ) {
+		c.audioDelta(f.responseID, f.delta)
+		return
+	}
+	c.toCaller(data)
+	if ok && bytes.Equal(f.typ, evResponseDone) {
+		var done struct {
+			Response struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(data, &done) == nil {
+			c.pacer.end([]byte(done.Response.ID))
+		}
+	}
+}
+
+// audioDelta decodes a delta's base64 PCM16LE and queues it for pacing.
+func (c *call) audioDelta(responseID, delta []byte) {
+	need := base64.StdEncoding.DecodedLen(len(delta))
+	if cap(c.dbuf) < need {
+		c.dbuf = make([]byte, need)
+	}
+	n, err := base64.StdEncoding.Decode(c.dbuf[:need], delta)
+	if err != nil || n%2 != 0 {
+		c.b.m.dropped[dropBadDelta].Inc()
+		return
+	}
+	if cap(c.dpcm) < n/2 {
+		c.dpcm = make([]int16, n/2)
+	}
+	pcm := c.dpcm[:opus.DecodePCM16LE(c.dbuf[:n], c.dpcm[:n/2])]
+	c.pacer.push(responseID, pcm)
+}
+
+func (c *call) pingLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.b.cfg.StallTimeout / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, c.b.cfg.StallTimeout)
+		start := time.Now()
+		err := c.conn.Ping(ctx)
+		cancel()
+		if err != nil {
+			if c.ctx.Err() == nil {
+				c.fail(ReasonStalled, err)
+			}
+			return
+		}
+		c.b.m.rtt.Observe(time.Since(start).Seconds())
+	}
+}
+
+// failMessages are what the caller reads: no URL, no key.
+var failMessages = map[string]string{
+	ReasonClosed:  "The model backend closed the session.",
+	ReasonStalled: "The model backend stopped responding.",
+}
+
+// fail ends the call from the backend's side, once: an error event to the
+// caller, a metric, and Ender.End. A call being closed is not failing.
+func (c *call) fail(reason string, err error) {
+	c.failOnce.Do(func() {
+		c.mu.RLock()
+		closing := c.closed
+		c.mu.RUnlock()
+		if closing {
+			return
+		}
+		_ = c.conn.CloseNow() // unblocks the other loops
+		c.b.m.failed.WithLabelValues(reason).Inc()
+		c.log.Info("backend ended the call", "reason", reason, "err", err)
+		c.toCaller(errorEvent("server_error", reason, "", failMessages[reason], ""))
+		if e, ok := c.out.(backend.Ender); ok {
+			go e.End(reason) // End closes this handler: not from its own loop
+		}
+	})
+}
+
+// Close implements backend.Handler.
+func (c *call) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		close(c.queue)
+		c.mu.Unlock()
+		c.pacer.close()
+		done := make(chan struct{})
+		go func() {
+			_ = c.conn.Close(websocket.StatusNormalClosure, "call ended")
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(closeWait):
+			_ = c.conn.CloseNow()
+			<-done
+		}
+		c.cancel()
+		c.wg.Wait()
+		c.dec.Close()
+		c.enc.Close()
+	})
+	return nil
+}

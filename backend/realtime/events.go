@@ -1,0 +1,318 @@
+package realtime
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// fields are the top-level string fields of a server event the connector
+// reads; they alias the event's bytes.
+type fields struct {
+	typ, delta, responseID []byte
+	escaped                bool // one of them holds a JSON escape: decode it with encoding/json
+}
+
+// scanEvent reads the top-level string fields of a JSON object without
+// allocating (a server sends dozens of audio deltas per second per call).
+// It reports false for anything but a well-formed object.
+func scanEvent(data []byte, f *fields) bool {
+	*f = fields{}
+	i := skipWS(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return false
+	}
+	i = skipWS(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return true
+	}
+	for i < len(data) && data[i] == '"' {
+		end, esc := scanString(data, i)
+		if end < 0 || esc {
+			return false
+		}
+		key := data[i+1 : end-1]
+		i = skipWS(data, end)
+		if i >= len(data) || data[i] != ':' {
+			return false
+		}
+		i = skipWS(data, i+1)
+		if i < len(data) && data[i] == '"' {
+			end, esc = scanString(data, i)
+			if end < 0 {
+				return false
+			}
+			var dst *[]byte
+			switch string(key) { // no allocation: the compiler compares in place
+			case "type":
+				dst = &f.typ
+			case "delta":
+				dst = &f.delta
+			case "response_id":
+				dst = &f.responseID
+			}
+			if dst != nil {
+				*dst = data[i+1 : end-1]
+				f.escaped = f.escaped || esc
+			}
+			i = end
+		} else if i = skipValue(data, i); i < 0 {
+			return false
+		}
+		i = skipWS(data, i)
+		if i < len(data) && data[i] == '}' {
+			return true
+		}
+		if i >= len(data) || data[i] != ',' {
+			return false
+		}
+		i = skipWS(data, i+1)
+	}
+	return false
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// scanString returns the index after the string starting at b[i] == '"'
+// (-1 if unterminated) and whether it holds escapes.
+func scanString(b []byte, i int) (int, bool) {
+	esc := false
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			esc = true
+			j++
+		case '"':
+			return j + 1, esc
+		}
+	}
+	return -1, esc
+}
+
+// skipValue returns the index after the non-string JSON value at b[i].
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for i < len(b) {
+		switch c := b[i]; c {
+		case '"':
+			end, _ := scanString(b, i)
+			if end < 0 {
+				return -1
+			}
+			i = end
+			if depth == 0 {
+				return i
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+		i++
+	}
+	if depth == 0 {
+		return i
+	}
+	return -1
+}
+
+// unescape decodes the fields through encoding/json when scanEvent found
+// escapes (a server that writes "\/" in base64): rare, so it may allocate.
+func (f *fields) unescape(data []byte) bool {
+	var v struct {
+		Type       string `json:"type"`
+		Delta      string `json:"delta"`
+		ResponseID string `json:"response_id"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return false
+	}
+	f.typ, f.delta, f.responseID, f.escaped = []byte(v.Type), []byte(v.Delta), []byte(v.ResponseID), false
+	return true
+}
+
+// Server event names the connector acts on, GA and beta.
+var (
+	evAudioDelta     = []byte("response.output_audio.delta")
+	evAudioDeltaBeta = []byte("response.audio.delta")
+	evResponseDone   = []byte("response.done")
+)
+
+func isAudioDelta(typ []byte) bool {
+	return bytes.Equal(typ, evAudioDelta) || bytes.Equal(typ, evAudioDeltaBeta)
+}
+
+// gaToBeta pairs a GA session field (a path) with its beta name.
+var gaToBeta = []struct {
+	ga   []string
+	beta string
+}{
+	{[]string{"audio", "input", "turn_detection"}, "turn_detection"},
+	{[]string{"audio", "input", "transcription"}, "input_audio_transcription"},
+	{[]string{"audio", "input", "noise_reduction"}, "input_audio_noise_reduction"},
+	{[]string{"audio", "output", "voice"}, "voice"},
+	{[]string{"audio", "output", "speed"}, "speed"},
+	{[]string{"output_modalities"}, "modalities"},
+	{[]string{"max_output_tokens"}, "max_response_output_tokens"},
+}
+
+// shapeSession rewrites a session object (GA or beta shaped, as the app or
+// the caller wrote it) into the shape the server speaks, with the audio
+// formats forced to PCM16 at rate: the edge transcodes, so nobody else
+// chooses them. The model is left out: it is the backend URL's.
+func shapeSession(s map[string]any, beta bool, rate int) map[string]any {
+	out := make(map[string]any, len(s)+2)
+	for k, v := range s {
+		out[k] = v
+	}
+	delete(out, "model")
+	if beta {
+		for _, m := range gaToBeta {
+			if v, ok := take(out, m.ga); ok {
+				if m.beta == "modalities" {
+					v = betaModalities(v)
+				}
+				if _, set := out[m.beta]; !set {
+					out[m.beta] = v
+				}
+			}
+		}
+		delete(out, "type")
+		out["input_audio_format"] = "pcm16"
+		out["output_audio_format"] = "pcm16"
+		return out
+	}
+	for _, m := range gaToBeta {
+		if v, ok := out[m.beta]; ok {
+			delete(out, m.beta)
+			if m.beta == "modalities" {
+				v = gaModalities(v)
+			}
+			put(out, m.ga, v, false)
+		}
+	}
+	delete(out, "input_audio_format")
+	delete(out, "output_audio_format")
+	out["type"] = "realtime"
+	format := map[string]any{"type": "audio/pcm", "rate": rate}
+	put(out, []string{"audio", "input", "format"}, format, true)
+	put(out, []string{"audio", "output", "format"}, format, true)
+	return out
+}
+
+// take removes the value at path (dropping objects it leaves empty).
+func take(m map[string]any, path []string) (any, bool) {
+	if len(path) == 1 {
+		v, ok := m[path[0]]
+		delete(m, path[0])
+		return v, ok
+	}
+	sub, ok := m[path[0]].(map[string]any)
+	if !ok {
+		return nil, false
+	}
+	sub = clone(sub)
+	m[path[0]] = sub
+	v, ok := take(sub, path[1:])
+	if len(sub) == 0 {
+		delete(m, path[0])
+	}
+	return v, ok
+}
+
+// put sets the value at path, copying the objects on the way so that the
+// caller's maps are never changed; an existing value wins unless force.
+func put(m map[string]any, path []string, v any, force bool) {
+	if len(path) == 1 {
+		if _, set := m[path[0]]; force || !set {
+			m[path[0]] = v
+		}
+		return
+	}
+	sub, _ := m[path[0]].(map[string]any)
+	sub = clone(sub)
+	m[path[0]] = sub
+	put(sub, path[1:], v, force)
+}
+
+func clone(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m)+1)
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// betaModalities: GA's ["audio"] is beta's ["audio", "text"] (beta has no
+// audio-only mode); gaModalities is the reverse.
+func betaModalities(v any) any {
+	if l, ok := v.([]any); ok {
+		for _, x := range l {
+			if x == "audio" {
+				return []any{"audio", "text"}
+			}
+		}
+	}
+	return v
+}
+
+func gaModalities(v any) any {
+	if l, ok := v.([]any); ok {
+		for _, x := range l {
+			if x == "audio" {
+				return []any{"audio"}
+			}
+		}
+	}
+	return v
+}
+
+// DefaultClientSessionFields are the session fields a caller's own
+// session.update may set (signaling's default for client secrets).
+var DefaultClientSessionFields = []string{
+	"type", "voice", "speed", "audio", "turn_detection",
+	"input_audio_format", "output_audio_format", "input_audio_transcription", "input_audio_noise_reduction",
+	"modalities", "output_modalities", "temperature", "max_response_output_tokens", "max_output_tokens", "include",
+}
+
+// sessionEvent is a session.update as the server gets it.
+func sessionEvent(eventID string, session map[string]any) ([]byte, error) {
+	ev := map[string]any{"type": "session.update", "session": session}
+	if eventID != "" {
+		ev["event_id"] = eventID
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("marshal session.update: %w", err)
+	}
+	return b, nil
+}
+
+// errorEvent is an error event for the caller, in OpenAI's shape.
+func errorEvent(typ, code, param, msg, eventID string) []byte {
+	e := map[string]any{"type": typ, "code": code, "message": msg, "param": nil, "event_id": nil}
+	if param != "" {
+		e["param"] = param
+	}
+	if eventID != "" {
+		e["event_id"] = eventID
+	}
+	b, _ := json.Marshal(map[string]any{"type": "error", "event_id": "event_rtcedge_" + code, "error": e})
+	return b
+}

@@ -1,0 +1,211 @@
+// Package realtime is a backend.Backend that speaks the OpenAI Realtime
+// WebSocket protocol to a model server (OpenAI, speaches, LocalAI, vLLM, or
+// the reference server in refserver): one WebSocket per call, opened in
+// Open so it is warm before the first word.
+//
+// Toward the server it sends the call's session configuration as the first
+// session.update (audio formats forced to PCM16 at Config.Rate), the
+// caller's data-channel events (session.update filtered to the fields a
+// caller may set; input_audio_buffer.append dropped: audio comes by media)
+// and the caller's audio, decoded from Opus to PCM16 and sent as
+// input_audio_buffer.append every appendMs. Toward the caller it sends every
+// server event but the audio deltas on the data channel, and the deltas'
+// audio as 20 ms Opus frames paced at real time (pacer.go), with
+// output_audio_buffer.started/stopped around each response's audio.
+//
+// A server that refuses fails Open; one that closes or stops answering
+// pings ends the call with an error event on the data channel (no URL, no
+// key in it) and Ender.End. docs/backends.md describes the mapping.
+package realtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/opus"
+)
+
+// APIKeyEnv is the environment variable the API key of a backend URL
+// comes from (FromURL).
+const APIKeyEnv = "RTCEDGE_BACKEND_API_KEY"
+
+// Protocols: the event names and session shape the connector sends.
+const (
+	ProtocolGA   = "ga"
+	ProtocolBeta = "beta"
+)
+
+// Config configures a Realtime backend. Validate (called by New) fills
+// the defaults.
+type Config struct {
+	// URL is the server's WebSocket URL, ws:// or wss://, e.g.
+	// wss://api.openai.com/v1/realtime?model=gpt-realtime. The model is the
+	// URL's: a session's config cannot change it.
+	URL string
+	// APIKey is sent as "Authorization: Bearer KEY" if set; the caller
+	// reads it from the environment (APIKeyEnv), never from a file in the
+	// repo.
+	APIKey string
+	// Protocol is what the connector sends: "ga" (default) or "beta"
+	// (beta event and session field names, and the OpenAI-Beta:
+	// realtime=v1 header). Server events of either flavour are understood.
+	Protocol string
+	// Rate is the server's PCM16 sample rate: 24000 (default) or 16000
+	// (any rate libopus takes: 8, 12, 16, 24 or 48 kHz).
+	Rate int
+	// DialTimeout bounds the WebSocket handshake; default 5s.
+	DialTimeout time.Duration
+	// StallTimeout ends a call whose server answers no ping for this
+	// long; pings go every StallTimeout/3. Default 10s.
+	StallTimeout time.Duration
+	// MaxQueuedReply bounds the reply audio a call holds before it is
+	// played (the server sends faster than real time); default 60s.
+	MaxQueuedReply time.Duration
+	// ClientSessionFields are the session fields a caller's session.update
+	// may set; others are refused with an error event unless they repeat
+	// the call's value. Default DefaultClientSessionFields.
+	ClientSessionFields []string
+	Logger              *slog.Logger
+	// Registerer receives the rtcedge_realtime_* metrics; nil: none.
+	Registerer prometheus.Registerer
+}
+
+// Validate checks c and fills its defaults.
+func (c *Config) Validate() error {
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("realtime: backend URL: %w", err)
+	}
+	if (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return errors.New("realtime: backend URL must be ws://HOST/… or wss://HOST/…")
+	}
+	if u.User != nil {
+		return errors.New("realtime: backend URL must not hold credentials: set the API key in " + APIKeyEnv)
+	}
+	switch c.Protocol {
+	case "":
+		c.Protocol = ProtocolGA
+	case ProtocolGA, ProtocolBeta:
+	default:
+		return fmt.Errorf("realtime: protocol %q: want %q or %q", c.Protocol, ProtocolGA, ProtocolBeta)
+	}
+	if c.Rate == 0 {
+		c.Rate = 24000
+	}
+	switch c.Rate {
+	case 8000, 12000, 16000, 24000, 48000:
+	default:
+		return fmt.Errorf("realtime: rate %d: want 8000, 12000, 16000, 24000 or 48000", c.Rate)
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = 10 * time.Second
+	}
+	if c.MaxQueuedReply <= 0 {
+		c.MaxQueuedReply = 60 * time.Second
+	}
+	if len(c.ClientSessionFields) == 0 {
+		c.ClientSessionFields = DefaultClientSessionFields
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Backend opens one WebSocket per call. It is safe for concurrent use.
+type Backend struct {
+	cfg  Config // static after New
+	m    *metrics
+	log  *slog.Logger
+	host string // for logs: the URL without its query
+	ids  atomic.Uint64
+}
+
+// New validates cfg and registers the metrics.
+func New(cfg Config) (*Backend, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	u, _ := url.Parse(cfg.URL)
+	return &Backend{cfg: cfg, m: m, host: u.Scheme + "://" + u.Host + u.Path,
+		log: cfg.Logger.With("component", "realtime")}, nil
+}
+
+// FromURL is the backend a transceiver with backend_url rawURL uses: the
+// API key from getenv(APIKeyEnv) (os.Getenv in a process), the protocol
+// "ga" or "beta" (empty: ga).
+func FromURL(rawURL, protocol string, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (*Backend, error) {
+	return New(Config{URL: rawURL, APIKey: getenv(APIKeyEnv), Protocol: protocol, Logger: log, Registerer: reg})
+}
+
+// Open implements backend.Backend: it dials the server, sends the first
+// session.update and starts the call's loops.
+func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
+	start := time.Now()
+	fail := func(reason string, err error) (backend.Handler, error) {
+		b.m.failed.WithLabelValues(reason).Inc()
+		return nil, err
+	}
+	dec, err := opus.NewDecoder(b.cfg.Rate)
+	if err != nil {
+		return fail(ReasonSetup, fmt.Errorf("realtime: decoder: %w", err))
+	}
+	enc, err := opus.NewEncoder(b.cfg.Rate)
+	if err != nil {
+		dec.Close()
+		return fail(ReasonSetup, fmt.Errorf("realtime: encoder: %w", err))
+	}
+	codecs := func() { dec.Close(); enc.Close() }
+	hdr := http.Header{}
+	if b.cfg.APIKey != "" {
+		hdr.Set("Authorization", "Bearer "+b.cfg.APIKey)
+	}
+	if b.cfg.Protocol == ProtocolBeta {
+		hdr.Set("OpenAI-Beta", "realtime=v1")
+	}
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.DialTimeout)
+	conn, resp, err := websocket.Dial(dctx, b.cfg.URL, &websocket.DialOptions{HTTPHeader: hdr})
+	cancel()
+	if err != nil {
+		codecs()
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return fail(ReasonRefused, fmt.Errorf("realtime: %s refused the session: HTTP %d", b.host, resp.StatusCode))
+		}
+		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, err))
+	}
+	conn.SetReadLimit(readLimit)
+	c := newCall(b, info, out, conn, dec, enc)
+	if err := c.sendSession(info.Config); err != nil {
+		_ = conn.CloseNow()
+		c.pacer.close()
+		codecs()
+		return fail(ReasonSetup, err)
+	}
+	c.start()
+	b.m.opened.Inc()
+	b.m.openSeconds.Observe(time.Since(start).Seconds())
+	return c, nil
+}
+
+// allowed reports whether a caller's session.update may set field.
+func (b *Backend) allowed(field string) bool {
+	return slices.Contains(b.cfg.ClientSessionFields, field)
+}

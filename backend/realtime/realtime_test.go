@@ -1,0 +1,458 @@
+package realtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/realtime"
+	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
+	"github.com/rtcedge/rtcedge/internal/audiotest"
+	"github.com/rtcedge/rtcedge/internal/opus"
+	"github.com/rtcedge/rtcedge/internal/testmetrics"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const rate = 24000
+
+// sink is the caller's side of a call: what the pod would send by RTP and
+// on the data channel.
+type sink struct {
+	mu      sync.Mutex
+	frames  [][]byte
+	times   []time.Time
+	events  []map[string]any
+	raw     []string
+	ended   string
+	changed chan struct{}
+}
+
+func newSink() *sink { return &sink{changed: make(chan struct{})} }
+
+func (s *sink) notify() { close(s.changed); s.changed = make(chan struct{}) }
+
+func (s *sink) WriteAudio(p []byte, _ time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.frames = append(s.frames, append([]byte(nil), p...))
+	s.times = append(s.times, time.Now())
+	s.notify()
+	return nil
+}
+
+func (s *sink) SendEvent(data []byte) error {
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		panic("caller got bad JSON: " + string(data))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, m)
+	s.raw = append(s.raw, string(data))
+	s.notify()
+	return nil
+}
+
+func (s *sink) End(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = reason
+	s.notify()
+}
+
+func (s *sink) wait(t *testing.T, what string, cond func(*sink) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		s.mu.Lock()
+		ok, ch := cond(s), s.changed
+		s.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("caller: no %s within 20s", what)
+		}
+	}
+}
+
+// index is the position of the first event of type typ, or -1.
+func (s *sink) index(typ string) int {
+	for i, e := range s.events {
+		if e["type"] == typ {
+			return i
+		}
+	}
+	return -1
+}
+
+func startServer(t *testing.T, cfg refserver.Config) *refserver.Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := refserver.New(cfg, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(context.Background()) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return srv
+}
+
+type fixture struct {
+	srv  *refserver.Server
+	b    *realtime.Backend
+	reg  *prometheus.Registry
+	out  *sink
+	h    backend.Handler
+	sess *refserver.Session
+}
+
+// open starts a reference server and opens one call through the connector.
+func open(t *testing.T, beta bool, mod func(*realtime.Config)) *fixture {
+	t.Helper()
+	f := &fixture{reg: prometheus.NewRegistry(), out: newSink()}
+	f.srv = startServer(t, refserver.Config{Beta: beta, APIKey: "sk-test"})
+	cfg := realtime.Config{URL: f.srv.URL() + "?model=ref", APIKey: "sk-test", Registerer: f.reg}
+	if beta {
+		cfg.Protocol = realtime.ProtocolBeta
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	var err error
+	if f.b, err = realtime.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	info := backend.SessionInfo{ID: "rtc_test", Config: []byte(`{"model":"app-model","instructions":"be a parrot","audio":{"output":{"voice":"marin"}}}`)}
+	if f.h, err = f.b.Open(context.Background(), info, f.out); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.h.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if f.sess, err = f.srv.NextSession(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) waitServer(t *testing.T, what string, cond func(*refserver.State) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := f.sess.Wait(ctx, cond); err != nil {
+		t.Fatalf("server: no %s: %v", what, err)
+	}
+}
+
+// talk sends pcm (48 kHz) as 20 ms Opus frames through Handler.Audio, at
+// twice real time (the queue toward the server holds 2.5 s).
+func talk(t *testing.T, h backend.Handler, pcm []int16) {
+	t.Helper()
+	enc, err := opus.NewEncoder(48000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	frame := enc.FrameSamples()
+	pkt := make([]byte, opus.MaxPacket)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; i+frame <= len(pcm); i += frame {
+		n, err := enc.Encode(pcm[i:i+frame], pkt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Audio(pkt[:n], 20*time.Millisecond)
+		<-tick.C
+	}
+}
+
+// decodeAll decodes the caller's frames at rate.
+func decodeAll(t *testing.T, frames [][]byte, r int) []int16 {
+	t.Helper()
+	dec, err := opus.NewDecoder(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	var out []int16
+	buf := make([]int16, r*120/1000)
+	for _, p := range frames {
+		n, err := dec.Decode(p, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, buf[:n]...)
+	}
+	return out
+}
+
+var flavours = []struct {
+	name string
+	beta bool
+}{{"ga", false}, {"beta", true}}
+
+// TestCallRoundTrip: the caller's signal, as Opus frames, reaches the
+// server with its duration and spectrum; the parrot reply comes back as
+// paced Opus frames; events flow both ways, for GA and beta servers.
+func TestCallRoundTrip(t *testing.T) {
+	signals := []struct {
+		name string
+		pcm  func(t *testing.T) []int16 // at 48 kHz
+	}{
+		{"tone440", func(t *testing.T) []int16 { return audiotest.Tone(48000, 440, 0.3, time.Second) }},
+		{"speech", func(t *testing.T) []int16 { return audiotest.Speech(t, "Hello, this is the edge speaking.", 48000) }},
+	}
+	for _, fl := range flavours {
+		for _, sig := range signals {
+			t.Run(fl.name+"/"+sig.name, func(t *testing.T) {
+				f := open(t, fl.beta, nil)
+				voice := sig.pcm(t)
+				silence := make([]int16, 48000*800/1000)
+				input := append(append(append([]int16(nil), silence[:48000/5]...), voice...), silence...)
+
+				// The server got the call's config with the edge's formats.
+				f.waitServer(t, "session.update", func(st *refserver.State) bool { return len(st.Received) > 0 })
+				f.sess.Wait(context.Background(), func(st *refserver.State) bool {
+					if st.Received[0] != "session.update" || st.Config["instructions"] != "be a parrot" || st.Config["model"] != "ref" {
+						t.Errorf("first event %v, config %v", st.Received[0], st.Config)
+					}
+					return true
+				})
+
+				talk(t, f.h, input)
+				f.waitServer(t, "completed reply", func(st *refserver.State) bool {
+					return len(st.Responses) == 1 && st.Responses[0].Status == "completed"
+				})
+				var heard []int16
+				var replySamples int
+				var received int64
+				f.sess.Wait(context.Background(), func(st *refserver.State) bool {
+					heard, replySamples, received = append([]int16(nil), st.Input...), st.Responses[0].Samples, st.InputSamples
+					return true
+				})
+				// ≥ 95 % of the duration sent (the last partial batch may wait).
+				if sent := int64(len(input)) / 2; received < sent*95/100 {
+					t.Errorf("server heard %d samples of %d", received, sent)
+				}
+				want := audiotest.DominantFrequency(decimate(voice), rate)
+				if got := audiotest.DominantFrequency(heard, rate); math.Abs(got-want) > 0.05*want {
+					t.Errorf("server heard dominant %.1f Hz, sent %.1f Hz", got, want)
+				}
+
+				// The reply: paced frames, output_audio_buffer.started/stopped.
+				f.out.wait(t, "output_audio_buffer.stopped", func(s *sink) bool { return s.index("output_audio_buffer.stopped") >= 0 })
+				f.out.mu.Lock()
+				frames, times := f.out.frames, f.out.times
+				evs := f.out.events
+				f.out.mu.Unlock()
+				reply := decodeAll(t, frames, rate)
+				if len(reply) < replySamples*95/100 {
+					t.Errorf("caller heard %d samples of a %d-sample reply", len(reply), replySamples)
+				}
+				if got := audiotest.DominantFrequency(reply, rate); math.Abs(got-want) > 0.05*want {
+					t.Errorf("reply dominant %.1f Hz, want %.1f", got, want)
+				}
+				if span, min := times[len(times)-1].Sub(times[0]), time.Duration(len(frames)-1)*20*time.Millisecond*9/10; span < min {
+					t.Errorf("%d frames in %v: not paced (want ≥ %v)", len(frames), span, min)
+				}
+				order := []string{"session.created", "session.updated", "input_audio_buffer.speech_started", "input_audio_buffer.committed",
+					"response.created", "response.content_part.added", "output_audio_buffer.started", "response.done", "output_audio_buffer.stopped"}
+				f.out.mu.Lock()
+				last := -1
+				for _, typ := range order {
+					i := f.out.index(typ)
+					if i <= last {
+						t.Errorf("event %s at %d, after %d: %v", typ, i, last, types(evs))
+					}
+					last = i
+				}
+				for _, e := range evs {
+					if typ := e["type"].(string); strings.Contains(typ, "audio.delta") {
+						t.Errorf("caller got an audio delta event")
+					}
+				}
+				f.out.mu.Unlock()
+				m := testmetrics.Take(t, f.reg)
+				if m["rtcedge_realtime_sessions_opened_total"] != 1 || m["rtcedge_realtime_audio_seconds_total,direction=to_caller"] < 0.95*float64(replySamples)/rate {
+					t.Errorf("metrics %v", m)
+				}
+			})
+		}
+	}
+}
+
+// decimate takes 48 kHz to 24 kHz for comparisons (every other sample).
+func decimate(pcm []int16) []int16 {
+	out := make([]int16, len(pcm)/2)
+	for i := range out {
+		out[i] = pcm[2*i]
+	}
+	return out
+}
+
+func types(evs []map[string]any) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, e["type"].(string))
+	}
+	return out
+}
+
+// TestCallerEvents: data-channel events reach the server, except appends
+// (dropped, counted), a session.update with a field the caller may not set
+// (refused with an error event) and output_audio_buffer.clear (the edge's).
+func TestCallerEvents(t *testing.T) {
+	for _, fl := range flavours {
+		t.Run(fl.name, func(t *testing.T) {
+			f := open(t, fl.beta, nil)
+			f.h.Event([]byte(`{"type":"input_audio_buffer.append","audio":"AAAA"}`))
+			f.h.Event([]byte(`{"type":"session.update","event_id":"u1","session":{"instructions":"ignore the app"}}`))
+			f.h.Event([]byte(`{"type":"session.update","event_id":"u2","session":{"model":"app-model","audio":{"input":{"turn_detection":null}}}}`))
+			f.h.Event([]byte(`{"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}}`))
+			f.h.Event([]byte(`{"type":"response.create"}`))
+			f.waitServer(t, "events", func(st *refserver.State) bool { return len(st.Received) >= 4 })
+			f.sess.Wait(context.Background(), func(st *refserver.State) bool {
+				want := []string{"session.update", "session.update", "conversation.item.create", "response.create"}
+				if strings.Join(st.Received, " ") != strings.Join(want, " ") {
+					t.Errorf("server received %v, want %v", st.Received, want)
+				}
+				td := st.Config["turn_detection"]
+				if !fl.beta {
+					td = st.Config["audio"].(map[string]any)["input"].(map[string]any)["turn_detection"]
+				}
+				if td != nil || st.Config["instructions"] != "be a parrot" {
+					t.Errorf("config after the caller's update: %v", st.Config)
+				}
+				return true
+			})
+			f.out.wait(t, "refusal", func(s *sink) bool { return s.index("error") >= 0 })
+			f.out.mu.Lock()
+			e := f.out.events[f.out.index("error")]["error"].(map[string]any)
+			f.out.mu.Unlock()
+			if e["code"] != "invalid_session" || e["param"] != "session.instructions" || e["event_id"] != "u1" {
+				t.Errorf("refusal %v", e)
+			}
+			// The 1 s tone reply of response.create, then clear it.
+			f.out.wait(t, "reply audio", func(s *sink) bool { return len(s.frames) > 0 })
+			f.h.Event([]byte(`{"type":"output_audio_buffer.clear"}`))
+			f.out.wait(t, "cleared", func(s *sink) bool { return s.index("output_audio_buffer.cleared") >= 0 })
+			m := testmetrics.Take(t, f.reg)
+			if m["rtcedge_realtime_dropped_total,reason=append_event"] != 1 {
+				t.Errorf("dropped appends: %v", m)
+			}
+		})
+	}
+}
+
+// TestServerFailures: a server that refuses fails Open; one that closes or
+// stalls ends the call with an error event and a metric, and neither the
+// URL nor the key reaches the caller.
+func TestServerFailures(t *testing.T) {
+	t.Run("refused", func(t *testing.T) {
+		srv := startServer(t, refserver.Config{APIKey: "sk-right"})
+		reg := prometheus.NewRegistry()
+		b, err := realtime.New(realtime.Config{URL: srv.URL(), APIKey: "sk-wrong", Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Open(context.Background(), backend.SessionInfo{ID: "x"}, newSink()); err == nil || strings.Contains(err.Error(), "sk-") {
+			t.Fatalf("Open: %v", err)
+		}
+		if m := testmetrics.Take(t, reg); m["rtcedge_realtime_sessions_failed_total,reason=backend_refused"] != 1 {
+			t.Errorf("metrics %v", m)
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		addr := ln.Addr().String()
+		ln.Close()
+		reg := prometheus.NewRegistry()
+		b, _ := realtime.New(realtime.Config{URL: "ws://" + addr + "/v1/realtime", Registerer: reg})
+		if _, err := b.Open(context.Background(), backend.SessionInfo{ID: "x"}, newSink()); err == nil {
+			t.Fatal("Open succeeded")
+		}
+		if m := testmetrics.Take(t, reg); m["rtcedge_realtime_sessions_failed_total,reason=backend_unreachable"] != 1 {
+			t.Errorf("metrics %v", m)
+		}
+	})
+	for _, tc := range []struct {
+		name, reason string
+		do           func(*refserver.Session)
+	}{
+		{"killed", realtime.ReasonClosed, (*refserver.Session).Kill},
+		{"closed", realtime.ReasonClosed, func(s *refserver.Session) { s.CloseWith(1001, "going away") }},
+		{"stalled", realtime.ReasonStalled, (*refserver.Session).Stall},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := open(t, false, func(c *realtime.Config) { c.StallTimeout = 300 * time.Millisecond })
+			f.waitServer(t, "session.update", func(st *refserver.State) bool { return len(st.Received) > 0 })
+			tc.do(f.sess)
+			f.out.wait(t, "End", func(s *sink) bool { return s.ended != "" })
+			f.out.mu.Lock()
+			defer f.out.mu.Unlock()
+			if f.out.ended != tc.reason {
+				t.Errorf("ended with %q, want %q", f.out.ended, tc.reason)
+			}
+			i := f.out.index("error")
+			if i < 0 || f.out.events[i]["error"].(map[string]any)["code"] != tc.reason {
+				t.Fatalf("no error event %s: %v", tc.reason, f.out.raw)
+			}
+			addr := strings.TrimPrefix(f.srv.URL(), "ws://")
+			for _, raw := range f.out.raw {
+				if strings.Contains(raw, addr) || strings.Contains(raw, "sk-test") {
+					t.Errorf("the caller saw the backend's address or key: %s", raw)
+				}
+			}
+			if m := testmetrics.Take(t, f.reg); m["rtcedge_realtime_sessions_failed_total,reason="+tc.reason] != 1 {
+				t.Errorf("metrics %v", m)
+			}
+		})
+	}
+}
+
+func TestConfig(t *testing.T) {
+	for _, u := range []string{"http://h/v1/realtime", "ws://", "wss://user:pw@h/v1/realtime", "::"} {
+		if _, err := realtime.New(realtime.Config{URL: u}); err == nil {
+			t.Errorf("URL %q accepted", u)
+		}
+	}
+	if _, err := realtime.New(realtime.Config{URL: "ws://h/x", Protocol: "v2"}); err == nil {
+		t.Error("protocol v2 accepted")
+	}
+	if _, err := realtime.New(realtime.Config{URL: "ws://h/x", Rate: 22050}); err == nil {
+		t.Error("rate 22050 accepted")
+	}
+	b, err := realtime.FromURL("wss://h/v1/realtime?model=m", "beta", func(k string) string {
+		if k != realtime.APIKeyEnv {
+			t.Errorf("read %s", k)
+		}
+		return "sk"
+	}, nil, nil)
+	if err != nil || b == nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,182 @@
+package refserver
+
+import (
+	"encoding/base64"
+	"fmt"
+	"math"
+	"time"
+)
+
+// startLocked starts a response: the parrot of the conversation's last
+// user audio, or a 1 s tone at ToneHz when there is none.
+func (s *Session) startLocked() {
+	var audio []int16
+	for i := len(s.items) - 1; i >= 0; i-- {
+		if it := s.items[i]; it.role == "user" && len(it.pcm) > 0 {
+			audio = it.pcm
+			break
+		}
+	}
+	if audio == nil {
+		audio = tone(ToneHz, s.h.cfg.Rate, s.h.cfg.Rate)
+	}
+	if limit := s.h.cfg.MaxReplyMs * s.h.cfg.Rate / 1000; len(audio) > limit {
+		audio = audio[:limit]
+	}
+	r := &response{id: s.h.id("resp"), itemID: s.h.id("item"), audio: audio, done: make(chan struct{}), rec: len(s.st.Responses)}
+	s.active = r
+	s.st.Responses = append(s.st.Responses, Response{ID: r.id, ItemID: r.itemID, Status: "in_progress"})
+	s.notify()
+	prev := s.lastIDLocked()
+	s.items = append(s.items, &item{id: r.itemID, role: "assistant"})
+	s.wg.Add(1)
+	go s.respond(r, prev)
+}
+
+// cancelLocked stops r; its responder sends the closing events.
+func (s *Session) cancelLocked(r *response, reason string) {
+	if r.reason == "" {
+		r.reason = reason
+		close(r.done)
+	}
+}
+
+func tone(hz, rate, n int) []int16 {
+	pcm := make([]int16, n)
+	for i := range pcm {
+		pcm[i] = int16(0.3 * 32767 * math.Sin(2*math.Pi*float64(hz)*float64(i)/float64(rate)))
+	}
+	return pcm
+}
+
+// name maps a GA event name to what the server speaks.
+func (s *Session) name(ga string) string {
+	if !s.h.cfg.Beta {
+		return ga
+	}
+	switch ga {
+	case "response.output_audio.delta":
+		return "response.audio.delta"
+	case "response.output_audio.done":
+		return "response.audio.done"
+	case "response.output_audio_transcript.delta":
+		return "response.audio_transcript.delta"
+	case "response.output_audio_transcript.done":
+		return "response.audio_transcript.done"
+	}
+	return ga
+}
+
+func (s *Session) responseObject(r *response, status string, details, output any) map[string]any {
+	rate := s.h.cfg.Rate
+	obj := map[string]any{"object": "realtime.response", "id": r.id, "status": status, "status_details": details,
+		"output": output, "conversation_id": "conv_" + s.ID, "usage": nil, "metadata": nil}
+	if s.h.cfg.Beta {
+		obj["modalities"] = []string{"audio", "text"}
+		obj["voice"] = "alloy"
+		obj["output_audio_format"] = "pcm16"
+		obj["max_output_tokens"] = "inf"
+	} else {
+		obj["output_modalities"] = []string{"audio"}
+		obj["max_output_tokens"] = "inf"
+		obj["audio"] = map[string]any{"output": map[string]any{"format": map[string]any{"type": "audio/pcm", "rate": rate}, "voice": "marin"}}
+	}
+	return obj
+}
+
+// respond streams r: created, the assistant item, its audio content part,
+// the audio deltas (faster than real time unless Config.Speed slows them)
+// and the closing events, in OpenAI's order.
+func (s *Session) respond(r *response, prev any) {
+	defer s.wg.Done()
+	rate := s.h.cfg.Rate
+	base := map[string]any{"response_id": r.id, "item_id": r.itemID, "output_index": 0, "content_index": 0}
+	with := func(kv ...any) map[string]any {
+		m := make(map[string]any, len(base)+len(kv)/2)
+		for k, v := range base {
+			m[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
+	audioType := "output_audio"
+	if s.h.cfg.Beta {
+		audioType = "audio"
+	}
+	itemObj := func(status, transcript string) map[string]any {
+		content := []any{}
+		if status != "in_progress" {
+			content = []any{map[string]any{"type": audioType, "transcript": transcript}}
+		}
+		return map[string]any{"id": r.itemID, "object": "realtime.item", "type": "message", "status": status, "role": "assistant", "content": content}
+	}
+	s.send(map[string]any{"type": "response.created", "response": s.responseObject(r, "in_progress", nil, []any{})})
+	s.sendItemAdded(prev, itemObj("in_progress", ""), false)
+	s.send(map[string]any{"type": "response.output_item.added", "response_id": r.id, "output_index": 0, "item": itemObj("in_progress", "")})
+	s.send(with("type", "response.content_part.added", "part", map[string]any{"type": "audio", "transcript": ""}))
+	transcript := fmt.Sprintf("Parrot: %d ms of audio.", len(r.audio)*1000/rate)
+	s.send(with("type", s.name("response.output_audio_transcript.delta"), "delta", transcript))
+
+	chunk := s.h.cfg.DeltaMs * rate / 1000
+	start := time.Now()
+	sent := 0
+	buf := make([]byte, 2*chunk)
+	for sent < len(r.audio) {
+		if s.h.cfg.Speed > 0 {
+			due := start.Add(time.Duration(float64(sent) / float64(rate) / s.h.cfg.Speed * float64(time.Second)))
+			if !s.sleepUntil(due, r.done) {
+				break
+			}
+		}
+		select {
+		case <-r.done:
+		case <-s.ctx.Done():
+		default:
+			n := min(chunk, len(r.audio)-sent)
+			b := buf[:2*n]
+			for i, v := range r.audio[sent : sent+n] {
+				b[2*i], b[2*i+1] = byte(v), byte(uint16(v)>>8)
+			}
+			s.send(with("type", s.name("response.output_audio.delta"), "delta", base64.StdEncoding.EncodeToString(b)))
+			sent += n
+			s.mu.Lock()
+			s.st.Responses[r.rec].Samples = sent
+			s.notify()
+			s.mu.Unlock()
+			continue
+		}
+		break
+	}
+
+	s.mu.Lock()
+	reason := r.reason
+	if i := s.findLocked(r.itemID); i >= 0 {
+		s.items[i].pcm = r.audio[:sent]
+	}
+	s.mu.Unlock()
+	status, itemStatus, details := "completed", "completed", any(nil)
+	if reason != "" {
+		status, itemStatus = "cancelled", "incomplete"
+		details = map[string]any{"type": "cancelled", "reason": reason}
+	}
+	final := itemObj(itemStatus, transcript)
+	s.send(with("type", s.name("response.output_audio.done")))
+	s.send(with("type", s.name("response.output_audio_transcript.done"), "transcript", transcript))
+	s.send(with("type", "response.content_part.done", "part", map[string]any{"type": "audio", "transcript": transcript}))
+	s.send(map[string]any{"type": "response.output_item.done", "response_id": r.id, "output_index": 0, "item": final})
+	if !s.h.cfg.Beta {
+		s.send(map[string]any{"type": "conversation.item.done", "previous_item_id": prev, "item": final})
+	}
+	s.send(map[string]any{"type": "response.done", "response": s.responseObject(r, status, details, []any{final})})
+
+	s.mu.Lock()
+	if s.active == r {
+		s.active = nil
+	}
+	rec := &s.st.Responses[r.rec]
+	rec.Status, rec.Reason = status, reason
+	s.notify()
+	s.mu.Unlock()
+}

@@ -1,0 +1,83 @@
+// Package opus is the edge's audio codec: it turns a caller's Opus into
+// PCM16 mono at a model backend's rate and the backend's PCM16 back into
+// 20 ms Opus packets toward the caller.
+//
+// It wraps libopus (the reference implementation, Debian's libopus-dev)
+// through cgo, linked statically into the release image. libopus decodes to
+// and encodes from 8, 12, 16, 24 and 48 kHz natively (the codec's internal
+// bands are those rates, and the decoder's output resampler and encoder's
+// input filters are part of the codec), so a 24 kHz or 16 kHz backend needs
+// no separate resampler: decode at the backend's rate, encode from it. The
+// tests check it (a 1 kHz tone encoded at 48 kHz comes out at 1 kHz from a
+// 24 kHz decoder, and the reverse). docs/codec.md says why libopus rather than
+// a pure-Go codec: none in Go encodes.
+//
+// Built without cgo or with the noopus build tag, the package compiles to a
+// stub whose constructors return ErrUnavailable, so the rest of rtcedge
+// builds and vets on a machine without a C toolchain or libopus.
+//
+// A Decoder or Encoder is owned by one goroutine (one call's direction); it
+// is not safe for concurrent use. Decode, Conceal and Encode allocate
+// nothing: they write into the caller's buffers.
+package opus
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// MaxPacket is the largest Opus packet (RFC 6716, 3.2.1): an Encode
+// destination of this size is always large enough.
+const MaxPacket = 1275
+
+// ErrUnavailable is returned by NewDecoder and NewEncoder in a build
+// without libopus (no cgo, or the noopus tag).
+var ErrUnavailable = errors.New("opus: built without libopus (cgo disabled or noopus tag)")
+
+// Errors of Decode, DecodeFEC, Conceal and Encode. They are returned
+// unwrapped so that a per-packet failure costs no allocation; the caller
+// counts them.
+var (
+	// ErrInvalidPacket: the packet is empty or not valid Opus.
+	ErrInvalidPacket = errors.New("opus: invalid packet")
+	// ErrBufferTooSmall: pcm is shorter than the packet's duration.
+	ErrBufferTooSmall = errors.New("opus: buffer too small for the packet")
+	// ErrBadArg: a length that is not a whole frame (Encode) or not a
+	// multiple of 2.5 ms (Conceal, DecodeFEC).
+	ErrBadArg = errors.New("opus: bad frame length")
+	// ErrClosed: the Decoder or Encoder was closed.
+	ErrClosed = errors.New("opus: closed")
+	// ErrInternal: libopus failed for another reason.
+	ErrInternal = errors.New("opus: internal libopus error")
+)
+
+// validRate reports whether libopus decodes to and encodes from rate.
+func validRate(rate int) error {
+	switch rate {
+	case 8000, 12000, 16000, 24000, 48000:
+		return nil
+	}
+	return fmt.Errorf("opus: rate %d Hz not supported (8000, 12000, 16000, 24000 or 48000)", rate)
+}
+
+// AppendPCM16LE appends pcm to dst as 16-bit little-endian samples, the
+// layout of the Realtime protocol's base64 audio, and returns the extended
+// slice. It allocates only when dst lacks capacity.
+func AppendPCM16LE(dst []byte, pcm []int16) []byte {
+	for _, s := range pcm {
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(s))
+	}
+	return dst
+}
+
+// DecodePCM16LE reads 16-bit little-endian samples from src into pcm and
+// returns how many it wrote: min(len(src)/2, len(pcm)). An odd trailing byte
+// is ignored.
+func DecodePCM16LE(src []byte, pcm []int16) int {
+	n := min(len(src)/2, len(pcm))
+	for i := range n {
+		pcm[i] = int16(binary.LittleEndian.Uint16(src[2*i:]))
+	}
+	return n
+}
