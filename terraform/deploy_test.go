@@ -141,30 +141,19 @@ func inputs(t *testing.T, m *module, args hclsyntax.Attributes, ctx *hcl.EvalCon
 	t.Helper()
 	vars := map[string]cty.Value{}
 	for _, v := range m.blocks("variable", "") {
-		ty := cty.DynamicPseudoType
-		if a, ok := v.Body.Attributes["type"]; ok {
-			var d hcl.Diagnostics
-			if ty, _, d = typeexpr.TypeConstraintWithDefaults(a.Expr); d.HasErrors() {
-				t.Fatalf("%s: %v", v.Range(), d)
+		vars[v.Labels[0]] = cty.DynamicVal
+		if ty, _, d := typeexpr.TypeConstraintWithDefaults(attr(t, v, "type").Expr); !d.HasErrors() && ty != cty.DynamicPseudoType {
+			vars[v.Labels[0]] = cty.UnknownVal(ty).RefineNotNull()
+		}
+		a, ok := args[v.Labels[0]]
+		if !ok {
+			if a, ok = v.Body.Attributes["default"]; !ok {
+				continue
 			}
 		}
-		var expr hcl.Expression
-		if a, ok := args[v.Labels[0]]; ok {
-			expr = a.Expr
-		} else if a, ok := v.Body.Attributes["default"]; ok {
-			expr = a.Expr
+		if val, d := a.Expr.Value(ctx); !d.HasErrors() {
+			vars[v.Labels[0]] = val
 		}
-		val, d := cty.DynamicVal, hcl.Diagnostics(nil)
-		if expr != nil {
-			val, d = expr.Value(ctx)
-		}
-		if expr == nil || d.HasErrors() {
-			val = cty.DynamicVal
-			if ty != cty.DynamicPseudoType {
-				val = cty.UnknownVal(ty).RefineNotNull()
-			}
-		}
-		vars[v.Labels[0]] = val
 	}
 	return &hcl.EvalContext{
 		Variables: map[string]cty.Value{"var": cty.ObjectVal(vars)},
@@ -200,16 +189,16 @@ func (in instance) planned(t *testing.T, typ string) []*hclsyntax.Block {
 	t.Helper()
 	var out []*hclsyntax.Block
 	for _, b := range in.blocks("resource", typ) {
-		n := cty.NumberIntVal(1)
 		if c, ok := b.Body.Attributes["count"]; ok {
-			var d hcl.Diagnostics
-			if n, d = c.Expr.Value(in.ctx); d.HasErrors() || !n.IsKnown() {
+			n, d := c.Expr.Value(in.ctx)
+			if d.HasErrors() || !n.IsKnown() {
 				t.Fatalf("%s: count %v %v", c.SrcRange, n, d)
 			}
+			if n.AsBigFloat().Sign() == 0 {
+				continue
+			}
 		}
-		if n.AsBigFloat().Sign() > 0 {
-			out = append(out, b)
-		}
+		out = append(out, b)
 	}
 	return out
 }

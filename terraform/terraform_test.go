@@ -3,6 +3,7 @@ package terraform
 import (
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -169,7 +170,7 @@ func checkModule(m *module, load func(dir string) (*module, error)) []string {
 				report(a.SrcRange, "module %q: argument %q is not a variable of %s", name, arg, child.dir)
 			}
 		}
-		for _, v := range sortedKeys(child.variables) {
+		for _, v := range slices.Sorted(maps.Keys(child.variables)) {
 			if _, given := blk.Body.Attributes[v]; child.variables[v] && !given {
 				report(blk.Range(), "module %q: required variable %q of %s is not set", name, v, child.dir)
 			}
@@ -244,22 +245,13 @@ func checkModule(m *module, load func(dir string) (*module, error)) []string {
 			}
 		}
 	}
-	for _, v := range sortedKeys(m.variables) {
+	for _, v := range slices.Sorted(maps.Keys(m.variables)) {
 		if !used[v] {
 			problems = append(problems, fmt.Sprintf("%s: variable %q is declared but never used", m.dir, v))
 		}
 	}
 	sort.Strings(problems)
 	return problems
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // checkTree loads and checks every directory under root holding .tf files.

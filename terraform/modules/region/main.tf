@@ -168,7 +168,6 @@ module "transceiver" {
   termination_grace_seconds   = local.termination_grace_seconds
   secret_name                 = var.secret_name
   secret_keys                 = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
-  optional_secret_keys        = ["RTCEDGE_TOKEN_CURRENT"]
   readiness_failure_threshold = 2
   resources                   = var.transceiver_resources
   ports = [

@@ -14,6 +14,9 @@ terraform {
 }
 
 locals {
+  # Secret keys that may be absent: the binary has a default.
+  optional_secret_keys = ["RTCEDGE_TOKEN_CURRENT"]
+
   pod_labels  = merge(var.labels, var.pod_labels)
   annotations = merge({ "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.this.data["config.yaml"]) }, var.annotations)
   volumes     = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null }], var.volumes)
@@ -130,7 +133,7 @@ resource "kubernetes_deployment_v1" "this" {
                 secret_key_ref {
                   name     = var.secret_name
                   key      = env.value
-                  optional = contains(var.optional_secret_keys, env.value)
+                  optional = contains(local.optional_secret_keys, env.value)
                 }
               }
             }
@@ -297,7 +300,7 @@ resource "kubernetes_stateful_set_v1" "this" {
                 secret_key_ref {
                   name     = var.secret_name
                   key      = env.value
-                  optional = contains(var.optional_secret_keys, env.value)
+                  optional = contains(local.optional_secret_keys, env.value)
                 }
               }
             }

@@ -78,12 +78,6 @@ variable "secret_keys" {
   type        = list(string)
 }
 
-variable "optional_secret_keys" {
-  description = "Keys of secret_keys that may be absent (the role has a default)."
-  type        = list(string)
-  default     = []
-}
-
 variable "ports" {
   description = "The container's ports, in order."
   type = list(object({
