@@ -212,31 +212,26 @@ func (s *Syncer) syncMonitor(ctx context.Context, plan *Plan) (string, error) {
 	}
 	*plan = append(*plan, Action{Verb: "update", Object: object, Changes: changes})
 	if !s.dryRun {
-		if err := s.editMonitor(ctx, *found); err != nil {
+		p := s.monitorNewParams()
+		// Headers added by hand stay; only Host is ours.
+		header := map[string][]string{}
+		for k, v := range found.Header {
+			if !strings.EqualFold(k, "Host") {
+				header[k] = v
+			}
+		}
+		header["Host"] = []string{want.Host}
+		_, err := s.lbs.Monitors.Edit(ctx, found.ID, load_balancers.MonitorEditParams{
+			AccountID: p.AccountID, Type: cf.F(load_balancers.MonitorEditParamsTypeHTTPS),
+			Method: p.Method, Path: p.Path, ExpectedCodes: p.ExpectedCodes, Port: p.Port,
+			Interval: p.Interval, Timeout: p.Timeout, Retries: p.Retries, Header: cf.F(header),
+			FollowRedirects: p.FollowRedirects, AllowInsecure: p.AllowInsecure,
+		})
+		if err != nil {
 			return "", apiError("update "+object, err)
 		}
 	}
 	return found.ID, nil
-}
-
-// editMonitor PATCHes the fields sync manages; headers added by hand stay,
-// only Host is ours.
-func (s *Syncer) editMonitor(ctx context.Context, have load_balancers.Monitor) error {
-	p := s.monitorNewParams()
-	header := map[string][]string{}
-	for k, v := range have.Header {
-		if !strings.EqualFold(k, "Host") {
-			header[k] = v
-		}
-	}
-	header["Host"] = []string{s.want.Monitor.Host}
-	_, err := s.lbs.Monitors.Edit(ctx, have.ID, load_balancers.MonitorEditParams{
-		AccountID: p.AccountID, Type: cf.F(load_balancers.MonitorEditParamsTypeHTTPS),
-		Method: p.Method, Path: p.Path, ExpectedCodes: p.ExpectedCodes, Port: p.Port,
-		Interval: p.Interval, Timeout: p.Timeout, Retries: p.Retries, Header: cf.F(header),
-		FollowRedirects: p.FollowRedirects, AllowInsecure: p.AllowInsecure,
-	})
-	return err
 }
 
 func (s *Syncer) monitorNewParams() load_balancers.MonitorNewParams {
@@ -289,7 +284,7 @@ func headerValues(h map[string][]string, name string) []string {
 
 type ownedPool struct{ ID, Name string }
 
-func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (ids poolIDs, stale []ownedPool, err error) {
+func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (ids map[string]string, stale []ownedPool, err error) {
 	page, err := s.lbs.Pools.List(ctx, load_balancers.PoolListParams{AccountID: cf.F(s.cfg.AccountID)})
 	if err != nil {
 		return nil, nil, apiError("list pools", err)
@@ -298,7 +293,7 @@ func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (i
 	for _, p := range page.Result {
 		byName[p.Name] = p
 	}
-	ids = poolIDs{}
+	ids = map[string]string{}
 	wanted := map[string]bool{}
 	for _, want := range s.want.Pools {
 		wanted[want.Name] = true
@@ -310,9 +305,19 @@ func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (i
 				ids[want.Region] = placeholder(object)
 				continue
 			}
-			if ids[want.Region], err = s.createPool(ctx, want, monitorID); err != nil {
+			p := s.poolParams(want, monitorID, nil)
+			created, err := s.lbs.Pools.New(ctx, load_balancers.PoolNewParams{
+				AccountID: p.AccountID, Name: cf.F(want.Name), Description: p.Description, Enabled: p.Enabled,
+				MinimumOrigins: p.MinimumOrigins, Monitor: p.Monitor, Latitude: p.Latitude,
+				Longitude: p.Longitude, Origins: p.Origins,
+			},
+				// cloudflare-go's create parameters lack check_regions,
+				// which the API takes on create as on update.
+				option.WithJSONSet("check_regions", want.CheckRegions))
+			if err != nil {
 				return nil, nil, apiError("create "+object, err)
 			}
+			ids[want.Region] = created.ID
 			continue
 		}
 		if !s.cfg.owns(have.Description) {
@@ -338,22 +343,6 @@ func (s *Syncer) syncPools(ctx context.Context, monitorID string, plan *Plan) (i
 	}
 	sort.Slice(stale, func(i, j int) bool { return stale[i].Name < stale[j].Name })
 	return ids, stale, nil
-}
-
-func (s *Syncer) createPool(ctx context.Context, want poolSpec, monitorID string) (string, error) {
-	p := s.poolParams(want, monitorID, nil)
-	created, err := s.lbs.Pools.New(ctx, load_balancers.PoolNewParams{
-		AccountID: p.AccountID, Name: cf.F(want.Name), Description: p.Description, Enabled: p.Enabled,
-		MinimumOrigins: p.MinimumOrigins, Monitor: p.Monitor, Latitude: p.Latitude,
-		Longitude: p.Longitude, Origins: p.Origins,
-	},
-		// cloudflare-go's create parameters lack check_regions, which the
-		// API takes on create as on update.
-		option.WithJSONSet("check_regions", want.CheckRegions))
-	if err != nil {
-		return "", err
-	}
-	return created.ID, nil
 }
 
 // poolParams is every pool field sync manages, for a create or a PATCH.
@@ -433,28 +422,7 @@ func diffPool(have load_balancers.Pool, want poolSpec, monitorID, host string) [
 	return d.changes
 }
 
-// poolIDs are the pools' IDs by region.
-type poolIDs map[string]string
-
-// of maps regions to their pools' IDs.
-func (ids poolIDs) of(regions []string) []string {
-	out := make([]string, len(regions))
-	for i, r := range regions {
-		out[i] = ids[r]
-	}
-	return out
-}
-
-// steer maps steering (code -> regions) to pool IDs.
-func (ids poolIDs) steer(m map[string][]string) map[string][]string {
-	out := make(map[string][]string, len(m))
-	for k, regions := range m {
-		out[k] = ids.of(regions)
-	}
-	return out
-}
-
-func (s *Syncer) syncLoadBalancer(ctx context.Context, ids poolIDs, plan *Plan) error {
+func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string, plan *Plan) error {
 	want := s.want.LB
 	page, err := s.lbs.List(ctx, load_balancers.LoadBalancerListParams{ZoneID: cf.F(s.cfg.ZoneID)})
 	if err != nil {
@@ -468,7 +436,7 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, ids poolIDs, plan *Plan) 
 			break
 		}
 	}
-	params := s.loadBalancerParams(ids)
+	params := s.loadBalancerParams(poolIDs)
 	if found == nil {
 		*plan = append(*plan, Action{Verb: "create", Object: object})
 		if s.dryRun {
@@ -488,7 +456,7 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, ids poolIDs, plan *Plan) 
 	if !s.cfg.owns(found.Description) {
 		return fmt.Errorf("%s (%s): %w", object, found.ID, ErrNotOwned)
 	}
-	changes := diffLoadBalancer(*found, want, ids)
+	changes := diffLoadBalancer(*found, want, params)
 	if len(changes) == 0 {
 		return nil
 	}
@@ -504,8 +472,22 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, ids poolIDs, plan *Plan) 
 
 // loadBalancerParams is every load balancer field sync manages: a PATCH of
 // these leaves pop_pools, rules, adaptive_routing and the rest as they are.
-func (s *Syncer) loadBalancerParams(ids poolIDs) load_balancers.LoadBalancerEditParams {
+func (s *Syncer) loadBalancerParams(poolIDs map[string]string) load_balancers.LoadBalancerEditParams {
 	want := s.want.LB
+	ids := func(regions []string) []string {
+		out := make([]string, len(regions))
+		for i, r := range regions {
+			out[i] = poolIDs[r]
+		}
+		return out
+	}
+	steer := func(m map[string][]string) map[string][]string {
+		out := make(map[string][]string, len(m))
+		for k, regions := range m {
+			out[k] = ids(regions)
+		}
+		return out
+	}
 	params := load_balancers.LoadBalancerEditParams{
 		ZoneID:         cf.F(s.cfg.ZoneID),
 		Description:    cf.F(want.Description),
@@ -514,11 +496,11 @@ func (s *Syncer) loadBalancerParams(ids poolIDs) load_balancers.LoadBalancerEdit
 		SteeringPolicy: cf.F(load_balancers.SteeringPolicy(want.Steering)),
 		// Signaling is stateless: any request may go to any front.
 		SessionAffinity: cf.F(load_balancers.SessionAffinityNone),
-		DefaultPools:    cf.F(ids.of(want.DefaultRegions)),
-		FallbackPool:    cf.F(ids[want.FallbackRegion]),
+		DefaultPools:    cf.F(ids(want.DefaultRegions)),
+		FallbackPool:    cf.F(poolIDs[want.FallbackRegion]),
 		// Sent even when empty, so switching to proximity clears them.
-		RegionPools:  cf.F(ids.steer(want.RegionPools)),
-		CountryPools: cf.F(ids.steer(want.CountryPools)),
+		RegionPools:  cf.F(steer(want.RegionPools)),
+		CountryPools: cf.F(steer(want.CountryPools)),
 	}
 	if !want.Proxied {
 		params.TTL = cf.F(float64(want.TTL))
@@ -526,7 +508,9 @@ func (s *Syncer) loadBalancerParams(ids poolIDs) load_balancers.LoadBalancerEdit
 	return params
 }
 
-func diffLoadBalancer(have load_balancers.LoadBalancer, want lbSpec, ids poolIDs) []string {
+// diffLoadBalancer compares the load balancer with want, whose pools p
+// holds as IDs.
+func diffLoadBalancer(have load_balancers.LoadBalancer, want lbSpec, p load_balancers.LoadBalancerEditParams) []string {
 	var d differ
 	d.str("description", have.Description, want.Description)
 	d.flag("enabled", have.Enabled, true)
@@ -536,10 +520,10 @@ func diffLoadBalancer(have load_balancers.LoadBalancer, want lbSpec, ids poolIDs
 	}
 	d.str("steering_policy", string(have.SteeringPolicy), want.Steering)
 	d.str("session_affinity", cmp.Or(string(have.SessionAffinity), "none"), "none")
-	d.list("default_pools", have.DefaultPools, ids.of(want.DefaultRegions))
-	d.str("fallback_pool", have.FallbackPool, ids[want.FallbackRegion])
-	d.steering("region_pools", have.RegionPools, ids.steer(want.RegionPools))
-	d.steering("country_pools", have.CountryPools, ids.steer(want.CountryPools))
+	d.list("default_pools", have.DefaultPools, p.DefaultPools.Value)
+	d.str("fallback_pool", have.FallbackPool, p.FallbackPool.Value)
+	d.steering("region_pools", have.RegionPools, p.RegionPools.Value)
+	d.steering("country_pools", have.CountryPools, p.CountryPools.Value)
 	return d.changes
 }
 
