@@ -10,6 +10,7 @@ package cloudflare
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -127,39 +128,17 @@ func ParseConfig(data []byte) (*Config, error) {
 }
 
 func (c *Config) defaults() {
-	if c.NamePrefix == "" {
-		c.NamePrefix = "rtcedge"
-	}
-	if c.SteeringPolicy == "" {
-		c.SteeringPolicy = SteeringGeo
-	}
-	if c.Proxied == nil {
-		t := true
-		c.Proxied = &t
-	}
-	if c.TTL == 0 {
-		c.TTL = 30
-	}
-	if c.VisitorLocationHeaders == nil {
-		t := true
-		c.VisitorLocationHeaders = &t
-	}
+	c.NamePrefix = cmp.Or(c.NamePrefix, "rtcedge")
+	c.SteeringPolicy = cmp.Or(c.SteeringPolicy, SteeringGeo)
+	c.TTL = cmp.Or(c.TTL, 30)
+	c.Proxied = cmp.Or(c.Proxied, new(true))
+	c.VisitorLocationHeaders = cmp.Or(c.VisitorLocationHeaders, new(true))
 	m := &c.Monitor
-	if m.Path == "" {
-		m.Path = "/readyz"
-	}
-	if m.ExpectedCodes == "" {
-		m.ExpectedCodes = "200"
-	}
-	if m.Interval == 0 {
-		m.Interval = 60
-	}
-	if m.Timeout == 0 {
-		m.Timeout = 5
-	}
-	if m.Retries == 0 {
-		m.Retries = 2
-	}
+	m.Path = cmp.Or(m.Path, "/readyz")
+	m.ExpectedCodes = cmp.Or(m.ExpectedCodes, "200")
+	m.Interval = cmp.Or(m.Interval, 60)
+	m.Timeout = cmp.Or(m.Timeout, 5)
+	m.Retries = cmp.Or(m.Retries, 2)
 }
 
 // ownerTag marks descriptions of the objects this prefix's sync owns.
@@ -206,122 +185,156 @@ type (
 
 var poolNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
+// problems collects what is wrong with a config, to report it all at once.
+type problems []error
+
+func (p *problems) add(format string, args ...any) {
+	*p = append(*p, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
+}
+
 // desired validates c against the catalogue and computes what Cloudflare
 // should hold. Every problem is reported at once.
 func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...)))
+	var bad problems
+	c.checkRequired(&bad)
+	names := c.signalingRegions(cat, &bad)
+	checkRegions := c.checkRegions(&bad)
+	d := &desiredState{Monitor: c.monitor(), Pools: c.pools(cat, names, checkRegions, &bad)}
+	order := c.failoverOrder(names, &bad)
+	d.LB = c.loadBalancer(cat, names, order, &bad)
+	if len(bad) > 0 {
+		return nil, errors.Join(bad...)
 	}
+	return d, nil
+}
+
+// checkRequired checks the fields that need no catalogue.
+func (c *Config) checkRequired(bad *problems) {
 	if c.AccountID == "" {
-		bad("account_id is required")
+		bad.add("account_id is required")
 	}
 	if c.ZoneID == "" {
-		bad("zone_id is required")
+		bad.add("zone_id is required")
 	}
 	if c.Hostname == "" {
-		bad("hostname is required")
+		bad.add("hostname is required")
 	}
 	if c.SteeringPolicy != SteeringGeo && c.SteeringPolicy != SteeringProximity {
-		bad("steering_policy %q: want %q or %q", c.SteeringPolicy, SteeringGeo, SteeringProximity)
+		bad.add("steering_policy %q: want %q or %q", c.SteeringPolicy, SteeringGeo, SteeringProximity)
 	}
 	if !strings.HasPrefix(c.Monitor.Path, "/") {
-		bad("monitor.path %q must start with /", c.Monitor.Path)
+		bad.add("monitor.path %q must start with /", c.Monitor.Path)
 	}
+}
 
-	catRegions := map[string]geo.Region{}
+// signalingRegions returns the catalogue's regions with a cluster (so with
+// signaling), sorted, and checks that the config's regions are exactly
+// those, each with origins and a valid pool name.
+func (c *Config) signalingRegions(cat *geo.Catalogue, bad *problems) []string {
 	var names []string
 	for _, r := range cat.Regions {
-		catRegions[r.Name] = r
 		if len(r.Clusters) == 0 {
 			continue // a POP-only region runs no signaling
 		}
 		names = append(names, r.Name)
 		if _, ok := c.Regions[r.Name]; !ok {
-			bad("region %q of the catalogue has no entry under regions", r.Name)
+			bad.add("region %q of the catalogue has no entry under regions", r.Name)
 		}
 	}
 	sort.Strings(names)
 	for name, rc := range c.Regions {
-		if r, ok := catRegions[name]; !ok {
-			bad("region %q is not in the catalogue", name)
+		if r, ok := cat.Region(name); !ok {
+			bad.add("region %q is not in the catalogue", name)
 		} else if len(r.Clusters) == 0 {
-			bad("region %q has no cluster in the catalogue, so no signaling to steer to", name)
+			bad.add("region %q has no cluster in the catalogue, so no signaling to steer to", name)
 		}
 		if len(rc.Origins) == 0 {
-			bad("region %q: no origins", name)
+			bad.add("region %q: no origins", name)
 		}
 		if !poolNameRe.MatchString(c.NamePrefix + "-" + name) {
-			bad("pool name %q: only letters, digits, - and _ are allowed", c.NamePrefix+"-"+name)
+			bad.add("pool name %q: only letters, digits, - and _ are allowed", c.NamePrefix+"-"+name)
 		}
 	}
+	return names
+}
 
-	// Probe from the regions the clients come from: those claimed, unless
-	// the config lists its own.
-	checkRegions := map[string]bool{}
+// checkRegions are the Cloudflare regions the monitor probes from, sorted:
+// those the clients come from (the regions' claims), unless the config
+// lists its own.
+func (c *Config) checkRegions(bad *problems) []string {
+	codes := map[string]bool{}
 	if len(c.CheckRegions) > 0 {
 		for _, code := range c.CheckRegions {
 			if !ValidRegionCode(code) {
-				bad("check_regions: %q is not a Cloudflare region code (%s)", code, regionCodeHint(code))
+				bad.add("check_regions: %q is not a Cloudflare region code (%s)", code, regionCodeHint(code))
 			}
-			checkRegions[code] = true
+			codes[code] = true
 		}
-	} else {
-		for _, rc := range c.Regions {
-			for _, code := range rc.CloudflareRegions {
-				if ValidRegionCode(strings.ToUpper(code)) {
-					checkRegions[strings.ToUpper(code)] = true
-				}
+		return slices.Sorted(maps.Keys(codes))
+	}
+	for _, rc := range c.Regions {
+		for _, code := range rc.CloudflareRegions {
+			if ValidRegionCode(strings.ToUpper(code)) {
+				codes[strings.ToUpper(code)] = true
 			}
-		}
-		if len(checkRegions) == 0 {
-			bad("check_regions: no region claims a Cloudflare region code, so list the regions to probe from " +
-				"(sync never sends null: that probes from every data centre, which only Enterprise plans allow)")
 		}
 	}
+	if len(codes) == 0 {
+		bad.add("check_regions: no region claims a Cloudflare region code, so list the regions to probe from " +
+			"(sync never sends null: that probes from every data centre, which only Enterprise plans allow)")
+	}
+	return slices.Sorted(maps.Keys(codes))
+}
 
-	d := &desiredState{
-		Monitor: monitorSpec{
-			Description:   c.describe("signaling readiness for " + c.Hostname),
-			Path:          c.Monitor.Path,
-			ExpectedCodes: c.Monitor.ExpectedCodes,
-			Host:          c.Hostname,
-			Port:          c.Monitor.Port,
-			Interval:      c.Monitor.Interval,
-			Timeout:       c.Monitor.Timeout,
-			Retries:       c.Monitor.Retries,
-		},
+func (c *Config) monitor() monitorSpec {
+	return monitorSpec{
+		Description:   c.describe("signaling readiness for " + c.Hostname),
+		Path:          c.Monitor.Path,
+		ExpectedCodes: c.Monitor.ExpectedCodes,
+		Host:          c.Hostname,
+		Port:          c.Monitor.Port,
+		Interval:      c.Monitor.Interval,
+		Timeout:       c.Monitor.Timeout,
+		Retries:       c.Monitor.Retries,
 	}
+}
+
+// pools is one pool per region with signaling and an entry, by region name.
+func (c *Config) pools(cat *geo.Catalogue, names, checkRegions []string, bad *problems) []poolSpec {
+	var pools []poolSpec
 	for _, name := range names {
 		rc, ok := c.Regions[name]
 		if !ok {
 			continue
 		}
-		r := catRegions[name]
+		r, _ := cat.Region(name)
 		p := poolSpec{
 			Region:       name,
 			Name:         c.NamePrefix + "-" + name,
 			Description:  c.describe("signaling pool of region " + name),
 			Latitude:     r.Location.Lat,
 			Longitude:    r.Location.Lon,
-			CheckRegions: slices.Sorted(maps.Keys(checkRegions)),
+			CheckRegions: checkRegions,
 		}
 		seen := map[string]bool{}
 		for i, addr := range rc.Origins {
 			if addr == "" || seen[addr] {
-				bad("region %q: origin %d empty or repeated", name, i+1)
+				bad.add("region %q: origin %d empty or repeated", name, i+1)
 			}
 			seen[addr] = true
 			p.Origins = append(p.Origins, originSpec{Name: fmt.Sprintf("%s-%d", name, i+1), Address: addr})
 		}
-		d.Pools = append(d.Pools, p)
+		pools = append(pools, p)
 	}
+	return pools
+}
 
-	// Failover order: the listed regions, then the rest by name.
+// failoverOrder is the listed regions, then the rest by name.
+func (c *Config) failoverOrder(names []string, bad *problems) []string {
 	var order []string
 	for _, r := range c.RegionOrder {
 		if !slices.Contains(names, r) {
-			bad("region_order names %q, not a region with signaling", r)
+			bad.add("region_order names %q, not a region with signaling", r)
 			continue
 		}
 		if !slices.Contains(order, r) {
@@ -333,22 +346,25 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 			order = append(order, r)
 		}
 	}
-	fallback := c.FallbackRegion
-	if fallback == "" {
-		fallback = cat.DefaultRegion
-	}
-	if !slices.Contains(names, fallback) {
-		bad("fallback region %q is not a region with signaling", fallback)
-	}
-	// A steered region's own pool first, then the others in failover order.
-	failover := func(r string) []string {
-		out := []string{r}
-		for _, o := range order {
-			if o != r {
-				out = append(out, o)
-			}
+	return order
+}
+
+// failover is a steered region's own pool first, then the others in
+// failover order.
+func failover(r string, order []string) []string {
+	out := []string{r}
+	for _, o := range order {
+		if o != r {
+			out = append(out, o)
 		}
-		return out
+	}
+	return out
+}
+
+func (c *Config) loadBalancer(cat *geo.Catalogue, names, order []string, bad *problems) lbSpec {
+	fallback := cmp.Or(c.FallbackRegion, cat.DefaultRegion)
+	if !slices.Contains(names, fallback) {
+		bad.add("fallback region %q is not a region with signaling", fallback)
 	}
 	lb := lbSpec{
 		Name:           strings.ToLower(c.Hostname),
@@ -363,51 +379,58 @@ func (c *Config) desired(cat *geo.Catalogue) (*desiredState, error) {
 
 		VisitorLocationHeaders: *c.VisitorLocationHeaders,
 	}
-	// Codes are checked whatever the policy, so switching to geo later
-	// cannot surface a bad code at apply time.
-	for _, name := range sortedKeys(c.Regions) {
+	c.checkCodes(bad)
+	if c.SteeringPolicy == SteeringGeo {
+		c.geoPools(&lb, cat, names, order, bad)
+	}
+	return lb
+}
+
+// checkCodes checks the regions' Cloudflare region and country codes
+// whatever the policy, so switching to geo later cannot surface a bad code
+// at apply time.
+func (c *Config) checkCodes(bad *problems) {
+	for _, name := range slices.Sorted(maps.Keys(c.Regions)) {
 		for _, code := range c.Regions[name].CloudflareRegions {
 			if code = strings.ToUpper(code); !ValidRegionCode(code) {
-				bad("region %q: %q is not a Cloudflare region code (%s)", name, code, regionCodeHint(code))
+				bad.add("region %q: %q is not a Cloudflare region code (%s)", name, code, regionCodeHint(code))
 			}
 		}
 		for _, code := range c.Regions[name].Countries {
 			if code = strings.ToUpper(code); !geo.KnownCountry(code) {
-				bad("region %q: country %q is not an ISO 3166-1 alpha-2 code", name, code)
+				bad.add("region %q: country %q is not an ISO 3166-1 alpha-2 code", name, code)
 			}
 		}
 	}
-	if c.SteeringPolicy == SteeringGeo {
-		claim := func(m map[string][]string, kind, code, region string) {
-			if prev, ok := m[code]; ok {
-				bad("%s %q is claimed by both %q and %q", kind, code, prev[0], region)
-				return
-			}
-			m[code] = failover(region)
+}
+
+// geoPools fills the load balancer's region and country pools from the
+// regions' claims (each code claimed once) and the catalogue's steering.
+func (c *Config) geoPools(lb *lbSpec, cat *geo.Catalogue, names, order []string, bad *problems) {
+	claim := func(m map[string][]string, kind, code, region string) {
+		if prev, ok := m[code]; ok {
+			bad.add("%s %q is claimed by both %q and %q", kind, code, prev[0], region)
+			return
 		}
-		for _, name := range sortedKeys(c.Regions) {
-			for _, code := range c.Regions[name].CloudflareRegions {
-				claim(lb.RegionPools, "Cloudflare region", strings.ToUpper(code), name)
-			}
-			for _, code := range c.Regions[name].Countries {
-				claim(lb.CountryPools, "country", strings.ToUpper(code), name)
-			}
+		m[code] = failover(region, order)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Regions)) {
+		for _, code := range c.Regions[name].CloudflareRegions {
+			claim(lb.RegionPools, "Cloudflare region", strings.ToUpper(code), name)
 		}
-		// The catalogue's steering overrides, so Cloudflare sends a
-		// country to the front signaling itself would choose for it.
-		for cc, prefs := range steeringCountryPools(cat, names, order) {
-			if _, ok := lb.CountryPools[cc]; ok {
-				bad("country %q is steered both by a region's countries here and by the catalogue's steering; keep one", cc)
-				continue
-			}
-			lb.CountryPools[cc] = prefs
+		for _, code := range c.Regions[name].Countries {
+			claim(lb.CountryPools, "country", strings.ToUpper(code), name)
 		}
 	}
-	d.LB = lb
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	// The catalogue's steering overrides, so Cloudflare sends a country to
+	// the front signaling itself would choose for it.
+	for cc, prefs := range steeringCountryPools(cat, names, order) {
+		if _, ok := lb.CountryPools[cc]; ok {
+			bad.add("country %q is steered both by a region's countries here and by the catalogue's steering; keep one", cc)
+			continue
+		}
+		lb.CountryPools[cc] = prefs
 	}
-	return d, nil
 }
 
 // steeringCountryPools turns the catalogue's steering overrides into
@@ -444,13 +467,4 @@ func steeringCountryPools(cat *geo.Catalogue, withSignaling, order []string) map
 		add(cc, prefs)
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

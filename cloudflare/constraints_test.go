@@ -46,15 +46,7 @@ func TestRegionCodesValidated(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = New(cfg, cat, testToken, true)
-			if tt.want == "" {
-				if err != nil {
-					t.Fatalf("valid config: %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %v, want ErrInvalidConfig containing %q", err, tt.want)
-			}
+			wantConfigErr(t, err, tt.want)
 		})
 	}
 }

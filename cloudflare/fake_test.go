@@ -80,8 +80,8 @@ func newFakeCloudflare(t *testing.T, token, account, zone string) *fakeCloudflar
 	mux.HandleFunc("GET "+zone_, f.list("lb"))
 	mux.HandleFunc("POST "+zone_, f.create("lb"))
 	mux.HandleFunc(zone_+"/{id}", f.item("lb"))
-	mux.HandleFunc("GET /client/v4/zones/{zone}/managed_headers", f.listTransforms)
-	mux.HandleFunc("PATCH /client/v4/zones/{zone}/managed_headers", f.editTransforms)
+	mux.HandleFunc("GET /client/v4/zones/{zone}/managed_headers", f.handler("lb", "transforms", f.listTransforms))
+	mux.HandleFunc("PATCH /client/v4/zones/{zone}/managed_headers", f.handler("lb", "transforms", f.editTransforms))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErrors(w, http.StatusNotFound, apiFault{code: 7000, message: "No route for that URI"})
 	})
@@ -202,16 +202,32 @@ func (f *fakeCloudflare) injected(w http.ResponseWriter, method, kind string) bo
 	return true
 }
 
-func (f *fakeCloudflare) list(kind string) http.HandlerFunc {
+// handler does what every endpoint does first: route by the account or zone
+// of scopeKind, read the JSON body of a write, take f.mu and play an
+// injected failure of (method, kind); serve runs with f.mu held.
+func (f *fakeCloudflare) handler(scopeKind, kind string, serve func(w http.ResponseWriter, r *http.Request, body map[string]any)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !f.scope(w, r, kind) {
+		if !f.scope(w, r, scopeKind) {
 			return
+		}
+		var body map[string]any
+		if r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch {
+			var ok bool
+			if body, ok = decodeBody(w, r); !ok {
+				return
+			}
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if f.injected(w, r.Method, kind) {
 			return
 		}
+		serve(w, r, body)
+	}
+}
+
+func (f *fakeCloudflare) list(kind string) http.HandlerFunc {
+	return f.handler(kind, kind, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
 		store := f.store(kind)
 		result := make([]map[string]any, 0, len(store))
 		for _, id := range slices.Sorted(maps.Keys(store)) {
@@ -221,23 +237,11 @@ func (f *fakeCloudflare) list(kind string) http.HandlerFunc {
 			"success": true, "errors": []any{}, "messages": []any{}, "result": result,
 			"result_info": map[string]any{"page": 1, "per_page": len(result), "count": len(result), "total_count": len(result)},
 		})
-	}
+	})
 }
 
 func (f *fakeCloudflare) create(kind string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !f.scope(w, r, kind) {
-			return
-		}
-		body, ok := decodeBody(w, r)
-		if !ok {
-			return
-		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if f.injected(w, r.Method, kind) {
-			return
-		}
+	return f.handler(kind, kind, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
 		obj, fault := f.validate(kind, "", body)
 		if fault != nil {
 			writeErrors(w, fault.status, *fault)
@@ -249,26 +253,11 @@ func (f *fakeCloudflare) create(kind string) http.HandlerFunc {
 		f.store(kind)[obj["id"].(string)] = obj
 		f.writes = append(f.writes, r.Method+" "+r.URL.Path)
 		writeResult(w, http.StatusOK, obj)
-	}
+	})
 }
 
 func (f *fakeCloudflare) item(kind string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !f.scope(w, r, kind) {
-			return
-		}
-		var body map[string]any
-		if r.Method == http.MethodPut || r.Method == http.MethodPatch {
-			var ok bool
-			if body, ok = decodeBody(w, r); !ok {
-				return
-			}
-		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if f.injected(w, r.Method, kind) {
-			return
-		}
+	return f.handler(kind, kind, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
 		id := r.PathValue("id")
 		store := f.store(kind)
 		old, ok := store[id]
@@ -319,7 +308,7 @@ func (f *fakeCloudflare) item(kind string) http.HandlerFunc {
 		default:
 			writeErrors(w, http.StatusMethodNotAllowed, apiFault{code: 7001, message: "Method not allowed"})
 		}
-	}
+	})
 }
 
 var (
@@ -349,15 +338,7 @@ var fakeTransformConflicts = map[string][]string{
 	"remove_visitor_ip_headers":  {"add_true_client_ip_headers"},
 }
 
-func (f *fakeCloudflare) listTransforms(w http.ResponseWriter, r *http.Request) {
-	if !f.scope(w, r, "lb") {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.injected(w, r.Method, "transforms") {
-		return
-	}
+func (f *fakeCloudflare) listTransforms(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
 	writeResult(w, http.StatusOK, map[string]any{
 		"managed_request_headers": f.transformList("request"), "managed_response_headers": f.transformList("response"),
 	})
@@ -365,19 +346,7 @@ func (f *fakeCloudflare) listTransforms(w http.ResponseWriter, r *http.Request) 
 
 // editTransforms applies a PATCH: both lists are required, each entry
 // changes only the transform it names.
-func (f *fakeCloudflare) editTransforms(w http.ResponseWriter, r *http.Request) {
-	if !f.scope(w, r, "lb") {
-		return
-	}
-	body, ok := decodeBody(w, r)
-	if !ok {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.injected(w, r.Method, "transforms") {
-		return
-	}
+func (f *fakeCloudflare) editTransforms(w http.ResponseWriter, r *http.Request, body map[string]any) {
 	bad := func(format string, args ...any) {
 		writeErrors(w, http.StatusBadRequest, apiFault{code: 20021, message: fmt.Sprintf(format, args...)})
 	}
@@ -412,9 +381,7 @@ func (f *fakeCloudflare) editTransforms(w http.ResponseWriter, r *http.Request) 
 		f.transforms[kind] = states
 	}
 	f.writes = append(f.writes, r.Method+" "+r.URL.Path)
-	writeResult(w, http.StatusOK, map[string]any{
-		"managed_request_headers": f.transformList("request"), "managed_response_headers": f.transformList("response"),
-	})
+	f.listTransforms(w, r, nil)
 }
 
 // validate applies the API's defaults to a create or full-replace body and

@@ -1,6 +1,7 @@
 package cloudflare
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -435,39 +436,7 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string
 			break
 		}
 	}
-	ids := func(regions []string) []string {
-		out := make([]string, len(regions))
-		for i, r := range regions {
-			out[i] = poolIDs[r]
-		}
-		return out
-	}
-	steer := func(m map[string][]string) map[string][]string {
-		out := make(map[string][]string, len(m))
-		for k, regions := range m {
-			out[k] = ids(regions)
-		}
-		return out
-	}
-	// Every field sync manages; a PATCH of these leaves pop_pools, rules,
-	// adaptive_routing and the rest as they are.
-	params := load_balancers.LoadBalancerEditParams{
-		ZoneID:         cf.F(s.cfg.ZoneID),
-		Description:    cf.F(want.Description),
-		Enabled:        cf.F(true),
-		Proxied:        cf.F(want.Proxied),
-		SteeringPolicy: cf.F(load_balancers.SteeringPolicy(want.Steering)),
-		// Signaling is stateless: any request may go to any front.
-		SessionAffinity: cf.F(load_balancers.SessionAffinityNone),
-		DefaultPools:    cf.F(ids(want.DefaultRegions)),
-		FallbackPool:    cf.F(poolIDs[want.FallbackRegion]),
-		// Sent even when empty, so switching to proximity clears them.
-		RegionPools:  cf.F(steer(want.RegionPools)),
-		CountryPools: cf.F(steer(want.CountryPools)),
-	}
-	if !want.Proxied {
-		params.TTL = cf.F(float64(want.TTL))
-	}
+	params := s.loadBalancerParams(poolIDs)
 	if found == nil {
 		*plan = append(*plan, Action{Verb: "create", Object: object})
 		if s.dryRun {
@@ -487,27 +456,11 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string
 	if !s.cfg.owns(found.Description) {
 		return fmt.Errorf("%s (%s): %w", object, found.ID, ErrNotOwned)
 	}
-	var d differ
-	d.str("description", found.Description, want.Description)
-	d.flag("enabled", found.Enabled, true)
-	d.flag("proxied", found.Proxied, want.Proxied)
-	if !want.Proxied {
-		d.num("ttl", found.TTL, float64(want.TTL))
-	}
-	d.str("steering_policy", string(found.SteeringPolicy), want.Steering)
-	affinity := string(found.SessionAffinity)
-	if affinity == "" {
-		affinity = "none"
-	}
-	d.str("session_affinity", affinity, "none")
-	d.list("default_pools", found.DefaultPools, ids(want.DefaultRegions))
-	d.str("fallback_pool", found.FallbackPool, poolIDs[want.FallbackRegion])
-	d.steering("region_pools", found.RegionPools, steer(want.RegionPools))
-	d.steering("country_pools", found.CountryPools, steer(want.CountryPools))
-	if len(d.changes) == 0 {
+	changes := diffLoadBalancer(*found, want, params)
+	if len(changes) == 0 {
 		return nil
 	}
-	*plan = append(*plan, Action{Verb: "update", Object: object, Changes: d.changes})
+	*plan = append(*plan, Action{Verb: "update", Object: object, Changes: changes})
 	if s.dryRun {
 		return nil
 	}
@@ -515,6 +468,63 @@ func (s *Syncer) syncLoadBalancer(ctx context.Context, poolIDs map[string]string
 		return apiError("update "+object, err)
 	}
 	return nil
+}
+
+// loadBalancerParams is every load balancer field sync manages: a PATCH of
+// these leaves pop_pools, rules, adaptive_routing and the rest as they are.
+func (s *Syncer) loadBalancerParams(poolIDs map[string]string) load_balancers.LoadBalancerEditParams {
+	want := s.want.LB
+	ids := func(regions []string) []string {
+		out := make([]string, len(regions))
+		for i, r := range regions {
+			out[i] = poolIDs[r]
+		}
+		return out
+	}
+	steer := func(m map[string][]string) map[string][]string {
+		out := make(map[string][]string, len(m))
+		for k, regions := range m {
+			out[k] = ids(regions)
+		}
+		return out
+	}
+	params := load_balancers.LoadBalancerEditParams{
+		ZoneID:         cf.F(s.cfg.ZoneID),
+		Description:    cf.F(want.Description),
+		Enabled:        cf.F(true),
+		Proxied:        cf.F(want.Proxied),
+		SteeringPolicy: cf.F(load_balancers.SteeringPolicy(want.Steering)),
+		// Signaling is stateless: any request may go to any front.
+		SessionAffinity: cf.F(load_balancers.SessionAffinityNone),
+		DefaultPools:    cf.F(ids(want.DefaultRegions)),
+		FallbackPool:    cf.F(poolIDs[want.FallbackRegion]),
+		// Sent even when empty, so switching to proximity clears them.
+		RegionPools:  cf.F(steer(want.RegionPools)),
+		CountryPools: cf.F(steer(want.CountryPools)),
+	}
+	if !want.Proxied {
+		params.TTL = cf.F(float64(want.TTL))
+	}
+	return params
+}
+
+// diffLoadBalancer compares the load balancer with want, whose pools p
+// holds as IDs.
+func diffLoadBalancer(have load_balancers.LoadBalancer, want lbSpec, p load_balancers.LoadBalancerEditParams) []string {
+	var d differ
+	d.str("description", have.Description, want.Description)
+	d.flag("enabled", have.Enabled, true)
+	d.flag("proxied", have.Proxied, want.Proxied)
+	if !want.Proxied {
+		d.num("ttl", have.TTL, float64(want.TTL))
+	}
+	d.str("steering_policy", string(have.SteeringPolicy), want.Steering)
+	d.str("session_affinity", cmp.Or(string(have.SessionAffinity), "none"), "none")
+	d.list("default_pools", have.DefaultPools, p.DefaultPools.Value)
+	d.str("fallback_pool", have.FallbackPool, p.FallbackPool.Value)
+	d.steering("region_pools", have.RegionPools, p.RegionPools.Value)
+	d.steering("country_pools", have.CountryPools, p.CountryPools.Value)
+	return d.changes
 }
 
 // differ collects "field: have -> want" lines.

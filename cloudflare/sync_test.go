@@ -496,18 +496,25 @@ regions:
 			if err == nil {
 				_, err = New(cfg, cat, testToken, true)
 			}
-			if tt.want == "" {
-				if err != nil {
-					t.Fatalf("valid config: %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %v, want ErrInvalidConfig containing %q", err, tt.want)
-			}
+			wantConfigErr(t, err, tt.want)
 		})
 	}
 	if _, err := New(&Config{}, cat, "", true); err == nil || !strings.Contains(err.Error(), "no API token") {
 		t.Errorf("no token: %v", err)
+	}
+}
+
+// wantConfigErr fails t unless err is nil for want "", or else an
+// ErrInvalidConfig that says want.
+func wantConfigErr(t *testing.T, err error, want string) {
+	t.Helper()
+	if want == "" {
+		if err != nil {
+			t.Fatalf("valid config: %v", err)
+		}
+		return
+	}
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want ErrInvalidConfig containing %q", err, want)
 	}
 }

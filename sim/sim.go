@@ -19,6 +19,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -210,12 +211,8 @@ const (
 // exit cleanly), killed if they do not.
 func Start(t testing.TB, cfg Config) *World {
 	t.Helper()
-	if cfg.Near == 0 {
-		cfg.Near = 10 * time.Millisecond
-	}
-	if cfg.Far == 0 {
-		cfg.Far = 80 * time.Millisecond
-	}
+	cfg.Near = cmp.Or(cfg.Near, 10*time.Millisecond)
+	cfg.Far = cmp.Or(cfg.Far, 80*time.Millisecond)
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
@@ -223,12 +220,27 @@ func Start(t testing.TB, cfg Config) *World {
 		cfg.Binary = proctest.Build(t, Package)
 	}
 	w := &World{Config: cfg}
-	s := &starter{t: t, w: w, dir: t.TempDir()}
+	s := &starter{t: t, w: w, dir: t.TempDir(), env: keysEnv(t)}
+	t.Cleanup(s.stopLinks)
+	seed := s.startClusters()
+	s.startPOPs(seed)
+	s.startSignaling(seed)
+	// Registered after every process's own kill-and-reap cleanup, so it
+	// runs first: a clean exit on SIGTERM is part of what is tested.
+	t.Cleanup(func() { proctest.StopAll(t, stopLimit, s.procs...) })
+	for _, site := range w.Sites {
+		w.awaitConverged(t, w.Regions[site.Spec.Near])
+	}
+	return w
+}
+
+// keysEnv is the environment every role reads its keys from: a token key,
+// and the inter-tier keys, one per cluster, in one list.
+func keysEnv(t testing.TB) []string {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		t.Fatalf("sim: token key: %v", err)
 	}
-	// Inter-tier keys, one per cluster, in one list every role reads.
 	var hop []string
 	for _, spec := range Regions {
 		k := make([]byte, encap.KeyLen)
@@ -237,10 +249,14 @@ func Start(t testing.TB, cfg Config) *World {
 		}
 		hop = append(hop, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
 	}
-	s.env = []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key), "RTCEDGE_HOP_KEYS=" + strings.Join(hop, ",")}
-	t.Cleanup(s.stopLinks)
+	return []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key), "RTCEDGE_HOP_KEYS=" + strings.Join(hop, ",")}
+}
 
-	// Pods first: each cluster relay joins its pod's cluster pool.
+// startClusters starts each region's pod, then its cluster relay, which
+// joins the pod's cluster pool; it returns the first cluster relay's global
+// gossip address, which seeds everyone's global pool.
+func (s *starter) startClusters() (seed string) {
+	t, w := s.t, s.w
 	for _, spec := range Regions {
 		w.Regions = append(w.Regions, &Region{Spec: spec})
 	}
@@ -250,7 +266,6 @@ func Start(t testing.TB, cfg Config) *World {
 			"region: %s\ncluster: %d\npod: 1\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 2s\n%s",
 			r.Spec.Name, r.Spec.Cluster, a, a, gossip("gossip", r.Spec.Name+"-pod-1", a.Addr(), "")))
 	}
-	var seed string // the first cluster relay's global pool seeds everyone's
 	for _, r := range w.Regions {
 		podGossip := r.Transceiver.WaitLog(t, "transceiver up", startLimit)["gossip"]
 		a := addr(r.Spec.Net, hostClusterRelay)
@@ -265,15 +280,20 @@ func Start(t testing.TB, cfg Config) *World {
 			seed = up["global_gossip"]
 		}
 	}
+	return seed
+}
 
-	// One global relay per (site, region): a site's view of that POP.
+// startPOPs starts one global relay per (site, region), a site's view of
+// that POP, and the site's links to them.
+func (s *starter) startPOPs(seed string) {
+	t, w := s.t, s.w
 	for si, spec := range Sites {
 		site := &Site{Spec: spec}
 		w.Sites = append(w.Sites, site)
 		for ri, r := range w.Regions {
-			p := &POP{ID: uint16(si*len(Regions) + ri + 1), Name: r.Spec.POPCode + "-" + spec.Name, Region: ri, Delay: cfg.Far}
+			p := &POP{ID: uint16(si*len(Regions) + ri + 1), Name: r.Spec.POPCode + "-" + spec.Name, Region: ri, Delay: w.Config.Far}
 			if ri == spec.Near {
-				p.Delay = cfg.Near
+				p.Delay = w.Config.Near
 			}
 			a := addr(r.Spec.Net, byte(hostRelayBase+si))
 			p.Relay = s.start("globalrelay-"+p.Name, "globalrelay", fmt.Sprintf(
@@ -294,12 +314,16 @@ func Start(t testing.TB, cfg Config) *World {
 			p.TCPLink = s.tcpLink(vip, up["tcp"], p.Delay, netsim.NewTCPLinkWithHandshake)
 		}
 	}
+}
 
-	// Signaling fronts: one per region, with the catalogue of the site it
-	// serves; the other region's session API is Far away.
+// startSignaling starts the signaling fronts, one per region, with the
+// catalogue of the site it serves; the other region's session API is Far
+// away.
+func (s *starter) startSignaling(seed string) {
+	t, w := s.t, s.w
 	for ri, r := range w.Regions {
 		other := w.Regions[(ri+1)%len(w.Regions)]
-		r.RemoteAPI = s.tcpLink(addr(r.Spec.Net, hostRemoteAPI), strings.TrimPrefix(other.SessionAPI, "http://"), cfg.Far, netsim.NewTCPLink)
+		r.RemoteAPI = s.tcpLink(addr(r.Spec.Net, hostRemoteAPI), strings.TrimPrefix(other.SessionAPI, "http://"), w.Config.Far, netsim.NewTCPLink)
 	}
 	for _, site := range w.Sites {
 		r := w.Regions[site.Spec.Near]
@@ -312,18 +336,11 @@ func Start(t testing.TB, cfg Config) *World {
 	for _, site := range w.Sites {
 		r := w.Regions[site.Spec.Near]
 		r.SignalingURL = r.Signaling.WaitLog(t, "signaling up", startLimit)["url"]
-		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(r.SignalingURL, "http://"), cfg.Near, netsim.NewTCPLink)
+		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(r.SignalingURL, "http://"), w.Config.Near, netsim.NewTCPLink)
 		site.SignalingURL = "http://" + site.Signaling.Addr().String()
 		site.HTTPClient = siteClient(site.Spec.Net)
 		t.Cleanup(site.HTTPClient.CloseIdleConnections)
 	}
-	// Registered after every process's own kill-and-reap cleanup, so it
-	// runs first: a clean exit on SIGTERM is part of what is tested.
-	t.Cleanup(func() { proctest.StopAll(t, stopLimit, s.procs...) })
-	for _, site := range w.Sites {
-		w.awaitConverged(t, w.Regions[site.Spec.Near])
-	}
-	return w
 }
 
 // catalogue is the region catalogue of the signaling front that serves

@@ -9,8 +9,11 @@ import (
 	"testing"
 
 	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/ext/typeexpr"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/function"
+	"github.com/zclconf/go-cty/cty/function/stdlib"
 
 	"github.com/rtcedge/rtcedge/cloudflare"
 )
@@ -130,6 +133,81 @@ func refersTo(e hclsyntax.Expression, root, name string) bool {
 	return false
 }
 
+// inputs is what a module's variables hold when it is planned with args
+// (evaluated in ctx) over its defaults: an argument or required variable the
+// test cannot evaluate (it names a resource or a local) is an unknown of the
+// variable's type that is not null, as Terraform plans it.
+func inputs(t *testing.T, m *module, args hclsyntax.Attributes, ctx *hcl.EvalContext) *hcl.EvalContext {
+	t.Helper()
+	vars := map[string]cty.Value{}
+	for _, v := range m.blocks("variable", "") {
+		vars[v.Labels[0]] = cty.DynamicVal
+		if ty, _, d := typeexpr.TypeConstraintWithDefaults(attr(t, v, "type").Expr); !d.HasErrors() && ty != cty.DynamicPseudoType {
+			vars[v.Labels[0]] = cty.UnknownVal(ty).RefineNotNull()
+		}
+		a, ok := args[v.Labels[0]]
+		if !ok {
+			if a, ok = v.Body.Attributes["default"]; !ok {
+				continue
+			}
+		}
+		if val, d := a.Expr.Value(ctx); !d.HasErrors() {
+			vars[v.Labels[0]] = val
+		}
+	}
+	return &hcl.EvalContext{
+		Variables: map[string]cty.Value{"var": cty.ObjectVal(vars)},
+		Functions: map[string]function.Function{"tostring": stdlib.MakeToFunc(cty.String)},
+	}
+}
+
+// instance is one module's resources as planned: a module directory with
+// the inputs of one call (or its defaults).
+type instance struct {
+	*module
+	ctx *hcl.EvalContext
+}
+
+// roles returns the calls of modules/workload in dir by role name, each
+// with the module's inputs for that call; dir's own inputs are its defaults.
+func roles(t *testing.T, tree map[string]*module, dir string) (own instance, byName map[string]instance) {
+	t.Helper()
+	own = instance{tree[dir], inputs(t, tree[dir], nil, nil)}
+	byName = map[string]instance{}
+	for _, call := range tree[dir].calls {
+		if v, _ := attr(t, call, "source").Expr.Value(nil); v.AsString() == "../workload" {
+			in := instance{tree["modules/workload"], inputs(t, tree["modules/workload"], call.Body.Attributes, own.ctx)}
+			byName[in.ctx.Variables["var"].GetAttr("name").AsString()] = in
+		}
+	}
+	return own, byName
+}
+
+// planned returns the resources of a type the instance creates: those
+// without a count, or with one that comes to more than zero.
+func (in instance) planned(t *testing.T, typ string) []*hclsyntax.Block {
+	t.Helper()
+	var out []*hclsyntax.Block
+	for _, b := range in.blocks("resource", typ) {
+		if c, ok := b.Body.Attributes["count"]; ok {
+			n, d := c.Expr.Value(in.ctx)
+			if d.HasErrors() || !n.IsKnown() {
+				t.Fatalf("%s: count %v %v", c.SrcRange, n, d)
+			}
+			if n.AsBigFloat().Sign() == 0 {
+				continue
+			}
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// workloads are the Deployments and StatefulSets the instance creates.
+func (in instance) workloads(t *testing.T) []*hclsyntax.Block {
+	return append(in.planned(t, "kubernetes_deployment_v1"), in.planned(t, "kubernetes_stateful_set_v1")...)
+}
+
 // TestSteeringModuleMatchesTheAPI pins what the steering module must send
 // for the API and for signaling: pools with check_regions, the visitor
 // location managed transform, country pools from the catalogue's overrides,
@@ -202,47 +280,59 @@ func TestOriginFirewalling(t *testing.T) {
 	}
 }
 
-// portsOf collects the literal port numbers of blocks named typ (container
-// "port" blocks, or network policy "ports" blocks) under body.
-func portsOf(body *hclsyntax.Body, typ, attrName string, out map[string]bool) {
+// port records a port number or name as a string, if it is known.
+func port(v cty.Value, out map[string]bool) {
+	if !v.IsKnown() || v.IsNull() {
+		return
+	}
+	switch v.Type() {
+	case cty.String:
+		out[v.AsString()] = true
+	case cty.Number:
+		out[v.AsBigFloat().String()] = true
+	}
+}
+
+// portsOf collects the port numbers of blocks named typ (container "port"
+// blocks, or network policy "ports" blocks) under body, as ctx plans them.
+func portsOf(body *hclsyntax.Body, typ, attrName string, ctx *hcl.EvalContext, out map[string]bool) {
 	for _, b := range body.Blocks {
 		if b.Type == typ {
 			if a, ok := b.Body.Attributes[attrName]; ok {
-				if v, d := a.Expr.Value(nil); !d.HasErrors() && v.IsKnown() && !v.IsNull() {
-					switch v.Type() {
-					case cty.String:
-						out[v.AsString()] = true
-					case cty.Number:
-						out[v.AsBigFloat().String()] = true
-					}
+				if v, d := a.Expr.Value(ctx); !d.HasErrors() {
+					port(v, out)
 				}
 			}
 		}
-		portsOf(b.Body, typ, attrName, out) // also into dynamic blocks' content
+		portsOf(b.Body, typ, attrName, ctx, out) // also into dynamic blocks' content
 	}
 }
 
 // TestNetworkPoliciesCoverEveryPort: in each module with workloads, every
-// literal container port is admitted by some NetworkPolicy rule, so turning
+// container port (each role's, at the module's defaults) is admitted by some
+// NetworkPolicy rule, so turning
 // the policies on never cuts a tier off silently, and every rule that is
 // open to all sources is one the module means to be open.
 func TestNetworkPoliciesCoverEveryPort(t *testing.T) {
 	tree := loadTree(t)
 	for _, dir := range []string{"modules/region", "modules/pop"} {
-		m := tree[dir]
-		policies := m.blocks("resource", "kubernetes_network_policy_v1")
+		own, byName := roles(t, tree, dir)
+		policies := own.blocks("resource", "kubernetes_network_policy_v1")
 		if len(policies) == 0 {
 			t.Errorf("%s: no NetworkPolicies", dir)
 			continue
 		}
 		containerPorts, admitted := map[string]bool{}, map[string]bool{}
-		for _, kind := range []string{"kubernetes_deployment_v1", "kubernetes_stateful_set_v1"} {
-			for _, w := range m.blocks("resource", kind) {
-				portsOf(w.Body, "port", "container_port", containerPorts)
+		for _, w := range own.workloads(t) {
+			portsOf(w.Body, "port", "container_port", own.ctx, containerPorts)
+		}
+		for _, r := range byName {
+			for _, p := range r.ctx.Variables["var"].GetAttr("ports").AsValueSlice() {
+				port(p.GetAttr("port"), containerPorts)
 			}
 		}
 		for _, p := range policies {
-			portsOf(p.Body, "ports", "port", admitted)
+			portsOf(p.Body, "ports", "port", own.ctx, admitted)
 		}
 		for port := range containerPorts {
 			if !admitted[port] {
@@ -308,29 +398,29 @@ func TestImageScheme(t *testing.T) {
 // modules deploy must be given $RTCEDGE_HOP_KEYS from its Secret; and each
 // gossip pool has its own key.
 func TestDataPlaneRolesGetHopKeys(t *testing.T) {
-	secretLists := regexp.MustCompile(`(?m)^\s*(\w+_secret_keys)\s*=\s*\[([^\]]*)\]`)
-	region := source(t, "modules/region")
-	got := map[string][]string{}
-	for _, m := range secretLists.FindAllStringSubmatch(region, -1) {
-		got[m[1]] = strs(m[2])
+	got := map[string][]string{} // role -> its secret keys
+	for _, dir := range []string{"modules/pop", "modules/region"} {
+		_, byName := roles(t, loadTree(t), dir)
+		for name, r := range byName {
+			for _, k := range r.ctx.Variables["var"].GetAttr("secret_keys").AsValueSlice() {
+				got[name] = append(got[name], k.AsString())
+			}
+		}
 	}
-	for _, role := range []string{"transceiver_secret_keys", "clusterrelay_secret_keys"} {
+	for _, role := range []string{"globalrelay", "transceiver", "clusterrelay"} {
 		if !slices.Contains(got[role], "RTCEDGE_HOP_KEYS") {
-			t.Errorf("modules/region: %s = %q lacks RTCEDGE_HOP_KEYS", role, got[role])
+			t.Errorf("%s's secret_keys %q lack RTCEDGE_HOP_KEYS", role, got[role])
 		}
 	}
 	// A pool's key per pool: a transceiver (the most exposed code) never
 	// holds the global pool's key.
-	if slices.Contains(got["transceiver_secret_keys"], "RTCEDGE_GLOBAL_GOSSIP_KEY") || slices.Contains(got["transceiver_secret_keys"], "RTCEDGE_GOSSIP_KEY") ||
-		!slices.Contains(got["transceiver_secret_keys"], "RTCEDGE_CLUSTER_GOSSIP_KEY") {
-		t.Errorf("modules/region: transceivers must get the cluster pool's key only: %q", got["transceiver_secret_keys"])
+	if slices.Contains(got["transceiver"], "RTCEDGE_GLOBAL_GOSSIP_KEY") || slices.Contains(got["transceiver"], "RTCEDGE_GOSSIP_KEY") ||
+		!slices.Contains(got["transceiver"], "RTCEDGE_CLUSTER_GOSSIP_KEY") {
+		t.Errorf("modules/region: transceivers must get the cluster pool's key only: %q", got["transceiver"])
 	}
+	region := source(t, "modules/region")
 	if !strings.Contains(region, `key       = "$${RTCEDGE_CLUSTER_GOSSIP_KEY}"`) || !strings.Contains(region, `key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"`) {
 		t.Error("modules/region: the role configs must name each pool's own gossip key")
-	}
-	popEnv := regexp.MustCompile(`for_each\s*=\s*\[([^\]]*RTCEDGE_TOKEN_KEYS[^\]]*)\]`).FindStringSubmatch(source(t, "modules/pop"))
-	if popEnv == nil || !slices.Contains(strs(popEnv[1]), "RTCEDGE_HOP_KEYS") {
-		t.Errorf("modules/pop: the global relay's secret env %v lacks RTCEDGE_HOP_KEYS", popEnv)
 	}
 }
 
@@ -378,39 +468,47 @@ func TestPOPServiceKeepsClients(t *testing.T) {
 func TestRuntimeSizedToRequests(t *testing.T) {
 	tree := loadTree(t)
 	for _, want := range []struct{ module, container string }{{"modules/pop", "globalrelay"}, {"modules/region", "transceiver"}} {
+		_, byName := roles(t, tree, want.module)
+		r := byName[want.container]
+		if r.module == nil {
+			t.Errorf("%s: no role %s", want.module, want.container)
+			continue
+		}
+		is := func(b *hclsyntax.Body, name, want string) bool {
+			a, ok := b.Attributes[name]
+			if !ok {
+				return false
+			}
+			v, d := a.Expr.Value(r.ctx)
+			return !d.HasErrors() && v.IsKnown() && v.Type() == cty.String && v.AsString() == want
+		}
 		found := false
+		// walk visits the blocks the plan creates: a dynamic block's
+		// content when its for_each is not empty.
 		var walk func(b *hclsyntax.Body, inContainer bool)
 		walk = func(b *hclsyntax.Body, inContainer bool) {
 			for _, blk := range b.Blocks {
-				in := inContainer
-				if blk.Type == "container" {
-					name, ok := blk.Body.Attributes["name"]
-					v, d := name.Expr.Value(nil)
-					in = ok && !d.HasErrors() && v.Type() == cty.String && v.AsString() == want.container
-				}
-				if in && blk.Type == "env" {
-					if n, ok := blk.Body.Attributes["name"]; ok {
-						if v, d := n.Expr.Value(nil); !d.HasErrors() && v.Type() == cty.String && v.AsString() == "GOMAXPROCS" {
-							for _, vf := range blk.Body.Blocks {
-								for _, rf := range vf.Body.Blocks {
-									if r, ok := rf.Body.Attributes["resource"]; rf.Type == "resource_field_ref" && ok {
-										if v, d := r.Expr.Value(nil); !d.HasErrors() && v.AsString() == "requests.cpu" {
-											found = true
-										}
-									}
-								}
-							}
-						}
+				typ, body := blk.Type, blk.Body
+				if typ == "dynamic" {
+					v, d := attr(t, blk, "for_each").Expr.Value(r.ctx)
+					if d.HasErrors() || !v.IsKnown() || v.LengthInt() == 0 || len(body.Blocks) == 0 {
+						continue
 					}
+					typ, body = blk.Labels[0], body.Blocks[0].Body // content
 				}
-				walk(blk.Body, in)
+				in := inContainer || (typ == "container" && is(body, "name", want.container))
+				if in && typ == "env" && is(body, "name", "GOMAXPROCS") {
+					hclsyntax.VisitAll(body, func(n hclsyntax.Node) hcl.Diagnostics {
+						rf, ok := n.(*hclsyntax.Block)
+						found = found || (ok && rf.Type == "resource_field_ref" && is(rf.Body, "resource", "requests.cpu"))
+						return nil
+					})
+				}
+				walk(body, in)
 			}
 		}
-		for _, b := range tree[want.module].blocks("resource", "kubernetes_deployment_v1") {
-			walk(b.Body, false)
-		}
-		for _, b := range tree[want.module].blocks("resource", "kubernetes_stateful_set_v1") {
-			walk(b.Body, false)
+		for _, w := range r.workloads(t) {
+			walk(w.Body, false)
 		}
 		if !found {
 			t.Errorf("%s: container %s sets no GOMAXPROCS from requests.cpu", want.module, want.container)
@@ -433,16 +531,7 @@ func TestEveryWorkloadHasADisruptionBudget(t *testing.T) {
 				if sel.Type == "selector" {
 					if a, ok := sel.Body.Attributes["match_labels"]; ok {
 						if ste, ok := a.Expr.(*hclsyntax.ScopeTraversalExpr); ok {
-							var parts []string
-							for _, tr := range ste.Traversal {
-								switch x := tr.(type) {
-								case hcl.TraverseRoot:
-									parts = append(parts, x.Name)
-								case hcl.TraverseAttr:
-									parts = append(parts, x.Name)
-								}
-							}
-							return strings.Join(parts, ".")
+							return strings.Join(names(ste.Traversal), ".")
 						}
 					}
 				}
@@ -450,20 +539,52 @@ func TestEveryWorkloadHasADisruptionBudget(t *testing.T) {
 		}
 		return ""
 	}
+	// Each instance (the module, each of its roles) selects its own pods.
 	for _, mod := range []string{"modules/pop", "modules/region"} {
-		budgets := map[string]bool{}
-		for _, b := range tree[mod].blocks("resource", "kubernetes_pod_disruption_budget_v1") {
-			budgets[selector(b.Body)] = true
-		}
-		for _, kind := range []string{"kubernetes_deployment_v1", "kubernetes_stateful_set_v1"} {
-			for _, b := range tree[mod].blocks("resource", kind) {
+		own, byName := roles(t, tree, mod)
+		byName[mod] = own
+		workloads := 0
+		for name, in := range byName {
+			budgets := map[string]bool{}
+			for _, b := range in.planned(t, "kubernetes_pod_disruption_budget_v1") {
+				budgets[selector(b.Body)] = true
+			}
+			for _, b := range in.workloads(t) {
 				if b.Labels[1] == "redis" {
 					continue // a single replica: a budget would block every drain
 				}
+				workloads++
 				if sel := selector(b.Body); !budgets[sel] {
-					t.Errorf("%s: %s %q (selector %s) has no PodDisruptionBudget", mod, kind, b.Labels[1], sel)
+					t.Errorf("%s: %s of %s (selector %s) has no PodDisruptionBudget", mod, b.Labels[0], name, sel)
 				}
 			}
 		}
+		if workloads < len(byName)-1 {
+			t.Errorf("%s: %d workloads for %d roles", mod, workloads, len(byName)-1)
+		}
+	}
+}
+
+// TestWorkloadKindsShareOnePodTemplate: the workload module's Deployment and
+// StatefulSet carry the same pod template, written twice only because HCL
+// cannot share a block between two resource types.
+func TestWorkloadKindsShareOnePodTemplate(t *testing.T) {
+	var templates []string
+	for _, kind := range []string{"kubernetes_deployment_v1", "kubernetes_stateful_set_v1"} {
+		for _, w := range loadTree(t)["modules/workload"].blocks("resource", kind) {
+			hclsyntax.VisitAll(w.Body, func(n hclsyntax.Node) hcl.Diagnostics {
+				if blk, ok := n.(*hclsyntax.Block); ok && blk.Type == "template" {
+					src, err := os.ReadFile(blk.Range().Filename)
+					if err != nil {
+						t.Fatal(err)
+					}
+					templates = append(templates, string(src[blk.Range().Start.Byte:blk.Range().End.Byte]))
+				}
+				return nil
+			})
+		}
+	}
+	if len(templates) != 2 || templates[0] != templates[1] {
+		t.Errorf("modules/workload: %d pod templates, want the Deployment's and the StatefulSet's, the same", len(templates))
 	}
 }

@@ -3,6 +3,7 @@ package terraform
 import (
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -30,6 +31,7 @@ type module struct {
 	variables map[string]bool // name -> required (no default)
 	outputs   map[string]bool
 	locals    map[string]bool
+	resources map[string]bool             // "type.name"
 	calls     map[string]*hclsyntax.Block // module "name" { ... }
 }
 
@@ -52,6 +54,7 @@ func loadModule(fsys fs.FS, dir string) (*module, error) {
 		variables: map[string]bool{},
 		outputs:   map[string]bool{},
 		locals:    map[string]bool{},
+		resources: map[string]bool{},
 		calls:     map[string]*hclsyntax.Block{},
 	}
 	p := hclparse.NewParser()
@@ -90,12 +93,28 @@ func loadModule(fsys fs.FS, dir string) (*module, error) {
 				for name := range blk.Body.Attributes {
 					m.locals[name] = true
 				}
+			case "resource":
+				m.resources[blk.Labels[0]+"."+blk.Labels[1]] = true
 			case "module":
 				m.calls[blk.Labels[0]] = blk
 			}
 		}
 	}
 	return m, nil
+}
+
+// names are the names a traversal steps through, without its indexes.
+func names(tr hcl.Traversal) []string {
+	var out []string
+	for _, step := range tr {
+		switch x := step.(type) {
+		case hcl.TraverseRoot:
+			out = append(out, x.Name)
+		case hcl.TraverseAttr:
+			out = append(out, x.Name)
+		}
+	}
+	return out
 }
 
 // walkExprs calls fn for every expression in body, nested blocks included.
@@ -110,8 +129,9 @@ func walkExprs(body *hclsyntax.Body, fn func(hclsyntax.Expression)) {
 
 // checkModule reports every reference in m to something undeclared: var.X,
 // local.X, module.X and module.X.Y, plus module calls passing arguments the
-// called module does not declare or leaving out its required variables, and
-// declared variables nobody reads. load resolves a called module's directory.
+// called module does not declare or leaving out its required variables,
+// declared variables nobody reads, and moved blocks whose "to" is declared
+// nowhere or whose "from" still is. load resolves a called module's directory.
 func checkModule(m *module, load func(dir string) (*module, error)) []string {
 	var problems []string
 	report := func(rng hcl.Range, format string, args ...any) {
@@ -150,72 +170,88 @@ func checkModule(m *module, load func(dir string) (*module, error)) []string {
 				report(a.SrcRange, "module %q: argument %q is not a variable of %s", name, arg, child.dir)
 			}
 		}
-		for _, v := range sortedKeys(child.variables) {
+		for _, v := range slices.Sorted(maps.Keys(child.variables)) {
 			if _, given := blk.Body.Attributes[v]; child.variables[v] && !given {
 				report(blk.Range(), "module %q: required variable %q of %s is not set", name, v, child.dir)
 			}
 		}
 	}
 
+	// exists: a resource of m, or module.X.type.name of a called module.
+	exists := func(tr hcl.Traversal) bool {
+		n := names(tr)
+		if len(n) == 4 && n[0] == "module" {
+			return called[n[1]] != nil && called[n[1]].resources[n[2]+"."+n[3]]
+		}
+		return len(n) == 2 && m.resources[n[0]+"."+n[1]]
+	}
 	used := map[string]bool{}
-	for _, b := range m.bodies {
-		walkExprs(b, func(e hclsyntax.Expression) {
-			for _, t := range e.Variables() {
-				root := t.RootName()
-				attr := func(i int) (string, bool) {
-					if len(t) <= i {
-						return "", false
-					}
-					a, ok := t[i].(hcl.TraverseAttr)
-					return a.Name, ok
+	for _, blk := range m.blocks("moved", "") {
+		for _, end := range []string{"from", "to"} {
+			a, ok := blk.Body.Attributes[end]
+			if !ok {
+				report(blk.Range(), "moved: no %s", end)
+				continue
+			}
+			if tr, d := hcl.AbsTraversalForExpr(a.Expr); d.HasErrors() || exists(tr) != (end == "to") {
+				report(a.SrcRange, "moved: %s %s is declared: %v", end, strings.Join(names(tr), "."), !d.HasErrors() && exists(tr))
+			}
+		}
+	}
+	visit := func(e hclsyntax.Expression) {
+		for _, t := range e.Variables() {
+			root := t.RootName()
+			attr := func(i int) (string, bool) {
+				if len(t) <= i {
+					return "", false
 				}
-				rng := t.SourceRange()
-				switch root {
-				case "var":
-					if n, ok := attr(1); ok {
-						used[n] = true
-						if _, declared := m.variables[n]; !declared {
-							report(rng, "var.%s is not declared", n)
-						}
+				a, ok := t[i].(hcl.TraverseAttr)
+				return a.Name, ok
+			}
+			rng := t.SourceRange()
+			switch root {
+			case "var":
+				if n, ok := attr(1); ok {
+					used[n] = true
+					if _, declared := m.variables[n]; !declared {
+						report(rng, "var.%s is not declared", n)
 					}
-				case "local":
-					if n, ok := attr(1); ok && !m.locals[n] {
-						report(rng, "local.%s is not declared", n)
-					}
-				case "module":
-					n, ok := attr(1)
-					if !ok {
-						continue
-					}
-					if _, declared := m.calls[n]; !declared {
-						report(rng, "module.%s is not a module call here", n)
-						continue
-					}
-					out, ok := attr(2)
-					child := called[n]
-					if ok && child != nil && !child.outputs[out] {
-						report(rng, "module.%s.%s: %s has no output %q", n, out, child.dir, out)
-					}
+				}
+			case "local":
+				if n, ok := attr(1); ok && !m.locals[n] {
+					report(rng, "local.%s is not declared", n)
+				}
+			case "module":
+				n, ok := attr(1)
+				if !ok {
+					continue
+				}
+				if _, declared := m.calls[n]; !declared {
+					report(rng, "module.%s is not a module call here", n)
+					continue
+				}
+				out, ok := attr(2)
+				child := called[n]
+				if ok && child != nil && !child.outputs[out] {
+					report(rng, "module.%s.%s: %s has no output %q", n, out, child.dir, out)
 				}
 			}
-		})
+		}
 	}
-	for _, v := range sortedKeys(m.variables) {
+	for _, b := range m.bodies {
+		for _, blk := range b.Blocks {
+			if blk.Type != "moved" { // addresses, checked above
+				walkExprs(blk.Body, visit)
+			}
+		}
+	}
+	for _, v := range slices.Sorted(maps.Keys(m.variables)) {
 		if !used[v] {
 			problems = append(problems, fmt.Sprintf("%s: variable %q is declared but never used", m.dir, v))
 		}
 	}
 	sort.Strings(problems)
 	return problems
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // checkTree loads and checks every directory under root holding .tf files.
@@ -264,7 +300,7 @@ func TestTerraformTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"modules/cloudflare-steering", "modules/region", "modules/pop", "examples/two-regions"} {
+	for _, want := range []string{"modules/cloudflare-steering", "modules/region", "modules/pop", "modules/workload", "examples/two-regions"} {
 		if !slices.Contains(dirs, want) {
 			t.Errorf("module directory %s missing (have %v)", want, dirs)
 		}
@@ -427,6 +463,15 @@ module "c" {
   name   = "a"
 }`),
 			want: `module "c": read module modules/gone`,
+		},
+		{
+			name: "moved to nowhere",
+			fsys: parent(`
+moved {
+  from = r.old
+  to   = module.c.r.new
+}`),
+			want: "moved: to module.c.r.new is declared: false",
 		},
 		{
 			name: "unused variable",

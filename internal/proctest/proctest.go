@@ -323,13 +323,22 @@ func (p *Proc) Wait(t testing.TB, limit time.Duration) {
 	t.Helper()
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
+	p.exited(t, timer.C, limit, "")
+}
+
+// exited reports whether p exited before deadline, failing the test if not
+// or if it failed; after names what the exit follows.
+func (p *Proc) exited(t testing.TB, deadline <-chan time.Time, limit time.Duration, after string) bool {
+	t.Helper()
 	select {
 	case <-p.done:
 		if p.err != nil {
-			t.Errorf("%s exited with %v", p.name, p.err)
+			t.Errorf("%s exited with %v%s", p.name, p.err, after)
 		}
-	case <-timer.C:
-		t.Errorf("%s did not exit within %v", p.name, limit)
+		return true
+	case <-deadline:
+		t.Errorf("%s did not exit within %v%s", p.name, limit, after)
+		return false
 	}
 }
 
@@ -353,13 +362,7 @@ func StopAll(t testing.TB, limit time.Duration, procs ...*Proc) {
 	deadline := time.NewTimer(limit)
 	defer deadline.Stop()
 	for _, p := range procs {
-		select {
-		case <-p.done:
-			if p.err != nil {
-				t.Errorf("%s exited with %v after SIGTERM", p.name, p.err)
-			}
-		case <-deadline.C:
-			t.Errorf("%s did not exit within %v of SIGTERM", p.name, limit)
+		if !p.exited(t, deadline.C, limit, " after SIGTERM") {
 			return
 		}
 	}

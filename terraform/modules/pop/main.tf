@@ -68,179 +68,45 @@ resource "kubernetes_secret_v1" "rtcedge" {
   data = var.secrets
 }
 
-resource "kubernetes_config_map_v1" "globalrelay" {
-  metadata {
-    name      = "rtcedge-globalrelay"
-    namespace = local.namespace
-    labels    = local.labels
-  }
-  data = {
-    "config.yaml" = yamlencode(local.config)
-  }
+# The global relays: one replica per node preferred, so losing a node loses
+# at most one; a drain, then a margin to leave gossip.
+module "globalrelay" {
+  source                      = "../workload"
+  name                        = "globalrelay"
+  namespace                   = local.namespace
+  labels                      = local.labels
+  image                       = var.image
+  config                      = local.config
+  replicas                    = var.replicas
+  start_before_stop           = true
+  spread_over_nodes           = true
+  termination_grace_seconds   = var.drain_timeout_seconds + 15
+  secret_name                 = var.secret_name
+  secret_keys                 = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  readiness_period_seconds    = 2
+  readiness_failure_threshold = 1
+  resources                   = var.resources
+  ports = [
+    { name = "public", port = var.public_port, protocol = "UDP" },
+    { name = "internal", port = var.internal_port_base, protocol = "UDP" },
+    { name = "gossip-tcp", port = 7947, protocol = "TCP" },
+    { name = "gossip-udp", port = 7947, protocol = "UDP" },
+    { name = "metrics", port = 9090, protocol = "TCP" },
+  ]
 }
 
-resource "kubernetes_deployment_v1" "globalrelay" {
-  metadata {
-    name      = "globalrelay"
-    namespace = local.namespace
-    labels    = local.labels
-  }
-  spec {
-    replicas = var.replicas
-    selector {
-      match_labels = local.labels
-    }
-    strategy {
-      type = "RollingUpdate"
-      rolling_update {
-        max_unavailable = "0"
-        max_surge       = "1"
-      }
-    }
-    template {
-      metadata {
-        labels = local.labels
-        annotations = {
-          "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.globalrelay.data["config.yaml"])
-        }
-      }
-      spec {
-        # Drain, then a margin to leave gossip.
-        termination_grace_period_seconds = var.drain_timeout_seconds + 15
-
-        # One replica per node, so losing a node loses at most one replica.
-        affinity {
-          pod_anti_affinity {
-            preferred_during_scheduling_ignored_during_execution {
-              weight = 100
-              pod_affinity_term {
-                topology_key = "kubernetes.io/hostname"
-                label_selector {
-                  match_labels = local.labels
-                }
-              }
-            }
-          }
-        }
-
-        container {
-          name  = "globalrelay"
-          image = var.image
-          args  = ["globalrelay", "-config", "/etc/rtcedge/config.yaml"]
-
-          # The image's user (65532); nothing is written to the image.
-          security_context {
-            run_as_non_root            = true
-            run_as_user                = 65532
-            run_as_group               = 65532
-            read_only_root_filesystem  = true
-            allow_privilege_escalation = false
-            capabilities {
-              drop = ["ALL"]
-            }
-            seccomp_profile {
-              type = "RuntimeDefault"
-            }
-          }
-
-          env {
-            name = "POD_IP"
-            value_from {
-              field_ref {
-                field_path = "status.podIP"
-              }
-            }
-          }
-
-          # Without a CPU limit the runtime would size itself (and the
-          # relay its workers, one per CPU) to the node's cores, not to the
-          # cores this pod is given.
-          env {
-            name = "GOMAXPROCS"
-            value_from {
-              resource_field_ref {
-                resource = "requests.cpu"
-                divisor  = "1"
-              }
-            }
-          }
-
-          dynamic "env" {
-            for_each = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
-            content {
-              name = env.value
-              value_from {
-                secret_key_ref {
-                  name = var.secret_name
-                  key  = env.value
-                }
-              }
-            }
-          }
-
-          port {
-            name           = "public"
-            container_port = var.public_port
-            protocol       = "UDP"
-          }
-          port {
-            name           = "internal"
-            container_port = var.internal_port_base
-            protocol       = "UDP"
-          }
-          port {
-            name           = "gossip-tcp"
-            container_port = 7947
-            protocol       = "TCP"
-          }
-          port {
-            name           = "gossip-udp"
-            container_port = 7947
-            protocol       = "UDP"
-          }
-          port {
-            name           = "metrics"
-            container_port = 9090
-            protocol       = "TCP"
-          }
-
-          readiness_probe {
-            http_get {
-              path = "/readyz"
-              port = "metrics"
-            }
-            period_seconds    = 2
-            failure_threshold = 1
-          }
-          liveness_probe {
-            http_get {
-              path = "/livez"
-              port = "metrics"
-            }
-            period_seconds = 10
-          }
-
-          resources {
-            requests = var.resources.requests
-            limits   = var.resources.limits
-          }
-
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-            read_only  = true
-          }
-        }
-
-        volume {
-          name = "config"
-          config_map {
-            name = kubernetes_config_map_v1.globalrelay.metadata[0].name
-          }
-        }
-      }
-    }
-  }
+# Where the global relays' resources stood before the workload module.
+moved {
+  from = kubernetes_config_map_v1.globalrelay
+  to   = module.globalrelay.kubernetes_config_map_v1.this
+}
+moved {
+  from = kubernetes_deployment_v1.globalrelay
+  to   = module.globalrelay.kubernetes_deployment_v1.this[0]
+}
+moved {
+  from = kubernetes_pod_disruption_budget_v1.globalrelay
+  to   = module.globalrelay.kubernetes_pod_disruption_budget_v1.this
 }
 
 resource "kubernetes_service_v1" "vip" {
@@ -325,23 +191,6 @@ resource "kubernetes_service_v1" "redis" {
       port        = 6379
       target_port = "redis"
       protocol    = "TCP"
-    }
-  }
-}
-
-# A voluntary disruption (a node upgrade, the autoscaler) takes one replica
-# at a time: the others keep the POP's VIP answering while the evicted one
-# drains.
-resource "kubernetes_pod_disruption_budget_v1" "globalrelay" {
-  metadata {
-    name      = "globalrelay"
-    namespace = local.namespace
-    labels    = local.labels
-  }
-  spec {
-    max_unavailable = "1"
-    selector {
-      match_labels = local.labels
     }
   }
 }

@@ -95,15 +95,6 @@ locals {
       key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"
     }
   }
-
-  # Secret keys each role reads (docs/operations.md); a role gets only its own.
-  # Each gossip pool has its own key: transceivers, the most exposed code,
-  # hold only the cluster pool's.
-  transceiver_secret_keys  = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
-  clusterrelay_secret_keys = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
-  signaling_secret_keys    = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
-  # Absent keys are tolerated only where the role has a default.
-  optional_secret_keys = ["RTCEDGE_TOKEN_CURRENT"]
 }
 
 resource "kubernetes_namespace_v1" "region" {
@@ -122,39 +113,6 @@ resource "kubernetes_secret_v1" "rtcedge" {
     labels    = local.common_labels
   }
   data = var.secrets
-}
-
-resource "kubernetes_config_map_v1" "transceiver" {
-  metadata {
-    name      = "rtcedge-transceiver"
-    namespace = local.namespace
-    labels    = local.transceiver_labels
-  }
-  data = {
-    "config.yaml" = yamlencode(local.transceiver_config)
-  }
-}
-
-resource "kubernetes_config_map_v1" "clusterrelay" {
-  metadata {
-    name      = "rtcedge-clusterrelay"
-    namespace = local.namespace
-    labels    = local.clusterrelay_labels
-  }
-  data = {
-    "config.yaml" = yamlencode(local.clusterrelay_config)
-  }
-}
-
-resource "kubernetes_config_map_v1" "signaling" {
-  metadata {
-    name      = "rtcedge-signaling"
-    namespace = local.namespace
-    labels    = local.signaling_labels
-  }
-  data = {
-    "config.yaml" = yamlencode(local.signaling_config)
-  }
 }
 
 resource "kubernetes_config_map_v1" "catalogue" {
@@ -195,291 +153,55 @@ resource "kubernetes_service_v1" "cluster_gossip" {
   }
 }
 
-resource "kubernetes_stateful_set_v1" "transceiver" {
-  metadata {
-    name      = "transceiver" # pod names transceiver-N give pod IDs N+1
-    namespace = local.namespace
-    labels    = local.transceiver_labels
-  }
-  spec {
-    service_name = kubernetes_service_v1.cluster_gossip.metadata[0].name
-    replicas     = var.transceiver_replicas
-    # Pods are independent; start and replace them all at once.
-    pod_management_policy = "Parallel"
-    selector {
-      match_labels = local.transceiver_labels
-    }
-    template {
-      metadata {
-        labels = merge(local.transceiver_labels, local.cluster_gossip_labels)
-        annotations = {
-          "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.transceiver.data["config.yaml"])
-        }
-      }
-      spec {
-        termination_grace_period_seconds = local.termination_grace_seconds
-
-        container {
-          name  = "transceiver"
-          image = var.image
-          args  = ["transceiver", "-config", "/etc/rtcedge/config.yaml"]
-
-          # The image's user (65532); nothing is written to the image.
-          security_context {
-            run_as_non_root            = true
-            run_as_user                = 65532
-            run_as_group               = 65532
-            read_only_root_filesystem  = true
-            allow_privilege_escalation = false
-            capabilities {
-              drop = ["ALL"]
-            }
-            seccomp_profile {
-              type = "RuntimeDefault"
-            }
-          }
-
-          env {
-            name = "POD_IP"
-            value_from {
-              field_ref {
-                field_path = "status.podIP"
-              }
-            }
-          }
-
-          # Without a CPU limit the runtime would size itself (and the
-          # relay its workers, one per CPU) to the node's cores, not to the
-          # cores this pod is given.
-          env {
-            name = "GOMAXPROCS"
-            value_from {
-              resource_field_ref {
-                resource = "requests.cpu"
-                divisor  = "1"
-              }
-            }
-          }
-
-          dynamic "env" {
-            for_each = local.transceiver_secret_keys
-            content {
-              name = env.value
-              value_from {
-                secret_key_ref {
-                  name     = var.secret_name
-                  key      = env.value
-                  optional = contains(local.optional_secret_keys, env.value)
-                }
-              }
-            }
-          }
-
-          port {
-            name           = "data"
-            container_port = 7000
-            protocol       = "UDP"
-          }
-          port {
-            name           = "api"
-            container_port = 8081
-            protocol       = "TCP"
-          }
-          port {
-            name           = "gossip-tcp"
-            container_port = 7946
-            protocol       = "TCP"
-          }
-          port {
-            name           = "gossip-udp"
-            container_port = 7946
-            protocol       = "UDP"
-          }
-          port {
-            name           = "metrics"
-            container_port = 9090
-            protocol       = "TCP"
-          }
-
-          readiness_probe {
-            http_get {
-              path = "/readyz"
-              port = "metrics"
-            }
-            period_seconds    = 5
-            failure_threshold = 2
-          }
-          liveness_probe {
-            http_get {
-              path = "/livez"
-              port = "metrics"
-            }
-            period_seconds    = 10
-            failure_threshold = 3
-          }
-
-          resources {
-            requests = var.transceiver_resources.requests
-            limits   = var.transceiver_resources.limits
-          }
-
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-            read_only  = true
-          }
-        }
-
-        volume {
-          name = "config"
-          config_map {
-            name = kubernetes_config_map_v1.transceiver.metadata[0].name
-          }
-        }
-      }
-    }
-  }
+# Secret keys: each role gets only its own. Each gossip pool has its own
+# key: transceivers, the most exposed code, hold only the cluster pool's.
+module "transceiver" {
+  source                      = "../workload"
+  name                        = "transceiver" # pod names transceiver-N give pod IDs N+1
+  namespace                   = local.namespace
+  labels                      = local.transceiver_labels
+  pod_labels                  = local.cluster_gossip_labels
+  image                       = var.image
+  config                      = local.transceiver_config
+  replicas                    = var.transceiver_replicas
+  service_name                = kubernetes_service_v1.cluster_gossip.metadata[0].name
+  termination_grace_seconds   = local.termination_grace_seconds
+  secret_name                 = var.secret_name
+  secret_keys                 = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  readiness_failure_threshold = 2
+  resources                   = var.transceiver_resources
+  ports = [
+    { name = "data", port = 7000, protocol = "UDP" },
+    { name = "api", port = 8081, protocol = "TCP" },
+    { name = "gossip-tcp", port = 7946, protocol = "TCP" },
+    { name = "gossip-udp", port = 7946, protocol = "UDP" },
+    { name = "metrics", port = 9090, protocol = "TCP" },
+  ]
 }
 
-resource "kubernetes_deployment_v1" "clusterrelay" {
-  metadata {
-    name      = "clusterrelay"
-    namespace = local.namespace
-    labels    = local.clusterrelay_labels
-  }
-  spec {
-    replicas = var.clusterrelay_replicas
-    selector {
-      match_labels = local.clusterrelay_labels
-    }
-    strategy {
-      type = "RollingUpdate"
-      rolling_update {
-        # Keep every replica until its successor is ready: global relays
-        # move flows off a draining replica at once.
-        max_unavailable = "0"
-        max_surge       = "1"
-      }
-    }
-    template {
-      metadata {
-        labels = merge(local.clusterrelay_labels, local.cluster_gossip_labels)
-        annotations = {
-          "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.clusterrelay.data["config.yaml"])
-        }
-      }
-      spec {
-        termination_grace_period_seconds = 30
-
-        container {
-          name  = "clusterrelay"
-          image = var.image
-          args  = ["clusterrelay", "-config", "/etc/rtcedge/config.yaml"]
-
-          # The image's user (65532); nothing is written to the image.
-          security_context {
-            run_as_non_root            = true
-            run_as_user                = 65532
-            run_as_group               = 65532
-            read_only_root_filesystem  = true
-            allow_privilege_escalation = false
-            capabilities {
-              drop = ["ALL"]
-            }
-            seccomp_profile {
-              type = "RuntimeDefault"
-            }
-          }
-
-          env {
-            name = "POD_IP"
-            value_from {
-              field_ref {
-                field_path = "status.podIP"
-              }
-            }
-          }
-
-          dynamic "env" {
-            for_each = local.clusterrelay_secret_keys
-            content {
-              name = env.value
-              value_from {
-                secret_key_ref {
-                  name = var.secret_name
-                  key  = env.value
-                }
-              }
-            }
-          }
-
-          port {
-            name           = "data"
-            container_port = 7100
-            protocol       = "UDP"
-          }
-          port {
-            name           = "api"
-            container_port = 8080
-            protocol       = "TCP"
-          }
-          port {
-            name           = "cgossip-tcp"
-            container_port = 7946
-            protocol       = "TCP"
-          }
-          port {
-            name           = "cgossip-udp"
-            container_port = 7946
-            protocol       = "UDP"
-          }
-          port {
-            name           = "ggossip-tcp"
-            container_port = 7947
-            protocol       = "TCP"
-          }
-          port {
-            name           = "ggossip-udp"
-            container_port = 7947
-            protocol       = "UDP"
-          }
-          port {
-            name           = "metrics"
-            container_port = 9090
-            protocol       = "TCP"
-          }
-
-          readiness_probe {
-            http_get {
-              path = "/readyz"
-              port = "metrics"
-            }
-            period_seconds = 5
-          }
-          liveness_probe {
-            http_get {
-              path = "/livez"
-              port = "metrics"
-            }
-            period_seconds = 10
-          }
-
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-            read_only  = true
-          }
-        }
-
-        volume {
-          name = "config"
-          config_map {
-            name = kubernetes_config_map_v1.clusterrelay.metadata[0].name
-          }
-        }
-      }
-    }
-  }
+# Cluster relays keep every replica until its successor is ready: global
+# relays move flows off a draining replica at once.
+module "clusterrelay" {
+  source            = "../workload"
+  name              = "clusterrelay"
+  namespace         = local.namespace
+  labels            = local.clusterrelay_labels
+  pod_labels        = local.cluster_gossip_labels
+  image             = var.image
+  config            = local.clusterrelay_config
+  replicas          = var.clusterrelay_replicas
+  start_before_stop = true
+  secret_name       = var.secret_name
+  secret_keys       = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  ports = [
+    { name = "data", port = 7100, protocol = "UDP" },
+    { name = "api", port = 8080, protocol = "TCP" },
+    { name = "cgossip-tcp", port = 7946, protocol = "TCP" },
+    { name = "cgossip-udp", port = 7946, protocol = "UDP" },
+    { name = "ggossip-tcp", port = 7947, protocol = "TCP" },
+    { name = "ggossip-udp", port = 7947, protocol = "UDP" },
+    { name = "metrics", port = 9090, protocol = "TCP" },
+  ]
 }
 
 # The cluster's session API (the catalogue's session_api): any cluster relay
@@ -502,151 +224,27 @@ resource "kubernetes_service_v1" "session_api" {
   }
 }
 
-resource "kubernetes_deployment_v1" "signaling" {
-  metadata {
-    name      = "signaling"
-    namespace = local.namespace
-    labels    = local.signaling_labels
-  }
-  spec {
-    replicas = var.signaling_replicas
-    selector {
-      match_labels = local.signaling_labels
-    }
-    template {
-      metadata {
-        labels = local.signaling_labels
-        annotations = {
-          "rtcedge.example.com/config-sha"    = sha256(kubernetes_config_map_v1.signaling.data["config.yaml"])
-          "rtcedge.example.com/catalogue-sha" = sha256(var.catalogue_yaml)
-        }
-      }
-      spec {
-        termination_grace_period_seconds = 30
-
-        container {
-          name  = "signaling"
-          image = var.image
-          args  = ["signaling", "-config", "/etc/rtcedge/config.yaml"]
-
-          # The image's user (65532); nothing is written to the image.
-          security_context {
-            run_as_non_root            = true
-            run_as_user                = 65532
-            run_as_group               = 65532
-            read_only_root_filesystem  = true
-            allow_privilege_escalation = false
-            capabilities {
-              drop = ["ALL"]
-            }
-            seccomp_profile {
-              type = "RuntimeDefault"
-            }
-          }
-
-          env {
-            name = "POD_IP"
-            value_from {
-              field_ref {
-                field_path = "status.podIP"
-              }
-            }
-          }
-
-          dynamic "env" {
-            for_each = local.signaling_secret_keys
-            content {
-              name = env.value
-              value_from {
-                secret_key_ref {
-                  name = var.secret_name
-                  key  = env.value
-                }
-              }
-            }
-          }
-
-          port {
-            name           = "http"
-            container_port = 8080
-            protocol       = "TCP"
-          }
-          port {
-            name           = "ggossip-tcp"
-            container_port = 7947
-            protocol       = "TCP"
-          }
-          port {
-            name           = "ggossip-udp"
-            container_port = 7947
-            protocol       = "UDP"
-          }
-          port {
-            name           = "metrics"
-            container_port = 9090
-            protocol       = "TCP"
-          }
-
-          readiness_probe {
-            http_get {
-              path = "/readyz"
-              port = "metrics"
-            }
-            period_seconds = 5
-          }
-          liveness_probe {
-            http_get {
-              path = "/livez"
-              port = "metrics"
-            }
-            period_seconds = 10
-          }
-
-          volume_mount {
-            name       = "config"
-            mount_path = "/etc/rtcedge"
-            read_only  = true
-          }
-          volume_mount {
-            name       = "catalogue"
-            mount_path = "/etc/rtcedge-catalogue"
-            read_only  = true
-          }
-          dynamic "volume_mount" {
-            for_each = var.geoip_claim_name == null ? [] : [var.geoip_claim_name]
-            content {
-              name       = "geoip"
-              mount_path = "/var/lib/geoip"
-              read_only  = true
-            }
-          }
-        }
-
-        volume {
-          name = "config"
-          config_map {
-            name = kubernetes_config_map_v1.signaling.metadata[0].name
-          }
-        }
-        volume {
-          name = "catalogue"
-          config_map {
-            name = kubernetes_config_map_v1.catalogue.metadata[0].name
-          }
-        }
-        dynamic "volume" {
-          for_each = var.geoip_claim_name == null ? [] : [var.geoip_claim_name]
-          content {
-            name = "geoip"
-            persistent_volume_claim {
-              claim_name = volume.value
-              read_only  = true
-            }
-          }
-        }
-      }
-    }
-  }
+module "signaling" {
+  source      = "../workload"
+  name        = "signaling"
+  namespace   = local.namespace
+  labels      = local.signaling_labels
+  annotations = { "rtcedge.example.com/catalogue-sha" = sha256(var.catalogue_yaml) }
+  image       = var.image
+  config      = local.signaling_config
+  replicas    = var.signaling_replicas
+  secret_name = var.secret_name
+  secret_keys = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
+  ports = [
+    { name = "http", port = 8080, protocol = "TCP" },
+    { name = "ggossip-tcp", port = 7947, protocol = "TCP" },
+    { name = "ggossip-udp", port = 7947, protocol = "UDP" },
+    { name = "metrics", port = 9090, protocol = "TCP" },
+  ]
+  volumes = concat(
+    [{ name = "catalogue", mount_path = "/etc/rtcedge-catalogue", config_map = kubernetes_config_map_v1.catalogue.metadata[0].name }],
+    var.geoip_claim_name == null ? [] : [{ name = "geoip", mount_path = "/var/lib/geoip", claim = var.geoip_claim_name }],
+  )
 }
 
 resource "kubernetes_service_v1" "signaling" {
@@ -668,47 +266,40 @@ resource "kubernetes_service_v1" "signaling" {
   }
 }
 
-# A voluntary disruption (a node upgrade, the autoscaler) takes one pod of
-# each role at a time: evicting both transceivers or both cluster relays at
-# once would end every call of the region.
-resource "kubernetes_pod_disruption_budget_v1" "transceiver" {
-  metadata {
-    name      = "transceiver"
-    namespace = local.namespace
-    labels    = local.transceiver_labels
-  }
-  spec {
-    max_unavailable = "1"
-    selector {
-      match_labels = local.transceiver_labels
-    }
-  }
+# Where the roles' resources stood before the workload module.
+moved {
+  from = kubernetes_config_map_v1.transceiver
+  to   = module.transceiver.kubernetes_config_map_v1.this
 }
-
-resource "kubernetes_pod_disruption_budget_v1" "clusterrelay" {
-  metadata {
-    name      = "clusterrelay"
-    namespace = local.namespace
-    labels    = local.clusterrelay_labels
-  }
-  spec {
-    max_unavailable = "1"
-    selector {
-      match_labels = local.clusterrelay_labels
-    }
-  }
+moved {
+  from = kubernetes_stateful_set_v1.transceiver
+  to   = module.transceiver.kubernetes_stateful_set_v1.this[0]
 }
-
-resource "kubernetes_pod_disruption_budget_v1" "signaling" {
-  metadata {
-    name      = "signaling"
-    namespace = local.namespace
-    labels    = local.signaling_labels
-  }
-  spec {
-    max_unavailable = "1"
-    selector {
-      match_labels = local.signaling_labels
-    }
-  }
+moved {
+  from = kubernetes_pod_disruption_budget_v1.transceiver
+  to   = module.transceiver.kubernetes_pod_disruption_budget_v1.this
+}
+moved {
+  from = kubernetes_config_map_v1.clusterrelay
+  to   = module.clusterrelay.kubernetes_config_map_v1.this
+}
+moved {
+  from = kubernetes_deployment_v1.clusterrelay
+  to   = module.clusterrelay.kubernetes_deployment_v1.this[0]
+}
+moved {
+  from = kubernetes_pod_disruption_budget_v1.clusterrelay
+  to   = module.clusterrelay.kubernetes_pod_disruption_budget_v1.this
+}
+moved {
+  from = kubernetes_config_map_v1.signaling
+  to   = module.signaling.kubernetes_config_map_v1.this
+}
+moved {
+  from = kubernetes_deployment_v1.signaling
+  to   = module.signaling.kubernetes_deployment_v1.this[0]
+}
+moved {
+  from = kubernetes_pod_disruption_budget_v1.signaling
+  to   = module.signaling.kubernetes_pod_disruption_budget_v1.this
 }
