@@ -46,50 +46,31 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "rtcedge_transceiver_" + name, Help: help})
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_transceiver_" + name, Help: help}, []string{label})
+	}
 	m := &metrics{
 		net: podnet.NewMetrics(),
 		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtcedge_transceiver_sessions",
 			Help: "Sessions currently held by this pod (connecting or connected).",
 		}),
-		created: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_sessions_created_total",
-			Help: "Sessions created (answers returned).",
-		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_sessions_rejected_total",
-			Help: "Session requests refused, by reason.",
-		}, []string{"reason"}),
-		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_sessions_ended_total",
-			Help: "Sessions ended, by reason.",
-		}, []string{"reason"}),
+		created:  counter("sessions_created_total", "Sessions created (answers returned)."),
+		rejected: counterVec("sessions_rejected_total", "Session requests refused, by reason.", "reason"),
+		ended:    counterVec("sessions_ended_total", "Sessions ended, by reason.", "reason"),
 		setupSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "rtcedge_transceiver_setup_seconds",
 			Help:    "Time from the session request to DTLS connected, as seen by the pod.",
 			Buckets: []float64{.01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10},
 		}),
-		popSwitches: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_pop_switches_total",
-			Help: "Sessions whose selected pair moved to another POP: the transceiver followed checks through another POP after the selected one went silent, or the client nominated a pair through another POP.",
-		}),
-		earlySelects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_early_selects_total",
-			Help: "Sessions whose preferred POP pair was selected on the first check, before the client nominated.",
-		}),
-		addressChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_address_changes_total",
-			Help: "Sessions whose selected pair moved to a new client address behind the same POP (NAT rebinding, network change), " +
-				"whichever side moved it: the transceiver once the old address was silent, or the client by nomination.",
-		}),
-		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_ice_restarts_total",
-			Help: "ICE restarts asked for by PATCH of the session resource, by result.",
-		}, []string{"result"}),
-		mediaPaths: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_media_paths_total",
-			Help: "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).",
-		}, []string{"path"}),
+		popSwitches:    counter("pop_switches_total", "Sessions whose selected pair moved to another POP: the transceiver followed checks through another POP after the selected one went silent, or the client nominated a pair through another POP."),
+		earlySelects:   counter("early_selects_total", "Sessions whose preferred POP pair was selected on the first check, before the client nominated."),
+		addressChanges: counter("address_changes_total", "Sessions whose selected pair moved to a new client address behind the same POP (NAT rebinding, network change), whichever side moved it: the transceiver once the old address was silent, or the client by nomination."),
+		iceRestarts:    counterVec("ice_restarts_total", "ICE restarts asked for by PATCH of the session resource, by result.", "result"),
+		mediaPaths:     counterVec("media_paths_total", "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).", "path"),
 	}
 	for _, p := range []string{"pod", "pion"} {
 		m.mediaPaths.WithLabelValues(p)
