@@ -14,6 +14,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -107,7 +108,7 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
 	reg := prometheus.NewRegistry()
 	conn := listen(t)
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
-		HopKeys: testHop, Batch: batch, CPUs: cpus, EventLoop: loop, Logger: quiet, Registerer: reg}, conn)
+		HopKeys: testHop, Tuning: udpio.Tuning{Batch: batch, CPUs: cpus, EventLoop: &loop}, Logger: quiet, Registerer: reg}, conn)
 	if err != nil {
 		t.Fatal(err)
 	}

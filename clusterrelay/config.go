@@ -7,12 +7,11 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // Defaults of the cluster relay role.
 const (
-	// DefaultBatch is the datagrams per recvmmsg/sendmmsg call.
-	DefaultBatch = 32
 	// DrainAnnounce is how long a stopping replica announces draining in
 	// the global pool before it leaves (at most drain_timeout), so global
 	// relays move its flows to another replica first.
@@ -28,11 +27,9 @@ type NodeConfig struct {
 	DataAdvertise string `yaml:"data_advertise"`
 	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string `yaml:"api_advertise"`
-	Batch         int    `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
-	LockThreads   bool   `yaml:"lock_threads"` // Config.LockThreads
-	CPUs          []int  `yaml:"cpus"`         // Config.CPUs
-	Bundle        bool   `yaml:"bundle"`       // Config.Bundle; off by default
-	EventLoop     *bool  `yaml:"event_loop"`   // Config.EventLoop; default true
+	// Tuning: batch, lock_threads, cpus, bundle and event_loop
+	// (udpio.Tuning; Defaults: batches of 32 on an event loop).
+	udpio.Tuning `yaml:",inline"`
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
@@ -56,12 +53,7 @@ func (c *NodeConfig) ApplyEnv() error {
 // Defaults fills the unset fields.
 func (c *NodeConfig) Defaults() {
 	c.Common.Defaults()
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
-	if c.EventLoop == nil {
-		c.EventLoop = new(true)
-	}
+	c.Tuning.Defaults()
 }
 
 // Validate checks c after Defaults.
@@ -70,12 +62,9 @@ func (c *NodeConfig) Validate() error {
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
 		c.APITLS.Validate("api_tls"),
-		node.NotNegative("batch", c.Batch),
+		c.Tuning.Validate(),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
-	}
-	for _, cpu := range c.CPUs {
-		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
 		errs = append(errs, err)

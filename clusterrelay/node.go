@@ -59,7 +59,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, EventLoop: *cfg.EventLoop, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Tuning: cfg.Tuning, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)

@@ -31,7 +31,7 @@ func TestNodeReadyAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.relay.loop == nil {
+	if !n.relay.io.EventLoop() {
 		t.Error("the node's socket is not on an event loop, its default")
 	}
 	readyz := "http://" + metrics.Addr().String() + "/readyz"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // BenchmarkFromClient is the per-packet decision for a known flow's media
@@ -261,7 +262,7 @@ func BenchmarkThroughput(b *testing.B) {
 			keys := testKeys(b)
 			pub, in := listen(b), listen(b)
 			relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
-				Batch: batch, Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
+				Tuning: udpio.Tuning{Batch: batch}, Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,8 +14,6 @@ import (
 
 // Defaults of the global relay role.
 const (
-	// DefaultBatch is the datagrams per recvmmsg/sendmmsg call.
-	DefaultBatch = 32
 	// DefaultReadyWait bounds how long a starting replica holds back
 	// forwarding until it is ready (knows its clusters' relays).
 	DefaultReadyWait = 10 * time.Second
@@ -45,25 +43,16 @@ type NodeConfig struct {
 	// TCP tunes the TCP ingress's limits and timeouts (zero: defaults).
 	TCP     TCPLimits `yaml:"tcp"`
 	Workers int       `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
-	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
-	// call; 1: one datagram per call; default 32. Neither allocates.
-	Batch int `yaml:"batch"`
-	// LockThreads, CPUs and Steering place the workers (Config.LockThreads,
-	// Config.CPUs; Steering is how the kernel spreads the public
-	// SO_REUSEPORT sockets' datagrams: "hash" (default: by 4-tuple, a flow
-	// stays on one worker), "cpu" (the worker pinned to the CPU the
-	// datagram arrives on) or "incoming_cpu"). See docs/benchmarks.md.
-	LockThreads bool   `yaml:"lock_threads"`
-	CPUs        []int  `yaml:"cpus"`
-	Steering    string `yaml:"steering"`
-	// Bundle is Config.Bundle: off by default, for a fleet whose cluster
-	// relays and pods all read bundles.
-	Bundle bool `yaml:"bundle"`
-	// EventLoop is Config.EventLoop; default true (false: the runtime's
-	// poller, as before). Off Linux the poller runs whatever it says.
-	EventLoop *bool         `yaml:"event_loop"`
-	FlowIdle  time.Duration `yaml:"flow_idle"`
-	MaxFlows  int           `yaml:"max_flows"`
+	// Tuning: batch, lock_threads, cpus, bundle and event_loop
+	// (udpio.Tuning; Defaults: batches of 32 on event loops).
+	udpio.Tuning `yaml:",inline"`
+	// Steering is how the kernel spreads the public SO_REUSEPORT
+	// sockets' datagrams: "hash" (default: by 4-tuple, a flow stays on
+	// one worker), "cpu" (the worker pinned to the CPU the datagram
+	// arrives on) or "incoming_cpu". See docs/benchmarks.md.
+	Steering string        `yaml:"steering"`
+	FlowIdle time.Duration `yaml:"flow_idle"`
+	MaxFlows int           `yaml:"max_flows"`
 	// Clusters are the cluster IDs this POP serves: the replica is ready
 	// once it knows a live cluster relay of each. Catalogue, a region
 	// catalogue file, adds all of its clusters. Neither set: ready once it
@@ -135,12 +124,7 @@ func (c *NodeConfig) Defaults() {
 	if c.Workers == 0 {
 		c.Workers = udpio.Procs()
 	}
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
-	if c.EventLoop == nil {
-		c.EventLoop = new(true)
-	}
+	c.Tuning.Defaults()
 	if c.ReadyWait == 0 {
 		c.ReadyWait = DefaultReadyWait
 	}
@@ -153,7 +137,7 @@ func (c *NodeConfig) Defaults() {
 func (c *NodeConfig) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.NotNegative("workers", c.Workers),
-		node.NotNegative("batch", c.Batch),
+		c.Tuning.Validate(),
 		node.NotNegative("flow_idle", c.FlowIdle),
 		node.NotNegative("max_flows", c.MaxFlows),
 		node.NotNegative("ready_wait", c.ReadyWait),
@@ -161,9 +145,6 @@ func (c *NodeConfig) Validate() error {
 	}
 	if _, err := udpio.ParseSteering(c.Steering); err != nil {
 		errs = append(errs, err)
-	}
-	for _, cpu := range c.CPUs {
-		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if c.POP == 0 {
 		errs = append(errs, errors.New("pop must be non-zero"))

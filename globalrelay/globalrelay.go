@@ -138,31 +138,11 @@ type Config struct {
 	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
 	// The relay never waits for it. nil: no cache.
 	Cache routecache.Cache
-	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
-	// nothing per datagram.
-	Batch int
-	// LockThreads runs each worker's two read loops on OS threads of
-	// their own (runtime.LockOSThread) instead of the Go scheduler's
-	// shared ones. See docs/benchmarks.md for what it costs.
-	LockThreads bool
-	// CPUs, when set, pins worker i's read loops to CPU CPUs[i mod
-	// len(CPUs)] (sched_setaffinity on their locked threads; implies
-	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
-	CPUs []int
-	// Bundle sends the datagrams of one receive batch that go to the same
-	// cluster relay as one bundle (docs/bundle.md): fewer datagrams for
-	// the kernel, nothing waits. Turn it on only once every cluster relay
-	// and pod reads bundles (this version and later do; replies in bundles
-	// are always read).
-	Bundle bool
-	// EventLoop (Linux) serves each worker's two sockets from one OS
-	// thread waiting in a raw epoll_pwait, outside the runtime's poller
-	// (udpio.Loop): less CPU per datagram and a shorter added delay than
-	// the poller's read loops, for one more GOMAXPROCS per worker. Needs
-	// Batch > 1; elsewhere the poller's loops run. See docs/benchmarks.md,
-	// "An event loop".
-	EventLoop bool
+	// Tuning is how the workers move datagrams (udpio.Runner): each
+	// worker's two directions on one event loop, or on two read loops of
+	// the runtime's poller; Bundle bundles only toward cluster relays
+	// (replies in bundles are always read).
+	udpio.Tuning
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: metrics are not registered
@@ -190,6 +170,7 @@ type Relay struct {
 
 	own     []netip.AddrPort // the relay's own socket addresses: never a client
 	ownIPs  []netip.Addr     // specific, non-loopback addresses the sockets are bound to
+	io      *udpio.Runner    // the workers' read loops
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 	tcp     atomic.Pointer[TCP] // the TCP ingress, if any (tcp.go)
 
@@ -212,19 +193,9 @@ type Relay struct {
 type worker struct {
 	Worker
 	ingress netip.AddrPort
-	// With Config.EventLoop: the loop that owns both sockets, and the
-	// internal one, on which the TCP ingress sends (Internal is closed).
-	loop     *udpio.Loop
-	internal *udpio.RawConn
-}
-
-// sendInternal sends a datagram toward a cluster relay on the worker's
-// internal socket, from outside its read loops.
-func (w *worker) sendInternal(b []byte, to netip.AddrPort) (int, error) {
-	if w.internal != nil {
-		return w.internal.WriteToUDPAddrPort(b, to)
-	}
-	return w.Internal.WriteToUDPAddrPort(b, to)
+	// internal sends on the internal socket from outside the read loops
+	// (the TCP ingress): Internal, or its event loop's socket.
+	internal udpio.Writer
 }
 
 // New returns a relay over the given workers' sockets, taking ownership of
@@ -245,11 +216,6 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		return nil, errors.New("globalrelay config: flow quiet time must not be negative")
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
-	}
-	for _, c := range cfg.CPUs {
-		if c < 0 {
-			return nil, fmt.Errorf("globalrelay config: CPU %d is negative", c)
-		}
 	}
 	if cfg.FlowIdle == 0 {
 		cfg.FlowIdle = 30 * time.Second
@@ -314,57 +280,33 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	}
 	r.hopKeys.Store(cfg.HopKeys)
 	r.now.Store(cfg.Now().UnixNano())
-	if cfg.EventLoop && cfg.Batch > 1 && udpio.LoopSupported {
-		if err := r.makeLoops(); err != nil {
-			return nil, fmt.Errorf("globalrelay: %w", err)
-		}
+	paths := make([][]udpio.Path, len(r.workers))
+	for i := range r.workers {
+		paths[i] = r.directions(&r.workers[i])
+	}
+	if r.io, err = udpio.NewRunner(cfg.Tuning, r.log, paths...); err != nil {
+		return nil, fmt.Errorf("globalrelay: %w", err)
+	}
+	for i := range r.workers {
+		r.workers[i].internal = r.io.Writer(r.workers[i].Internal)
 	}
 	return r, nil
 }
 
-// makeLoops takes every worker's sockets out of the runtime's poller into
-// an event loop of its own. On error the sockets are closed.
-func (r *Relay) makeLoops() error {
-	for i := range r.workers {
-		w := &r.workers[i]
-		pub, err := udpio.Detach(w.Public)
-		if err != nil {
-			r.closeSockets()
-			return err
-		}
-		in, err := udpio.Detach(w.Internal)
-		if err != nil {
-			pub.Close()
-			r.closeSockets()
-			return err
-		}
-		up, down := r.directions(w)
-		up.From, up.To, down.From, down.To = pub, in, in, pub
-		w.loop, err = udpio.NewLoop([]udpio.LoopPath{up, down})
-		if err != nil {
-			r.closeSockets()
-			return err
-		}
-		w.internal = in
-	}
-	return nil
-}
-
-// directions are a worker's two ways, without their sockets: from clients
-// toward cluster relays (read on Public, the header written into the
-// headroom) and back (read on Internal). The event loop and the poller's
-// read loops forward both the same way.
-func (r *Relay) directions(w *worker) (up, down udpio.LoopPath) {
+// directions are a worker's two ways: from clients toward cluster relays
+// (read on Public, the header written into the headroom, bundled with
+// Config.Bundle) and back (read on Internal; cluster relays may bundle
+// replies, so bundles are always read).
+func (r *Relay) directions(w *worker) []udpio.Path {
 	hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
-	up = udpio.LoopPath{Headroom: encap.MaxLen, Limit: encap.MaxPayload, Batch: r.cfg.Batch, Hooks: hooks,
+	up := udpio.Path{From: w.Public, To: w.Internal, Headroom: encap.MaxLen, Limit: encap.MaxPayload, Hooks: hooks,
 		Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		}}
-	up.Hooks.Bundle, up.Hooks.Bundled = r.cfg.Bundle, r.bundled
-	down = udpio.LoopPath{Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Hooks: hooks, Decide: r.toClient}
-	// Cluster relays may bundle replies; always read bundles.
-	down.Hooks.Unbundle, down.Hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
-	return up, down
+	up.Hooks.Bundle, up.Hooks.Bundled = encap.BundleFormat{}, r.bundled
+	down := udpio.Path{From: w.Internal, To: w.Public, Limit: encap.MaxDatagram, Hooks: hooks, Decide: r.toClient}
+	down.Hooks.Unbundle, down.Hooks.BadBundle = encap.BundleFormat{}, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+	return []udpio.Path{up, down}
 }
 
 // SetHopKeys replaces the inter-tier keys (key rotation): datagrams are
@@ -450,55 +392,11 @@ func (r *Relay) Flows() int { return r.flows.len() }
 // Run forwards until ctx ends or Close is called. A socket failure closes
 // the whole relay and is returned.
 func (r *Relay) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	var firstErr error
-	var errOnce sync.Once
-	// A loop that ends, for whatever reason, ends the relay.
-	fail := func(err error) {
-		if err != nil {
-			errOnce.Do(func() { firstErr = err })
-		}
-		r.Close()
-	}
-	pin := func(cpu int) {
-		if cpu >= 0 || r.cfg.LockThreads {
-			// Never unlocked: the thread ends with its loop.
-			if err := udpio.LockThread(cpu); err != nil {
-				r.log.Warn("read loop not pinned", "err", err)
-			}
-		}
-	}
-	loop := func(cpu int, conn, dst *net.UDPConn, d udpio.LoopPath) {
-		defer wg.Done()
-		pin(cpu)
-		var err error
-		if r.cfg.Batch > 1 {
-			err = udpio.ForwardBatch(conn, dst, d.Headroom, d.Limit, d.Batch, d.Decide, d.Hooks)
-		} else {
-			err = udpio.Forward(conn, dst, d.Headroom, d.Limit, d.Decide, d.Hooks)
-		}
-		fail(err)
-	}
-	for i := range r.workers {
-		w := &r.workers[i]
-		cpu := -1
-		if len(r.cfg.CPUs) > 0 {
-			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
-		}
-		if w.loop != nil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				pin(cpu) // Run then keeps the thread locked for good
-				fail(w.loop.Run())
-			}()
-			continue
-		}
-		up, down := r.directions(w)
-		wg.Add(2)
-		go loop(cpu, w.Public, w.Internal, up)
-		go loop(cpu, w.Internal, w.Public, down)
-	}
+	ioErr := make(chan error, 1)
+	go func() {
+		ioErr <- r.io.Run()
+		r.Close() // a loop that ends, for whatever reason, ends the relay
+	}()
 	// The coarse clock ticks often (it stamps flows and times the
 	// failure detection); the expiry scan, which locks every shard in
 	// turn, runs a few times per FlowIdle.
@@ -523,9 +421,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return fmt.Errorf("globalrelay: %w", firstErr)
+	if err := <-ioErr; err != nil {
+		return fmt.Errorf("globalrelay: %w", err)
 	}
 	return nil
 }
@@ -551,21 +448,9 @@ func (r *Relay) expire() {
 func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		close(r.done)
-		r.closeSockets()
+		_ = r.io.Close()
 	})
 	return nil
-}
-
-// closeSockets closes every worker's sockets (an event loop closes its
-// own once it has stopped).
-func (r *Relay) closeSockets() {
-	for _, w := range r.workers {
-		if w.loop != nil {
-			_ = w.loop.Close()
-		}
-		_ = w.Public.Close()
-		_ = w.Internal.Close()
-	}
 }
 
 // fromClient handles a datagram on the public socket. The datagram is at

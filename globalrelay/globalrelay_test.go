@@ -21,6 +21,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -109,7 +110,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 		t.Fatal(err)
 	}
 	r.relay, r.pub, r.ingress = relay, addrOf(pub), addrOf(in)
-	if cfg.EventLoop && relay.workers[0].loop == nil {
+	if cfg.EventLoop != nil && *cfg.EventLoop && !relay.io.EventLoop() {
 		t.Fatal("event_loop set, but the worker has no event loop")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,20 +182,22 @@ func hasLabel(m *dto.Metric, k, v string) bool {
 // from the public address, bare.
 func TestForwardingBothWays(t *testing.T) {
 	for _, batch := range []int{0, 32} {
-		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, Config{Batch: batch}) })
+		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: batch}}) })
 	}
 	// Pinned: both read loops on locked threads with CPU 0 as their only
 	// CPU while they forward.
 	t.Run("batch-32-pinned", func(t *testing.T) {
-		testForwardingBothWays(t, Config{Batch: 32, CPUs: []int{0}})
+		testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, CPUs: []int{0}}})
 		if n := threadsOnlyOn(t, 0); n < 2 {
 			t.Errorf("%d threads pinned to CPU 0, want the 2 read loops", n)
 		}
 	})
 	// The event loop: both directions from one thread, pinned.
-	t.Run("event-loop", func(t *testing.T) { testForwardingBothWays(t, Config{Batch: 32, EventLoop: true}) })
+	t.Run("event-loop", func(t *testing.T) {
+		testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: new(true)}})
+	})
 	t.Run("event-loop-pinned", func(t *testing.T) {
-		testForwardingBothWays(t, Config{Batch: 32, EventLoop: true, CPUs: []int{0}})
+		testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: new(true), CPUs: []int{0}}})
 		if n := threadsOnlyOn(t, 0); n < 1 {
 			t.Errorf("%d threads pinned to CPU 0, want the event loop's", n)
 		}

@@ -120,7 +120,7 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.Go("route cache", cache.Run)
 	}
 	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
-		Cache: cache, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, EventLoop: *cfg.EventLoop, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
+		Cache: cache, Tuning: cfg.Tuning, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)

@@ -134,7 +134,7 @@ func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Relay().workers[0].loop == nil {
+	if !n.Relay().io.EventLoop() {
 		t.Error("the node's workers are not on event loops, its default")
 	}
 	stop := nodetest.Run(t, n)

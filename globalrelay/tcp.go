@@ -700,7 +700,7 @@ func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
 	}
 	out := buf[encap.MaxLen-hl : encap.MaxLen+n]
 	keys.Seal(out, hl)
-	if _, err := c.w.sendInternal(out, relay); err != nil {
+	if _, err := c.w.internal.WriteToUDPAddrPort(out, relay); err != nil {
 		r.m.writeErrors.Inc()
 		return false
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // tcpRig is a relay rig with a TCP ingress on loopback.
@@ -116,7 +117,9 @@ func tcpAddrOf(c *net.TCPConn) netip.AddrPort {
 func TestTCPForwardingBothWays(t *testing.T) {
 	t.Run("poller", func(t *testing.T) { testTCPForwardingBothWays(t, Config{}) })
 	// The TCP ingress sends on the internal socket the event loop owns.
-	t.Run("event-loop", func(t *testing.T) { testTCPForwardingBothWays(t, Config{Batch: 32, EventLoop: true}) })
+	t.Run("event-loop", func(t *testing.T) {
+		testTCPForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: new(true)}})
+	})
 }
 
 func testTCPForwardingBothWays(t *testing.T, cfg Config) {
