@@ -273,21 +273,6 @@ func (n *Node) knowsClusters() error {
 	return nil
 }
 
-// live counts the non-draining replicas of cluster (0: of any cluster).
-func (c *Clusters) live(cluster uint16) int {
-	s := c.snap.Load()
-	if s == nil {
-		return 0
-	}
-	k := 0
-	for _, r := range s.replicas {
-		if !r.Draining && (cluster == 0 || r.Cluster == cluster) {
-			k++
-		}
-	}
-	return k
-}
-
 // openTCP starts the TCP ingress on ln, or on tcp_addr when ln is nil;
 // neither: none.
 func (n *Node) openTCP(cfg NodeConfig, ln net.Listener, env node.Env) error {
