@@ -61,24 +61,6 @@ var dropLabels = [numDropReasons]string{
 	dropOversize: DropOversize, dropIngress: DropIngress, dropUnknownIngress: DropUnknownIngress,
 }
 
-// Config configures a Relay.
-type Config struct {
-	Cluster uint16       // this relay's cluster (non-zero)
-	Pods    PodDirectory // live pods of the cluster
-	// HopKeys are this cluster's inter-tier MAC keys (required): a
-	// datagram in either direction is forwarded only if its tag verifies,
-	// so a host without the key can make the relay send nothing.
-	// SetHopKeys replaces them without a restart.
-	HopKeys *encap.Keyring
-	// Tuning is how the socket's one path runs (udpio.Runner): on an
-	// event loop or a read loop of the runtime's poller, pinned to
-	// CPUs[0]; Bundle bundles toward pods and global relay ingresses
-	// (bundles are always read).
-	udpio.Tuning
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil: metrics are not registered
-}
-
 // Relay forwards between global relays and the pods of one cluster over one
 // UDP socket.
 type Relay struct {
@@ -143,7 +125,7 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if cfg.Pods == nil {
 		return nil, errors.New("clusterrelay config: pod directory is required")
 	}
-	if cfg.HopKeys == nil {
+	if cfg.Hop == nil {
 		return nil, errors.New("clusterrelay config: inter-tier hop keys are required")
 	}
 	if cfg.Logger == nil {
@@ -155,7 +137,7 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), m: m,
 		addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
-	r.keys.Store(cfg.HopKeys)
+	r.keys.Store(cfg.Hop)
 	if r.io, err = udpio.NewRunner(cfg.Tuning, r.log, []udpio.Path{r.path(conn)}); err != nil {
 		return nil, fmt.Errorf("clusterrelay: %w", err)
 	}

@@ -40,7 +40,7 @@ func BenchmarkForwardCost(b *testing.B) {
 			defer sink.Close()
 			defer client.Close()
 			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
+			relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
 				Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)

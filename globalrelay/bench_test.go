@@ -21,7 +21,7 @@ import (
 func BenchmarkFromClient(b *testing.B) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(b), listen(b)
-	relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
+	relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
 		[]Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		b.Fatal(err)
@@ -95,7 +95,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		keys := testKeys(b)
 		cl := NewClusters([]Replica{{Cluster: 0x12, Addr: echo}})
 		pub, in := listen(b), listen(b)
-		relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
+		relay, err := New(Config{POP: 9, Keys: keys, Hop: testHop, Directory: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
 			[]Worker{{Public: pub, Internal: in}})
 		if err != nil {
 			b.Fatal(err)
@@ -261,7 +261,7 @@ func BenchmarkThroughput(b *testing.B) {
 			defer sink.Close()
 			keys := testKeys(b)
 			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
+			relay, err := New(Config{POP: 9, Keys: keys, Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
 				Tuning: udpio.Tuning{Batch: batch}, Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)

@@ -273,7 +273,7 @@ func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.
 	}
 	// Only a cluster relay of the header's own cluster may send toward
 	// clients: anyone else reaching this socket could inject into calls.
-	if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
+	if c, ok := r.cfg.Directory.ClusterOf(from); !ok || c != h.Cluster {
 		r.m.drops.Inc(dropNotFromCluster)
 		return nil, netip.AddrPort{}, false
 	}

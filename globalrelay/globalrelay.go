@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
-	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -91,64 +90,6 @@ var dropLabels = [numDropReasons]string{
 	dropSSRCLive: DropSSRCLive, dropUnconfirmed: DropUnconfirmed, dropRestoreLimit: DropRestoreLimit,
 }
 
-// Config configures a Relay.
-type Config struct {
-	POP      uint16           // this POP's ID (non-zero)
-	Keys     *token.Keyring   // verifies routing tokens
-	Clusters ClusterDirectory // cluster relay replicas
-	// HopKeys are the inter-tier MAC keys of the clusters this POP
-	// serves (required): datagrams toward a cluster are sealed with its
-	// current key, replies must verify under one of its keys, and route
-	// cache entries are sealed with them too. SetHopKeys replaces them
-	// without a restart.
-	HopKeys *encap.ClusterKeys
-	// TokenLifetime is how old a routing token may be and still open a
-	// new flow (at the token's one-hour resolution); flows it opened go
-	// on. Default 24h; at least 1h.
-	TokenLifetime time.Duration
-	// FlowQuiet is how long a flow must have carried no client datagram
-	// before a check naming another cluster or pod may take its client
-	// address over (and so at most one takeover per FlowQuiet per
-	// address). A live call, even in Opus DTX silence (a packet every
-	// 400 ms), is never moved by someone else's check. Default 3s.
-	FlowQuiet time.Duration
-	// AllowSource reports whether a client IP may have a flow. Default:
-	// global unicast (Go's netip definition, private ranges included),
-	// plus loopback when the public socket itself is on loopback (the
-	// dev world and tests). Port 0 and the relay's own socket addresses
-	// are refused whatever it says.
-	AllowSource func(netip.Addr) bool
-	// FlowIdle is how long a flow lives without a datagram from its
-	// client; default 30s. Consent checks every few seconds keep live calls.
-	FlowIdle time.Duration
-	MaxFlows int // cap on the flow table; default 262144
-	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
-	// detection (relaychoice.go): a flow leaves its cluster relay when
-	// replies stop for SilenceAfter (or 3× their usual interval) or a
-	// check goes unanswered for CheckTimeout (or 4× the flow's check
-	// round trip), and avoids it for AvoidFor. Defaults
-	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
-	SilenceAfter, CheckTimeout, AvoidFor time.Duration
-	// CacheRefresh is how often a live flow is written to the cache again,
-	// so that it outlives the cache TTL for as long as the call runs;
-	// default 20s (a third of the cache's default TTL).
-	CacheRefresh time.Duration
-	// Cache shares flows between replicas (Redis in production): new flows
-	// are stored, and a datagram from an unknown client starts a lookup
-	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
-	// The relay never waits for it. nil: no cache.
-	Cache routecache.Cache
-	// Tuning is how the workers move datagrams (udpio.Runner): each
-	// worker's two directions on one event loop, or on two read loops of
-	// the runtime's poller; Bundle bundles only toward cluster relays
-	// (replies in bundles are always read).
-	udpio.Tuning
-
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil: metrics are not registered
-	Now        func() time.Time      // default time.Now
-}
-
 // Worker is one socket pair of the relay: Public is bound to the POP's VIP
 // (with SO_REUSEPORT when there are several workers), Internal to an
 // address cluster relays can reach, which is the ingress address written in
@@ -206,9 +147,9 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		return nil, errors.New("globalrelay config: POP ID must be non-zero")
 	case cfg.Keys == nil:
 		return nil, errors.New("globalrelay config: token keyring is required")
-	case cfg.Clusters == nil:
+	case cfg.Directory == nil:
 		return nil, errors.New("globalrelay config: cluster directory is required")
-	case cfg.HopKeys == nil:
+	case cfg.Hop == nil:
 		return nil, errors.New("globalrelay config: inter-tier hop keys are required")
 	case cfg.TokenLifetime < 0 || (cfg.TokenLifetime > 0 && cfg.TokenLifetime < time.Hour):
 		return nil, errors.New("globalrelay config: token lifetime must be at least 1h")
@@ -217,36 +158,7 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
 	}
-	if cfg.FlowIdle == 0 {
-		cfg.FlowIdle = 30 * time.Second
-	}
-	if cfg.MaxFlows == 0 {
-		cfg.MaxFlows = 1 << 18
-	}
-	if cfg.CacheRefresh == 0 {
-		cfg.CacheRefresh = 20 * time.Second
-	}
-	if cfg.TokenLifetime == 0 {
-		cfg.TokenLifetime = 24 * time.Hour
-	}
-	if cfg.FlowQuiet == 0 {
-		cfg.FlowQuiet = 3 * time.Second
-	}
-	if cfg.SilenceAfter <= 0 {
-		cfg.SilenceAfter = DefaultSilenceAfter
-	}
-	if cfg.CheckTimeout <= 0 {
-		cfg.CheckTimeout = DefaultCheckTimeout
-	}
-	if cfg.AvoidFor <= 0 {
-		cfg.AvoidFor = DefaultAvoidFor
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg.relayDefaults()
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -278,7 +190,7 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	if r.cfg.AllowSource == nil {
 		r.cfg.AllowSource = defaultAllowSource(r.own[0].Addr())
 	}
-	r.hopKeys.Store(cfg.HopKeys)
+	r.hopKeys.Store(cfg.Hop)
 	r.now.Store(cfg.Now().UnixNano())
 	paths := make([][]udpio.Path, len(r.workers))
 	for i := range r.workers {

@@ -98,11 +98,11 @@ func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
 	r := &rig{reg: prometheus.NewRegistry(), cluster: listen(t), client: listen(t), keys: testKeys(t), done: make(chan error, 1)}
 	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer = 9, r.keys, quiet, r.reg
-	if cfg.HopKeys == nil {
-		cfg.HopKeys = testHop
+	if cfg.Hop == nil {
+		cfg.Hop = testHop
 	}
-	if cfg.Clusters == nil {
-		cfg.Clusters = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
+	if cfg.Directory == nil {
+		cfg.Directory = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
 	}
 	pub, in := listen(t), listen(t)
 	relay, err := New(cfg, []Worker{{Public: pub, Internal: in}})
@@ -392,7 +392,7 @@ func TestHotPathAllocations(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
+	relay, err := New(Config{POP: 9, Keys: testKeys(t), Hop: testHop, Directory: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +580,7 @@ func TestClustersDirectory(t *testing.T) {
 func TestFirstPacketAllocations(t *testing.T) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
+	relay, err := New(Config{POP: 9, Keys: testKeys(t), Hop: testHop, Directory: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
 		[]Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)

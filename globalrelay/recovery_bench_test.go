@@ -100,7 +100,7 @@ func restartOnce(b *testing.B, url string, clients []netip.AddrPort, bulk bool, 
 	defer cache.Close()
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
 	pub, in := listen(b), listen(b)
-	relay, err = New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: cl, Cache: cache, Logger: quiet,
+	relay, err = New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: cl, Cache: cache, Logger: quiet,
 		Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		b.Fatal(err)

@@ -483,7 +483,7 @@ func (c *Clusters) Usable(cluster uint16, relay netip.AddrPort) bool {
 // nothing to gain from moving); new flows spread over it.
 func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool) {
 	w := &f.watch
-	gen, sgen := r.cfg.Clusters.Generation(), r.suspects.gen.Load()
+	gen, sgen := r.cfg.Directory.Generation(), r.suspects.gen.Load()
 	c := f.choice.Load()
 	reason := ""
 	if c != nil && c.found && (c.gen != gen || c.sgen != sgen) && r.keeps(f, c.addr, now) {
@@ -702,7 +702,7 @@ func (r *Relay) evidence(f *flow, now int64) string {
 // directory or of the suspects: it has been answered through relay since
 // it picked it, and relay is still usable and not suspect.
 func (r *Relay) keeps(f *flow, relay netip.AddrPort, now int64) bool {
-	ad, ok := r.cfg.Clusters.(avoidingDirectory)
+	ad, ok := r.cfg.Directory.(avoidingDirectory)
 	if !ok {
 		return false
 	}
@@ -721,14 +721,14 @@ func (r *Relay) pick(f *flow, client netip.AddrPort, now int64) (netip.AddrPort,
 // pickAvoiding is pick, also reporting whether the avoidances ruled out
 // every usable relay of the flow's cluster.
 func (r *Relay) pickAvoiding(f *flow, client netip.AddrPort, now int64) (netip.AddrPort, bool, bool) {
-	ad, ok := r.cfg.Clusters.(avoidingDirectory)
+	ad, ok := r.cfg.Directory.(avoidingDirectory)
 	if !ok {
-		addr, ok := r.cfg.Clusters.RelayFor(f.cluster, client)
+		addr, ok := r.cfg.Directory.RelayFor(f.cluster, client)
 		return addr, ok, false
 	}
 	own := f.watch.avoiding(now)
 	if own == nil && r.suspects.count(now) == 0 {
-		addr, ok := r.cfg.Clusters.RelayFor(f.cluster, client) // no closure: the first packet stays cheap
+		addr, ok := r.cfg.Directory.RelayFor(f.cluster, client) // no closure: the first packet stays cheap
 		return addr, ok, false
 	}
 	return ad.relayForAvoiding(f.cluster, client, func(a netip.AddrPort) bool {

@@ -30,7 +30,7 @@ func BenchmarkTCPForwardCost(b *testing.B) {
 			sink := listen(b)
 			defer sink.Close()
 			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
+			relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
 				Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)
@@ -146,7 +146,7 @@ func BenchmarkTCPReturnCost(b *testing.B) {
 			cluster := listen(b)
 			defer cluster.Close()
 			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(cluster)}}),
+			relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(cluster)}}),
 				Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
 			if err != nil {
 				b.Fatal(err)

@@ -357,7 +357,7 @@ func TestTCPAddrConfig(t *testing.T) {
 		{"2001:db8::1", "[2001:db8::1]:443", true, false},
 		{"vip:443", "", false, true},
 	} {
-		c := NodeConfig{TCPAddr: tc.in}
+		c := Config{TCPAddr: tc.in}
 		ap, ok, err := c.tcpAddr()
 		if (err != nil) != tc.err || ok != tc.ok || (ok && ap.String() != tc.want) {
 			t.Errorf("tcp_addr %q: %v, %v, %v; want %s, %v, error %v", tc.in, ap, ok, err, tc.want, tc.ok, tc.err)

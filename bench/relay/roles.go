@@ -186,7 +186,7 @@ func runRole(role, target string) error {
 			c.Close()
 			return err
 		}
-		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, HopKeys: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
+		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, Hop: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
 			Tuning: udpio.Tuning{Batch: udpio.DefaultBatch, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, c)
 		if err != nil {
 			c.Close()
@@ -224,9 +224,9 @@ func runRole(role, target string) error {
 			ws[i] = globalrelay.Worker{Public: pubs[i], Internal: ins[i]}
 		}
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
-			HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
-			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Tuning:   udpio.Tuning{Batch: opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, ws)
+			Hop:       encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
+			Directory: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
+			Tuning:    udpio.Tuning{Batch: opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()
