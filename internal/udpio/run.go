@@ -12,38 +12,32 @@ import (
 // DefaultBatch is a relay's datagrams per recvmmsg/sendmmsg call.
 const DefaultBatch = 32
 
-// Tuning is how a relay moves its datagrams: the knobs (and YAML keys)
-// both relays' configs share. The zero value reads one datagram per call
-// on the runtime's poller; Defaults gives a relay's production settings.
+// Tuning is how a relay moves its datagrams (Runner): the knobs and YAML
+// keys both relays' configs share. The zero value reads one datagram per
+// call on the runtime's poller; Defaults gives production's settings.
 type Tuning struct {
 	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Neither allocates
-	// per datagram. Default (Defaults) DefaultBatch.
+	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Neither allocates.
 	Batch int `yaml:"batch"`
 	// LockThreads runs every read loop on an OS thread of its own
-	// (runtime.LockOSThread) instead of the Go scheduler's shared ones.
-	// See docs/benchmarks.md for what it costs.
+	// (runtime.LockOSThread). See docs/benchmarks.md for what it costs.
 	LockThreads bool `yaml:"lock_threads"`
 	// CPUs, when set, pins worker i's loops to CPU CPUs[i mod len(CPUs)]
 	// (sched_setaffinity on their locked threads; implies LockThreads).
 	// Pair with SteerCPU on a worker group's public sockets.
 	CPUs []int `yaml:"cpus"`
 	// Bundle sends the datagrams of one receive batch that go to the same
-	// next hop as one bundle (docs/bundle.md), on the paths that name a
-	// format (Hooks.Bundle): fewer datagrams for the kernel, nothing
-	// waits. Off by default: turn it on only once every next hop reads
-	// bundles (bundles read are always split).
+	// next hop as one bundle (docs/bundle.md) on the paths that name a
+	// format (Hooks.Bundle). Turn it on once every next hop reads them.
 	Bundle bool `yaml:"bundle"`
 	// EventLoop (Linux) serves each worker's sockets from one OS thread
-	// waiting in a raw epoll_pwait, outside the runtime's poller (Loop):
-	// less CPU per datagram and a shorter added delay than the poller's
-	// read loops, for one more GOMAXPROCS per worker. Needs Batch > 1;
-	// elsewhere the poller's loops run. nil is off; Defaults turns it on.
-	// See docs/benchmarks.md, "An event loop".
+	// in a raw epoll_pwait (Loop): less CPU per datagram than the
+	// poller's read loops, for one more GOMAXPROCS per worker. Needs
+	// Batch > 1. nil is off; Defaults turns it on. See docs/benchmarks.md.
 	EventLoop *bool `yaml:"event_loop"`
 }
 
-// Defaults fills what a relay's config file leaves unset.
+// Defaults fills what a config file leaves unset.
 func (t *Tuning) Defaults() {
 	if t.Batch == 0 {
 		t.Batch = DefaultBatch
@@ -67,10 +61,8 @@ func (t *Tuning) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Path is one direction a relay forwards: datagrams read on From are
-// decided and written to To (which may be From), as Forward describes.
-// Hooks.Bundle is the format the path's output may be bundled in; it
-// applies only with Tuning.Bundle.
+// Path is one direction a relay forwards, as Forward describes: read on
+// From, write to To (maybe From). Hooks.Bundle applies with Tuning.Bundle.
 type Path struct {
 	From, To        *net.UDPConn
 	Headroom, Limit int
@@ -83,26 +75,23 @@ type Writer interface {
 	WriteToUDPAddrPort(b []byte, to netip.AddrPort) (int, error)
 }
 
-// Runner forwards a relay's paths as its Tuning says. The paths come in
-// workers, each run on one CPU: with the event loop one Loop serves all
-// of a worker's paths from one thread; otherwise every path has a read
-// loop of its own on the runtime's poller (ForwardBatch, or Forward for
-// batches of one). The Runner owns the paths' sockets.
+// Runner forwards a relay's paths as its Tuning says, in workers each run
+// on one CPU: one Loop per worker with the event loop, else a read loop
+// per path (ForwardBatch, or Forward for batches of one). It owns the
+// paths' sockets.
 type Runner struct {
 	// Static after NewRunner.
 	t       Tuning
 	log     *slog.Logger
 	workers [][]Path
 	loops   []*Loop                   // with the event loop: worker i's
-	raws    map[*net.UDPConn]*RawConn // the detached sockets, by the conn they replace
+	raws    map[*net.UDPConn]*RawConn // the detached sockets, by conn
 
 	closeOnce sync.Once
 }
 
-// NewRunner takes ownership of the workers' sockets and, with the event
-// loop, takes them out of the runtime's poller into a Loop per worker. On
-// error every socket is closed. log reports a read loop that could not be
-// pinned.
+// NewRunner takes the workers' sockets, with the event loop out of the
+// runtime's poller. On error they are closed. log reports failed pinning.
 func NewRunner(t Tuning, log *slog.Logger, workers ...[]Path) (*Runner, error) {
 	r := &Runner{t: t, log: log, workers: workers, raws: map[*net.UDPConn]*RawConn{}}
 	for _, paths := range workers {
@@ -152,8 +141,7 @@ func (r *Runner) makeLoops() error {
 // EventLoop reports whether the workers run on event loops.
 func (r *Runner) EventLoop() bool { return r.loops != nil }
 
-// Writer is how to send on c, one of the paths' sockets, from outside the
-// read loops: c itself, or what the event loop left of it.
+// Writer sends on c, a path's socket, from outside the read loops.
 func (r *Runner) Writer(c *net.UDPConn) Writer {
 	if raw := r.raws[c]; raw != nil {
 		return raw
@@ -161,10 +149,9 @@ func (r *Runner) Writer(c *net.UDPConn) Writer {
 	return c
 }
 
-// Run forwards until Close is called (nil) or a loop fails, which ends
-// every loop and is returned. Pinned or locked loops run on goroutines of
-// their own that end with them, so their threads retire with them. Run
-// once.
+// Run forwards until Close (nil) or a loop fails, which ends every loop
+// and is returned. Each loop's goroutine ends with it, so a locked thread
+// retires with it. Run once.
 func (r *Runner) Run() error {
 	var wg sync.WaitGroup
 	var first error
@@ -202,9 +189,8 @@ func (r *Runner) Run() error {
 	return first
 }
 
-// pin locks the calling goroutine's thread, and pins it to cpu (>= 0),
-// when the tuning asks for either. Never unlocked: the thread ends with
-// its loop.
+// pin locks the goroutine's thread, pinned to cpu >= 0, when asked to:
+// for good (the thread ends with its loop).
 func (r *Runner) pin(cpu int) {
 	if cpu >= 0 || r.t.LockThreads {
 		if err := LockThread(cpu); err != nil {
@@ -213,8 +199,8 @@ func (r *Runner) pin(cpu int) {
 	}
 }
 
-// Close ends every loop and closes every socket (an event loop closes its
-// own once it has stopped). Idempotent; it does not wait for Run.
+// Close ends the loops and closes the sockets (an event loop's once it
+// stops). Idempotent; it does not wait for Run.
 func (r *Runner) Close() error {
 	r.closeOnce.Do(func() {
 		for _, l := range r.loops {
