@@ -50,7 +50,7 @@ type Config struct {
 	// Empty: no TCP ingress.
 	TCPAddr string `yaml:"tcp_addr"`
 	// TCP tunes the TCP ingress's limits and timeouts (zero: defaults).
-	TCP     TCPLimits `yaml:"tcp"`
+	TCP     TCPConfig `yaml:"tcp"`
 	Workers int       `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
 	// Tuning is how the workers move datagrams (udpio.Runner; keys
 	// batch, lock_threads, cpus, bundle, event_loop): each worker's two
@@ -145,17 +145,6 @@ type Config struct {
 // 443 gets through the firewalls that drop UDP, and browsers send ICE-TCP
 // to it (they refuse most other ports below 1024).
 const DefaultTCPPort = 443
-
-// TCPLimits are the tunable bounds of the TCP ingress (TCPConfig).
-type TCPLimits struct {
-	MaxConns         int           `yaml:"max_conns"`
-	MaxConnsPerIP    int           `yaml:"max_conns_per_ip"`
-	MaxPending       int           `yaml:"max_pending"`
-	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
-	IdleTimeout      time.Duration `yaml:"idle_timeout"`
-	WriteQueue       int           `yaml:"write_queue"`
-	WriteTimeout     time.Duration `yaml:"write_timeout"`
-}
 
 // tcpAddr parses TCPAddr; ok is false when it is empty.
 func (c *Config) tcpAddr() (ap netip.AddrPort, ok bool, err error) {

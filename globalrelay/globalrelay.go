@@ -172,14 +172,12 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		done:  make(chan struct{}),
 	}
 	for _, w := range workers {
-		in := w.Internal.LocalAddr().(*net.UDPAddr).AddrPort()
-		in = netip.AddrPortFrom(in.Addr().Unmap(), in.Port())
+		in := udpio.LocalAddrPort(w.Internal)
 		if in.Addr().IsUnspecified() {
 			return nil, fmt.Errorf("globalrelay: internal socket %v must be bound to a specific address: it is the return address in every header", in)
 		}
 		r.workers = append(r.workers, worker{Worker: w, ingress: in})
 		pub := udpio.LocalAddrPort(w.Public)
-		pub = netip.AddrPortFrom(pub.Addr().Unmap(), pub.Port())
 		r.own = append(r.own, pub, in)
 		for _, a := range []netip.Addr{pub.Addr(), in.Addr()} {
 			if !a.IsUnspecified() && !a.IsLoopback() {

@@ -298,10 +298,9 @@ func (n *Node) knowsClusters() error {
 
 // openTCP starts the TCP ingress on ln.
 func (n *Node) openTCP(cfg Config, ln net.Listener, env node.Env) error {
-	l := cfg.TCP
-	s, err := NewTCP(n.relay, ln, TCPConfig{MaxConns: l.MaxConns, MaxConnsPerIP: l.MaxConnsPerIP, MaxPending: l.MaxPending,
-		HandshakeTimeout: l.HandshakeTimeout, IdleTimeout: l.IdleTimeout, WriteQueue: l.WriteQueue, WriteTimeout: l.WriteTimeout,
-		Registerer: env.Registerer})
+	tc := cfg.TCP
+	tc.Registerer = env.Registerer
+	s, err := NewTCP(n.relay, ln, tc)
 	if err != nil {
 		return err
 	}

@@ -235,7 +235,7 @@ func TestNodeTCPIngressDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", TCPAddr: "127.0.0.1:0", Workers: 1,
-		TCP:   TCPLimits{HandshakeTimeout: time.Minute},
+		TCP:   TCPConfig{HandshakeTimeout: time.Minute},
 		Token: nodetest.Keys(t), HopKeys: nodetest.HopKeys(t, 1), Gossip: nodetest.Gossip("gr", c1.LocalAddr().String())}
 	cfg.DrainTimeout = time.Minute
 	n, err := newNode(t, cfg, metrics)
