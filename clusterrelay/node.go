@@ -24,30 +24,27 @@ type Sockets struct {
 	Metrics net.Listener // nil: no metrics and health endpoints
 }
 
-// OpenSockets opens the sockets cfg's addresses name. On error nothing
-// stays open.
-func OpenSockets(cfg Config) (s Sockets, err error) {
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
+// OpenSockets opens the sockets cfg's addresses name (NewNode validates
+// the rest). On error nothing stays open.
+func OpenSockets(cfg Config) (Sockets, error) {
+	var s Sockets
+	data, err := netip.ParseAddrPort(cfg.DataAddr)
+	if err == nil {
+		s.Data, err = udpio.Listen(data)
+	} else {
+		err = fmt.Errorf("data_addr %q: %w", cfg.DataAddr, err)
+	}
+	if err == nil {
+		s.API, err = node.Listen("api_addr", cfg.APIAddr)
+	}
+	if err == nil {
+		s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr)
+	}
+	if err != nil {
+		s.Close()
 		return Sockets{}, err
 	}
-	defer func() {
-		if err != nil {
-			s.Close()
-		}
-	}()
-	data, err := netip.ParseAddrPort(cfg.DataAddr)
-	if err != nil {
-		return s, fmt.Errorf("data_addr %q: %w", cfg.DataAddr, err)
-	}
-	if s.Data, err = udpio.Listen(data); err != nil {
-		return s, err
-	}
-	if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
-		return s, err
-	}
-	s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr)
-	return s, err
+	return s, nil
 }
 
 // Close closes every socket of s.

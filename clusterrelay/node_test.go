@@ -24,10 +24,15 @@ func TestNodeReadyAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := newNode(t, Config{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+	cfg := Config{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		Common: node.Common{DrainTimeout: 2 * time.Second}, HopKeys: nodetest.HopKeys(t, 4),
-		ClusterGossip: nodetest.Gossip("cr", seedPod.LocalAddr().String()), GlobalGossip: nodetest.Gossip("cr", watcher.LocalAddr().String())},
-		metrics)
+		ClusterGossip: nodetest.Gossip("cr", seedPod.LocalAddr().String()), GlobalGossip: nodetest.Gossip("cr", watcher.LocalAddr().String())}
+	s, err := OpenSockets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Metrics = metrics // the test's, in place of metrics_addr's
+	n, err := NewNode(cfg, s, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,18 +78,4 @@ func TestNodeReadyAndDrain(t *testing.T) {
 		}
 		return true
 	})
-}
-
-// newNode builds a node on the sockets cfg names, with metrics (when not
-// nil) for its metrics listener.
-func newNode(t testing.TB, cfg Config, metrics net.Listener) (*Node, error) {
-	t.Helper()
-	s, err := OpenSockets(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if metrics != nil {
-		s.Metrics = metrics
-	}
-	return NewNode(cfg, s, node.Env{Logger: quiet})
 }

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -39,12 +37,7 @@ func BenchmarkForwardCost(b *testing.B) {
 			sink, client := listen(b), listen(b)
 			defer sink.Close()
 			defer client.Close()
-			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
-				Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			relay, pub, in := newTestRelay(b, Config{}, addrOf(sink))
 			defer relay.Close()
 			from, ingress := addrOf(client), addrOf(in)
 			ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)

@@ -70,6 +70,35 @@ func listen(t testing.TB) *net.UDPConn {
 
 func addrOf(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
 
+// newTestRelay builds a relay of POP 9 on fresh loopback sockets (pub,
+// in). Unset Keys, Hop, Logger and Registerer take the tests' own; an
+// unset Directory holds one cluster relay of cluster 0x12, at cluster.
+func newTestRelay(tb testing.TB, cfg Config, cluster netip.AddrPort) (r *Relay, pub, in *net.UDPConn) {
+	tb.Helper()
+	cfg.POP = 9
+	if cfg.Keys == nil {
+		cfg.Keys = testKeys(tb)
+	}
+	if cfg.Hop == nil {
+		cfg.Hop = testHop
+	}
+	if cfg.Directory == nil {
+		cfg.Directory = NewClusters([]Replica{{Cluster: 0x12, Addr: cluster}})
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	pub, in = listen(tb), listen(tb)
+	r, err := New(cfg, []Worker{{Public: pub, Internal: in}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r, pub, in
+}
+
 // bindingRequest builds an ICE connectivity check with USERNAME
 // "<ufrag>:client".
 func bindingRequest(t testing.TB, ufrag string) []byte {
@@ -391,11 +420,7 @@ func TestFlowExpiryAndCap(t *testing.T) {
 func TestHotPathAllocations(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
-	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), Hop: testHop, Directory: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay, _, _ := newTestRelay(t, Config{Directory: cl, Registerer: reg}, netip.AddrPort{})
 	defer relay.Close()
 	ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)
 	check := bindingRequest(t, ufrag)
@@ -579,12 +604,7 @@ func TestClustersDirectory(t *testing.T) {
 // malformed STUN) allocates nothing.
 func TestFirstPacketAllocations(t *testing.T) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
-	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), Hop: testHop, Directory: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
-		[]Worker{{Public: pub, Internal: in}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay, _, _ := newTestRelay(t, Config{Directory: cl, MaxFlows: 1 << 20}, netip.AddrPort{})
 	defer relay.Close()
 	ingress := netip.MustParseAddrPort("127.0.0.1:7")
 	buf := make([]byte, encap.MaxLen+encap.MaxPayload)

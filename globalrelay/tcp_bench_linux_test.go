@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
@@ -29,12 +27,7 @@ func BenchmarkTCPForwardCost(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			sink := listen(b)
 			defer sink.Close()
-			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
-				Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			relay, pub, in := newTestRelay(b, Config{}, addrOf(sink))
 			defer relay.Close()
 			ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)
 			check := bindingRequest(b, ufrag)
@@ -145,12 +138,7 @@ func BenchmarkTCPReturnCost(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			cluster := listen(b)
 			defer cluster.Close()
-			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: testKeys(b), Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(cluster)}}),
-				Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			relay, pub, in := newTestRelay(b, Config{}, addrOf(cluster))
 			defer relay.Close()
 			done := make(chan error, 1)
 			go func() { done <- udpio.Forward(in, pub, 0, encap.MaxDatagram, relay.toClient, udpio.Hooks{}) }()

@@ -1,7 +1,6 @@
 package udpio
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -49,16 +48,15 @@ func (t *Tuning) Defaults() {
 
 // Validate refuses a negative batch or CPU, naming the key.
 func (t *Tuning) Validate() error {
-	var errs []error
 	if t.Batch < 0 {
-		errs = append(errs, fmt.Errorf("batch %d must not be negative", t.Batch))
+		return fmt.Errorf("batch %d must not be negative", t.Batch)
 	}
 	for _, c := range t.CPUs {
 		if c < 0 {
-			errs = append(errs, fmt.Errorf("cpus %d must not be negative", c))
+			return fmt.Errorf("cpus: CPU %d must not be negative", c)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Path is one direction a relay forwards, as Forward describes: read on
