@@ -32,7 +32,8 @@ type Tuning struct {
 	// EventLoop (Linux) serves each worker's sockets from one OS thread
 	// in a raw epoll_pwait (Loop): less CPU per datagram than the
 	// poller's read loops, for one more GOMAXPROCS per worker. Needs
-	// Batch > 1. nil is off; Defaults turns it on. See docs/benchmarks.md.
+	// Batch > 1 and Linux (else the poller's loops run). nil is off;
+	// Defaults turns it on. See docs/benchmarks.md, "An event loop".
 	EventLoop *bool `yaml:"event_loop"`
 }
 

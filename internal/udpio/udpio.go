@@ -1,5 +1,6 @@
-// Package udpio holds the small pieces of UDP plumbing the relays share:
-// the read-decide-write loop and its buffers.
+// Package udpio holds the UDP plumbing the relays share: the
+// read-decide-write loops, their buffers, and the Runner that runs a
+// relay's paths on them as its Tuning says.
 package udpio
 
 import (
