@@ -61,46 +61,14 @@ var dropLabels = [numDropReasons]string{
 	dropOversize: DropOversize, dropIngress: DropIngress, dropUnknownIngress: DropUnknownIngress,
 }
 
-// Config configures a Relay.
-type Config struct {
-	Cluster uint16       // this relay's cluster (non-zero)
-	Pods    PodDirectory // live pods of the cluster
-	// HopKeys are this cluster's inter-tier MAC keys (required): a
-	// datagram in either direction is forwarded only if its tag verifies,
-	// so a host without the key can make the relay send nothing.
-	// SetHopKeys replaces them without a restart.
-	HopKeys *encap.Keyring
-	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
-	// nothing per datagram.
-	Batch int
-	// LockThreads runs the read loop on an OS thread of its own
-	// (runtime.LockOSThread); CPUs, when set, also pins it to CPUs[0]
-	// (sched_setaffinity; implies LockThreads). As in globalrelay.Config.
-	LockThreads bool
-	CPUs        []int
-	// Bundle sends the datagrams of one receive batch that go to the same
-	// pod or global relay ingress as one bundle (docs/bundle.md). Turn it
-	// on once every pod and global relay reads bundles; bundles from
-	// global relays are always read.
-	Bundle bool
-	// EventLoop (Linux) serves the socket from one OS thread waiting in a
-	// raw epoll_pwait, outside the runtime's poller, as in
-	// globalrelay.Config.EventLoop. Needs Batch > 1.
-	EventLoop  bool
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil: metrics are not registered
-}
-
 // Relay forwards between global relays and the pods of one cluster over one
 // UDP socket.
 type Relay struct {
 	// Static after New.
 	cfg  Config
 	log  *slog.Logger
-	conn *net.UDPConn
 	addr netip.AddrPort
-	loop *udpio.Loop // with Config.EventLoop: owns the socket (conn is closed)
+	io   *udpio.Runner // owns the socket
 	m    *metrics
 	keys atomic.Pointer[encap.Keyring]
 
@@ -110,8 +78,6 @@ type Relay struct {
 	// compromised pod holds the hop key), and the relay would be its
 	// forwarder to anywhere.
 	ingresses ingressSet
-
-	closeOnce sync.Once
 }
 
 // ingressSet is a bounded set of addresses, cleared when full (a
@@ -159,7 +125,7 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if cfg.Pods == nil {
 		return nil, errors.New("clusterrelay config: pod directory is required")
 	}
-	if cfg.HopKeys == nil {
+	if cfg.Hop == nil {
 		return nil, errors.New("clusterrelay config: inter-tier hop keys are required")
 	}
 	if cfg.Logger == nil {
@@ -169,19 +135,11 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), conn: conn, m: m,
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), m: m,
 		addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
-	r.keys.Store(cfg.HopKeys)
-	if cfg.EventLoop && cfg.Batch > 1 && udpio.LoopSupported {
-		raw, err := udpio.Detach(conn)
-		if err != nil {
-			return nil, fmt.Errorf("clusterrelay: %w", err)
-		}
-		p := r.path()
-		p.From, p.To = raw, raw
-		if r.loop, err = udpio.NewLoop([]udpio.LoopPath{p}); err != nil {
-			return nil, fmt.Errorf("clusterrelay: %w", err)
-		}
+	r.keys.Store(cfg.Hop)
+	if r.io, err = udpio.NewRunner(cfg.Tuning, r.log, []udpio.Path{r.path(conn)}); err != nil {
+		return nil, fmt.Errorf("clusterrelay: %w", err)
 	}
 	return r, nil
 }
@@ -201,36 +159,7 @@ func (r *Relay) Addr() netip.AddrPort { return r.addr }
 func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
-	p := r.path()
-	cpu := -1
-	if len(r.cfg.CPUs) > 0 {
-		cpu = r.cfg.CPUs[0]
-	}
-	forward := func() error {
-		if len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
-			if perr := udpio.LockThread(cpu); perr != nil {
-				r.log.Warn("read loop not pinned", "err", perr)
-			}
-		}
-		if r.loop != nil {
-			return r.loop.Run() // keeps the thread locked for good
-		}
-		if r.cfg.Batch > 1 {
-			return udpio.ForwardBatch(r.conn, r.conn, p.Headroom, p.Limit, p.Batch, p.Decide, p.Hooks)
-		}
-		return udpio.Forward(r.conn, r.conn, p.Headroom, p.Limit, p.Decide, p.Hooks)
-	}
-	var err error
-	if r.loop != nil || len(r.cfg.CPUs) > 0 || r.cfg.LockThreads {
-		// A goroutine of its own that ends with the loop: the lock is
-		// never undone, so the runtime retires the pinned thread with it
-		// and the caller's goroutine is left as it was.
-		done := make(chan error, 1)
-		go func() { done <- forward() }()
-		err = <-done
-	} else {
-		err = forward()
-	}
+	err := r.io.Run()
 	r.Close()
 	if err != nil {
 		return fmt.Errorf("clusterrelay: %w", err)
@@ -238,16 +167,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// path is how the relay forwards, without its socket (the event loop and
-// the poller's read loop alike): every datagram decided as it stands,
-// bundles from either side split.
-func (r *Relay) path() udpio.LoopPath {
-	return udpio.LoopPath{Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Decide: r.decide, Hooks: udpio.Hooks{
+// path is how the relay forwards on conn: every datagram decided as it
+// stands, bundles from either side split.
+func (r *Relay) path(conn *net.UDPConn) udpio.Path {
+	return udpio.Path{From: conn, To: conn, Limit: encap.MaxDatagram, Decide: r.decide, Hooks: udpio.Hooks{
 		WriteErr:  func(error) { r.m.writeErrors.Inc() },
 		Oversize:  func() { r.m.drops.Inc(dropOversize) },
-		Unbundle:  true,
+		Unbundle:  encap.BundleFormat{},
 		BadBundle: func() { r.m.encapDrops.Inc(encap.ReasonBundle) },
-		Bundle:    r.cfg.Bundle,
+		Bundle:    encap.BundleFormat{},
 		Bundled: func(bundles, datagrams int) {
 			r.m.bundles.Add(float64(bundles))
 			r.m.bundledPackets.Add(float64(datagrams))
@@ -257,13 +185,7 @@ func (r *Relay) path() udpio.LoopPath {
 
 // Close stops the relay. Idempotent.
 func (r *Relay) Close() error {
-	r.closeOnce.Do(func() {
-		if r.loop != nil {
-			_ = r.loop.Close()
-		}
-		_ = r.conn.Close()
-	})
-	return nil
+	return r.io.Close()
 }
 
 // decide is the whole forwarding logic: parse the header, check it, pick the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -107,7 +108,7 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
 	reg := prometheus.NewRegistry()
 	conn := listen(t)
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
-		HopKeys: testHop, Batch: batch, CPUs: cpus, EventLoop: loop, Logger: quiet, Registerer: reg}, conn)
+		Hop: testHop, Tuning: udpio.Tuning{Batch: batch, CPUs: cpus, EventLoop: &loop}, Logger: quiet, Registerer: reg}, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
 func TestNoPerFlowState(t *testing.T) {
 	pods := NewPods(map[uint16]netip.AddrPort{1: netip.MustParseAddrPort("127.0.0.1:7001")})
 	mk := func() *Relay {
-		r, err := New(Config{Cluster: 5, Pods: pods, HopKeys: testHop, Logger: quiet}, listen(t))
+		r, err := New(Config{Cluster: 5, Pods: pods, Hop: testHop, Logger: quiet}, listen(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -226,7 +227,7 @@ func TestNoPerFlowState(t *testing.T) {
 // without the MAC check, the relay before inter-tier authentication.
 func BenchmarkDecide(b *testing.B) {
 	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: netip.MustParseAddrPort("127.0.0.1:7001")}),
-		HopKeys: testHop, Logger: quiet, Registerer: prometheus.NewRegistry()}, listen(b))
+		Hop: testHop, Logger: quiet, Registerer: prometheus.NewRegistry()}, listen(b))
 	if err != nil {
 		b.Fatal(err)
 	}

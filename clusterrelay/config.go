@@ -3,36 +3,43 @@ package clusterrelay
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // Defaults of the cluster relay role.
 const (
-	// DefaultBatch is the datagrams per recvmmsg/sendmmsg call.
-	DefaultBatch = 32
 	// DrainAnnounce is how long a stopping replica announces draining in
 	// the global pool before it leaves (at most drain_timeout), so global
 	// relays move its flows to another replica first.
 	DrainAnnounce = 3 * time.Second
 )
 
-// NodeConfig is the cluster relay role's config file (docs/operations.md).
-type NodeConfig struct {
+// Config is the cluster relay role's config: the file's keys
+// (docs/operations.md), then what only code sets. NewNode takes it whole;
+// New (the relay alone, as tests and benchmarks build it) reads Cluster,
+// Tuning and the runtime fields.
+type Config struct {
 	node.Common   `yaml:",inline"`
 	Region        string `yaml:"region"`
-	Cluster       uint16 `yaml:"cluster"`
+	Cluster       uint16 `yaml:"cluster"`   // this relay's cluster (non-zero)
 	DataAddr      string `yaml:"data_addr"` // UDP, e.g. 0.0.0.0:7100
 	DataAdvertise string `yaml:"data_advertise"`
 	APIAddr       string `yaml:"api_addr"` // the cluster's session API front, e.g. 0.0.0.0:8080
 	APIAdvertise  string `yaml:"api_advertise"`
-	Batch         int    `yaml:"batch"`        // datagrams per recvmmsg/sendmmsg; default 32, 1 = plain
-	LockThreads   bool   `yaml:"lock_threads"` // Config.LockThreads
-	CPUs          []int  `yaml:"cpus"`         // Config.CPUs
-	Bundle        bool   `yaml:"bundle"`       // Config.Bundle; off by default
-	EventLoop     *bool  `yaml:"event_loop"`   // Config.EventLoop; default true
+	// Tuning is how the socket's one path runs (udpio.Runner; keys batch,
+	// lock_threads, cpus, bundle, event_loop): on an event loop or a read
+	// loop of the runtime's poller, pinned to CPUs[0]. Bundle bundles
+	// toward pods and global relay ingresses (bundles are always read).
+	// Defaults: batches of 32 on an event loop.
+	udpio.Tuning `yaml:",inline"`
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys       node.HopKeys `yaml:"hop_keys"`
 	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
@@ -43,10 +50,22 @@ type NodeConfig struct {
 	// APITLS serves the front over TLS (cert, key) and verifies the pods'
 	// session APIs with ca, the cluster CA.
 	APITLS sessionapi.TLS `yaml:"api_tls"`
+
+	// What the relay runs with: NewNode sets these; New requires Pods
+	// and Hop.
+
+	Pods PodDirectory `yaml:"-"` // live pods of the cluster
+	// Hop is this cluster's inter-tier MAC keyring: a datagram in either
+	// direction is forwarded only if its tag verifies, so a host without
+	// the key can make the relay send nothing. SetHopKeys replaces it
+	// without a restart.
+	Hop        *encap.Keyring        `yaml:"-"`
+	Logger     *slog.Logger          `yaml:"-"` // default slog.Default()
+	Registerer prometheus.Registerer `yaml:"-"` // nil: metrics are not registered
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
-func (c *NodeConfig) ApplyEnv() error {
+func (c *Config) ApplyEnv() error {
 	c.ClusterGossip.ApplyEnv()
 	c.GlobalGossip.ApplyEnv()
 	c.HopKeys.ApplyEnv()
@@ -54,28 +73,20 @@ func (c *NodeConfig) ApplyEnv() error {
 }
 
 // Defaults fills the unset fields.
-func (c *NodeConfig) Defaults() {
+func (c *Config) Defaults() {
 	c.Common.Defaults()
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
-	if c.EventLoop == nil {
-		c.EventLoop = new(true)
-	}
+	c.Tuning.Defaults()
 }
 
 // Validate checks c after Defaults.
-func (c *NodeConfig) Validate() error {
+func (c *Config) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
 		c.APITLS.Validate("api_tls"),
-		node.NotNegative("batch", c.Batch),
+		c.Tuning.Validate(),
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
-	}
-	for _, cpu := range c.CPUs {
-		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
 		errs = append(errs, err)

@@ -3,6 +3,7 @@ package clusterrelay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -11,21 +12,60 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
-// Sockets are a cluster relay node's listeners; nil ones are opened from
-// the config's addresses.
+// Sockets are a cluster relay node's sockets, opened by the caller
+// (OpenSockets from the config's addresses, or a test's own); the node
+// owns them once NewNode is called.
 type Sockets struct {
-	Data    *net.UDPConn
-	API     net.Listener
-	Metrics net.Listener
+	Data    *net.UDPConn // the data-plane socket (required)
+	API     net.Listener // the session API front (required)
+	Metrics net.Listener // nil: no metrics and health endpoints
+}
+
+// OpenSockets opens the sockets cfg's addresses name (NewNode validates
+// the rest). On error nothing stays open.
+func OpenSockets(cfg Config) (Sockets, error) {
+	var s Sockets
+	data, err := netip.ParseAddrPort(cfg.DataAddr)
+	if err == nil {
+		s.Data, err = udpio.Listen(data)
+	} else {
+		err = fmt.Errorf("data_addr %q: %w", cfg.DataAddr, err)
+	}
+	if err == nil {
+		s.API, err = node.Listen("api_addr", cfg.APIAddr)
+	}
+	if err == nil {
+		s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr)
+	}
+	if err != nil {
+		s.Close()
+		return Sockets{}, err
+	}
+	return s, nil
+}
+
+// Close closes every socket of s.
+func (s Sockets) Close() error {
+	var errs []error
+	if s.Data != nil {
+		errs = append(errs, s.Data.Close())
+	}
+	for _, ln := range []net.Listener{s.API, s.Metrics} {
+		if ln != nil {
+			errs = append(errs, ln.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Node is one cluster relay replica as a process runs it: the relay, the
 // cluster's session API front, the cluster pool it learns pods from and the
 // global pool it announces itself in.
 type Node struct {
-	cfg         NodeConfig
+	cfg         Config
 	env         node.Env
 	life        node.Life
 	relay       *Relay
@@ -40,26 +80,30 @@ type Node struct {
 var ErrNoReadyPod = errors.New("clusterrelay: no ready pod known")
 
 // NewNode builds a cluster relay node from cfg (defaults applied,
-// validated). Run starts it.
-func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// validated) on s, which it owns from then on. Run starts it.
+func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	env = env.WithDefaults()
-	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
-	n := &Node{cfg: cfg, env: env, dir: NewDirectory()}
+	n := &Node{env: env, dir: NewDirectory()}
+	n.life.OnClose(s.Close)
 	defer func() {
 		if err != nil {
 			n.life.Close()
 		}
 	}()
-	var data netip.AddrPort
-	if s.Data, data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise, env.Logger); err != nil {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(s.Data.Close)
-	if n.relay, err = New(Config{Cluster: cfg.Cluster, Pods: n.dir, HopKeys: hop, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, EventLoop: *cfg.EventLoop, Logger: env.Logger, Registerer: env.Registerer}, s.Data); err != nil {
+	if s.Data == nil || s.API == nil {
+		return nil, errors.New("clusterrelay: the data socket and the API listener are required")
+	}
+	var data netip.AddrPort
+	if _, data, err = node.DataSocket(s.Data, "", cfg.DataAdvertise, env.Logger); err != nil {
+		return nil, err
+	}
+	cfg.Hop, _ = cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
+	cfg.Pods, cfg.Logger, cfg.Registerer, n.cfg = n.dir, env.Logger, env.Registerer, cfg
+	if n.relay, err = New(cfg, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
@@ -69,11 +113,6 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 			n.relay.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
 		})
 	})
-	if s.API == nil {
-		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
-			return nil, err
-		}
-	}
 	podClient, err := cfg.APITLS.Client(env.HTTPClient)
 	if err != nil {
 		return nil, err
@@ -88,11 +127,6 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.Serve("session API", api, node.NewHTTPServer(front.Handler(), env.Logger))
-	if s.Metrics == nil {
-		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
-			return nil, err
-		}
-	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	meta := membership.Meta{Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}
 	// Members are believed only within bounds (internal/metacheck).

@@ -24,14 +24,19 @@ func TestNodeReadyAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := NewNode(NodeConfig{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+	cfg := Config{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		Common: node.Common{DrainTimeout: 2 * time.Second}, HopKeys: nodetest.HopKeys(t, 4),
-		ClusterGossip: nodetest.Gossip("cr", seedPod.LocalAddr().String()), GlobalGossip: nodetest.Gossip("cr", watcher.LocalAddr().String())},
-		Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+		ClusterGossip: nodetest.Gossip("cr", seedPod.LocalAddr().String()), GlobalGossip: nodetest.Gossip("cr", watcher.LocalAddr().String())}
+	s, err := OpenSockets(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.relay.loop == nil {
+	s.Metrics = metrics // the test's, in place of metrics_addr's
+	n, err := NewNode(cfg, s, node.Env{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.relay.io.EventLoop() {
 		t.Error("the node's socket is not on an event loop, its default")
 	}
 	readyz := "http://" + metrics.Addr().String() + "/readyz"

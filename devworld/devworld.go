@@ -437,12 +437,17 @@ func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) 
 
 func (w *World) startClusterRelayGen(spec RegionSpec, i, gen int, clusterSeed, globalSeed []string) (*ClusterRelay, error) {
 	name := crName(spec, i, gen)
-	n, err := clusterrelay.NewNode(clusterrelay.NodeConfig{
+	cfg := clusterrelay.Config{
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		HopKeys: w.hop, ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, globalSeed),
 		SessionAPISecret: w.apiSecrets[spec.Cluster],
 		APITLS:           sessionapi.TLS{Cert: w.apiTLS.Cert, Key: w.apiTLS.Key, CA: w.apiCA.CA},
-	}, clusterrelay.Sockets{}, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i), "gen", strconv.Itoa(gen)))
+	}
+	s, err := clusterrelay.OpenSockets(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	n, err := clusterrelay.NewNode(cfg, s, w.env(name, "region", spec.Name, "replica", strconv.Itoa(i), "gen", strconv.Itoa(gen)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -472,11 +477,16 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	if !tcp.IsValid() {
 		tcp = netip.AddrPortFrom(public.Addr(), 0)
 	}
-	n, err := globalrelay.NewNode(globalrelay.NodeConfig{
+	cfg := globalrelay.Config{
 		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1", TCPAddr: tcp.String(),
 		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
-		Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, w.globalSeed),
-	}, globalrelay.Sockets{CacheStore: store}, w.env(name, "pop", spec.POPName, "gen", strconv.Itoa(rg.popGen)))
+		Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, w.globalSeed), CacheStore: store,
+	}
+	s, err := globalrelay.OpenSockets(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
+	}
+	n, err := globalrelay.NewNode(cfg, s, w.env(name, "pop", spec.POPName, "gen", strconv.Itoa(rg.popGen)))
 	if err != nil {
 		return nil, fmt.Errorf("POP %s: %w", spec.POPName, err)
 	}

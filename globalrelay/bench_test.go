@@ -9,22 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // BenchmarkFromClient is the per-packet decision for a known flow's media
 // packet: flow lookup, header write. No syscalls.
 func BenchmarkFromClient(b *testing.B) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
-	pub, in := listen(b), listen(b)
-	relay, err := New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
-		[]Worker{{Public: pub, Internal: in}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	relay, _, _ := newTestRelay(b, Config{Directory: cl}, netip.AddrPort{})
 	defer relay.Close()
 	ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)
 	check := bindingRequest(b, ufrag)
@@ -93,12 +87,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		echo := startEcho(b, true)
 		keys := testKeys(b)
 		cl := NewClusters([]Replica{{Cluster: 0x12, Addr: echo}})
-		pub, in := listen(b), listen(b)
-		relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry()},
-			[]Worker{{Public: pub, Internal: in}})
-		if err != nil {
-			b.Fatal(err)
-		}
+		relay, pub, _ := newTestRelay(b, Config{Keys: keys, Directory: cl}, netip.AddrPort{})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = relay.Run(ctx); close(done) }()
@@ -259,12 +248,7 @@ func BenchmarkThroughput(b *testing.B) {
 			sink := listen(b)
 			defer sink.Close()
 			keys := testKeys(b)
-			pub, in := listen(b), listen(b)
-			relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(sink)}}),
-				Batch: batch, Logger: quiet, Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
-			if err != nil {
-				b.Fatal(err)
-			}
+			relay, pub, _ := newTestRelay(b, Config{Keys: keys, Tuning: udpio.Tuning{Batch: batch}}, addrOf(sink))
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { _ = relay.Run(ctx); close(done) }()

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // TestBundlesToCluster: with Bundle on, the datagrams of one receive batch
@@ -20,8 +21,8 @@ func TestBundlesToCluster(t *testing.T) {
 	defer cluster.Close()
 	defer client.Close()
 	keys := testKeys(t)
-	relay, err := New(Config{POP: 9, Keys: keys, HopKeys: testHop, Clusters: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(cluster)}}),
-		Batch: 32, Bundle: true, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
+	relay, err := New(Config{POP: 9, Keys: keys, Hop: testHop, Directory: NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(cluster)}}),
+		Tuning: udpio.Tuning{Batch: 32, Bundle: true}, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)
 	}

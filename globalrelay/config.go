@@ -3,19 +3,23 @@ package globalrelay
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // Defaults of the global relay role.
 const (
-	// DefaultBatch is the datagrams per recvmmsg/sendmmsg call.
-	DefaultBatch = 32
 	// DefaultReadyWait bounds how long a starting replica holds back
 	// forwarding until it is ready (knows its clusters' relays).
 	DefaultReadyWait = 10 * time.Second
@@ -26,11 +30,14 @@ const (
 	EnvRedisURL = "RTCEDGE_REDIS_URL"
 )
 
-// NodeConfig is the global relay role's config file (docs/operations.md).
-type NodeConfig struct {
+// Config is the global relay role's config: the file's keys
+// (docs/operations.md), then what only code sets. NewNode takes it whole;
+// New (the relay alone, as tests and benchmarks build it) reads the relay's
+// part and its runtime fields.
+type Config struct {
 	node.Common `yaml:",inline"`
 	Region      string `yaml:"region"`
-	POP         uint16 `yaml:"pop"`
+	POP         uint16 `yaml:"pop"`         // this POP's ID (non-zero)
 	PublicAddr  string `yaml:"public_addr"` // the VIP port, e.g. 0.0.0.0:3478
 	// InternalAddr is where cluster relays send replies: a specific IP
 	// reachable from the clusters, optionally with a base port. Worker i
@@ -43,27 +50,23 @@ type NodeConfig struct {
 	// Empty: no TCP ingress.
 	TCPAddr string `yaml:"tcp_addr"`
 	// TCP tunes the TCP ingress's limits and timeouts (zero: defaults).
-	TCP     TCPLimits `yaml:"tcp"`
+	TCP     TCPConfig `yaml:"tcp"`
 	Workers int       `yaml:"workers"` // SO_REUSEPORT sockets; default: one per CPU
-	// Batch > 1 uses recvmmsg/sendmmsg with up to that many datagrams per
-	// call; 1: one datagram per call; default 32. Neither allocates.
-	Batch int `yaml:"batch"`
-	// LockThreads, CPUs and Steering place the workers (Config.LockThreads,
-	// Config.CPUs; Steering is how the kernel spreads the public
-	// SO_REUSEPORT sockets' datagrams: "hash" (default: by 4-tuple, a flow
-	// stays on one worker), "cpu" (the worker pinned to the CPU the
-	// datagram arrives on) or "incoming_cpu"). See docs/benchmarks.md.
-	LockThreads bool   `yaml:"lock_threads"`
-	CPUs        []int  `yaml:"cpus"`
-	Steering    string `yaml:"steering"`
-	// Bundle is Config.Bundle: off by default, for a fleet whose cluster
-	// relays and pods all read bundles.
-	Bundle bool `yaml:"bundle"`
-	// EventLoop is Config.EventLoop; default true (false: the runtime's
-	// poller, as before). Off Linux the poller runs whatever it says.
-	EventLoop *bool         `yaml:"event_loop"`
-	FlowIdle  time.Duration `yaml:"flow_idle"`
-	MaxFlows  int           `yaml:"max_flows"`
+	// Tuning is how the workers move datagrams (udpio.Runner; keys
+	// batch, lock_threads, cpus, bundle, event_loop): each worker's two
+	// directions on one event loop, or on two read loops of the runtime's
+	// poller. Bundle bundles only toward cluster relays (replies in
+	// bundles are always read). Defaults: batches of 32 on event loops.
+	udpio.Tuning `yaml:",inline"`
+	// Steering is how the kernel spreads the public SO_REUSEPORT
+	// sockets' datagrams: "hash" (default: by 4-tuple, a flow stays on
+	// one worker), "cpu" (the worker pinned to the CPU the datagram
+	// arrives on) or "incoming_cpu". See docs/benchmarks.md.
+	Steering string `yaml:"steering"`
+	// FlowIdle is how long a flow lives without a datagram from its
+	// client; default 30s. Consent checks every few seconds keep live calls.
+	FlowIdle time.Duration `yaml:"flow_idle"`
+	MaxFlows int           `yaml:"max_flows"` // cap on the flow table; default 262144
 	// Clusters are the cluster IDs this POP serves: the replica is ready
 	// once it knows a live cluster relay of each. Catalogue, a region
 	// catalogue file, adds all of its clusters. Neither set: ready once it
@@ -79,13 +82,63 @@ type NodeConfig struct {
 	// STUN check). Prefer $RTCEDGE_REDIS_URL for URLs with passwords.
 	RedisURL string         `yaml:"redis_url"`
 	Token    node.TokenKeys `yaml:"token"`
-	// TokenLifetime: a routing token older than this opens no new flow
-	// (its calls go on); default 24h, at least 1h.
+	// TokenLifetime is how old a routing token may be and still open a
+	// new flow (at the token's one-hour resolution); flows it opened go
+	// on. Default 24h; at least 1h.
 	TokenLifetime time.Duration `yaml:"token_lifetime"`
 	// HopKeys are the inter-tier keys of every cluster this POP serves;
 	// prefer $RTCEDGE_HOP_KEYS.
 	HopKeys node.HopKeys `yaml:"hop_keys"`
 	Gossip  node.Gossip  `yaml:"gossip"` // the global pool
+
+	// Not in the file: tuning that tests and benchmarks set.
+
+	// FlowQuiet is how long a flow must have carried no client datagram
+	// before a check naming another cluster or pod may take its client
+	// address over (and so at most one takeover per FlowQuiet per
+	// address). A live call, even in Opus DTX silence (a packet every
+	// 400 ms), is never moved by someone else's check. Default 3s.
+	FlowQuiet time.Duration `yaml:"-"`
+	// AllowSource reports whether a client IP may have a flow. Default:
+	// global unicast (Go's netip definition, private ranges included),
+	// plus loopback when the public socket itself is on loopback (the
+	// dev world and tests). Port 0 and the relay's own socket addresses
+	// are refused whatever it says.
+	AllowSource func(netip.Addr) bool `yaml:"-"`
+	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
+	// detection (relaychoice.go): a flow leaves its cluster relay when
+	// replies stop for SilenceAfter (or 3× their usual interval) or a
+	// check goes unanswered for CheckTimeout (or 4× the flow's check
+	// round trip), and avoids it for AvoidFor. Defaults
+	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
+	SilenceAfter, CheckTimeout, AvoidFor time.Duration `yaml:"-"`
+	// CacheRefresh is how often a live flow is written to the cache again,
+	// so that it outlives the cache TTL for as long as the call runs;
+	// default 20s (a third of the cache's default TTL).
+	CacheRefresh time.Duration `yaml:"-"`
+
+	// What the relay runs with: NewNode sets these from the fields above
+	// and its environment; New requires Keys, Directory and Hop.
+
+	Keys      *token.Keyring   `yaml:"-"` // verifies routing tokens
+	Directory ClusterDirectory `yaml:"-"` // cluster relay replicas
+	// Hop are the inter-tier MAC keys of the clusters this POP serves:
+	// datagrams toward a cluster are sealed with its current key, replies
+	// must verify under one of its keys, and route cache entries are
+	// sealed with them too. SetHopKeys replaces them without a restart.
+	Hop *encap.ClusterKeys `yaml:"-"`
+	// Cache shares flows between replicas (Redis in production): new flows
+	// are stored, and a datagram from an unknown client starts a lookup
+	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
+	// The relay never waits for it. nil: no cache.
+	Cache routecache.Cache `yaml:"-"`
+	// CacheStore, when redis_url is empty, is the in-process store
+	// NewNode's route cache uses (the dev world's stand-in for Redis,
+	// shared by its replicas); nil and no redis_url: no route cache.
+	CacheStore *routecache.MemoryStore `yaml:"-"`
+	Logger     *slog.Logger            `yaml:"-"` // default slog.Default()
+	Registerer prometheus.Registerer   `yaml:"-"` // nil: metrics are not registered
+	Now        func() time.Time        `yaml:"-"` // default time.Now
 }
 
 // DefaultTCPPort is the TCP ingress port when tcp_addr names only an IP:
@@ -93,19 +146,8 @@ type NodeConfig struct {
 // to it (they refuse most other ports below 1024).
 const DefaultTCPPort = 443
 
-// TCPLimits are the tunable bounds of the TCP ingress (TCPConfig).
-type TCPLimits struct {
-	MaxConns         int           `yaml:"max_conns"`
-	MaxConnsPerIP    int           `yaml:"max_conns_per_ip"`
-	MaxPending       int           `yaml:"max_pending"`
-	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
-	IdleTimeout      time.Duration `yaml:"idle_timeout"`
-	WriteQueue       int           `yaml:"write_queue"`
-	WriteTimeout     time.Duration `yaml:"write_timeout"`
-}
-
 // tcpAddr parses TCPAddr; ok is false when it is empty.
-func (c *NodeConfig) tcpAddr() (ap netip.AddrPort, ok bool, err error) {
+func (c *Config) tcpAddr() (ap netip.AddrPort, ok bool, err error) {
 	if c.TCPAddr == "" {
 		return netip.AddrPort{}, false, nil
 	}
@@ -120,7 +162,7 @@ func (c *NodeConfig) tcpAddr() (ap netip.AddrPort, ok bool, err error) {
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
-func (c *NodeConfig) ApplyEnv() error {
+func (c *Config) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
 	c.HopKeys.ApplyEnv()
 	if env := os.Getenv(EnvRedisURL); env != "" {
@@ -129,31 +171,60 @@ func (c *NodeConfig) ApplyEnv() error {
 	return c.Token.ApplyEnv()
 }
 
-// Defaults fills the unset fields.
-func (c *NodeConfig) Defaults() {
+// Defaults fills the unset fields: the file's defaults (one worker per
+// CPU, batches of 32 on event loops, ...) and the relay's.
+func (c *Config) Defaults() {
 	c.Common.Defaults()
 	if c.Workers == 0 {
 		c.Workers = udpio.Procs()
 	}
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
-	if c.EventLoop == nil {
-		c.EventLoop = new(true)
-	}
+	c.Tuning.Defaults()
 	if c.ReadyWait == 0 {
 		c.ReadyWait = DefaultReadyWait
+	}
+	c.relayDefaults()
+}
+
+// relayDefaults fills the relay's unset fields; New applies them to a
+// Config built in code, whose tuning stays as given (zero: plain reads).
+func (c *Config) relayDefaults() {
+	if c.FlowIdle == 0 {
+		c.FlowIdle = 30 * time.Second
+	}
+	if c.MaxFlows == 0 {
+		c.MaxFlows = 1 << 18
+	}
+	if c.CacheRefresh == 0 {
+		c.CacheRefresh = 20 * time.Second
 	}
 	if c.TokenLifetime == 0 {
 		c.TokenLifetime = DefaultTokenLifetime
 	}
+	if c.FlowQuiet == 0 {
+		c.FlowQuiet = 3 * time.Second
+	}
+	if c.SilenceAfter <= 0 {
+		c.SilenceAfter = DefaultSilenceAfter
+	}
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = DefaultCheckTimeout
+	}
+	if c.AvoidFor <= 0 {
+		c.AvoidFor = DefaultAvoidFor
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 }
 
 // Validate checks c after Defaults.
-func (c *NodeConfig) Validate() error {
+func (c *Config) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.NotNegative("workers", c.Workers),
-		node.NotNegative("batch", c.Batch),
+		c.Tuning.Validate(),
 		node.NotNegative("flow_idle", c.FlowIdle),
 		node.NotNegative("max_flows", c.MaxFlows),
 		node.NotNegative("ready_wait", c.ReadyWait),
@@ -161,9 +232,6 @@ func (c *NodeConfig) Validate() error {
 	}
 	if _, err := udpio.ParseSteering(c.Steering); err != nil {
 		errs = append(errs, err)
-	}
-	for _, cpu := range c.CPUs {
-		errs = append(errs, node.NotNegative("cpus", cpu))
 	}
 	if c.POP == 0 {
 		errs = append(errs, errors.New("pop must be non-zero"))
@@ -203,7 +271,7 @@ func (c *NodeConfig) Validate() error {
 }
 
 // internal parses InternalAddr: IP or IP:port.
-func (c *NodeConfig) internal() (netip.AddrPort, error) {
+func (c *Config) internal() (netip.AddrPort, error) {
 	if ap, err := netip.ParseAddrPort(c.InternalAddr); err == nil {
 		return ap, nil
 	}
@@ -216,7 +284,7 @@ func (c *NodeConfig) internal() (netip.AddrPort, error) {
 
 // servedClusters is Clusters plus the catalogue's clusters, without
 // duplicates.
-func (c *NodeConfig) servedClusters() ([]uint16, error) {
+func (c *Config) servedClusters() ([]uint16, error) {
 	out := append([]uint16(nil), c.Clusters...)
 	if c.Catalogue != "" {
 		cat, err := geo.LoadCatalogue(c.Catalogue)

@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
-	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -91,84 +90,6 @@ var dropLabels = [numDropReasons]string{
 	dropSSRCLive: DropSSRCLive, dropUnconfirmed: DropUnconfirmed, dropRestoreLimit: DropRestoreLimit,
 }
 
-// Config configures a Relay.
-type Config struct {
-	POP      uint16           // this POP's ID (non-zero)
-	Keys     *token.Keyring   // verifies routing tokens
-	Clusters ClusterDirectory // cluster relay replicas
-	// HopKeys are the inter-tier MAC keys of the clusters this POP
-	// serves (required): datagrams toward a cluster are sealed with its
-	// current key, replies must verify under one of its keys, and route
-	// cache entries are sealed with them too. SetHopKeys replaces them
-	// without a restart.
-	HopKeys *encap.ClusterKeys
-	// TokenLifetime is how old a routing token may be and still open a
-	// new flow (at the token's one-hour resolution); flows it opened go
-	// on. Default 24h; at least 1h.
-	TokenLifetime time.Duration
-	// FlowQuiet is how long a flow must have carried no client datagram
-	// before a check naming another cluster or pod may take its client
-	// address over (and so at most one takeover per FlowQuiet per
-	// address). A live call, even in Opus DTX silence (a packet every
-	// 400 ms), is never moved by someone else's check. Default 3s.
-	FlowQuiet time.Duration
-	// AllowSource reports whether a client IP may have a flow. Default:
-	// global unicast (Go's netip definition, private ranges included),
-	// plus loopback when the public socket itself is on loopback (the
-	// dev world and tests). Port 0 and the relay's own socket addresses
-	// are refused whatever it says.
-	AllowSource func(netip.Addr) bool
-	// FlowIdle is how long a flow lives without a datagram from its
-	// client; default 30s. Consent checks every few seconds keep live calls.
-	FlowIdle time.Duration
-	MaxFlows int // cap on the flow table; default 262144
-	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
-	// detection (failover.go): a flow leaves its cluster relay when
-	// replies stop for SilenceAfter (or 3× their usual interval) or a
-	// check goes unanswered for CheckTimeout (or 4× the flow's check
-	// round trip), and avoids it for AvoidFor. Defaults
-	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
-	SilenceAfter, CheckTimeout, AvoidFor time.Duration
-	// CacheRefresh is how often a live flow is written to the cache again,
-	// so that it outlives the cache TTL for as long as the call runs;
-	// default 20s (a third of the cache's default TTL).
-	CacheRefresh time.Duration
-	// Cache shares flows between replicas (Redis in production): new flows
-	// are stored, and a datagram from an unknown client starts a lookup
-	// whose hit must be handed to RestoreFlow (routecache.Config.OnFound).
-	// The relay never waits for it. nil: no cache.
-	Cache routecache.Cache
-	// Batch > 1 reads and writes up to that many datagrams per system
-	// call (recvmmsg/sendmmsg); 0 or 1: one per call. Both allocate
-	// nothing per datagram.
-	Batch int
-	// LockThreads runs each worker's two read loops on OS threads of
-	// their own (runtime.LockOSThread) instead of the Go scheduler's
-	// shared ones. See docs/benchmarks.md for what it costs.
-	LockThreads bool
-	// CPUs, when set, pins worker i's read loops to CPU CPUs[i mod
-	// len(CPUs)] (sched_setaffinity on their locked threads; implies
-	// LockThreads). Pair with udpio.SteerCPU on the public sockets.
-	CPUs []int
-	// Bundle sends the datagrams of one receive batch that go to the same
-	// cluster relay as one bundle (docs/bundle.md): fewer datagrams for
-	// the kernel, nothing waits. Turn it on only once every cluster relay
-	// and pod reads bundles (this version and later do; replies in bundles
-	// are always read).
-	Bundle bool
-	// EventLoop (Linux) serves each worker's two sockets from one OS
-	// thread waiting in a raw epoll_pwait, outside the runtime's poller
-	// (udpio.Loop): less CPU per datagram and a shorter added delay than
-	// the poller's read loops, for one more GOMAXPROCS per worker. Needs
-	// Batch > 1; elsewhere the poller's loops run. See docs/benchmarks.md,
-	// "An event loop".
-	EventLoop bool
-
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil: metrics are not registered
-	Now        func() time.Time      // default time.Now
-}
-
 // Worker is one socket pair of the relay: Public is bound to the POP's VIP
 // (with SO_REUSEPORT when there are several workers), Internal to an
 // address cluster relays can reach, which is the ingress address written in
@@ -190,6 +111,7 @@ type Relay struct {
 
 	own     []netip.AddrPort // the relay's own socket addresses: never a client
 	ownIPs  []netip.Addr     // specific, non-loopback addresses the sockets are bound to
+	io      *udpio.Runner    // the workers' read loops
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 	tcp     atomic.Pointer[TCP] // the TCP ingress, if any (tcp.go)
 
@@ -197,34 +119,24 @@ type Relay struct {
 	// restores counts this second's return-path restores: the unix
 	// second in the high 32 bits, the count in the low (restoreBudget).
 	restores  atomic.Uint64
-	suspects  suspects // cluster relays avoided on data-plane evidence (failover.go)
+	suspects  suspects // cluster relays avoided on data-plane evidence (relaychoice.go)
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
 
 	// repickTrace, when set, is called at each change of a flow's cluster
-	// relay (SetRepickTrace, failover.go).
+	// relay (SetRepickTrace, relaychoice.go).
 	repickTrace atomic.Pointer[func(RepickEvent)]
-	// answers is how long each cluster's pods take to answer (failover.go).
+	// answers is how long each cluster's pods take to answer (relaychoice.go).
 	answers clusterAnswers
 }
 
 type worker struct {
 	Worker
 	ingress netip.AddrPort
-	// With Config.EventLoop: the loop that owns both sockets, and the
-	// internal one, on which the TCP ingress sends (Internal is closed).
-	loop     *udpio.Loop
-	internal *udpio.RawConn
-}
-
-// sendInternal sends a datagram toward a cluster relay on the worker's
-// internal socket, from outside its read loops.
-func (w *worker) sendInternal(b []byte, to netip.AddrPort) (int, error) {
-	if w.internal != nil {
-		return w.internal.WriteToUDPAddrPort(b, to)
-	}
-	return w.Internal.WriteToUDPAddrPort(b, to)
+	// internal sends on the internal socket from outside the read loops
+	// (the TCP ingress): Internal, or its event loop's socket.
+	internal udpio.Writer
 }
 
 // New returns a relay over the given workers' sockets, taking ownership of
@@ -235,9 +147,9 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		return nil, errors.New("globalrelay config: POP ID must be non-zero")
 	case cfg.Keys == nil:
 		return nil, errors.New("globalrelay config: token keyring is required")
-	case cfg.Clusters == nil:
+	case cfg.Directory == nil:
 		return nil, errors.New("globalrelay config: cluster directory is required")
-	case cfg.HopKeys == nil:
+	case cfg.Hop == nil:
 		return nil, errors.New("globalrelay config: inter-tier hop keys are required")
 	case cfg.TokenLifetime < 0 || (cfg.TokenLifetime > 0 && cfg.TokenLifetime < time.Hour):
 		return nil, errors.New("globalrelay config: token lifetime must be at least 1h")
@@ -246,41 +158,7 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	case len(workers) == 0:
 		return nil, errors.New("globalrelay: at least one worker is required")
 	}
-	for _, c := range cfg.CPUs {
-		if c < 0 {
-			return nil, fmt.Errorf("globalrelay config: CPU %d is negative", c)
-		}
-	}
-	if cfg.FlowIdle == 0 {
-		cfg.FlowIdle = 30 * time.Second
-	}
-	if cfg.MaxFlows == 0 {
-		cfg.MaxFlows = 1 << 18
-	}
-	if cfg.CacheRefresh == 0 {
-		cfg.CacheRefresh = 20 * time.Second
-	}
-	if cfg.TokenLifetime == 0 {
-		cfg.TokenLifetime = 24 * time.Hour
-	}
-	if cfg.FlowQuiet == 0 {
-		cfg.FlowQuiet = 3 * time.Second
-	}
-	if cfg.SilenceAfter <= 0 {
-		cfg.SilenceAfter = DefaultSilenceAfter
-	}
-	if cfg.CheckTimeout <= 0 {
-		cfg.CheckTimeout = DefaultCheckTimeout
-	}
-	if cfg.AvoidFor <= 0 {
-		cfg.AvoidFor = DefaultAvoidFor
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg.relayDefaults()
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -294,14 +172,12 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		done:  make(chan struct{}),
 	}
 	for _, w := range workers {
-		in := w.Internal.LocalAddr().(*net.UDPAddr).AddrPort()
-		in = netip.AddrPortFrom(in.Addr().Unmap(), in.Port())
+		in := udpio.LocalAddrPort(w.Internal)
 		if in.Addr().IsUnspecified() {
 			return nil, fmt.Errorf("globalrelay: internal socket %v must be bound to a specific address: it is the return address in every header", in)
 		}
 		r.workers = append(r.workers, worker{Worker: w, ingress: in})
 		pub := udpio.LocalAddrPort(w.Public)
-		pub = netip.AddrPortFrom(pub.Addr().Unmap(), pub.Port())
 		r.own = append(r.own, pub, in)
 		for _, a := range []netip.Addr{pub.Addr(), in.Addr()} {
 			if !a.IsUnspecified() && !a.IsLoopback() {
@@ -312,59 +188,35 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	if r.cfg.AllowSource == nil {
 		r.cfg.AllowSource = defaultAllowSource(r.own[0].Addr())
 	}
-	r.hopKeys.Store(cfg.HopKeys)
+	r.hopKeys.Store(cfg.Hop)
 	r.now.Store(cfg.Now().UnixNano())
-	if cfg.EventLoop && cfg.Batch > 1 && udpio.LoopSupported {
-		if err := r.makeLoops(); err != nil {
-			return nil, fmt.Errorf("globalrelay: %w", err)
-		}
+	paths := make([][]udpio.Path, len(r.workers))
+	for i := range r.workers {
+		paths[i] = r.directions(&r.workers[i])
+	}
+	if r.io, err = udpio.NewRunner(cfg.Tuning, r.log, paths...); err != nil {
+		return nil, fmt.Errorf("globalrelay: %w", err)
+	}
+	for i := range r.workers {
+		r.workers[i].internal = r.io.Writer(r.workers[i].Internal)
 	}
 	return r, nil
 }
 
-// makeLoops takes every worker's sockets out of the runtime's poller into
-// an event loop of its own. On error the sockets are closed.
-func (r *Relay) makeLoops() error {
-	for i := range r.workers {
-		w := &r.workers[i]
-		pub, err := udpio.Detach(w.Public)
-		if err != nil {
-			r.closeSockets()
-			return err
-		}
-		in, err := udpio.Detach(w.Internal)
-		if err != nil {
-			pub.Close()
-			r.closeSockets()
-			return err
-		}
-		up, down := r.directions(w)
-		up.From, up.To, down.From, down.To = pub, in, in, pub
-		w.loop, err = udpio.NewLoop([]udpio.LoopPath{up, down})
-		if err != nil {
-			r.closeSockets()
-			return err
-		}
-		w.internal = in
-	}
-	return nil
-}
-
-// directions are a worker's two ways, without their sockets: from clients
-// toward cluster relays (read on Public, the header written into the
-// headroom) and back (read on Internal). The event loop and the poller's
-// read loops forward both the same way.
-func (r *Relay) directions(w *worker) (up, down udpio.LoopPath) {
+// directions are a worker's two ways: from clients toward cluster relays
+// (read on Public, the header written into the headroom, bundled with
+// Config.Bundle) and back (read on Internal; cluster relays may bundle
+// replies, so bundles are always read).
+func (r *Relay) directions(w *worker) []udpio.Path {
 	hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
-	up = udpio.LoopPath{Headroom: encap.MaxLen, Limit: encap.MaxPayload, Batch: r.cfg.Batch, Hooks: hooks,
+	up := udpio.Path{From: w.Public, To: w.Internal, Headroom: encap.MaxLen, Limit: encap.MaxPayload, Hooks: hooks,
 		Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			return r.fromClient(buf, n, from, w.ingress)
 		}}
-	up.Hooks.Bundle, up.Hooks.Bundled = r.cfg.Bundle, r.bundled
-	down = udpio.LoopPath{Limit: encap.MaxDatagram, Batch: r.cfg.Batch, Hooks: hooks, Decide: r.toClient}
-	// Cluster relays may bundle replies; always read bundles.
-	down.Hooks.Unbundle, down.Hooks.BadBundle = true, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
-	return up, down
+	up.Hooks.Bundle, up.Hooks.Bundled = encap.BundleFormat{}, r.bundled
+	down := udpio.Path{From: w.Internal, To: w.Public, Limit: encap.MaxDatagram, Hooks: hooks, Decide: r.toClient}
+	down.Hooks.Unbundle, down.Hooks.BadBundle = encap.BundleFormat{}, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
+	return []udpio.Path{up, down}
 }
 
 // SetHopKeys replaces the inter-tier keys (key rotation): datagrams are
@@ -374,64 +226,6 @@ func (r *Relay) SetHopKeys(k *encap.ClusterKeys) {
 	if k != nil {
 		r.hopKeys.Store(k)
 	}
-}
-
-// unconfirmedTTL is how long a flow restored from the return path lives
-// without a datagram from its client.
-const unconfirmedTTL = 2 * time.Second
-
-// restoreBudget reports whether another return-path restore fits in this
-// second's budget: an eighth of MaxFlows a second, so that with
-// unconfirmedTTL unconfirmed flows hold at most a quarter of the table.
-// The second and its count are one word, changed by compare-and-swap:
-// two atomics reset by whoever saw the second change let a late reset
-// wipe what others had counted.
-func (r *Relay) restoreBudget() bool {
-	sec := uint64(r.now.Load()/int64(time.Second)) << 32
-	limit := uint64(max(r.cfg.MaxFlows/8, 1))
-	for {
-		old := r.restores.Load()
-		cur, n := old&^(1<<32-1), old&(1<<32-1)
-		if cur < sec { // a worker that read the clock late counts in the newer second
-			cur, n = sec, 0
-		}
-		if n >= limit {
-			return false
-		}
-		if r.restores.CompareAndSwap(old, cur|(n+1)) {
-			return true
-		}
-	}
-}
-
-// sourceOK reports whether a client address may have a flow: it is checked
-// before any flow is created or restored.
-func (r *Relay) sourceOK(a netip.AddrPort) bool {
-	if a.Port() == 0 {
-		return false
-	}
-	for _, o := range r.own {
-		if a == o {
-			return false
-		}
-	}
-	ip := a.Addr()
-	for _, o := range r.ownIPs {
-		if ip == o {
-			return false
-		}
-	}
-	return r.cfg.AllowSource(ip)
-}
-
-// defaultAllowSource is the source filter derived from the relay's own
-// public address: global unicast (netip's definition: not loopback,
-// multicast, link-local, unspecified or broadcast; private ranges are
-// global unicast), plus loopback when the relay itself is on loopback, as
-// in the dev world and tests.
-func defaultAllowSource(public netip.Addr) func(netip.Addr) bool {
-	loopback := public.Unmap().IsLoopback()
-	return func(a netip.Addr) bool { return a.IsGlobalUnicast() || (loopback && a.IsLoopback()) }
 }
 
 // PublicAddr returns the address clients send to.
@@ -462,55 +256,12 @@ func (r *Relay) Flows() int { return r.flows.len() }
 // Run forwards until ctx ends or Close is called. A socket failure closes
 // the whole relay and is returned.
 func (r *Relay) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	var firstErr error
-	var errOnce sync.Once
-	// A loop that ends, for whatever reason, ends the relay.
-	fail := func(err error) {
-		if err != nil {
-			errOnce.Do(func() { firstErr = err })
-		}
-		r.Close()
-	}
-	pin := func(cpu int) {
-		if cpu >= 0 || r.cfg.LockThreads {
-			// Never unlocked: the thread ends with its loop.
-			if err := udpio.LockThread(cpu); err != nil {
-				r.log.Warn("read loop not pinned", "err", err)
-			}
-		}
-	}
-	loop := func(cpu int, conn, dst *net.UDPConn, d udpio.LoopPath) {
-		defer wg.Done()
-		pin(cpu)
-		var err error
-		if r.cfg.Batch > 1 {
-			err = udpio.ForwardBatch(conn, dst, d.Headroom, d.Limit, d.Batch, d.Decide, d.Hooks)
-		} else {
-			err = udpio.Forward(conn, dst, d.Headroom, d.Limit, d.Decide, d.Hooks)
-		}
-		fail(err)
-	}
-	for i := range r.workers {
-		w := &r.workers[i]
-		cpu := -1
-		if len(r.cfg.CPUs) > 0 {
-			cpu = r.cfg.CPUs[i%len(r.cfg.CPUs)]
-		}
-		if w.loop != nil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				pin(cpu) // Run then keeps the thread locked for good
-				fail(w.loop.Run())
-			}()
-			continue
-		}
-		up, down := r.directions(w)
-		wg.Add(2)
-		go loop(cpu, w.Public, w.Internal, up)
-		go loop(cpu, w.Internal, w.Public, down)
-	}
+	ioErr := make(chan error, 1)
+	go func() {
+		err := r.io.Run()
+		r.Close() // a loop that ends, for whatever reason, ends the relay
+		ioErr <- err
+	}()
 	// The coarse clock ticks often (it stamps flows and times the
 	// failure detection); the expiry scan, which locks every shard in
 	// turn, runs a few times per FlowIdle.
@@ -535,9 +286,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return fmt.Errorf("globalrelay: %w", firstErr)
+	if err := <-ioErr; err != nil {
+		return fmt.Errorf("globalrelay: %w", err)
 	}
 	return nil
 }
@@ -563,326 +313,9 @@ func (r *Relay) expire() {
 func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		close(r.done)
-		r.closeSockets()
+		_ = r.io.Close()
 	})
 	return nil
-}
-
-// closeSockets closes every worker's sockets (an event loop closes its
-// own once it has stopped).
-func (r *Relay) closeSockets() {
-	for _, w := range r.workers {
-		if w.loop != nil {
-			_ = w.loop.Close()
-		}
-		_ = w.Public.Close()
-		_ = w.Internal.Close()
-	}
-}
-
-// fromClient handles a datagram on the public socket. The datagram is at
-// buf[encap.MaxLen:][:n]; the header is written into the headroom before it.
-// from is already unmapped (udpio does it for every datagram).
-func (r *Relay) fromClient(buf []byte, n int, from netip.AddrPort, ingress netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-	pkt := buf[encap.MaxLen : encap.MaxLen+n]
-	if n == 0 {
-		r.m.drops.Inc(dropEmpty)
-		return nil, netip.AddrPort{}, false
-	}
-	f := r.flows.get(from)
-	now := r.now.Load()
-	// The STUN message is parsed once: Username checks the framing and
-	// the type and walks the attributes in one pass. Anything that is not
-	// a Binding Request is forwarded opaquely if it belongs to a flow.
-	var user []byte
-	var stunErr error = stunmsg.ErrNotSTUN
-	class := stunmsg.DemuxClass(pkt)
-	if class == stunmsg.ClassSTUN {
-		user, stunErr = stunmsg.Username(pkt)
-	}
-	if stunErr != stunmsg.ErrNotSTUN && stunErr != stunmsg.ErrNotBindingRequest {
-		tok, ok := r.verify(user, stunErr)
-		if !ok {
-			return nil, netip.AddrPort{}, false
-		}
-		if f == nil || f.cluster != tok.Cluster || f.pod != tok.Pod {
-			if f = r.openFlow(from, tok, f, now); f == nil {
-				return nil, netip.AddrPort{}, false
-			}
-		}
-	} else if f == nil {
-		if !r.sourceOK(from) {
-			r.m.drops.Inc(dropBadSource)
-			return nil, netip.AddrPort{}, false
-		}
-		if class == stunmsg.ClassRTP {
-			// A caller whose NAT rebound: its audio names the SSRC of
-			// a flow gone silent (ssrc.go).
-			f = r.followSSRC(pkt, from, now)
-		}
-	}
-	if f == nil {
-		// Maybe another replica (or this one before a restart) has it:
-		// look it up in the background; this datagram is lost either way.
-		// Only DTLS and RTP/RTCP can belong to a call; scans and junk must
-		// not spend the lookup budget a restart needs.
-		if r.cfg.Cache != nil && n >= 12 {
-			if class == stunmsg.ClassDTLS || class == stunmsg.ClassRTP {
-				r.cfg.Cache.Lookup(from, nil)
-			}
-		}
-		r.m.drops.Inc(dropUnknownFlow)
-		return nil, netip.AddrPort{}, false
-	}
-	keys := r.hopKeys.Load().For(f.cluster)
-	if keys == nil {
-		r.m.drops.Inc(dropNoHopKey)
-		return nil, netip.AddrPort{}, false
-	}
-	if r.cfg.Cache != nil && now-f.lastStored.Load() >= int64(r.cfg.CacheRefresh) {
-		// New flows, and live ones every CacheRefresh: the entry must
-		// outlive its TTL for as long as the call runs.
-		f.lastStored.Store(now)
-		rt := routecache.Route{Cluster: f.cluster, Pod: f.pod, Token: f.tok.nonce, Stored: uint32(now / int64(time.Second))}
-		rt.KeyID, rt.Tag = keys.SealRoute(from, f.cluster, f.pod, f.tok.nonce, rt.Stored)
-		r.cfg.Cache.Store(from, rt)
-	}
-	out, hl, relay, ok := r.encapsulate(buf, n, f, from, ingress, now)
-	if !ok {
-		return nil, netip.AddrPort{}, false
-	}
-	if class == stunmsg.ClassRTP {
-		r.noteSSRC(f, from, pkt, now)
-	}
-	if stunErr == nil {
-		watchCheck(f, now) // a verified Binding Request: the pod must answer it
-	}
-	keys.Seal(out, hl)
-	return out, relay, true
-}
-
-// encapsulate picks the flow's cluster relay and writes the header (with
-// a zero tag) in front of the datagram at buf[encap.MaxLen:][:n]; the
-// caller seals it.
-func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.AddrPort, now int64) ([]byte, int, netip.AddrPort, bool) {
-	relay, ok := r.relayFor(f, from, now)
-	if !ok {
-		r.m.drops.Inc(dropNoClusterRelay)
-		return nil, 0, netip.AddrPort{}, false
-	}
-	f.lastSeen.Store(now)
-	if f.unconfirmed.Load() {
-		f.unconfirmed.Store(false) // the client spoke: replies may go to it
-	}
-	h := encap.Header{Cluster: f.cluster, Pod: f.pod, POP: r.cfg.POP, Token: f.tok.nonce, Client: from, Ingress: ingress}
-	hl := h.Len()
-	if _, err := h.Put(buf[encap.MaxLen-hl : encap.MaxLen]); err != nil {
-		r.m.encapDrops.Inc(encap.ReasonOf(err))
-		return nil, 0, netip.AddrPort{}, false
-	}
-	r.m.toCluster.Inc()
-	r.m.toClusterBytes.Add(float64(n))
-	return buf[encap.MaxLen-hl : encap.MaxLen+n], hl, relay, true
-}
-
-// openFlow creates the flow of a verified token for a client address, in
-// place of old (the address's current flow for another cluster or pod, or
-// nil). It returns nil, counted, when the source is unusable, the token is
-// too old, old is still live (a check must not move a live call), the
-// replica drains, or the table or the token's share is full.
-func (r *Relay) openFlow(from netip.AddrPort, tok token.Token, old *flow, now int64) *flow {
-	switch {
-	case !r.sourceOK(from):
-		r.m.drops.Inc(dropBadSource)
-		return nil
-	case r.hopKeys.Load().For(tok.Cluster) == nil:
-		// A flow we could not seal for: refuse it before it exists.
-		r.m.drops.Inc(dropNoHopKey)
-		return nil
-	case tok.Expired(time.Unix(0, now), r.cfg.TokenLifetime):
-		r.m.drops.Inc(dropTokenExpired)
-		return nil
-	case old != nil && (now-old.lastSeen.Load() < int64(r.cfg.FlowQuiet) || now-old.created < int64(r.cfg.FlowQuiet)):
-		r.m.drops.Inc(dropFlowBusy)
-		return nil
-	case r.draining.Load():
-		r.m.drops.Inc(dropDraining)
-		return nil
-	}
-	nf, _ := r.storeFlow(from, tokenKey{tok.Cluster, tok.Pod, tok.Nonce}, now, true)
-	if nf == nil {
-		return nil
-	}
-	r.m.flowsCreated.Inc()
-	if old != nil {
-		r.m.takeovers.Inc()
-	}
-	return nf
-}
-
-// storeFlow makes a flow of token tk for a client address — replacing the
-// address's flow, or only where it has none — and counts a refusal for a
-// full table or a token at its cap. The flow is nil unless it was stored.
-func (r *Relay) storeFlow(from netip.AddrPort, tk tokenKey, now int64, replace bool) (*flow, putResult) {
-	nf := &flow{cluster: tk.cluster, pod: tk.pod, tok: tk, created: now}
-	nf.lastSeen.Store(now)
-	res := r.flows.store(from, nf, replace)
-	switch res {
-	case putStored:
-		return nf, res
-	case putFull:
-		r.m.drops.Inc(dropTableFull)
-	case putTokenCap:
-		r.m.drops.Inc(dropTokenReuse)
-	}
-	return nil, res
-}
-
-// RestoreFlow recreates a flow the route cache found for a client, unless
-// the client has a flow by now. It is the cache's OnFound callback. The
-// entry must carry a valid MAC under its cluster's hop keys (a process
-// that can write to the cache cannot point flows elsewhere), the address
-// must be usable, and the flow counts against its token's cap like any
-// other.
-func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
-	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
-	if route.Cluster == 0 {
-		return
-	}
-	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.Stored, route.KeyID, route.Tag); err != nil {
-		r.m.cacheRejected.Inc()
-		return
-	}
-	// A live flow's entry is rewritten every CacheRefresh: an older one is
-	// a dead flow's, or replayed by someone who can write to the cache.
-	// A few seconds "ahead" are clock skew between replicas. The clock is
-	// read afresh: the bulk load of the cache comes before Run advances
-	// the coarse one.
-	age := r.cfg.Now().Unix() - int64(route.Stored)
-	if age > int64(3*r.cfg.CacheRefresh/time.Second) || age < -5 {
-		r.m.cacheRejected.Inc()
-		return
-	}
-	if !r.sourceOK(client) {
-		r.m.cacheRejected.Inc()
-		return
-	}
-	now := r.now.Load()
-	nf := &flow{cluster: route.Cluster, pod: route.Pod, tok: tokenKey{route.Cluster, route.Pod, route.Token}, created: now}
-	nf.lastSeen.Store(now)
-	// The entry is as old as its writer made it: the flow rewrites it a
-	// CacheRefresh after that, not after this restore (it would expire
-	// meanwhile).
-	nf.lastStored.Store(int64(route.Stored) * int64(time.Second))
-	switch r.flows.putIfAbsent(client, nf) {
-	case putStored:
-		r.m.flowsRestoredCache.Inc()
-	case putFull:
-		r.m.drops.Inc(dropTableFull)
-	case putTokenCap:
-		r.m.cacheRejected.Inc()
-	}
-}
-
-// verify checks the routing token of a Binding Request, given its
-// USERNAME and the error Username returned for it.
-func (r *Relay) verify(user []byte, err error) (token.Token, bool) {
-	if err == nil {
-		user, err = stunmsg.ServerUfrag(user)
-	}
-	if err != nil {
-		r.m.stunDrops.Inc(stunmsg.ReasonOf(err))
-		return token.Token{}, false
-	}
-	tok, err := r.cfg.Keys.Verify(user)
-	if err != nil {
-		r.m.tokenDrops.Inc(token.ReasonOf(err))
-		return token.Token{}, false
-	}
-	return tok, true
-}
-
-// toClient handles a datagram on an internal socket: a reply on its way to
-// a client. It leaves from the public socket without its header. Nothing
-// about it is believed before its MAC verifies under the header's
-// cluster's hop keys.
-func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-	pkt := buf[:n]
-	h, hl, err := encap.Decode(pkt)
-	if err == nil {
-		err = r.hopKeys.Load().For(h.Cluster).Verify(pkt, hl)
-	}
-	switch {
-	case err != nil:
-		r.m.encapDrops.Inc(encap.ReasonOf(err))
-		return nil, netip.AddrPort{}, false
-	case !h.ToClient:
-		r.m.drops.Inc(dropWrongDirection)
-		return nil, netip.AddrPort{}, false
-	case h.POP != r.cfg.POP:
-		r.m.drops.Inc(dropWrongPOP)
-		return nil, netip.AddrPort{}, false
-	case hl == n:
-		r.m.drops.Inc(dropEmpty)
-		return nil, netip.AddrPort{}, false
-	}
-	// Only a cluster relay of the header's own cluster may send toward
-	// clients: anyone else reaching this socket could inject into calls.
-	if c, ok := r.cfg.Clusters.ClusterOf(from); !ok || c != h.Cluster {
-		r.m.drops.Inc(dropNotFromCluster)
-		return nil, netip.AddrPort{}, false
-	}
-	if h.TCP {
-		r.tcpToClient(&h, pkt[hl:], from) // written into the client's connection
-		return nil, netip.AddrPort{}, false
-	}
-	f := r.flows.get(h.Client)
-	if f == nil {
-		// A restarted replica learns the flow back from the first reply;
-		// it counts against the token the header names. But a
-		// compromised pod can name any client and token: the flow sends
-		// nothing until its client sends on it (encapsulate), lives
-		// unconfirmedTTL without that, and restores are rate-limited,
-		// so a pod can neither spray the Internet from our address nor
-		// fill the table. The client's next datagram finds the flow,
-		// which is the restore's point.
-		if !r.sourceOK(h.Client) {
-			r.m.drops.Inc(dropBadSource)
-			return nil, netip.AddrPort{}, false
-		}
-		if !r.restoreBudget() {
-			r.m.drops.Inc(dropRestoreLimit)
-			return nil, netip.AddrPort{}, false
-		}
-		nf, res := r.storeFlow(h.Client, tokenKey{h.Cluster, h.Pod, h.Token}, r.now.Load(), false)
-		switch res {
-		case putFull, putTokenCap:
-			return nil, netip.AddrPort{}, false
-		case putExists:
-			if f = r.flows.get(h.Client); f == nil || f.cluster != h.Cluster || f.pod != h.Pod {
-				r.m.drops.Inc(dropFlowMismatch)
-				return nil, netip.AddrPort{}, false
-			}
-		case putStored:
-			r.m.flowsRestoredReturn.Inc()
-			// The next client datagram confirms it and writes it to
-			// the cache (lastStored is zero).
-			nf.unconfirmed.Store(true)
-			r.watchReply(nf, from, r.now.Load())
-			return nil, netip.AddrPort{}, false
-		}
-	} else if f.cluster != h.Cluster || f.pod != h.Pod {
-		r.m.drops.Inc(dropFlowMismatch)
-		return nil, netip.AddrPort{}, false
-	}
-	r.watchReply(f, from, r.now.Load())
-	if f.unconfirmed.Load() {
-		r.m.drops.Inc(dropUnconfirmed)
-		return nil, netip.AddrPort{}, false
-	}
-	r.m.toClient.Inc()
-	r.m.toClientBytes.Add(float64(n - hl))
-	return pkt[hl:], h.Client, true
 }
 
 type metrics struct {
@@ -895,7 +328,7 @@ type metrics struct {
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
 	bundles, bundledPackets                 prometheus.Counter
-	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
+	repicks                                 map[string]prometheus.Counter // by reason (relaychoice.go)
 	suspects                                prometheus.Gauge
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]

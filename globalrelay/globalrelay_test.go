@@ -21,6 +21,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -69,6 +70,35 @@ func listen(t testing.TB) *net.UDPConn {
 
 func addrOf(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
 
+// newTestRelay builds a relay of POP 9 on fresh loopback sockets (pub,
+// in). Unset Keys, Hop, Logger and Registerer take the tests' own; an
+// unset Directory holds one cluster relay of cluster 0x12, at cluster.
+func newTestRelay(tb testing.TB, cfg Config, cluster netip.AddrPort) (r *Relay, pub, in *net.UDPConn) {
+	tb.Helper()
+	cfg.POP = 9
+	if cfg.Keys == nil {
+		cfg.Keys = testKeys(tb)
+	}
+	if cfg.Hop == nil {
+		cfg.Hop = testHop
+	}
+	if cfg.Directory == nil {
+		cfg.Directory = NewClusters([]Replica{{Cluster: 0x12, Addr: cluster}})
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	pub, in = listen(tb), listen(tb)
+	r, err := New(cfg, []Worker{{Public: pub, Internal: in}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r, pub, in
+}
+
 // bindingRequest builds an ICE connectivity check with USERNAME
 // "<ufrag>:client".
 func bindingRequest(t testing.TB, ufrag string) []byte {
@@ -97,11 +127,11 @@ func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
 	r := &rig{reg: prometheus.NewRegistry(), cluster: listen(t), client: listen(t), keys: testKeys(t), done: make(chan error, 1)}
 	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer = 9, r.keys, quiet, r.reg
-	if cfg.HopKeys == nil {
-		cfg.HopKeys = testHop
+	if cfg.Hop == nil {
+		cfg.Hop = testHop
 	}
-	if cfg.Clusters == nil {
-		cfg.Clusters = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
+	if cfg.Directory == nil {
+		cfg.Directory = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
 	}
 	pub, in := listen(t), listen(t)
 	relay, err := New(cfg, []Worker{{Public: pub, Internal: in}})
@@ -109,7 +139,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 		t.Fatal(err)
 	}
 	r.relay, r.pub, r.ingress = relay, addrOf(pub), addrOf(in)
-	if cfg.EventLoop && relay.workers[0].loop == nil {
+	if cfg.EventLoop != nil && *cfg.EventLoop && !relay.io.EventLoop() {
 		t.Fatal("event_loop set, but the worker has no event loop")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,20 +211,22 @@ func hasLabel(m *dto.Metric, k, v string) bool {
 // from the public address, bare.
 func TestForwardingBothWays(t *testing.T) {
 	for _, batch := range []int{0, 32} {
-		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, Config{Batch: batch}) })
+		t.Run("batch-"+strconv.Itoa(batch), func(t *testing.T) { testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: batch}}) })
 	}
 	// Pinned: both read loops on locked threads with CPU 0 as their only
 	// CPU while they forward.
 	t.Run("batch-32-pinned", func(t *testing.T) {
-		testForwardingBothWays(t, Config{Batch: 32, CPUs: []int{0}})
+		testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, CPUs: []int{0}}})
 		if n := threadsOnlyOn(t, 0); n < 2 {
 			t.Errorf("%d threads pinned to CPU 0, want the 2 read loops", n)
 		}
 	})
 	// The event loop: both directions from one thread, pinned.
-	t.Run("event-loop", func(t *testing.T) { testForwardingBothWays(t, Config{Batch: 32, EventLoop: true}) })
+	t.Run("event-loop", func(t *testing.T) {
+		testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: new(true)}})
+	})
 	t.Run("event-loop-pinned", func(t *testing.T) {
-		testForwardingBothWays(t, Config{Batch: 32, EventLoop: true, CPUs: []int{0}})
+		testForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: new(true), CPUs: []int{0}}})
 		if n := threadsOnlyOn(t, 0); n < 1 {
 			t.Errorf("%d threads pinned to CPU 0, want the event loop's", n)
 		}
@@ -388,11 +420,7 @@ func TestFlowExpiryAndCap(t *testing.T) {
 func TestHotPathAllocations(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
-	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: reg}, []Worker{{Public: pub, Internal: in}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay, _, _ := newTestRelay(t, Config{Directory: cl, Registerer: reg}, netip.AddrPort{})
 	defer relay.Close()
 	ufrag, _ := relay.cfg.Keys.Mint(0x12, 1)
 	check := bindingRequest(t, ufrag)
@@ -576,12 +604,7 @@ func TestClustersDirectory(t *testing.T) {
 // malformed STUN) allocates nothing.
 func TestFirstPacketAllocations(t *testing.T) {
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
-	pub, in := listen(t), listen(t)
-	relay, err := New(Config{POP: 9, Keys: testKeys(t), HopKeys: testHop, Clusters: cl, Logger: quiet, Registerer: prometheus.NewRegistry(), MaxFlows: 1 << 20},
-		[]Worker{{Public: pub, Internal: in}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay, _, _ := newTestRelay(t, Config{Directory: cl, MaxFlows: 1 << 20}, netip.AddrPort{})
 	defer relay.Close()
 	ingress := netip.MustParseAddrPort("127.0.0.1:7")
 	buf := make([]byte, encap.MaxLen+encap.MaxPayload)

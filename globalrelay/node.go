@@ -16,18 +16,64 @@ import (
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
-// Sockets are a global relay node's sockets; nil ones are opened from the
-// config's addresses.
+// Sockets are a global relay node's sockets, opened by the caller
+// (OpenSockets from the config's addresses, or a test's own); the node
+// owns them once NewNode is called.
 type Sockets struct {
-	Workers []Worker // public/internal socket pairs; nil: ListenWorkerPairs
-	Metrics net.Listener
-	// TCP is the TCP ingress listener (ICE-TCP); nil: opened from
-	// tcp_addr when it is set.
-	TCP net.Listener
-	// CacheStore, when redis_url is empty, is the in-process store the
-	// replica's route cache uses (the dev world's stand-in for Redis,
-	// shared by its replicas); nil and no redis_url: no route cache.
-	CacheStore *routecache.MemoryStore
+	Workers []Worker     // public/internal socket pairs (at least one)
+	Metrics net.Listener // nil: no metrics and health endpoints
+	TCP     net.Listener // the TCP ingress listener (ICE-TCP); nil: none
+}
+
+// OpenSockets opens the sockets cfg's addresses name (defaults applied):
+// the workers' public/internal pairs with cfg's steering, the metrics
+// listener (none without metrics_addr) and the TCP ingress (none without
+// tcp_addr). On error nothing stays open.
+func OpenSockets(cfg Config) (s Sockets, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return Sockets{}, err
+	}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	internal, _ := cfg.internal() // checked by Validate
+	pubs, ins, err := udpio.ListenWorkerPairs(netip.MustParseAddrPort(cfg.PublicAddr), internal, cfg.Workers)
+	if err != nil {
+		return Sockets{}, err
+	}
+	for i := range pubs {
+		s.Workers = append(s.Workers, Worker{Public: pubs[i], Internal: ins[i]})
+	}
+	steering, _ := udpio.ParseSteering(cfg.Steering) // checked by Validate
+	if err := udpio.Steer(pubs, steering, cfg.CPUs); err != nil {
+		return s, err
+	}
+	if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
+		return s, err
+	}
+	if ap, ok, _ := cfg.tcpAddr(); ok { // checked by Validate
+		if s.TCP, err = ListenTCP(ap); err != nil {
+			return s, fmt.Errorf("tcp_addr: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Close closes every socket of s.
+func (s Sockets) Close() error {
+	var errs []error
+	for _, w := range s.Workers {
+		errs = append(errs, w.Public.Close(), w.Internal.Close())
+	}
+	for _, ln := range []net.Listener{s.Metrics, s.TCP} {
+		if ln != nil {
+			errs = append(errs, ln.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ErrNoClusterRelay is Ready's answer (wrapped, naming the cluster) while
@@ -46,7 +92,7 @@ const RestoreLimit = 5 * time.Second
 // route cache, and its membership of the global pool, from which it
 // learns the cluster relays.
 type Node struct {
-	cfg      NodeConfig
+	cfg      Config
 	env      node.Env
 	life     node.Life
 	relay    *Relay
@@ -59,58 +105,38 @@ type Node struct {
 }
 
 // NewNode builds a global relay node from cfg (defaults applied,
-// validated). Run starts it.
-func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	env = env.WithDefaults()
-	n := &Node{cfg: cfg, env: env, clusters: NewClusters(nil)}
+// validated) on s, which it owns from then on. Run starts it.
+func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
+	n := &Node{env: env.WithDefaults(), clusters: NewClusters(nil)}
+	env = n.env
+	n.life.OnClose(s.Close)
 	defer func() {
 		if err != nil {
 			n.life.Close()
 		}
 	}()
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(s.Workers) == 0 {
+		return nil, errors.New("globalrelay: no worker sockets")
+	}
+	node.WarnSmallBuffer(env.Logger, s.Workers[0].Public)
 	if n.served, err = cfg.servedClusters(); err != nil {
 		return nil, err
 	}
-	keys, _ := cfg.Token.Keyring()      // checked by Validate
-	hop, _ := cfg.HopKeys.ClusterKeys() // checked by Validate
-	if s.Workers == nil {
-		pub := netip.MustParseAddrPort(cfg.PublicAddr) // checked by Validate
-		internal, _ := cfg.internal()
-		pubs, ins, err := udpio.ListenWorkerPairs(pub, internal, cfg.Workers)
-		if err != nil {
-			return nil, err
-		}
-		steering, _ := udpio.ParseSteering(cfg.Steering) // checked by Validate
-		if err := udpio.Steer(pubs, steering, cfg.CPUs); err != nil {
-			for i := range pubs {
-				pubs[i].Close()
-				ins[i].Close()
-			}
-			return nil, err
-		}
-		for i := range pubs {
-			s.Workers = append(s.Workers, Worker{Public: pubs[i], Internal: ins[i]})
-		}
-	}
-	if len(s.Workers) > 0 {
-		node.WarnSmallBuffer(env.Logger, s.Workers[0].Public)
-	}
-	for _, w := range s.Workers {
-		n.life.OnClose(w.Public.Close)
-		n.life.OnClose(w.Internal.Close)
-	}
+	cfg.Keys, _ = cfg.Token.Keyring()      // checked by Validate
+	cfg.Hop, _ = cfg.HopKeys.ClusterKeys() // checked by Validate
+	cfg.Directory, cfg.Logger, cfg.Registerer, cfg.Now = n.clusters, env.Logger, env.Registerer, env.Now
 	var cache routecache.Cache
 	ccfg := routecache.Config{Logger: env.Logger, Registerer: env.Registerer,
 		OnFound: func(c netip.AddrPort, r routecache.Route) { n.relay.RestoreFlow(c, r) }}
 	switch {
 	case cfg.RedisURL != "":
 		cache, err = routecache.Open(cfg.RedisURL, ccfg)
-	case s.CacheStore != nil:
-		cache, err = routecache.NewMemoryOn(s.CacheStore, ccfg)
+	case cfg.CacheStore != nil:
+		cache, err = routecache.NewMemoryOn(cfg.CacheStore, ccfg)
 	}
 	if err != nil {
 		return nil, err
@@ -119,13 +145,15 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.OnClose(cache.Close)
 		n.life.Go("route cache", cache.Run)
 	}
-	if n.relay, err = New(Config{POP: cfg.POP, Keys: keys, HopKeys: hop, TokenLifetime: cfg.TokenLifetime, Clusters: n.clusters, FlowIdle: cfg.FlowIdle, MaxFlows: cfg.MaxFlows,
-		Cache: cache, Batch: cfg.Batch, LockThreads: cfg.LockThreads, CPUs: cfg.CPUs, Bundle: cfg.Bundle, EventLoop: *cfg.EventLoop, Logger: env.Logger, Registerer: env.Registerer, Now: env.Now}, s.Workers); err != nil {
+	cfg.Cache, n.cfg = cache, cfg
+	if n.relay, err = New(cfg, s.Workers); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.relay.Close)
-	if err := n.openTCP(cfg, s.TCP, env); err != nil {
-		return nil, err
+	if s.TCP != nil {
+		if err := n.openTCP(cfg, s.TCP, env); err != nil {
+			return nil, err
+		}
 	}
 	if loader, ok := cache.(routecache.Loader); ok {
 		// A restarted replica takes its POP's recent flows in bulk before
@@ -146,11 +174,6 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 		n.awaitReady(ctx)
 		return n.relay.Run(ctx)
 	})
-	if s.Metrics == nil {
-		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
-			return nil, err
-		}
-	}
 	// The UDP load balancer's health check reads /readyz: a replica gets
 	// clients once it knows where to send them, and none while draining.
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
@@ -232,7 +255,7 @@ func (n *Node) Close() error { return n.life.Close() }
 
 // Ready reports whether the replica can take clients: not draining, and it
 // has known a live (alive, not draining) cluster relay of every cluster it
-// serves (NodeConfig.Clusters), or of any cluster when none is configured.
+// serves (Config.Clusters), or of any cluster when none is configured.
 // That is a start-up gate, latched once passed: a cluster that later
 // loses all its relays must not make every replica of every POP report
 // not ready, which would take the other clusters' calls down with it
@@ -273,39 +296,11 @@ func (n *Node) knowsClusters() error {
 	return nil
 }
 
-// live counts the non-draining replicas of cluster (0: of any cluster).
-func (c *Clusters) live(cluster uint16) int {
-	s := c.snap.Load()
-	if s == nil {
-		return 0
-	}
-	k := 0
-	for _, r := range s.replicas {
-		if !r.Draining && (cluster == 0 || r.Cluster == cluster) {
-			k++
-		}
-	}
-	return k
-}
-
-// openTCP starts the TCP ingress on ln, or on tcp_addr when ln is nil;
-// neither: none.
-func (n *Node) openTCP(cfg NodeConfig, ln net.Listener, env node.Env) error {
-	if ln == nil {
-		ap, ok, _ := cfg.tcpAddr() // checked by Validate
-		if !ok {
-			return nil
-		}
-		var err error
-		if ln, err = ListenTCP(ap); err != nil {
-			return fmt.Errorf("tcp_addr: %w", err)
-		}
-	}
-	n.life.OnClose(ln.Close)
-	l := cfg.TCP
-	s, err := NewTCP(n.relay, ln, TCPConfig{MaxConns: l.MaxConns, MaxConnsPerIP: l.MaxConnsPerIP, MaxPending: l.MaxPending,
-		HandshakeTimeout: l.HandshakeTimeout, IdleTimeout: l.IdleTimeout, WriteQueue: l.WriteQueue, WriteTimeout: l.WriteTimeout,
-		Registerer: env.Registerer})
+// openTCP starts the TCP ingress on ln.
+func (n *Node) openTCP(cfg Config, ln net.Listener, env node.Env) error {
+	tc := cfg.TCP
+	tc.Registerer = env.Registerer
+	s, err := NewTCP(n.relay, ln, tc)
 	if err != nil {
 		return err
 	}

@@ -33,8 +33,8 @@ func startReplica(t *testing.T, public, seed string, keys node.TokenKeys) (*Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
-		Token: keys, HopKeys: nodetest.HopKeys(t, 1, 2), Gossip: nodetest.Gossip("gr", seed)}, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+	n, err := newNode(t, Config{POP: 1, PublicAddr: public, InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
+		Token: keys, HopKeys: nodetest.HopKeys(t, 1, 2), Gossip: nodetest.Gossip("gr", seed)}, metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,13 +128,13 @@ func TestRestartedReplicaNotReadyUntilItKnowsClusterRelays(t *testing.T) {
 func TestNodeDrainsUntilFlowsEnd(t *testing.T) {
 	watcher := fakeClusterRelay(t, "cr-1", 1, false, "")
 	hop := nodetest.HopKeys(t, 1)
-	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1,
+	n, err := newNode(t, Config{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1,
 		FlowIdle: 500 * time.Millisecond, ReadyWait: time.Minute, Common: node.Common{DrainTimeout: time.Minute},
-		Token: nodetest.Keys(t), HopKeys: hop, Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, Sockets{}, node.Env{Logger: quiet})
+		Token: nodetest.Keys(t), HopKeys: hop, Gossip: nodetest.Gossip("gr", watcher.LocalAddr().String())}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Relay().workers[0].loop == nil {
+	if !n.Relay().io.EventLoop() {
 		t.Error("the node's workers are not on event loops, its default")
 	}
 	stop := nodetest.Run(t, n)
@@ -207,9 +207,9 @@ func TestRestartedReplicaLoadsRoutesBeforeReady(t *testing.T) {
 
 	c1 := fakeClusterRelay(t, "cr-1", 1, false, "")
 	fakeClusterRelay(t, "cr-2", 2, false, c1.LocalAddr().String())
-	n, err := NewNode(NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
+	n, err := newNode(t, Config{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 1, Clusters: []uint16{1, 2},
 		HopKeys: hop, RedisURL: redis.URL(), Token: nodetest.Keys(t), Gossip: nodetest.Gossip("gr", c1.LocalAddr().String())},
-		Sockets{}, node.Env{Logger: quiet})
+		nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,11 +234,11 @@ func TestNodeTCPIngressDrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", TCPAddr: "127.0.0.1:0", Workers: 1,
-		TCP:   TCPLimits{HandshakeTimeout: time.Minute},
+	cfg := Config{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", TCPAddr: "127.0.0.1:0", Workers: 1,
+		TCP:   TCPConfig{HandshakeTimeout: time.Minute},
 		Token: nodetest.Keys(t), HopKeys: nodetest.HopKeys(t, 1), Gossip: nodetest.Gossip("gr", c1.LocalAddr().String())}
 	cfg.DrainTimeout = time.Minute
-	n, err := NewNode(cfg, Sockets{Metrics: metrics}, node.Env{Logger: quiet})
+	n, err := newNode(t, cfg, metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,4 +272,18 @@ func TestNodeTCPIngressDrains(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the node did not stop after its last TCP connection closed")
 	}
+}
+
+// newNode builds a node on the sockets cfg names, with metrics (when not
+// nil) for its metrics listener.
+func newNode(t testing.TB, cfg Config, metrics net.Listener) (*Node, error) {
+	t.Helper()
+	s, err := OpenSockets(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if metrics != nil {
+		s.Metrics = metrics
+	}
+	return NewNode(cfg, s, node.Env{Logger: quiet})
 }

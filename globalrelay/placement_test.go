@@ -13,23 +13,23 @@ import (
 // a config error naming the field.
 func TestNodeConfigPlacement(t *testing.T) {
 	key := strings.Repeat("A", 43) + "="
-	base := func() NodeConfig {
-		return NodeConfig{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 2,
+	base := func() Config {
+		return Config{POP: 1, PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1", Workers: 2,
 			Token: node.TokenKeys{Keys: []string{"1:" + key}}, HopKeys: nodetest.HopKeys(t, 1), Gossip: nodetest.Gossip("gr", "")}
 	}
 	cfg := base()
 	cfg.CPUs, cfg.Steering, cfg.Bundle = []int{0, 0}, "cpu", true
-	n, err := NewNode(cfg, Sockets{}, node.Env{Logger: quiet})
+	n, err := newNode(t, cfg, nil)
 	if err != nil {
 		t.Fatalf("pinned workers with cpu steering: %v", err)
 	}
 	n.Close()
 	for _, tc := range []struct {
 		name, want string
-		edit       func(*NodeConfig)
+		edit       func(*Config)
 	}{
-		{"unknown steering", "steering", func(c *NodeConfig) { c.Steering = "sideways" }},
-		{"negative cpu", "cpus", func(c *NodeConfig) { c.CPUs = []int{-1} }},
+		{"unknown steering", "steering", func(c *Config) { c.Steering = "sideways" }},
+		{"negative cpu", "cpus", func(c *Config) { c.CPUs = []int{-1} }},
 	} {
 		cfg := base()
 		tc.edit(&cfg)

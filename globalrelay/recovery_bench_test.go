@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/testredis"
@@ -99,12 +97,7 @@ func restartOnce(b *testing.B, url string, clients []netip.AddrPort, bulk bool, 
 	}
 	defer cache.Close()
 	cl := NewClusters([]Replica{{Cluster: 0x12, Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
-	pub, in := listen(b), listen(b)
-	relay, err = New(Config{POP: 9, Keys: testKeys(b), HopKeys: testHop, Clusters: cl, Cache: cache, Logger: quiet,
-		Registerer: prometheus.NewRegistry()}, []Worker{{Public: pub, Internal: in}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	relay, _, _ = newTestRelay(b, Config{Directory: cl, Cache: cache}, netip.AddrPort{})
 	defer relay.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

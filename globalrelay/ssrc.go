@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"sync"
 	"time"
-
-	"github.com/rtcedge/rtcedge/internal/token"
 )
 
 // Following a caller's audio to a new address (a NAT rebinding, a phone
@@ -24,7 +22,8 @@ import (
 // decides, as for any new address: it proves the address with a STUN probe
 // signed with the client's ICE password before anything goes there, and it
 // moves the call only once the old address has been silent long enough
-// (transceiver/reach.go). Nothing here moves or ends the old flow.
+// (transceiver/reach.go). Nothing here moves or ends the old flow. The
+// relay applies it in followSSRC and noteSSRC (clientpath.go).
 //
 // What an attacker gains: an SSRC is 32 random bits seen only on the path,
 // and a live flow's SSRC opens nothing (followSilence); a guess from a
@@ -125,61 +124,6 @@ func (x *ssrcIndex) forget(ssrc uint32, f *flow) {
 		delete(s.m, ssrc)
 	}
 	s.mu.Unlock()
-}
-
-// noteSSRC records the SSRC of an RTP datagram a flow forwards. The index
-// is written only when the flow's SSRC changes (its first audio), and a
-// flow holds one entry, its latest SSRC: the previous one is dropped, so
-// the index never outgrows the flow table, whatever SSRCs a caller sends.
-func (r *Relay) noteSSRC(f *flow, from netip.AddrPort, pkt []byte, now int64) {
-	ssrc, ok := rtpSSRC(pkt)
-	if !ok {
-		return
-	}
-	tagged := uint64(ssrc) | 1<<32
-	if f.ssrc.Load() == tagged {
-		return
-	}
-	if prev := f.ssrc.Swap(tagged); prev != 0 {
-		r.ssrcs.forget(uint32(prev), f)
-	}
-	r.ssrcs.note(ssrc, from, f, r.flows, now)
-}
-
-// followSSRC opens a flow for an unknown address from the SSRC of its RTP
-// datagram, when that SSRC belongs to a flow silent for followSilence. It
-// returns nil (counted as ssrc_* drops where the SSRC was known) otherwise.
-func (r *Relay) followSSRC(pkt []byte, from netip.AddrPort, now int64) *flow {
-	ssrc, ok := rtpSSRC(pkt)
-	if !ok {
-		return nil
-	}
-	e, ok := r.ssrcs.get(ssrc)
-	if !ok || e.addr == from {
-		return nil
-	}
-	old := r.flows.get(e.addr)
-	switch {
-	case old != e.f:
-		return nil // that flow is gone; the sweep drops the entry
-	case now-old.lastSeen.Load() < int64(followSilence):
-		r.m.drops.Inc(dropSSRCLive)
-		return nil
-	case (token.Token{Nonce: old.tok.nonce}).Expired(time.Unix(0, now), r.cfg.TokenLifetime):
-		r.m.drops.Inc(dropTokenExpired)
-		return nil
-	case r.draining.Load():
-		r.m.drops.Inc(dropDraining)
-		return nil
-	}
-	nf, res := r.storeFlow(from, old.tok, now, false)
-	switch res {
-	case putExists:
-		return r.flows.get(from) // another worker made it just now
-	case putStored:
-		r.m.ssrcFollows.Inc()
-	}
-	return nf
 }
 
 // len counts the entries (tests).

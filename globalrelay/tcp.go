@@ -51,37 +51,38 @@ const (
 	maxConnsPerToken = 8
 )
 
-// TCPConfig configures a TCP ingress. Zero values take the defaults.
+// TCPConfig configures a TCP ingress (the tcp keys of the role's config).
+// Zero values take the defaults.
 type TCPConfig struct {
 	// MaxConns caps the connections of the replica, handshaking or not.
-	MaxConns int
+	MaxConns int `yaml:"max_conns"`
 	// MaxConnsPerIP caps the connections from one client IPv4 address or
 	// IPv6 /64 (addrKey).
-	MaxConnsPerIP int
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 	// MaxPending caps the connections that have not yet sent a valid
 	// first frame (slowloris from many addresses fills this, not MaxConns).
-	MaxPending int
+	MaxPending int `yaml:"max_pending"`
 	// HandshakeTimeout is how long a new connection has to deliver its
 	// first frame, a Binding Request with a valid token.
-	HandshakeTimeout time.Duration
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
 	// IdleTimeout closes a connection that has sent no frame for this
 	// long (consent checks every few seconds keep live calls).
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxFrame is the longest frame accepted; a longer length prefix
 	// closes the connection (a stream cannot resynchronise). At most
 	// encap.MaxPayload, the default.
-	MaxFrame int
+	MaxFrame int `yaml:"-"`
 	// WriteQueue is how many frames toward one client may wait for its
 	// connection; a full queue drops the oldest (fresh media is worth
 	// more than stale), so a slow reader costs a bounded amount of memory
 	// and never delays other connections.
-	WriteQueue int
+	WriteQueue int `yaml:"write_queue"`
 	// WriteTimeout closes a connection whose writes make no progress
 	// for this long.
-	WriteTimeout time.Duration
+	WriteTimeout time.Duration `yaml:"write_timeout"`
 
-	Logger     *slog.Logger          // default: the relay's
-	Registerer prometheus.Registerer // nil: metrics are not registered
+	Logger     *slog.Logger          `yaml:"-"` // default: the relay's
+	Registerer prometheus.Registerer `yaml:"-"` // nil: metrics are not registered
 }
 
 func (c *TCPConfig) defaults(r *Relay) error {
@@ -642,7 +643,7 @@ func (c *tcpConn) readLoop() {
 			_ = c.nc.SetReadDeadline(time.Unix(0, now).Add(s.cfg.IdleTimeout))
 		}
 		if c.forward(buf[:], n, now) && stunmsg.IsBindingRequest(pkt) {
-			watchCheck(&c.f, now) // the pod must answer it (failover.go)
+			watchCheck(&c.f, now) // the pod must answer it (relaychoice.go)
 		}
 	}
 }
@@ -702,7 +703,7 @@ func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
 		s.m.drops.Inc(tcpDropNoHopKey)
 		return false
 	}
-	relay, ok := r.relayFor(&c.f, c.client, now) // with the UDP path's data-plane failure detection (failover.go)
+	relay, ok := r.relayFor(&c.f, c.client, now) // with the UDP path's data-plane failure detection (relaychoice.go)
 	if !ok {
 		s.m.drops.Inc(tcpDropNoClusterRelay)
 		return false
@@ -716,7 +717,7 @@ func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
 	}
 	out := buf[encap.MaxLen-hl : encap.MaxLen+n]
 	keys.Seal(out, hl)
-	if _, err := c.w.sendInternal(out, relay); err != nil {
+	if _, err := c.w.internal.WriteToUDPAddrPort(out, relay); err != nil {
 		r.m.writeErrors.Inc()
 		return false
 	}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // tcpRig is a relay rig with a TCP ingress on loopback.
@@ -117,7 +118,9 @@ func tcpAddrOf(c *net.TCPConn) netip.AddrPort {
 func TestTCPForwardingBothWays(t *testing.T) {
 	t.Run("poller", func(t *testing.T) { testTCPForwardingBothWays(t, Config{}) })
 	// The TCP ingress sends on the internal socket the event loop owns.
-	t.Run("event-loop", func(t *testing.T) { testTCPForwardingBothWays(t, Config{Batch: 32, EventLoop: true}) })
+	t.Run("event-loop", func(t *testing.T) {
+		testTCPForwardingBothWays(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: new(true)}})
+	})
 }
 
 func testTCPForwardingBothWays(t *testing.T, cfg Config) {
@@ -355,7 +358,7 @@ func TestTCPAddrConfig(t *testing.T) {
 		{"2001:db8::1", "[2001:db8::1]:443", true, false},
 		{"vip:443", "", false, true},
 	} {
-		c := NodeConfig{TCPAddr: tc.in}
+		c := Config{TCPAddr: tc.in}
 		ap, ok, err := c.tcpAddr()
 		if (err != nil) != tc.err || ok != tc.ok || (ok && ap.String() != tc.want) {
 			t.Errorf("tcp_addr %q: %v, %v, %v; want %s, %v, error %v", tc.in, ap, ok, err, tc.want, tc.ok, tc.err)

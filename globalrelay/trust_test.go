@@ -45,8 +45,8 @@ func newUnit(t *testing.T, cfg Config) *unit {
 		hop: encap.NewClusterKeys(map[uint16]*encap.Keyring{0x12: testHop.For(0x12), 0x13: k13}),
 		t0:  time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
 	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer = 9, testKeys(t), quiet, u.reg
-	cfg.HopKeys = u.hop
-	cfg.Clusters = NewClusters([]Replica{{Cluster: 0x12, Addr: relay12}, {Cluster: 0x13, Addr: relay13}})
+	cfg.Hop = u.hop
+	cfg.Directory = NewClusters([]Replica{{Cluster: 0x12, Addr: relay12}, {Cluster: 0x13, Addr: relay13}})
 	cfg.Now = func() time.Time { return u.t0.Add(u.offset) }
 	pub, in := listen(t), listen(t)
 	if u.r, err = New(cfg, []Worker{{Public: pub, Internal: in}}); err != nil {

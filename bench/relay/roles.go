@@ -56,7 +56,7 @@ type grOptions struct {
 	steer   udpio.Steering
 	bundle  bool
 	loop    bool // event_loop (default true, as the node's)
-	batch   int  // 0: globalrelay.DefaultBatch
+	batch   int  // 0: udpio.DefaultBatch
 }
 
 func parseGROptions(s string) (grOptions, error) {
@@ -165,8 +165,11 @@ func runRole(role, target string) error {
 		}
 		announce(ready{Addr: udpio.LocalAddrPort(c).String()})
 		go func() { <-ctx.Done(); c.Close() }()
-		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, globalrelay.DefaultBatch, reflector(hop),
-			udpio.Hooks{Unbundle: true, Bundle: os.Getenv(echoEnv) == "bundle=1"})
+		hooks := udpio.Hooks{Unbundle: encap.BundleFormat{}}
+		if os.Getenv(echoEnv) == "bundle=1" {
+			hooks.Bundle = encap.BundleFormat{}
+		}
+		return udpio.ForwardBatch(c, c, 0, encap.MaxDatagram, udpio.DefaultBatch, reflector(hop), hooks)
 	case roleNaive:
 		return runNaive(ctx, to)
 	case roleGoEpoll:
@@ -183,8 +186,8 @@ func runRole(role, target string) error {
 			c.Close()
 			return err
 		}
-		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, HopKeys: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
-			Batch: clusterrelay.DefaultBatch, Bundle: opt.bundle, EventLoop: opt.loop, Logger: quiet}, c)
+		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, Hop: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
+			Tuning: udpio.Tuning{Batch: udpio.DefaultBatch, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, c)
 		if err != nil {
 			c.Close()
 			return err
@@ -207,7 +210,7 @@ func runRole(role, target string) error {
 			opt.workers = udpio.Procs()
 		}
 		if opt.batch == 0 {
-			opt.batch = globalrelay.DefaultBatch
+			opt.batch = udpio.DefaultBatch
 		}
 		pubs, ins, err := udpio.ListenWorkerPairs(loop, loop, opt.workers)
 		if err != nil {
@@ -221,9 +224,9 @@ func runRole(role, target string) error {
 			ws[i] = globalrelay.Worker{Public: pubs[i], Internal: ins[i]}
 		}
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
-			HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
-			Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Batch:    opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: opt.loop, Logger: quiet}, ws)
+			Hop:       encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
+			Directory: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
+			Tuning:    udpio.Tuning{Batch: opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()

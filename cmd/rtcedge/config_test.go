@@ -44,8 +44,8 @@ func TestExampleConfigsParse(t *testing.T) {
 		cfg  validated
 	}{
 		{"transceiver.yaml", &transceiver.Config{}},
-		{"clusterrelay.yaml", &clusterrelay.NodeConfig{}},
-		{"globalrelay.yaml", &globalrelay.NodeConfig{}},
+		{"clusterrelay.yaml", &clusterrelay.Config{}},
+		{"globalrelay.yaml", &globalrelay.Config{}},
 		{"signaling.yaml", &signaling.NodeConfig{}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -88,8 +88,8 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 	}
 	mk := map[string]func() validated{
 		"transceiver":  func() validated { return &transceiver.Config{} },
-		"clusterrelay": func() validated { return &clusterrelay.NodeConfig{} },
-		"globalrelay":  func() validated { return &globalrelay.NodeConfig{} },
+		"clusterrelay": func() validated { return &clusterrelay.Config{} },
+		"globalrelay":  func() validated { return &globalrelay.Config{} },
 		"signaling":    func() validated { return &signaling.NodeConfig{} },
 	}
 	for _, tc := range []struct{ role, extra, want string }{

@@ -37,12 +37,20 @@ func init() {
 				return transceiver.NewNode(*cfg, socks, netbackend.ForAddr(cfg.BackendAddr, env.Logger), env)
 			}),
 		roleCommand("clusterrelay", "run a cluster relay replica and the cluster's session API front",
-			func(cfg *clusterrelay.NodeConfig, env node.Env) (runner, error) {
-				return clusterrelay.NewNode(*cfg, clusterrelay.Sockets{}, env)
+			func(cfg *clusterrelay.Config, env node.Env) (runner, error) {
+				s, err := clusterrelay.OpenSockets(*cfg)
+				if err != nil {
+					return nil, err
+				}
+				return clusterrelay.NewNode(*cfg, s, env)
 			}),
 		roleCommand("globalrelay", "run a global relay replica (a POP's public UDP ingress)",
-			func(cfg *globalrelay.NodeConfig, env node.Env) (runner, error) {
-				return globalrelay.NewNode(*cfg, globalrelay.Sockets{}, env)
+			func(cfg *globalrelay.Config, env node.Env) (runner, error) {
+				s, err := globalrelay.OpenSockets(*cfg)
+				if err != nil {
+					return nil, err
+				}
+				return globalrelay.NewNode(*cfg, s, env)
 			}),
 		command{"backend", "run the reference echo backend over the network backend protocol", runBackend},
 	)

@@ -99,3 +99,37 @@ func NextItem(b []byte, off int) (item []byte, next int) {
 	off += BundleItemOverhead
 	return b[off : off+n], off + n
 }
+
+// BundleFormat is the bundle format above in the form the relays' read
+// loops take it (udpio.Bundling), so that udpio need not know it. The
+// zero value is ready; no method allocates.
+type BundleFormat struct{}
+
+// IsBundle is IsBundle.
+func (BundleFormat) IsBundle(b []byte) bool { return IsBundle(b) }
+
+// Split appends the items of bundle b to items and returns it; a bundle
+// CheckBundle refuses appends nothing and returns ErrBundle.
+func (BundleFormat) Split(b []byte, items [][]byte) ([][]byte, error) {
+	if _, err := CheckBundle(b); err != nil {
+		return items, err
+	}
+	for off := BundleHeaderLen; off < len(b); {
+		var item []byte
+		item, off = NextItem(b, off)
+		items = append(items, item)
+	}
+	return items, nil
+}
+
+// MaxItems is MaxBundleItems.
+func (BundleFormat) MaxItems() int { return MaxBundleItems }
+
+// MaxSize is MaxBundle.
+func (BundleFormat) MaxSize() int { return MaxBundle }
+
+// Start is StartBundle.
+func (BundleFormat) Start(b []byte) []byte { return StartBundle(b) }
+
+// Add is AddToBundle.
+func (BundleFormat) Add(bundle, item []byte) ([]byte, bool) { return AddToBundle(bundle, item) }

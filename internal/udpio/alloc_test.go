@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // TestBatchConnNoAllocs: a batch read and a batch write allocate nothing,
@@ -61,8 +63,8 @@ func TestBundlingNoAllocs(t *testing.T) {
 	pass := func(to netip.AddrPort) Decide {
 		return func(buf []byte, n int, _ netip.AddrPort) ([]byte, netip.AddrPort, bool) { return buf[:n], to, true }
 	}
-	go func() { done <- ForwardBatch(a, a, 0, 1600, 32, pass(toB), Hooks{Bundle: true}) }()
-	go func() { done <- ForwardBatch(b, b, 0, 1600, 32, pass(toSink), Hooks{Unbundle: true}) }()
+	go func() { done <- ForwardBatch(a, a, 0, 1600, 32, pass(toB), Hooks{Bundle: encap.BundleFormat{}}) }()
+	go func() { done <- ForwardBatch(b, b, 0, 1600, 32, pass(toSink), Hooks{Unbundle: encap.BundleFormat{}}) }()
 	defer func() { a.Close(); b.Close(); <-done; <-done }()
 	pkt := encapsulated(t, 1, make([]byte, 100)...)
 	buf := make([]byte, 2048)

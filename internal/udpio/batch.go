@@ -5,8 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
-
-	"github.com/rtcedge/rtcedge/internal/encap"
 )
 
 // Msg is one datagram of a batch.
@@ -156,6 +154,7 @@ type batchForwarder struct {
 	in     []Msg    // the read messages (one batch); Buf is bufs[i][headroom:]
 	out    []Msg
 	bd     *bundler
+	items  [][]byte         // an unbundled bundle's items
 	handle func(n int) bool // f.forward, made once: passing it does not allocate
 }
 
@@ -164,22 +163,22 @@ type batchForwarder struct {
 // datagrams a call) for what they may yield: every item of every bundle,
 // when they are unbundled.
 func newBatchForwarder(writer func(size int) *BatchConn, headroom, limit, batch int, decide Decide, hooks Hooks) (*batchForwarder, error) {
-	if hooks.Unbundle && headroom != 0 {
+	if hooks.Unbundle != nil && headroom != 0 {
 		return nil, errors.New("udpio: unbundling needs headroom 0")
 	}
 	batch = max(batch, 1)
 	outs := batch
-	if hooks.Unbundle {
-		outs = batch * encap.MaxBundleItems
+	if hooks.Unbundle != nil {
+		outs = batch * hooks.Unbundle.MaxItems()
 	}
 	f := &batchForwarder{wr: writer(min(outs, maxWriteBatch)), limit: limit, decide: decide, hooks: hooks,
-		bufs: make([][]byte, batch), in: make([]Msg, batch), out: make([]Msg, outs)}
+		bufs: make([][]byte, batch), in: make([]Msg, batch), out: make([]Msg, outs), items: hooks.splitter()}
 	for i := range batch {
 		f.bufs[i] = make([]byte, headroom+limit+1)
 		f.in[i].Buf = f.bufs[i][headroom:]
 	}
-	if hooks.Bundle {
-		f.bd = newBundler(len(f.out))
+	if hooks.Bundle != nil {
+		f.bd = newBundler(hooks.Bundle, len(f.out))
 	}
 	f.handle = f.forward
 	return f, nil
@@ -196,8 +195,8 @@ func (f *batchForwarder) forward(n int) bool {
 			hooks.oversize()
 			continue
 		}
-		if hooks.Unbundle && encap.IsBundle(in[i].Buf[:in[i].N]) {
-			k = unbundle(in[i].Buf[:in[i].N], in[i].Addr, f.decide, out, k, hooks)
+		if hooks.Unbundle != nil && hooks.Unbundle.IsBundle(in[i].Buf[:in[i].N]) {
+			k = f.unbundle(in[i].Buf[:in[i].N], in[i].Addr, k)
 			continue
 		}
 		pkt, to, ok := f.decide(f.bufs[i], in[i].N, in[i].Addr)
@@ -221,21 +220,20 @@ func (f *batchForwarder) forward(n int) bool {
 // maxWriteBatch is the most datagrams one sendmmsg takes (UIO_MAXIOV).
 const maxWriteBatch = 1024
 
-// unbundle decides every item of a bundle into out[k:] and returns the new
-// k. A malformed bundle is dropped whole.
-func unbundle(b []byte, from netip.AddrPort, decide Decide, out []Msg, k int, hooks Hooks) int {
-	if _, err := encap.CheckBundle(b); err != nil {
-		hooks.badBundle()
+// unbundle decides every item of a bundle into f.out[k:] and returns the
+// new k. A malformed bundle is dropped whole.
+func (f *batchForwarder) unbundle(b []byte, from netip.AddrPort, k int) int {
+	var err error
+	if f.items, err = f.hooks.Unbundle.Split(b, f.items[:0]); err != nil {
+		f.hooks.badBundle()
 		return k
 	}
-	for off := encap.BundleHeaderLen; off < len(b); {
-		var item []byte
-		item, off = encap.NextItem(b, off)
-		pkt, to, ok := decide(item, len(item), from)
+	for _, item := range f.items {
+		pkt, to, ok := f.decide(item, len(item), from)
 		if !ok {
 			continue
 		}
-		out[k].Buf, out[k].Addr = pkt, to
+		f.out[k].Buf, f.out[k].Addr = pkt, to
 		k++
 	}
 	return k

@@ -1,10 +1,6 @@
 package udpio
 
-import (
-	"net/netip"
-
-	"github.com/rtcedge/rtcedge/internal/encap"
-)
+import "net/netip"
 
 // maxOpenBundles bounds the destinations one batch bundles for; datagrams
 // to further destinations go unbundled. Relays have few next hops (cluster
@@ -16,22 +12,23 @@ const maxOpenBundles = 16
 // Owned by one forwarding loop; its buffers are reused for every batch,
 // so pack allocates nothing.
 type bundler struct {
-	slots []bundleSlot
-	out   []Msg
+	format Bundling
+	slots  []bundleSlot
+	out    []Msg
 }
 
 type bundleSlot struct {
 	to    netip.AddrPort
 	first Msg    // the destination's first datagram, sent as is if alone
-	buf   []byte // the bundle, once a second datagram came (cap MaxBundle)
+	buf   []byte // the bundle, once a second datagram came (cap MaxSize)
 	items int
 	full  bool // the bundle took no more; later datagrams start another slot
 }
 
-func newBundler(batch int) *bundler {
-	b := &bundler{slots: make([]bundleSlot, 0, maxOpenBundles), out: make([]Msg, 0, batch)}
+func newBundler(format Bundling, batch int) *bundler {
+	b := &bundler{format: format, slots: make([]bundleSlot, 0, maxOpenBundles), out: make([]Msg, 0, batch)}
 	for range maxOpenBundles {
-		b.slots = append(b.slots, bundleSlot{buf: make([]byte, 0, encap.MaxBundle)})
+		b.slots = append(b.slots, bundleSlot{buf: make([]byte, 0, format.MaxSize())})
 	}
 	b.slots = b.slots[:0]
 	return b
@@ -69,15 +66,15 @@ func (b *bundler) add(m Msg) bool {
 			continue
 		}
 		if s.items == 1 {
-			s.buf = encap.StartBundle(s.buf)
+			s.buf = b.format.Start(s.buf)
 			var ok bool
-			if s.buf, ok = encap.AddToBundle(s.buf, s.first.Buf); !ok {
+			if s.buf, ok = b.format.Add(s.buf, s.first.Buf); !ok {
 				s.full = true // the first datagram is not bundleable
 				return false
 			}
 		}
 		var ok bool
-		if s.buf, ok = encap.AddToBundle(s.buf, m.Buf); !ok {
+		if s.buf, ok = b.format.Add(s.buf, m.Buf); !ok {
 			s.full = true
 			break // open another slot for this destination
 		}

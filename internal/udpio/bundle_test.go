@@ -63,7 +63,7 @@ func TestForwardBatchBundles(t *testing.T) {
 				return nil, netip.AddrPort{}, false
 			}
 			return buf[:n], LocalAddrPort(sinks[h.Client.Port()]), true
-		}, Hooks{Bundle: true, Bundled: func(b, i int) { bundles += b; items += i }})
+		}, Hooks{Bundle: encap.BundleFormat{}, Bundled: func(b, i int) { bundles += b; items += i }})
 	}()
 	stop := func() { conn.Close(); <-done; done <- nil }
 	defer func() { conn.Close(); <-done }()
@@ -108,7 +108,7 @@ func TestForwardBatchUnbundles(t *testing.T) {
 		done <- ForwardBatch(conn, conn, 0, encap.MaxDatagram, 32, func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 			froms = append(froms, from)
 			return buf[:n], LocalAddrPort(sink), true
-		}, Hooks{Unbundle: true, BadBundle: func() { badBundles++ }})
+		}, Hooks{Unbundle: encap.BundleFormat{}, BadBundle: func() { badBundles++ }})
 	}()
 	defer func() { conn.Close(); <-done }()
 	for _, d := range [][]byte{bad, b, items[0]} {

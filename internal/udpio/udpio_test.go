@@ -1,8 +1,10 @@
 package udpio
 
 import (
+	"log/slog"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -77,4 +79,69 @@ func value(t *testing.T, vec *prometheus.CounterVec, label string) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestRunner: whatever the tuning (plain reads, batches, the event loop),
+// a worker's path forwards, its socket can be written from outside the
+// loops (Writer), and Close ends Run with nil after closing the sockets.
+func TestRunner(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		t    Tuning
+	}{
+		{"plain", Tuning{}},
+		{"batch", Tuning{Batch: 32, LockThreads: true}},
+		{"event-loop", Tuning{Batch: 32, EventLoop: new(true)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			front, peer, sink := listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0"), listenT(t, "127.0.0.1:0")
+			to := LocalAddrPort(sink)
+			r, err := NewRunner(tc.t, slog.Default(), []Path{{From: front, To: front, Limit: 1500,
+				Decide: func(buf []byte, n int, _ netip.AddrPort) ([]byte, netip.AddrPort, bool) { return buf[:n], to, true }}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.EventLoop() != (tc.t.EventLoop != nil && LoopSupported) {
+				t.Fatalf("EventLoop() = %v", r.EventLoop())
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.Run() }()
+			addr := LocalAddrPort(front)
+			if _, err := peer.WriteToUDPAddrPort([]byte("through"), addr); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Writer(front).WriteToUDPAddrPort([]byte("beside"), to); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			buf := make([]byte, 64)
+			for range 2 {
+				_ = sink.SetReadDeadline(time.Now().Add(5 * time.Second))
+				n, _, err := sink.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[string(buf[:n])] = true
+			}
+			if !got["through"] || !got["beside"] {
+				t.Fatalf("sink got %v", got)
+			}
+			r.Close()
+			if err := <-done; err != nil {
+				t.Fatalf("Run after Close: %v", err)
+			}
+		})
+	}
+}
+
+// TestRunnerRefusesNegativeCPU: a bad tuning is an error naming the key,
+// and the sockets it was given are closed.
+func TestRunnerRefusesNegativeCPU(t *testing.T) {
+	c := listenT(t, "127.0.0.1:0")
+	if _, err := NewRunner(Tuning{CPUs: []int{-1}}, slog.Default(), []Path{{From: c, To: c}}); err == nil {
+		t.Fatal("accepted")
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte{1}, LocalAddrPort(c)); err == nil {
+		t.Fatal("socket still open")
+	}
 }

@@ -23,7 +23,7 @@ type failoverUnit struct {
 
 func newFailoverUnit(t *testing.T) *failoverUnit {
 	u := newUnit(t, Config{})
-	dir := u.r.cfg.Clusters.(*Clusters)
+	dir := u.r.cfg.Directory.(*Clusters)
 	dir.Set([]Replica{{Cluster: 0x12, Addr: relay12}, {Cluster: 0x12, Addr: relay12b}, {Cluster: 0x13, Addr: relay13}})
 	f := &failoverUnit{unit: u, t: t, clients: map[netip.AddrPort]netip.AddrPort{}, hdr: map[netip.AddrPort]encap.Header{}}
 	for port := uint16(40000); len(f.clients) < 2; port++ {
@@ -100,7 +100,7 @@ func (f *failoverUnit) open(client netip.AddrPort, pod uint16) {
 // relay.
 func (f *failoverUnit) clientOf(relay, after netip.AddrPort) netip.AddrPort {
 	for c := netip.AddrPortFrom(after.Addr(), after.Port()+1); ; c = netip.AddrPortFrom(c.Addr(), c.Port()+1) {
-		if r, _ := f.r.cfg.Clusters.RelayFor(0x12, c); r == relay {
+		if r, _ := f.r.cfg.Directory.RelayFor(0x12, c); r == relay {
 			return c
 		}
 	}
@@ -362,7 +362,7 @@ func clientRanking(t *testing.T, order ...netip.AddrPort) netip.AddrPort {
 // the soak).
 func TestReplacedRelayFlowFindsLiveOne(t *testing.T) {
 	f := newFailoverUnit(t)
-	dir := f.r.cfg.Clusters.(*Clusters)
+	dir := f.r.cfg.Directory.(*Clusters)
 	a := clientRanking(t, relay12, relay12c, relay12b)
 	f.open(a, 7)
 	if used := f.call(a, 0, time.Second, all); len(used) != 1 || used[0] != relay12 {
@@ -400,7 +400,7 @@ func TestReplacedRelayFlowFindsLiveOne(t *testing.T) {
 // and a healthy call has nothing to gain from moving. New flows use it.
 func TestNewRelayDoesNotMoveHealthyFlow(t *testing.T) {
 	f := newFailoverUnit(t)
-	dir := f.r.cfg.Clusters.(*Clusters)
+	dir := f.r.cfg.Directory.(*Clusters)
 	a := clientRanking(t, relay12c, relay12b, relay12)
 	f.open(a, 7)
 	f.call(a, 0, time.Second, all)
