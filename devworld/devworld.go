@@ -541,7 +541,8 @@ func (w *World) startSignaling() error {
 	if _, err := rand.Read(secret); err != nil {
 		return err
 	}
-	scfg := signaling.NodeConfig{
+	scfg := signaling.Config{
+		Common:     node.Common{MetricsAddr: w.cfg.MetricsAddr},
 		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, CloudflareRanges: trusted,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
 		// Without keys the dev world is open: the demo page mints its own
@@ -557,15 +558,13 @@ func (w *World) startSignaling() error {
 	if scfg.GeoIPDB == "" {
 		scfg.GeoIPData = geo.DevGeoIPDB
 	}
+	socks, err := signaling.OpenSockets(scfg)
+	if err != nil {
+		return err
+	}
 	env := w.env("signaling")
-	var socks signaling.Sockets
-	if w.cfg.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("metrics: %w", err)
-		}
-		socks.Metrics, env.Gatherer = ln, w.Registry
-		w.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
+	if socks.Metrics != nil {
+		env.Gatherer, w.MetricsURL = w.Registry, "http://"+socks.Metrics.Addr().String()+"/metrics"
 	}
 	n, err := signaling.NewNode(scfg, socks, env)
 	if err != nil {
