@@ -63,10 +63,7 @@ func New(cfg Config) (*Server, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("signaling config: %w", err)
 	}
-	key, err := cfg.secretKey()
-	if err != nil {
-		return nil, err
-	}
+	key := cfg.secretKey()
 	m, err := newMetrics(cfg.Registerer, cfg.CatalogueData, cfg.GossipAuthoritative)
 	if err != nil {
 		return nil, err
