@@ -20,8 +20,7 @@ import (
 // APIs over TLS as production does. It returns the server's TLS (cert and
 // key) and the clients' (the CA). The files are read when nodes are built.
 func WriteDevCA(dir string, ips ...net.IP) (server, client TLS, err error) {
-	// issue makes a P-256 key and a certificate of it from tmpl, signed by
-	// parent with parentKey (self-signed when parent is nil).
+	// issue makes a P-256 key and its certificate (self-signed: parent nil).
 	issue := func(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, []byte, error) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
