@@ -293,7 +293,8 @@ func TestUDPLinkLoss(t *testing.T) {
 			const n = 2000
 			sendPaced(t, c, l, n)
 			eventually(t, 5*time.Second, "the target to get every forwarded datagram", func() bool {
-				return uint64(r.got.Load()) == l.Stats().Up.Forwarded
+				st := l.Stats().Up
+				return st.Queued == 0 && uint64(r.got.Load()) == st.Forwarded
 			})
 			st := l.Stats().Up
 			ratio := float64(st.Dropped[netsim.DropLoss]) / n
