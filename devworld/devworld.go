@@ -317,17 +317,9 @@ func cmp(v, def int) int {
 func (w *World) start() error {
 	cfg := w.cfg
 	w.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	key := make([]byte, token.KeyLen)
-	if _, err := rand.Read(key); err != nil {
-		return err
-	}
-	w.keys = node.TokenKeys{Keys: []string{"1:" + base64.StdEncoding.EncodeToString(key)}}
+	w.keys = node.TokenKeys{Keys: []string{"1:" + randomKey(token.KeyLen, base64.StdEncoding)}}
 	for _, spec := range cfg.Regions {
-		k := make([]byte, encap.KeyLen)
-		if _, err := rand.Read(k); err != nil {
-			return err
-		}
-		w.hop.Keys = append(w.hop.Keys, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
+		w.hop.Keys = append(w.hop.Keys, fmt.Sprintf("%d/1:%s", spec.Cluster, randomKey(encap.KeyLen, base64.StdEncoding)))
 	}
 	if cfg.NetBackend {
 		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
@@ -348,19 +340,11 @@ func (w *World) start() error {
 			return err
 		}
 	}
-	gk := make([]byte, 32)
-	if _, err := rand.Read(gk); err != nil {
-		return err
-	}
-	w.gossipKey = base64.StdEncoding.EncodeToString(gk)
+	w.gossipKey = randomKey(32, base64.StdEncoding)
 	w.apiSecrets = map[uint16]string{}
 	for _, spec := range cfg.Regions {
 		w.clusters = append(w.clusters, spec.Cluster)
-		b := make([]byte, 24)
-		if _, err := rand.Read(b); err != nil {
-			return err
-		}
-		w.apiSecrets[spec.Cluster] = base64.RawURLEncoding.EncodeToString(b)
+		w.apiSecrets[spec.Cluster] = randomKey(24, base64.RawURLEncoding)
 	}
 	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
 	for _, spec := range cfg.Regions {
@@ -408,6 +392,13 @@ func (w *World) start() error {
 		limit = 30 * time.Second
 	}
 	return w.awaitConverged(limit)
+}
+
+// randomKey is n random bytes in enc.
+func randomKey(n int, enc *base64.Encoding) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails
+	return enc.EncodeToString(b)
 }
 
 func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod, error) {
@@ -552,13 +543,10 @@ func (w *World) startSignaling() error {
 	for _, p := range w.cfg.TrustedProxies {
 		trusted = append(trusted, p.String())
 	}
-	secret := make([]byte, 32)
-	if _, err := rand.Read(secret); err != nil {
-		return err
-	}
-	scfg := signaling.NodeConfig{
+	scfg := signaling.Config{
+		Common:     node.Common{MetricsAddr: w.cfg.MetricsAddr},
 		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, CloudflareRanges: trusted,
-		APIKeys: w.cfg.APIKeys, ClientSecretKey: base64.StdEncoding.EncodeToString(secret),
+		APIKeys: w.cfg.APIKeys, ClientSecretKey: randomKey(32, base64.StdEncoding),
 		// Without keys the dev world is open: the demo page mints its own
 		// client secrets.
 		AllowAnonymous: len(w.cfg.APIKeys) == 0, SessionAPISecrets: w.apiSecrets, SessionAPITLS: w.apiCA,
@@ -572,15 +560,13 @@ func (w *World) startSignaling() error {
 	if scfg.GeoIPDB == "" {
 		scfg.GeoIPData = geo.DevGeoIPDB
 	}
+	socks, err := signaling.OpenSockets(scfg)
+	if err != nil {
+		return err
+	}
 	env := w.env("signaling")
-	var socks signaling.Sockets
-	if w.cfg.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("metrics: %w", err)
-		}
-		socks.Metrics, env.Gatherer = ln, w.Registry
-		w.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
+	if socks.Metrics != nil {
+		env.Gatherer, w.MetricsURL = w.Registry, "http://"+socks.Metrics.Addr().String()+"/metrics"
 	}
 	n, err := signaling.NewNode(scfg, socks, env)
 	if err != nil {

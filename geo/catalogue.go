@@ -244,18 +244,36 @@ func (c *Catalogue) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidCatalogue}, args...)...))
 	}
 
-	regions := map[string]bool{}
-	clusterIDs, clusterNames := map[uint16]bool{}, map[string]bool{}
-	popIDs, popNames := map[uint16]bool{}, map[string]bool{}
+	withClusters := map[string]bool{} // by region name
+	ids := map[string]map[uint16]bool{"cluster": {}, "pop": {}}
+	names := map[string]map[string]bool{"cluster": {}, "pop": {}}
+	// unique checks a cluster's or a POP's ID and name: set, and unique
+	// among its kind.
+	unique := func(kind, region string, id uint16, name string) {
+		switch {
+		case id == 0:
+			fail("region %q: %s %q: id must be 1..65535", region, kind, name)
+		case ids[kind][id]:
+			fail("%s %d: duplicate id", kind, id)
+		}
+		ids[kind][id] = true
+		switch {
+		case name == "":
+			fail("%s %d: name is required", kind, id)
+		case names[kind][name]:
+			fail("%s %q: duplicate name", kind, name)
+		}
+		names[kind][name] = true
+	}
 	nClusters := 0
 	for i, r := range c.Regions {
-		switch {
+		switch _, dup := withClusters[r.Name]; {
 		case r.Name == "":
 			fail("region #%d: name is required", i+1)
-		case regions[r.Name]:
+		case dup:
 			fail("region %q: duplicate name", r.Name)
 		}
-		regions[r.Name] = true
+		withClusters[r.Name] = len(r.Clusters) > 0
 		if !r.Location.Valid() {
 			fail("region %q: location %v out of range", r.Name, r.Location)
 		}
@@ -265,20 +283,7 @@ func (c *Catalogue) Validate() error {
 		nClusters += len(r.Clusters)
 
 		for _, cl := range r.Clusters {
-			switch {
-			case cl.ID == 0:
-				fail("region %q: cluster %q: id must be 1..65535", r.Name, cl.Name)
-			case clusterIDs[cl.ID]:
-				fail("cluster %d: duplicate id", cl.ID)
-			}
-			clusterIDs[cl.ID] = true
-			switch {
-			case cl.Name == "":
-				fail("cluster %d: name is required", cl.ID)
-			case clusterNames[cl.Name]:
-				fail("cluster %q: duplicate name", cl.Name)
-			}
-			clusterNames[cl.Name] = true
+			unique("cluster", r.Name, cl.ID, cl.Name)
 			if !cl.Location.Valid() {
 				fail("cluster %d: location %v out of range", cl.ID, cl.Location)
 			}
@@ -288,22 +293,8 @@ func (c *Catalogue) Validate() error {
 				}
 			}
 		}
-
 		for _, p := range r.POPs {
-			switch {
-			case p.ID == 0:
-				fail("region %q: pop %q: id must be 1..65535", r.Name, p.Name)
-			case popIDs[p.ID]:
-				fail("pop %d: duplicate id", p.ID)
-			}
-			popIDs[p.ID] = true
-			switch {
-			case p.Name == "":
-				fail("pop %d: name is required", p.ID)
-			case popNames[p.Name]:
-				fail("pop %q: duplicate name", p.Name)
-			}
-			popNames[p.Name] = true
+			unique("pop", r.Name, p.ID, p.Name)
 			if !p.VIP.IsValid() || p.VIP.Port() == 0 || p.VIP.Addr().IsUnspecified() {
 				fail("pop %d: vip %q must be a specific address with a non-zero port", p.ID, p.VIP)
 			}
@@ -315,15 +306,11 @@ func (c *Catalogue) Validate() error {
 	if nClusters == 0 {
 		fail("at least one cluster is required")
 	}
-	switch {
+	switch _, ok := withClusters[c.DefaultRegion]; {
 	case c.DefaultRegion == "":
 		fail("default_region is required")
-	case !regions[c.DefaultRegion]:
+	case !ok:
 		fail("default_region %q is not a region", c.DefaultRegion)
-	}
-	withClusters := map[string]bool{}
-	for _, r := range c.Regions {
-		withClusters[r.Name] = len(r.Clusters) > 0
 	}
 	checkPrefs := func(what string, prefs []string) {
 		if len(prefs) == 0 {

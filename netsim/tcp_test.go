@@ -53,15 +53,7 @@ func startTCPLink(t testing.TB, target string, up, down netsim.LinkConfig) *nets
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("link run: %v", err)
-		}
-	})
+	runLink(t, l)
 	return l
 }
 

@@ -140,7 +140,8 @@ func startAcceptRecorder(t *testing.T) (string, <-chan time.Time) {
 	return ln.Addr().String(), at
 }
 
-func runLink(t *testing.T, l *netsim.TCPLink) {
+// runLink runs l until the test ends; it must then return nil.
+func runLink(t testing.TB, l interface{ Run(context.Context) error }) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -43,15 +43,7 @@ func startUDPLink(t testing.TB, target netip.AddrPort, up, down netsim.LinkConfi
 	if err != nil {
 		t.Fatalf("new link: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("link run: %v", err)
-		}
-	})
+	runLink(t, l)
 	return l
 }
 
@@ -133,6 +125,27 @@ func (c *client) send(t testing.TB, seq uint32) {
 }
 
 // collect reads reflections until want arrived or the deadline passed.
+// sendAll sends datagrams 0..n-1 a millisecond apart and returns all n
+// as they came back (within 10 s), or fails the test.
+func (c *client) sendAll(t testing.TB, n int) []sample {
+	t.Helper()
+	var got []sample
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); got = c.collect(n, time.Now().Add(10*time.Second)) }()
+	tick := time.NewTicker(time.Millisecond)
+	for i := range n {
+		<-tick.C
+		c.send(t, uint32(i))
+	}
+	tick.Stop()
+	wg.Wait()
+	if len(got) != n {
+		t.Fatalf("got %d of %d datagrams back", len(got), n)
+	}
+	return got
+}
+
 func (c *client) collect(want int, deadline time.Time) []sample {
 	var out []sample
 	buf := make([]byte, 2048)
@@ -193,20 +206,7 @@ func TestUDPLinkDelay(t *testing.T) {
 			l := startUDPLink(t, addrOf(r.conn), netsim.LinkConfig{Delay: tt.up}, netsim.LinkConfig{Delay: tt.down})
 			c := newClient(t, l.Addr())
 			const n = 200
-			var got []sample
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() { defer wg.Done(); got = c.collect(n, time.Now().Add(10*time.Second)) }()
-			tick := time.NewTicker(time.Millisecond)
-			for i := range n {
-				<-tick.C
-				c.send(t, uint32(i))
-			}
-			tick.Stop()
-			wg.Wait()
-			if len(got) != n {
-				t.Fatalf("got %d of %d datagrams back", len(got), n)
-			}
+			got := c.sendAll(t, n)
 			var ups, downs []time.Duration
 			for i, s := range got {
 				if s.seq != uint32(i) {
@@ -236,20 +236,7 @@ func TestUDPLinkJitter(t *testing.T) {
 	l := startUDPLink(t, addrOf(r.conn), cfg, netsim.LinkConfig{})
 	c := newClient(t, l.Addr())
 	const n = 300
-	var got []sample
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); got = c.collect(n, time.Now().Add(10*time.Second)) }()
-	tick := time.NewTicker(time.Millisecond)
-	for i := range n {
-		<-tick.C
-		c.send(t, uint32(i))
-	}
-	tick.Stop()
-	wg.Wait()
-	if len(got) != n {
-		t.Fatalf("got %d of %d datagrams back", len(got), n)
-	}
+	got := c.sendAll(t, n)
 	lo, hi, reordered := time.Hour, time.Duration(0), 0
 	for i, s := range got {
 		lo, hi = min(lo, s.up), max(hi, s.up)
@@ -306,7 +293,8 @@ func TestUDPLinkLoss(t *testing.T) {
 			const n = 2000
 			sendPaced(t, c, l, n)
 			eventually(t, 5*time.Second, "the target to get every forwarded datagram", func() bool {
-				return uint64(r.got.Load()) == l.Stats().Up.Forwarded
+				st := l.Stats().Up
+				return st.Queued == 0 && uint64(r.got.Load()) == st.Forwarded
 			})
 			st := l.Stats().Up
 			ratio := float64(st.Dropped[netsim.DropLoss]) / n

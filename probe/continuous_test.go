@@ -48,19 +48,13 @@ func scrape(t *testing.T, url string) map[string]float64 {
 // placement signaling reported.
 func TestContinuous(t *testing.T) {
 	w := startWorld(t, devworld.Config{})
-	reg := prometheus.NewRegistry()
-	m, err := probe.NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
+	m, srv := newMetrics(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var reports []probe.Report
 	start := time.Now()
-	err = probe.Continuous(ctx, probe.ContinuousConfig{
+	err := probe.Continuous(ctx, probe.ContinuousConfig{
 		Call: callConfig(t, w.SignalingURL), Interval: 200 * time.Millisecond, Hold: 300 * time.Millisecond,
 		Iterations: 2, Metrics: m,
 		OnResult: func(r probe.Report, err error) {
@@ -110,13 +104,7 @@ func TestContinuous(t *testing.T) {
 // TestContinuousRecordsFailures counts a failed call by reason and stops
 // on ctx.
 func TestContinuousRecordsFailures(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	m, err := probe.NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
+	m, srv := newMetrics(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Signaling that refuses every offer.
@@ -125,7 +113,7 @@ func TestContinuousRecordsFailures(t *testing.T) {
 	}))
 	defer refuse.Close()
 	runs := 0
-	err = probe.Continuous(ctx, probe.ContinuousConfig{
+	err := probe.Continuous(ctx, probe.ContinuousConfig{
 		Call: callConfig(t, refuse.URL), Interval: 10 * time.Millisecond, Metrics: m,
 		OnResult: func(_ probe.Report, err error) {
 			if probe.FailureReason(err) != "signaling_http_503" {
@@ -146,4 +134,18 @@ func TestContinuousRecordsFailures(t *testing.T) {
 	if got[`rtcedge_probe_last_success_timestamp_seconds`] != 0 {
 		t.Error("last success set without a success")
 	}
+}
+
+// newMetrics returns the prober's metrics and a server scraping them, closed
+// when the test ends.
+func newMetrics(t *testing.T) (*probe.Metrics, *httptest.Server) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := probe.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(srv.Close)
+	return m, srv
 }

@@ -55,11 +55,11 @@ func (c *Config) apiKeys() []APIKey {
 // and sealed into secrets).
 func validTenant(t string) error {
 	if len(t) > maxTenantLen {
-		return fmt.Errorf("signaling config: tenant %q is over %d characters", t, maxTenantLen)
+		return fmt.Errorf("tenant %q is over %d characters", t, maxTenantLen)
 	}
 	for _, r := range t {
 		if r <= ' ' || r > '~' {
-			return fmt.Errorf("signaling config: tenant %q: only printable ASCII without spaces", t)
+			return fmt.Errorf("tenant %q: only printable ASCII without spaces", t)
 		}
 	}
 	return nil

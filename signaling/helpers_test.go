@@ -3,6 +3,7 @@ package signaling_test
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -200,7 +201,7 @@ func newWorld(t *testing.T, wc worldConfig) *world {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	cfg := signaling.Config{
-		Catalogue: w.cat, Locator: loc, ClientSecretKey: secret, AllowAnonymous: true, SessionAPISecrets: secrets,
+		CatalogueData: w.cat, Locator: loc, ClientSecretKey: base64.StdEncoding.EncodeToString(secret), AllowAnonymous: true, SessionAPISecrets: secrets,
 		RatePerSecond: 1000, RateBurst: 1000, SecretRatePerSecond: 1000, SecretRateBurst: 1000,
 		HTTPClient: client, Logger: testLogger(), Registerer: w.reg,
 	}

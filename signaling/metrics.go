@@ -26,7 +26,8 @@ type metrics struct {
 
 // newMetrics builds the metrics and sets every label value known up front
 // to zero, so a dashboard sees a flat line rather than a missing series.
-func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error) {
+// When auth is set, it is exported as a gauge too.
+func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtcedge_signaling_requests_total", Help: "HTTP requests, by endpoint and status code.",
@@ -76,9 +77,21 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue) (*metrics, error)
 	for _, src := range []string{geo.SourceCFHeaders, geo.SourceGeoIP, geo.SourceDefault} {
 		m.located.WithLabelValues(src)
 	}
+	all := []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
+		m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints}
+	if auth != nil {
+		all = append(all, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rtcedge_signaling_gossip_authoritative",
+			Help: "1 while gossip knows relays and decides cluster and POP health; 0 while signaling assumes everything healthy.",
+		}, func() float64 {
+			if auth() {
+				return 1
+			}
+			return 0
+		}))
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
-			m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints} {
+		for _, c := range all {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register signaling metrics: %w", err)
 			}

@@ -2,8 +2,6 @@ package signaling
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"net"
 	"slices"
@@ -13,58 +11,81 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
-	"github.com/rtcedge/rtcedge/web"
 )
 
-// Sockets are a signaling node's listeners; nil ones are opened from the
-// config's addresses.
+// Sockets are a signaling node's listeners: HTTP (required) and Metrics
+// (nil: no metrics listener). OpenSockets opens those a config names.
 type Sockets struct {
 	HTTP    net.Listener
 	Metrics net.Listener
+}
+
+// OpenSockets checks cfg and opens its listeners: listen_addr and, when
+// set, metrics_addr. On error none stays open.
+func OpenSockets(cfg Config) (s Sockets, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return s, err
+	}
+	if s.HTTP, err = node.Listen("listen_addr", cfg.ListenAddr); err != nil {
+		return s, err
+	}
+	if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
+		s.HTTP.Close()
+		return Sockets{}, err
+	}
+	return s, nil
 }
 
 // Node is one signaling replica as a process runs it: the HTTP front, the
 // GeoIP locator, and (optionally) its membership of the global pool, from
 // which it learns cluster and POP health.
 type Node struct {
-	cfg      NodeConfig
+	cfg      Config
 	env      node.Env
 	life     node.Life
 	srv      *Server
-	cat      *geo.Catalogue
 	pool     *membership.Pool
 	url      string
 	draining atomic.Bool
 }
 
-// NewNode builds a signaling node from cfg (defaults applied, validated).
-// Run starts it.
-func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// NewNode builds a signaling node from cfg (defaults applied, validated)
+// on s, which it owns from the call on (it closes them on error too). Run
+// starts it.
+func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	env = env.WithDefaults()
 	log := env.Logger
-	n := &Node{cfg: cfg, env: env, cat: cfg.CatalogueData}
+	n := &Node{env: env}
+	for _, ln := range []net.Listener{s.HTTP, s.Metrics} {
+		if ln != nil {
+			n.life.OnClose(ln.Close)
+		}
+	}
 	defer func() {
 		if err != nil {
 			n.life.Close()
 		}
 	}()
-	if n.cat == nil {
-		if n.cat, err = geo.LoadCatalogue(cfg.Catalogue); err != nil {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if s.HTTP == nil {
+		return nil, errors.New("signaling: no HTTP listener (OpenSockets opens listen_addr)")
+	}
+	if cfg.CatalogueData == nil {
+		if cfg.CatalogueData, err = geo.LoadCatalogue(cfg.Catalogue); err != nil {
 			return nil, err
 		}
 	}
 	cloudflare, internal, _ := cfg.proxies() // checked by Validate
-	loc, err := geo.NewLocator(geo.LocatorConfig{DBPath: cfg.GeoIPDB, DB: cfg.GeoIPData,
-		CloudflareRanges: cloudflare, InternalProxies: internal, Default: n.cat.DefaultLocation(), Logger: log})
-	if err != nil {
+	if cfg.Locator, err = geo.NewLocator(geo.LocatorConfig{DBPath: cfg.GeoIPDB, DB: cfg.GeoIPData,
+		CloudflareRanges: cloudflare, InternalProxies: internal, Default: cfg.CatalogueData.DefaultLocation(), Logger: log}); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(loc.Close)
-	n.life.Go("geoip reload", loc.Run)
+	n.life.OnClose(cfg.Locator.Close)
+	n.life.Go("geoip reload", cfg.Locator.Run)
 	// Warns once when Cloudflare proxies requests without the visitor
 	// location headers (the zone's managed transform is off).
 	cfCheck, err := geo.NewCFHeaderCheck(geo.CFHeaderCheckConfig{Proxies: slices.Concat(cloudflare, internal), Logger: log, Registerer: env.Registerer})
@@ -74,65 +95,43 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	if cfg.AllowAnonymous {
 		log.Warn("allow_anonymous: anyone can place calls and mint client secrets (dev only)")
 	}
-	var secret []byte
-	if cfg.ClientSecretKey != "" {
-		secret, _ = base64.StdEncoding.DecodeString(cfg.ClientSecretKey) // checked by Validate
-	} else {
-		secret = make([]byte, 32)
-		if _, err := rand.Read(secret); err != nil {
-			return nil, err
-		}
-		log.Warn("no client secret key configured: secrets minted here verify only on this replica")
-	}
-	apiClient, err := cfg.SessionAPITLS.Client(env.HTTPClient)
-	if err != nil {
+	cfg.Logger, cfg.Registerer, cfg.Now = log, env.Registerer, env.Now
+	if cfg.HTTPClient, err = cfg.SessionAPITLS.Client(env.HTTPClient); err != nil {
 		return nil, err
-	}
-	scfg := Config{
-		Catalogue: n.cat, Locator: loc, APIKeys: cfg.APIKeys, Keys: cfg.Keys, AllowAnonymous: cfg.AllowAnonymous,
-		ClientSecretKey: secret, ClientSecretTTL: cfg.ClientSecretTTL, ClientSessionFields: cfg.ClientSessionFields,
-		SessionAPISecrets: cfg.SessionAPISecrets,
-		RatePerSecond:     cfg.RatePerSecond, RateBurst: cfg.RateBurst,
-		KeyRatePerSecond: cfg.KeyRatePerSecond, KeyRateBurst: cfg.KeyRateBurst,
-		SecretRatePerSecond: cfg.SecretRatePerSecond, SecretRateBurst: cfg.SecretRateBurst, MaxLimiters: cfg.MaxLimiters,
-		CORSOrigins: cfg.CORSOrigins, HTTPClient: apiClient, Logger: log, Registerer: env.Registerer, Now: env.Now,
-	}
-	if cfg.DemoPage {
-		scfg.Web = web.FS()
 	}
 	if cfg.Gossip.Bind != "" {
-		// Members are believed only as far as the catalogue allows.
-		check := metacheck.New(n.cat, metacheck.Bounds{MaxClusterCapacity: cfg.MaxClusterCapacity})
-		cfg.Gossip.CheckMeta = check
-		if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{Role: membership.RoleSignaling}, log); err != nil {
+		if err := n.joinGossip(&cfg); err != nil {
 			return nil, err
 		}
-		n.life.OnClose(n.pool.Close)
-		if err := env.Register(n.pool.Collector("global")); err != nil {
-			return nil, err
-		}
-		n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, log) })
-		h := GossipHealth{Pool: n.pool, Check: check}
-		scfg.Health, scfg.POPUp, scfg.SessionAPIs, scfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
 	}
-	if n.srv, err = New(scfg); err != nil {
+	if n.srv, err = New(cfg); err != nil {
 		return nil, err
 	}
-	if s.HTTP == nil {
-		if s.HTTP, err = node.Listen("listen_addr", cfg.ListenAddr); err != nil {
-			return nil, err
-		}
-	}
-	n.url = "http://" + s.HTTP.Addr().String()
+	n.cfg, n.url = cfg, "http://"+s.HTTP.Addr().String()
 	// The hardened server: header and body read timeouts, header cap.
 	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
-	if s.Metrics == nil {
-		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
-			return nil, err
-		}
-	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	return n, nil
+}
+
+// joinGossip opens the node's membership of the global pool, whose members
+// are believed only as far as the catalogue allows, and points cfg's
+// health functions at it.
+func (n *Node) joinGossip(cfg *Config) (err error) {
+	check := metacheck.New(cfg.CatalogueData, metacheck.Bounds{MaxClusterCapacity: cfg.MaxClusterCapacity})
+	cfg.Gossip.CheckMeta = check
+	if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{Role: membership.RoleSignaling}, n.env.Logger); err != nil {
+		return err
+	}
+	n.life.OnClose(n.pool.Close)
+	if err := n.env.Register(n.pool.Collector("global")); err != nil {
+		return err
+	}
+	gossip := cfg.Gossip
+	n.life.Go("gossip join", func(ctx context.Context) error { return gossip.JoinLoop(ctx, n.pool, n.env.Logger) })
+	h := GossipHealth{Pool: n.pool, Check: check}
+	cfg.Health, cfg.POPUp, cfg.SessionAPIs, cfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
+	return nil
 }
 
 // Run serves until ctx ends, then drains: readiness fails at once so load
@@ -164,7 +163,7 @@ func (n *Node) Ready() error {
 		return node.ErrClosed
 	case n.draining.Load():
 		return errors.New("signaling: draining")
-	case n.cat == nil || len(n.cat.Regions) == 0:
+	case n.cfg.CatalogueData == nil || len(n.cfg.CatalogueData.Regions) == 0:
 		return errors.New("signaling: no catalogue")
 	}
 	return nil
@@ -177,4 +176,4 @@ func (n *Node) URL() string { return n.url }
 func (n *Node) Pool() *membership.Pool { return n.pool }
 
 // Catalogue is the region catalogue the node serves.
-func (n *Node) Catalogue() *geo.Catalogue { return n.cat }
+func (n *Node) Catalogue() *geo.Catalogue { return n.cfg.CatalogueData }

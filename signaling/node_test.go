@@ -1,7 +1,6 @@
 package signaling_test
 
 import (
-	"net"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -16,13 +15,14 @@ import (
 // on stop both /readyz (public and metrics listener) turn 503 while it
 // keeps serving for drain_delay, then it exits.
 func TestNodeDrain(t *testing.T) {
-	metrics, err := net.Listen("tcp", "127.0.0.1:0")
+	cfg := signaling.Config{Common: node.Common{MetricsAddr: "127.0.0.1:0"}, ListenAddr: "127.0.0.1:0", DrainDelay: 2 * time.Second,
+		AllowAnonymous: true, Catalogue: filepath.Join("..", "geo", "testdata", "catalogue.yaml")}
+	s, err := signaling.OpenSockets(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := signaling.NewNode(signaling.NodeConfig{ListenAddr: "127.0.0.1:0", DrainDelay: 2 * time.Second, AllowAnonymous: true,
-		Catalogue: filepath.Join("..", "geo", "testdata", "catalogue.yaml")},
-		signaling.Sockets{Metrics: metrics}, node.Env{Logger: nodetest.Quiet})
+	metrics := s.Metrics.Addr()
+	n, err := signaling.NewNode(cfg, s, node.Env{Logger: nodetest.Quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestNodeDrain(t *testing.T) {
 		t.Fatal("no regions loaded")
 	}
 	stop := nodetest.Run(t, n)
-	urls := []string{n.URL() + "/readyz", "http://" + metrics.Addr().String() + "/readyz"}
+	urls := []string{n.URL() + "/readyz", "http://" + metrics.String() + "/readyz"}
 	for _, u := range urls {
 		if code := nodetest.Readyz(t, u); code != http.StatusOK {
 			t.Fatalf("%s = %d before the stop", u, code)

@@ -63,8 +63,8 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 	s.m.located.WithLabelValues(loc.Source).Inc()
 	// The catalogue's steering overrides (per country/continent) win over
 	// distance; see geo.Catalogue.ChooseFor.
-	choice := s.cfg.Catalogue.ChooseFor(loc, s.cfg.Health)
-	pops := s.cfg.Catalogue.ChoosePOPsFor(loc, 2, s.cfg.POPUp)
+	choice := s.cfg.CatalogueData.ChooseFor(loc, s.cfg.Health)
+	pops := s.cfg.CatalogueData.ChoosePOPsFor(loc, 2, s.cfg.POPUp)
 	if len(choice.Clusters) == 0 || len(pops) == 0 {
 		s.m.noCapacity.Inc()
 		s.log.Warn("no usable cluster or POP", "clusters", len(choice.Clusters), "pops", len(pops), "client", loc.IP)

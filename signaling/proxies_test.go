@@ -11,7 +11,7 @@ import (
 // advised) gets the ingress as an internal proxy, never as a source of
 // CF-* headers.
 func TestLegacyTrustedProxiesSplit(t *testing.T) {
-	c := NodeConfig{TrustedProxies: []string{"173.245.48.0/20", "2606:4700::/32", "172.64.1.0/24", "10.0.0.0/8", "172.0.0.0/8"},
+	c := Config{TrustedProxies: []string{"173.245.48.0/20", "2606:4700::/32", "172.64.1.0/24", "10.0.0.0/8", "172.0.0.0/8"},
 		CloudflareRanges: []string{"127.0.0.0/8"}, InternalProxies: []string{"192.168.0.0/16"}}
 	cf, internal, err := c.proxies()
 	if err != nil {

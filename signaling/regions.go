@@ -41,8 +41,8 @@ type POPSummary struct {
 }
 
 func (s *Server) handleRegions(w http.ResponseWriter, _ *http.Request) {
-	out := RegionsResponse{DefaultRegion: s.cfg.Catalogue.DefaultRegion}
-	for _, rg := range s.cfg.Catalogue.Regions {
+	out := RegionsResponse{DefaultRegion: s.cfg.CatalogueData.DefaultRegion}
+	for _, rg := range s.cfg.CatalogueData.Regions {
 		rs := RegionSummary{Name: rg.Name, Location: rg.Location}
 		for _, c := range rg.Clusters {
 			cs := ClusterSummary{ID: c.ID, Name: c.Name, Healthy: true}

@@ -1,10 +1,7 @@
 package signaling
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -46,24 +43,10 @@ func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, s.sessionAPI(c)+sessionapi.SessionsPath+"/"+raw, bytes.NewReader(reqBody))
-	if err != nil {
-		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
-	resp, err := s.cfg.HTTPClient.Do(req)
-	if err != nil {
-		s.log.Warn("ICE restart: cluster session API failed", "cluster", c.ID, "err", err)
-		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
-		return
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	switch resp.StatusCode {
+	status, data, err := s.exchange(r.Context(), c, http.MethodPatch, "/"+raw, reqBody, 64<<10)
+	switch status {
+	case 0:
+		s.unreachable(w, "ICE restart", c, err)
 	case http.StatusOK:
 		var out sessionapi.RestartResponse
 		if err := json.Unmarshal(data, &out); err != nil {
@@ -84,15 +67,14 @@ func (s *Server) handleRestart(w http.ResponseWriter, r *http.Request) {
 		sessionNotFound(w)
 	case http.StatusBadRequest, http.StatusPreconditionFailed:
 		if !json.Valid(data) {
-			apierr.Write(w, resp.StatusCode, apierr.TypeInvalidRequest, "invalid_ice_fragment", "the ICE fragment was refused", 0)
+			apierr.Write(w, status, apierr.TypeInvalidRequest, "invalid_ice_fragment", "the ICE fragment was refused", 0)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(resp.StatusCode)
+		w.WriteHeader(status)
 		_, _ = w.Write(data)
 	default:
-		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error",
-			fmt.Sprintf("the session's cluster answered %d", resp.StatusCode), 0)
+		clusterAnswered(w, status)
 	}
 }
 
@@ -110,7 +92,7 @@ func (s *Server) sessionCluster(w http.ResponseWriter, r *http.Request, cred cre
 		sessionNotFound(w)
 		return "", geo.Cluster{}, false
 	}
-	c, _, ok := s.cfg.Catalogue.Cluster(id.Cluster)
+	c, _, ok := s.cfg.CatalogueData.Cluster(id.Cluster)
 	if !ok {
 		sessionNotFound(w)
 		return "", geo.Cluster{}, false

@@ -200,16 +200,7 @@ func TestSignalingSkipsUnusableClusters(t *testing.T) {
 				c.POPUp = tc.popUp
 			}})
 			rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", ipFrankfurt, "application/sdp", offer, nil)
-			res, body := recorded(rec)
-			if tc.want == (placement{}) {
-				wantAPIError(t, res, body, http.StatusServiceUnavailable, "no_capacity")
-				if res.Header.Get("Retry-After") == "" {
-					t.Error("503 without Retry-After")
-				}
-			} else {
-				checkPlaced(t, res, body, tc.want)
-				w.hangup(t, rec, nil)
-			}
+			w.wantPlaced(t, rec, tc.want)
 			for id, p := range w.pods {
 				if c := p.created(t); itoa(id) != tc.want.cluster && c != 0 {
 					t.Errorf("cluster %d created %v sessions, want none", id, c)
@@ -217,7 +208,7 @@ func TestSignalingSkipsUnusableClusters(t *testing.T) {
 			}
 
 			// The regions view agrees with gossip.
-			res, body = recorded(w.do(t, http.MethodGet, "/v1/regions", "127.0.0.1", "", "", nil))
+			res, body := recorded(w.do(t, http.MethodGet, "/v1/regions", "127.0.0.1", "", "", nil))
 			var regions signaling.RegionsResponse
 			if err := json.Unmarshal(body, &regions); err != nil || res.StatusCode != http.StatusOK {
 				t.Fatalf("GET /v1/regions: %d %s %v", res.StatusCode, body, err)
@@ -331,16 +322,7 @@ func TestSignalingFallThrough(t *testing.T) {
 			start := time.Now()
 			rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", ipFrankfurt, "application/sdp", offer, nil)
 			elapsed := time.Since(start)
-			res, body := recorded(rec)
-			if tc.want == (placement{}) {
-				wantAPIError(t, res, body, http.StatusServiceUnavailable, "no_capacity")
-				if res.Header.Get("Retry-After") == "" {
-					t.Error("503 without Retry-After")
-				}
-			} else {
-				checkPlaced(t, res, body, tc.want)
-				w.hangup(t, rec, nil)
-			}
+			w.wantPlaced(t, rec, tc.want)
 			if got := metricValue(t, w, "rtcedge_signaling_cluster_attempts_total", map[string]string{"cluster": "1", "result": tc.result}); got != 1 {
 				t.Errorf("cluster 1 attempts with result %q = %v, want 1", tc.result, got)
 			}
@@ -412,4 +394,21 @@ func TestSignalingOfferEncodedSize(t *testing.T) {
 	if created != 1 {
 		t.Errorf("pods created %v sessions, want only the first offer's", created)
 	}
+}
+
+// wantPlaced checks that rec placed the call as want says and hangs it up,
+// or, for a zero want, that it was refused 503 no_capacity with
+// Retry-After.
+func (w *world) wantPlaced(t *testing.T, rec *httptest.ResponseRecorder, want placement) {
+	t.Helper()
+	res, body := recorded(rec)
+	if want == (placement{}) {
+		wantAPIError(t, res, body, http.StatusServiceUnavailable, "no_capacity")
+		if res.Header.Get("Retry-After") == "" {
+			t.Error("503 without Retry-After")
+		}
+		return
+	}
+	checkPlaced(t, res, body, want)
+	w.hangup(t, rec, nil)
 }

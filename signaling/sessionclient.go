@@ -58,30 +58,48 @@ func (s *Server) sessionAPI(c geo.Cluster) string {
 	return strings.TrimSuffix(c.SessionAPI, "/")
 }
 
+// exchange sends method to c's session API at sessionapi.SessionsPath +
+// path within ClusterTimeout, body as JSON unless nil, and returns the
+// status and at most limit bytes of the answer. Status 0: the cluster did
+// not answer (err says why); err with a status: the body broke off.
+func (s *Server) exchange(ctx context.Context, c geo.Cluster, method, path string, body []byte, limit int64) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClusterTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.sessionAPI(c)+sessionapi.SessionsPath+path, rd)
+	if err != nil {
+		return 0, nil, fmt.Errorf("build request: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
+	resp, err := s.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s session: %w", strings.ToLower(method), err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return resp.StatusCode, data, fmt.Errorf("read answer: %w", err)
+	}
+	return resp.StatusCode, data, nil
+}
+
 // createOn posts a create to one cluster's session API within
 // ClusterTimeout. It returns the decoded answer of a 201, or the status and
 // body of a 400 carrying a JSON error; every other outcome is an error
 // (a *badAnswerError when the cluster answered something unusable).
 func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sessionapi.CreateResponse, int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClusterTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.sessionAPI(c)+sessionapi.SessionsPath, bytes.NewReader(body))
+	status, data, err := s.exchange(ctx, c, http.MethodPost, "", body, 256<<10)
 	if err != nil {
-		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: build request: %w", c.ID, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
-	resp, err := s.cfg.HTTPClient.Do(req)
-	if err != nil {
-		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: post session: %w", c.ID, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<10))
-	if err != nil {
-		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: read answer: %w", c.ID, err)
+		return sessionapi.CreateResponse{}, 0, nil, fmt.Errorf("cluster %d: %w", c.ID, err)
 	}
 	switch {
-	case resp.StatusCode == http.StatusBadRequest:
+	case status == http.StatusBadRequest:
 		var e apierr.Body
 		if err := json.Unmarshal(data, &e); err != nil {
 			return sessionapi.CreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 400 without a JSON body", c.ID)}
@@ -90,11 +108,11 @@ func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sess
 			// The pod blames its input, but the offer passed our checks:
 			// what it refuses is ours (POPs, config), and the next
 			// cluster may well take it.
-			return sessionapi.CreateResponse{}, resp.StatusCode, nil, &podFaultError{cluster: c.ID, code: e.Error.Code}
+			return sessionapi.CreateResponse{}, status, nil, &podFaultError{cluster: c.ID, code: e.Error.Code}
 		}
-		return sessionapi.CreateResponse{}, resp.StatusCode, data, nil
-	case resp.StatusCode != http.StatusCreated:
-		return sessionapi.CreateResponse{}, resp.StatusCode, nil, nil
+		return sessionapi.CreateResponse{}, status, data, nil
+	case status != http.StatusCreated:
+		return sessionapi.CreateResponse{}, status, nil, nil
 	}
 	var out sessionapi.CreateResponse
 	if err := json.Unmarshal(data, &out); err != nil || out.Answer == "" {
@@ -104,7 +122,7 @@ func (s *Server) createOn(ctx context.Context, c geo.Cluster, body []byte) (sess
 	if id, err := sessionid.Parse(out.ID); err != nil || id.Cluster != c.ID {
 		return sessionapi.CreateResponse{}, 0, nil, &badAnswerError{fmt.Sprintf("cluster %d answered 201 with session id %q that does not name it", c.ID, out.ID)}
 	}
-	return out, resp.StatusCode, nil, nil
+	return out, status, nil, nil
 }
 
 // handleDelete hangs up a call (DELETE of its URL, or POST .../hangup).
@@ -120,30 +138,27 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	notFound := func() { sessionNotFound(w) }
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, s.sessionAPI(c)+sessionapi.SessionsPath+"/"+raw, nil)
-	if err != nil {
-		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
-		return
-	}
-	sessionapi.Authorize(req, s.cfg.SessionAPISecrets[c.ID])
-	resp, err := s.cfg.HTTPClient.Do(req)
-	if err != nil {
-		s.log.Warn("delete: cluster session API failed", "cluster", c.ID, "err", err)
-		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
-		return
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	switch resp.StatusCode {
+	status, _, err := s.exchange(r.Context(), c, http.MethodDelete, "/"+raw, nil, 64<<10)
+	switch status {
+	case 0:
+		s.unreachable(w, "delete", c, err)
 	case http.StatusNoContent, http.StatusOK:
 		w.WriteHeader(http.StatusNoContent)
 	case http.StatusNotFound:
-		notFound()
+		sessionNotFound(w)
 	default:
-		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error",
-			fmt.Sprintf("the session's cluster answered %d", resp.StatusCode), 0)
+		clusterAnswered(w, status)
 	}
+}
+
+// unreachable answers 502 for a session's cluster that did not answer.
+func (s *Server) unreachable(w http.ResponseWriter, what string, c geo.Cluster, err error) {
+	s.log.Warn(what+": cluster session API failed", "cluster", c.ID, "err", err)
+	apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_unreachable", "the session's cluster did not answer", 0)
+}
+
+// clusterAnswered answers 502 for a session's cluster that answered an
+// unexpected status.
+func clusterAnswered(w http.ResponseWriter, status int) {
+	apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "cluster_error", fmt.Sprintf("the session's cluster answered %d", status), 0)
 }

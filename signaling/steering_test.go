@@ -17,7 +17,7 @@ func TestSignalingAppliesSteeringOverrides(t *testing.T) {
 	w := newWorld(t, worldConfig{
 		proxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
 		tweak: func(c *signaling.Config) {
-			c.Catalogue.Steering = geo.Steering{Countries: map[string][]string{"SG": {"us-east"}}}
+			c.CatalogueData.Steering = geo.Steering{Countries: map[string][]string{"SG": {"us-east"}}}
 		},
 	})
 	offer := testsdp.Offer(t)

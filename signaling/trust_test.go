@@ -392,8 +392,8 @@ func TestSignalingIgnoresRogueEndpoints(t *testing.T) {
 			var w *world
 			w = newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
 				c.SessionAPIs = func(cluster uint16) []string { return []string{rogue.URL} }
-				for i := range c.Catalogue.Regions {
-					c.Catalogue.Regions[i].Clusters[0].SessionAPINets = tc.nets
+				for i := range c.CatalogueData.Regions {
+					c.CatalogueData.Regions[i].Clusters[0].SessionAPINets = tc.nets
 				}
 			}})
 			rec := w.do(t, http.MethodPost, "/v1/realtime/calls", ipAshburn, "application/sdp", testsdp.Offer(t), nil)
@@ -422,16 +422,16 @@ func TestNodeConfigNeedsKeys(t *testing.T) {
 	t.Setenv(signaling.EnvAPIKeys, "")
 	for _, tc := range []struct {
 		name string
-		cfg  signaling.NodeConfig
+		cfg  signaling.Config
 		want string
 	}{
-		{"no keys", signaling.NodeConfig{}, "allow_anonymous"},
-		{"anonymous", signaling.NodeConfig{AllowAnonymous: true}, ""},
-		{"api keys", signaling.NodeConfig{APIKeys: []string{testAPIKey}}, ""},
-		{"tenant keys", signaling.NodeConfig{Keys: []signaling.APIKey{{Key: testAPIKey, Tenant: "a"}}}, ""},
-		{"proxy lists", signaling.NodeConfig{AllowAnonymous: true, CloudflareRanges: []string{"cloudflare"}, InternalProxies: []string{"10.0.0.0/8"}}, ""},
-		{"bad proxy", signaling.NodeConfig{AllowAnonymous: true, InternalProxies: []string{"ingress"}}, "internal_proxies"},
-		{"negative key rate", signaling.NodeConfig{AllowAnonymous: true, KeyRatePerSecond: -1}, "key_rate_per_second"},
+		{"no keys", signaling.Config{}, "allow_anonymous"},
+		{"anonymous", signaling.Config{AllowAnonymous: true}, ""},
+		{"api keys", signaling.Config{APIKeys: []string{testAPIKey}}, ""},
+		{"tenant keys", signaling.Config{Keys: []signaling.APIKey{{Key: testAPIKey, Tenant: "a"}}}, ""},
+		{"proxy lists", signaling.Config{AllowAnonymous: true, CloudflareRanges: []string{"cloudflare"}, InternalProxies: []string{"10.0.0.0/8"}}, ""},
+		{"bad proxy", signaling.Config{AllowAnonymous: true, InternalProxies: []string{"ingress"}}, "internal_proxies"},
+		{"negative key rate", signaling.Config{AllowAnonymous: true, KeyRatePerSecond: -1}, "key_rate_per_second"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.cfg

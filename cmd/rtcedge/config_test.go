@@ -46,7 +46,7 @@ func TestExampleConfigsParse(t *testing.T) {
 		{"transceiver.yaml", &transceiver.Config{}},
 		{"clusterrelay.yaml", &clusterrelay.Config{}},
 		{"globalrelay.yaml", &globalrelay.Config{}},
-		{"signaling.yaml", &signaling.NodeConfig{}},
+		{"signaling.yaml", &signaling.Config{}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			if err := config.Load(filepath.Join("..", "..", "deploy", "examples", tc.file), tc.cfg); err != nil {
@@ -90,7 +90,7 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 		"transceiver":  func() validated { return &transceiver.Config{} },
 		"clusterrelay": func() validated { return &clusterrelay.Config{} },
 		"globalrelay":  func() validated { return &globalrelay.Config{} },
-		"signaling":    func() validated { return &signaling.NodeConfig{} },
+		"signaling":    func() validated { return &signaling.Config{} },
 	}
 	for _, tc := range []struct{ role, extra, want string }{
 		{"transceiver", "", ""},

@@ -24,8 +24,12 @@ import (
 func init() {
 	commands = append(commands,
 		roleCommand("signaling", "run the geo-aware HTTP front (POST /v1/realtime/sdp)",
-			func(cfg *signaling.NodeConfig, env node.Env) (runner, error) {
-				return signaling.NewNode(*cfg, signaling.Sockets{}, env)
+			func(cfg *signaling.Config, env node.Env) (runner, error) {
+				s, err := signaling.OpenSockets(*cfg)
+				if err != nil {
+					return nil, err
+				}
+				return signaling.NewNode(*cfg, s, env)
 			}),
 		roleCommand("transceiver", "run a transceiver pod (WebRTC termination, echo backend)",
 			func(cfg *transceiver.Config, env node.Env) (runner, error) {

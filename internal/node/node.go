@@ -1,7 +1,9 @@
 // Package node is what every rtcedge role's node shares: the settings all
-// config files have (Common, Gossip, TokenKeys), the environment a node is
-// given (Env), and Life, which owns a node's goroutines, HTTP servers and
-// sockets and runs its one ordered shutdown path. Each role's package has
+// config files have (Common in config.go; Gossip and its pool's lifecycle
+// in gossip.go; TokenKeys, HopKeys and their rotation in keys.go), socket
+// helpers (socket.go), the environment a node is given (Env), and Life,
+// which owns a node's goroutines, HTTP servers and sockets and runs its
+// one ordered shutdown path. Each role's package has
 // its own Node type (globalrelay.Node, clusterrelay.Node,
 // transceiver.Node, signaling.Node, netbackend.Node) built on these;
 // cmd/rtcedge, the dev world and the simulation all run those nodes.
@@ -253,18 +255,6 @@ func (l *Life) ServeHealth(ln net.Listener, env Env, ready func() error) {
 	if ln != nil {
 		l.Serve("metrics", ln, NewHTTPServer(HealthHandler(env.Gatherer, ready), env.Logger))
 	}
-}
-
-// Listen opens a TCP listener on addr; "" returns nil (not wanted).
-func Listen(what, addr string) (net.Listener, error) {
-	if addr == "" {
-		return nil, nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return ln, nil
 }
 
 // Sleep waits d or until ctx ends, whichever is first; it reports whether

@@ -69,10 +69,14 @@ func (t TLS) URL(u string) string {
 }
 
 // Client returns base made to verify servers with the CA (a copy of its
-// transport); without a CA, base itself (system roots).
+// transport); without a CA, base itself (system roots). A nil base with a
+// CA is a client with the default transport's settings and no proxy.
 func (t TLS) Client(base *http.Client) (*http.Client, error) {
 	if t.CA == "" {
 		return base, nil
+	}
+	if base == nil {
+		base = &http.Client{}
 	}
 	pool, err := t.pool()
 	if err != nil {

@@ -72,6 +72,14 @@ func TestTLS(t *testing.T) {
 	if code, err := call(good, url); err != nil || code != http.StatusNoContent {
 		t.Fatalf("client with the cluster CA: %d %v", code, err)
 	}
+	// No base client (a node given none): the CA still applies.
+	if fresh, err := (TLS{CA: ca}).Client(nil); err != nil {
+		t.Fatal(err)
+	} else if code, err := call(fresh, url); err != nil || code != http.StatusNoContent {
+		t.Fatalf("client from no base with the cluster CA: %d %v", code, err)
+	} else {
+		fresh.CloseIdleConnections()
+	}
 	wrong, _ := TLS{CA: otherCA}.Client(plain)
 	if _, err := call(wrong, url); err == nil {
 		t.Fatal("a client trusting another CA reached the session API")

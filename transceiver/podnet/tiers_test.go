@@ -15,6 +15,7 @@ import (
 	"github.com/rtcedge/rtcedge/globalrelay"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // tiers is a real global relay, cluster relay and pod socket on loopback,
@@ -94,14 +95,14 @@ func startTiersBatch(t testing.TB, batch int, bundle bool) *tiers {
 		t.Fatal(err)
 	}
 	tr.session = sc.(*muxConn)
-	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, HopKeys: testHop, Registerer: tr.crReg, Logger: quiet, Batch: batch, Bundle: bundle,
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 7, Hop: testHop, Registerer: tr.crReg, Logger: quiet, Tuning: udpio.Tuning{Batch: batch, Bundle: bundle},
 		Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{3: podConn.LocalAddr().(*net.UDPAddr).AddrPort()})}, crConn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet, Batch: batch, Bundle: bundle,
-		HopKeys:  encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
-		Clusters: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
+	gr, err := globalrelay.New(globalrelay.Config{POP: 1, Keys: keys, Registerer: tr.grReg, Logger: quiet, Tuning: udpio.Tuning{Batch: batch, Bundle: bundle},
+		Hop:       encap.NewClusterKeys(map[uint16]*encap.Keyring{7: testHop}),
+		Directory: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: 7, Addr: cr.Addr()}})},
 		[]globalrelay.Worker{{Public: pub, Internal: in}})
 	if err != nil {
 		t.Fatal(err)
