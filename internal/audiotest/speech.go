@@ -27,16 +27,16 @@ func Speech(tb testing.TB, text string, rate int) []int16 {
 	if sox.Stdin, err = espeak.StdoutPipe(); err != nil {
 		tb.Fatal(err)
 	}
-	var out, stderr bytes.Buffer
-	sox.Stdout, sox.Stderr, espeak.Stderr = &out, &stderr, &stderr
+	var out, soxErr, espeakErr bytes.Buffer // one each: both write at once
+	sox.Stdout, sox.Stderr, espeak.Stderr = &out, &soxErr, &espeakErr
 	if err := sox.Start(); err != nil {
 		tb.Fatalf("start sox: %v", err)
 	}
 	if err := espeak.Run(); err != nil {
-		tb.Fatalf("espeak-ng: %v: %s", err, stderr.Bytes())
+		tb.Fatalf("espeak-ng: %v: %s", err, espeakErr.Bytes())
 	}
 	if err := sox.Wait(); err != nil {
-		tb.Fatalf("sox: %v: %s", err, stderr.Bytes())
+		tb.Fatalf("sox: %v: %s", err, soxErr.Bytes())
 	}
 	pcm, got, err := ParseWAV(out.Bytes())
 	if err != nil {
