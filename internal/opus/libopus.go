@@ -21,21 +21,22 @@ static int rtcedge_encoder_setup(OpusEncoder *e, int bitrate, int complexity, in
 	if ((err = opus_encoder_ctl(e, OPUS_SET_SIGNAL(OPUS_SIGNAL_VOICE))) != OPUS_OK) return err;
 	return OPUS_OK;
 }
+
+static int rtcedge_encoder_set_complexity(OpusEncoder *e, int complexity) {
+	return opus_encoder_ctl(e, OPUS_SET_COMPLEXITY(complexity));
+}
 */
 import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 )
 
-// Encoder settings (NewEncoder). Complexity is measured in
-// docs/benchmarks.md ("Audio codec"): the lowest setting whose quality on
-// speech matches the higher ones.
+// Encoder settings (NewEncoder).
 const (
 	bitrate = 32000
-	// complexity 0..10; see docs/benchmarks.md.
-	complexity = 5
 	// expectedLoss (percent) is what the encoder plans in-band FEC for:
 	// without a non-zero figure libopus sends no FEC at all.
 	expectedLoss = 5
@@ -56,12 +57,14 @@ func libError(code C.int) error {
 }
 
 // Decoder turns one caller's Opus (RTP clock 48 kHz) into PCM16 mono at
-// Rate. It owns a libopus decoder state in C memory, freed by Close. Not
+// Rate. It owns a libopus decoder state in C memory, freed by Close (or,
+// as a safety net, when the garbage collector finds it dropped). Not
 // safe for concurrent use: one goroutine (the call's uplink) owns it.
 type Decoder struct {
-	st   *C.OpusDecoder // nil after Close
-	rate int
-	unit int // samples per 2.5 ms: the granularity of Conceal and DecodeFEC
+	st      *C.OpusDecoder // nil after Close
+	rate    int
+	unit    int             // samples per 2.5 ms: the granularity of Conceal and DecodeFEC
+	cleanup runtime.Cleanup // frees st if the Decoder is dropped unclosed
 }
 
 // NewDecoder makes a mono decoder whose output is at rate: 8000, 12000,
@@ -75,7 +78,9 @@ func NewDecoder(rate int) (*Decoder, error) {
 	if code != C.OPUS_OK || st == nil {
 		return nil, fmt.Errorf("opus: create %d Hz decoder: %s", rate, C.GoString(C.opus_strerror(code)))
 	}
-	return &Decoder{st: st, rate: rate, unit: rate / 400}, nil
+	d := &Decoder{st: st, rate: rate, unit: rate / 400}
+	d.cleanup = runtime.AddCleanup(d, func(st *C.OpusDecoder) { C.opus_decoder_destroy(st) }, st)
+	return d, nil
 }
 
 // Rate is the decoder's output rate in Hz.
@@ -139,6 +144,7 @@ func (d *Decoder) Conceal(pcm []int16) (int, error) {
 // returns ErrClosed.
 func (d *Decoder) Close() {
 	if d.st != nil {
+		d.cleanup.Stop()
 		C.opus_decoder_destroy(d.st)
 		d.st = nil
 	}
@@ -146,12 +152,14 @@ func (d *Decoder) Close() {
 
 // Encoder turns PCM16 mono at Rate into 20 ms Opus packets, decodable by any
 // Opus decoder at any rate: VOIP application, 32 kb/s, in-band FEC planned
-// for 5 % loss. It owns a libopus encoder state in C memory, freed by Close.
+// for 5 % loss. It owns a libopus encoder state in C memory, freed by Close
+// (or when the garbage collector finds it dropped).
 // Not safe for concurrent use: one goroutine (the call's downlink) owns it.
 type Encoder struct {
-	st    *C.OpusEncoder // nil after Close
-	rate  int
-	frame int // samples per 20 ms
+	st      *C.OpusEncoder // nil after Close
+	rate    int
+	frame   int             // samples per 20 ms
+	cleanup runtime.Cleanup // frees st if the Encoder is dropped unclosed
 }
 
 // NewEncoder makes a mono encoder whose input is at rate: 8000, 12000,
@@ -165,11 +173,13 @@ func NewEncoder(rate int) (*Encoder, error) {
 	if code != C.OPUS_OK || st == nil {
 		return nil, fmt.Errorf("opus: create %d Hz encoder: %s", rate, C.GoString(C.opus_strerror(code)))
 	}
-	if code := C.rtcedge_encoder_setup(st, bitrate, complexity, expectedLoss); code != C.OPUS_OK {
+	if code := C.rtcedge_encoder_setup(st, bitrate, DefaultComplexity, expectedLoss); code != C.OPUS_OK {
 		C.opus_encoder_destroy(st)
 		return nil, fmt.Errorf("opus: configure %d Hz encoder: %s", rate, C.GoString(C.opus_strerror(code)))
 	}
-	return &Encoder{st: st, rate: rate, frame: rate / 50}, nil
+	e := &Encoder{st: st, rate: rate, frame: rate / 50}
+	e.cleanup = runtime.AddCleanup(e, func(st *C.OpusEncoder) { C.opus_encoder_destroy(st) }, st)
+	return e, nil
 }
 
 // Rate is the encoder's input rate in Hz.
@@ -177,6 +187,21 @@ func (e *Encoder) Rate() int { return e.rate }
 
 // FrameSamples is the length of the pcm Encode takes: 20 ms at Rate.
 func (e *Encoder) FrameSamples() int { return e.frame }
+
+// SetComplexity sets the encoder's complexity, 0 (cheapest) to 10 (libopus's
+// own default): docs/benchmarks.md measures what each step costs and gains.
+func (e *Encoder) SetComplexity(c int) error {
+	if e.st == nil {
+		return ErrClosed
+	}
+	if c < 0 || c > 10 {
+		return fmt.Errorf("opus: complexity %d out of 0..10", c)
+	}
+	if code := C.rtcedge_encoder_set_complexity(e.st, C.int(c)); code != C.OPUS_OK {
+		return fmt.Errorf("opus: set complexity %d: %s", c, C.GoString(C.opus_strerror(code)))
+	}
+	return nil
+}
 
 // Encode encodes one 20 ms frame (len(pcm) == FrameSamples()) into out and
 // returns the packet's length. out of MaxPacket bytes always suffices; a
@@ -200,6 +225,7 @@ func (e *Encoder) Encode(pcm []int16, out []byte) (int, error) {
 // returns ErrClosed.
 func (e *Encoder) Close() {
 	if e.st != nil {
+		e.cleanup.Stop()
 		C.opus_encoder_destroy(e.st)
 		e.st = nil
 	}

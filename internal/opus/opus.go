@@ -27,6 +27,14 @@ import (
 	"fmt"
 )
 
+// DefaultComplexity is the complexity NewEncoder sets; Encoder.SetComplexity
+// changes it. Measured in docs/benchmarks.md ("Audio codec"): 0 and 1 cost
+// half of 2 to 5 and a quarter of 8 to 10 per frame, with the same waveform
+// correlation and level on speech and a spectral distance 0.7 dB above 5's.
+// The encoder is most of the transcoding's CPU, which bounds the calls a
+// pod carries.
+const DefaultComplexity = 1
+
 // MaxPacket is the largest Opus packet (RFC 6716, 3.2.1): an Encode
 // destination of this size is always large enough.
 const MaxPacket = 1275
