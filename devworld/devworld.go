@@ -412,12 +412,17 @@ func (w *World) start() error {
 
 func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod, error) {
 	name := spec.Name + "/pod-" + strconv.Itoa(int(id))
-	n, err := transceiver.NewNode(transceiver.NodeConfig{
+	cfg := transceiver.Config{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed),
+		BackendAddr: w.backend, Token: w.keys, Hop: w.hop, Gossip: w.gossip(name, clusterSeed),
 		SessionAPISecretSHA256: sessionapi.SecretHash(w.apiSecrets[spec.Cluster]), APITLS: w.apiTLS,
-	}, transceiver.Sockets{}, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
+	}
+	socks, err := transceiver.OpenSockets(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	n, err := transceiver.NewNode(cfg, socks, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

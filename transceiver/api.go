@@ -41,13 +41,13 @@ const CreateTimeout = 5 * time.Second
 //	GET    /internal/v1/status          load and state
 //	GET    /livez, /readyz              liveness; readiness is 503 while draining
 //
-// With Config.SessionAPISecret set, all but /livez and /readyz need it as
+// With Config.SessionAPISecret (or its SHA256) set, all but /livez and /readyz need it as
 // a bearer token (401 otherwise).
 func (t *Transceiver) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+SessionsPath, t.handleCreate)
 	mux.HandleFunc("DELETE "+SessionsPath+"/{id}", t.handleDelete)
-	mux.HandleFunc("PATCH "+SessionsPath+"/{id}", t.handleRestart) // ICE restart (restart.go)
+	mux.HandleFunc("PATCH "+SessionsPath+"/{id}", t.handleRestart) // ICE restart
 	mux.HandleFunc("GET "+StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, APIStatus{
 			Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Sessions: t.Sessions(),
@@ -62,8 +62,8 @@ func (t *Transceiver) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	if t.cfg.SessionAPISecretHash != "" {
-		return sessionapi.RequireSecretHash(t.cfg.SessionAPISecretHash, mux)
+	if t.cfg.SessionAPISecretSHA256 != "" {
+		return sessionapi.RequireSecretHash(t.cfg.SessionAPISecretSHA256, mux)
 	}
 	return sessionapi.RequireSecret(t.cfg.SessionAPISecret, mux)
 }

@@ -4,66 +4,153 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
-// NodeConfig is the transceiver role's config file (docs/operations.md).
-// Zero durations and counts take the defaults of Config.
-type NodeConfig struct {
-	node.Common    `yaml:",inline"`
-	Region         string        `yaml:"region"`
-	Cluster        uint16        `yaml:"cluster"`
-	Pod            uint16        `yaml:"pod"`       // 0: from the hostname's StatefulSet ordinal
-	DataAddr       string        `yaml:"data_addr"` // pod UDP socket, e.g. 0.0.0.0:7000
-	DataAdvertise  string        `yaml:"data_advertise"`
-	APIAddr        string        `yaml:"api_addr"` // session API, e.g. 0.0.0.0:8081
-	APIAdvertise   string        `yaml:"api_advertise"`
-	MaxSessions    int           `yaml:"max_sessions"`
-	ConnectTimeout time.Duration `yaml:"connect_timeout"`
-	IdleTimeout    time.Duration `yaml:"idle_timeout"`
-	RouteTTL       time.Duration `yaml:"route_ttl"` // a client's return route without packets; default 2m
-	DTLSRole       string        `yaml:"dtls_role"` // client (a=setup:active) or server (a=setup:passive)
-	// PionMedia keeps SRTP on Pion's own path instead of the pod's
-	// (Config.PionMedia); for comparisons only.
+// Config configures the transceiver role: the fields with a YAML key are
+// its config file (docs/operations.md), the others (no key) are set by the
+// program that runs it. Zero durations and counts take the defaults noted
+// (Defaults).
+type Config struct {
+	node.Common   `yaml:",inline"`
+	Region        string `yaml:"region"`
+	Cluster       uint16 `yaml:"cluster"`   // this pod's cluster ID (non-zero)
+	Pod           uint16 `yaml:"pod"`       // unique among live pods of the cluster; 0 in a file: from the hostname's StatefulSet ordinal
+	DataAddr      string `yaml:"data_addr"` // pod UDP socket, e.g. 0.0.0.0:7000
+	DataAdvertise string `yaml:"data_advertise"`
+	APIAddr       string `yaml:"api_addr"` // session API, e.g. 0.0.0.0:8081
+	APIAdvertise  string `yaml:"api_advertise"`
+
+	MaxSessions    int           `yaml:"max_sessions"`    // capacity; default 500
+	ConnectTimeout time.Duration `yaml:"connect_timeout"` // a session not connected by then is freed; default 30s
+	IdleTimeout    time.Duration `yaml:"idle_timeout"`    // a connected session with no media or events for this long ends; default 60s
+	// RouteTTL is how long a client's return route is kept without
+	// packets from it; default 2m.
+	RouteTTL time.Duration `yaml:"route_ttl"`
+	// DTLSRole is the server's DTLS role: "client" answers a=setup:active
+	// (the server sends the ClientHello the moment ICE connects), "server"
+	// answers a=setup:passive and skips the HelloVerify cookie round trip
+	// (ICE has already proven the path with MESSAGE-INTEGRITY, so the
+	// cookie adds nothing). Default "client".
+	DTLSRole string `yaml:"dtls_role"`
+	// PionMedia keeps every session's SRTP on Pion's own path (its SRTP
+	// sessions, read streams and report interceptors) instead of the pod's
+	// (podnet.Media). Only for comparing the two: the pod's path costs the
+	// pod a fraction of the CPU per datagram (docs/benchmarks.md).
 	PionMedia bool `yaml:"pion_media"`
 	// BackendAddr is the inference backend (host:port,
 	// docs/backend-protocol.md); empty: the in-process echo backend.
 	// netbackend.ForAddr turns it into the node's Backend.
 	BackendAddr string         `yaml:"backend_addr"`
-	Token       node.TokenKeys `yaml:"token"`
-	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
-	HopKeys node.HopKeys `yaml:"hop_keys"`
-	Gossip  node.Gossip  `yaml:"gossip"` // the cluster pool
+	Token       node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
+	// Hop are this cluster's inter-tier keys as configured (prefer
+	// $RTCEDGE_HOP_KEYS); HopKeys is built from them.
+	Hop    node.HopKeys `yaml:"hop_keys"`
+	Gossip node.Gossip  `yaml:"gossip"` // the cluster pool
 	// SessionAPISecret is the cluster's session API bearer secret (e.g.
-	// "${RTCEDGE_SESSION_API_SECRET}"); empty: the API asks for none.
+	// "${RTCEDGE_SESSION_API_SECRET}"): Handler refuses session API
+	// requests without it (health probes excepted). Empty: the API asks
+	// for none (dev worlds and tests).
 	SessionAPISecret string `yaml:"session_api_secret"`
-	// SessionAPISecretSHA256 is the secret's hex SHA-256 instead (preferred:
-	// the pod then never holds a credential that opens other pods).
+	// SessionAPISecretSHA256, instead of the secret, is its
+	// sessionapi.SecretHash (hex SHA-256): the pod verifies the front's
+	// secret without holding it, so a compromised pod cannot call its
+	// cluster's other pods. It wins over SessionAPISecret.
 	SessionAPISecretSHA256 string `yaml:"session_api_secret_sha256"`
 	// APITLS serves the session API over TLS (cert, key); the front
 	// verifies it with the cluster CA.
 	APITLS sessionapi.TLS `yaml:"api_tls"`
+
+	// ICE consent: after DisconnectedTimeout without a packet from the
+	// client the session is "disconnected" (it still recovers), after
+	// FailedTimeout it ends. Defaults 5s and 15s.
+	DisconnectedTimeout time.Duration `yaml:"-"`
+	FailedTimeout       time.Duration `yaml:"-"`
+	// SCTPRTOMax caps SCTP's retransmission back-off so data channels
+	// recover quickly after a path gap; default 1s.
+	SCTPRTOMax time.Duration `yaml:"-"`
+	// WaitForNomination makes the server select a candidate pair only when
+	// the client nominates it, as RFC 8445 describes for lite agents. By
+	// default the preferred POP's pair is selected on the first
+	// authenticated check (see session.onBindingRequest), which saves
+	// browsers about one ping interval of setup time.
+	WaitForNomination bool `yaml:"-"`
+	// Readers is how many goroutines read the pod socket, each taking
+	// batches of datagrams (recvmmsg) and running their receive path;
+	// default podnet.DefaultReaders.
+	Readers int `yaml:"-"`
+
+	Keys    *token.Keyring  `yaml:"-"` // mints server ufrags; default: built from Token
+	HopKeys *encap.Keyring  `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from Hop. SetHopKeys replaces them
+	Backend backend.Backend `yaml:"-"` // the inference side of every session
+	// Relays, when set, limits the datagrams the pod accepts to those from
+	// the cluster's relays (FollowRelays keeps it in step with gossip).
+	Relays     *RelaySet             `yaml:"-"`
+	Logger     *slog.Logger          `yaml:"-"` // default slog.Default()
+	Registerer prometheus.Registerer `yaml:"-"` // nil: metrics are not registered
+	Now        func() time.Time      `yaml:"-"` // default time.Now
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
-func (c *NodeConfig) ApplyEnv() error {
+func (c *Config) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
-	c.HopKeys.ApplyEnv()
+	c.Hop.ApplyEnv()
 	return c.Token.ApplyEnv()
 }
 
-// Defaults fills the unset fields that are the node's own (the
-// transceiver's are filled by New).
-func (c *NodeConfig) Defaults() { c.Common.Defaults() }
+// Defaults fills c's unset fields; Keys and HopKeys are built from Token
+// and Hop when those are configured (Validate says why they cannot be).
+func (c *Config) Defaults() {
+	c.Common.Defaults()
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = 500
+	}
+	def(&c.ConnectTimeout, 30*time.Second)
+	def(&c.IdleTimeout, 60*time.Second)
+	def(&c.DisconnectedTimeout, 5*time.Second)
+	def(&c.FailedTimeout, 15*time.Second)
+	def(&c.SCTPRTOMax, time.Second)
+	def(&c.RouteTTL, 2*time.Minute)
+	if c.Readers == 0 {
+		c.Readers = podnet.DefaultReaders()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Keys == nil && len(c.Token.Keys) > 0 {
+		c.Keys, _ = c.Token.Keyring()
+	}
+	if c.HopKeys == nil && (len(c.Hop.Keys) > 0 || c.Hop.File != "") {
+		c.HopKeys, _ = c.Hop.Keyring(c.Cluster)
+	}
+}
 
-// Validate checks c after Defaults.
-func (c *NodeConfig) Validate() error {
+// Validate checks c after Defaults and reports every problem.
+func (c *Config) Validate() error {
 	errs := []error{c.Common.Validate(),
 		node.CheckHostPort("data_addr", c.DataAddr, false),
 		node.CheckHostPort("api_addr", c.APIAddr, false),
@@ -74,22 +161,84 @@ func (c *NodeConfig) Validate() error {
 		node.NotNegative("connect_timeout", c.ConnectTimeout),
 		node.NotNegative("idle_timeout", c.IdleTimeout),
 		node.NotNegative("route_ttl", c.RouteTTL),
+		node.NotNegative("readers", c.Readers),
 		c.Gossip.Validate("gossip"),
+		c.check(),
 	}
-	if c.Cluster == 0 {
-		errs = append(errs, errors.New("cluster must be non-zero"))
-	}
-	if c.DTLSRole != "" && c.DTLSRole != "client" && c.DTLSRole != "server" {
-		errs = append(errs, fmt.Errorf("dtls_role %q: want client or server", c.DTLSRole))
-	}
-	if _, err := c.Token.Keyring(); err != nil {
+	if c.Keys == nil {
+		_, err := c.Token.Keyring()
 		errs = append(errs, err)
 	}
-	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
+	if c.HopKeys == nil {
+		_, err := c.Hop.Keyring(c.Cluster)
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("transceiver config: %w", err)
+	}
+	return nil
+}
+
+// check is what New needs of a config, whoever filled it (Validate adds
+// the config file's settings).
+func (c *Config) check() error {
+	switch {
+	case c.Cluster == 0:
+		return errors.New("cluster must be non-zero")
+	case c.DTLSRole != "" && c.DTLSRole != "client" && c.DTLSRole != "server":
+		return fmt.Errorf("dtls_role %q: want client or server", c.DTLSRole)
+	case c.MaxSessions < 0 || c.Readers < 0:
+		return errors.New("max sessions and readers must not be negative")
+	}
+	return nil
+}
+
+// Sockets are a transceiver node's listeners, opened by OpenSockets (or by
+// a test or an embedding program); Metrics may be nil.
+type Sockets struct {
+	Data    *net.UDPConn
+	API     net.Listener
+	Metrics net.Listener
+}
+
+// OpenSockets opens the listeners of cfg's addresses once cfg validates
+// (after Defaults). The data socket is bound with SO_REUSEPORT, so the pod's
+// socket readers each get a socket of their own, steered by client.
+func OpenSockets(cfg Config) (s Sockets, err error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return s, err
+	}
+	defer func() {
+		if err != nil {
+			_ = s.close()
+		}
+	}()
+	b, err := netip.ParseAddrPort(cfg.DataAddr)
+	if err != nil {
+		return s, fmt.Errorf("data_addr %q: %w", cfg.DataAddr, err)
+	}
+	conns, err := udpio.ListenReusePort(b, 1)
+	if err != nil {
+		return s, err
+	}
+	s.Data = conns[0]
+	if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
+		return s, err
+	}
+	s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr)
+	return s, err
+}
+
+// close closes whichever sockets are open.
+func (s Sockets) close() error {
+	if s.Data != nil {
+		_ = s.Data.Close()
+	}
+	for _, ln := range []net.Listener{s.API, s.Metrics} {
+		if ln != nil {
+			_ = ln.Close()
+		}
 	}
 	return nil
 }
@@ -110,7 +259,7 @@ func PodFromHostname(hostname string) (uint16, error) {
 	return uint16(n + 1), nil
 }
 
-func podID(cfg *NodeConfig) error {
+func podID(cfg *Config) error {
 	if cfg.Pod != 0 {
 		return nil
 	}

@@ -3,7 +3,6 @@ package transceiver
 import (
 	"context"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/membership"
@@ -62,18 +61,4 @@ func FollowRelays(ctx context.Context, pool *membership.Pool, cluster uint16, re
 		}
 		relays.Set(addrs)
 	})
-}
-
-// Addrs returns the trusted relays, sorted (nil before the first Set).
-func (r *RelaySet) Addrs() []netip.AddrPort {
-	m := r.addrs.Load()
-	if m == nil {
-		return nil
-	}
-	out := make([]netip.AddrPort, 0, len(*m))
-	for a := range *m {
-		out = append(out, a)
-	}
-	slices.SortFunc(out, netip.AddrPort.Compare)
-	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
@@ -13,16 +12,11 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
-	"github.com/rtcedge/rtcedge/internal/udpio"
+	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
-// Sockets are a transceiver node's listeners; nil ones are opened from the
-// config's addresses.
-type Sockets struct {
-	Data    *net.UDPConn
-	API     net.Listener
-	Metrics net.Listener
-}
+// RelaySet is the set of cluster relays whose datagrams the pod accepts.
+type RelaySet = podnet.RelaySet
 
 // Errors Ready reports.
 var (
@@ -32,7 +26,7 @@ var (
 // Node is one transceiver pod as a process runs it: the transceiver, its
 // session API, and its membership of the cluster pool.
 type Node struct {
-	cfg     NodeConfig
+	cfg     Config
 	env     node.Env
 	life    node.Life
 	tr      *Transceiver
@@ -44,62 +38,42 @@ type Node struct {
 }
 
 // NewNode builds a transceiver node from cfg (defaults applied, validated)
-// bridging its sessions to backend. Run starts it.
-func NewNode(cfg NodeConfig, s Sockets, backend backend.Backend, env node.Env) (_ *Node, err error) {
+// on the sockets of OpenSockets (Data and API required; it owns them from
+// then on), bridging its sessions to backend. Run starts it.
+func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *Node, err error) {
+	env = env.WithDefaults()
+	cfg.Backend, cfg.Logger, cfg.Registerer, cfg.Now = backend, env.Logger, env.Registerer, env.Now
+	cfg.Relays = &RelaySet{}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if s.Data == nil || s.API == nil {
+		return nil, errors.New("transceiver node: data and API sockets are required (OpenSockets)")
+	}
 	if err := podID(&cfg); err != nil {
 		return nil, err
 	}
-	keys, _ := cfg.Token.Keyring()             // checked by Validate
-	hop, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
-	env = env.WithDefaults()
-	n := &Node{cfg: cfg, env: env, backend: backend, relays: &RelaySet{}}
+	n := &Node{cfg: cfg, env: env, backend: backend, relays: cfg.Relays}
+	n.life.OnClose(s.close)
 	defer func() {
 		if err != nil {
 			n.life.Close()
 		}
 	}()
-	if s.Data == nil {
-		// SO_REUSEPORT, so the pod's socket readers each get a socket of
-		// their own, steered by client (readerConns).
-		b, perr := netip.ParseAddrPort(cfg.DataAddr)
-		if perr != nil {
-			return nil, fmt.Errorf("data_addr %q: %w", cfg.DataAddr, perr)
-		}
-		conns, lerr := udpio.ListenReusePort(b, 1)
-		if lerr != nil {
-			return nil, lerr
-		}
-		s.Data = conns[0]
-	}
 	if s.Data, n.data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise, env.Logger); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(s.Data.Close)
-	n.tr, err = New(Config{
-		Cluster: cfg.Cluster, Pod: cfg.Pod, Keys: keys, HopKeys: hop, Backend: backend, Relays: n.relays,
-		MaxSessions: cfg.MaxSessions, ConnectTimeout: cfg.ConnectTimeout, IdleTimeout: cfg.IdleTimeout,
-		RouteTTL: cfg.RouteTTL, DTLSRole: cfg.DTLSRole, PionMedia: cfg.PionMedia, SessionAPISecret: cfg.SessionAPISecret, SessionAPISecretHash: cfg.SessionAPISecretSHA256,
-		Logger: env.Logger, Registerer: env.Registerer, Now: env.Now,
-	}, s.Data)
-	if err != nil {
+	if n.tr, err = New(cfg, s.Data); err != nil {
 		return nil, err
 	}
 	n.life.OnClose(n.tr.Close)
 	n.life.Go("transceiver", n.tr.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
-		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+		return node.WatchHopKeys(ctx, cfg.Hop, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
 			n.tr.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
 		})
 	})
-	if s.API == nil {
-		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
-			return nil, err
-		}
-	}
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}
@@ -109,11 +83,6 @@ func NewNode(cfg NodeConfig, s Sockets, backend backend.Backend, env node.Env) (
 		return nil, err
 	}
 	n.life.Serve("session API", api, node.NewHTTPServer(n.tr.Handler(), env.Logger))
-	if s.Metrics == nil {
-		if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
-			return nil, err
-		}
-	}
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	cfg.Gossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{}) // believed only within bounds
 	if n.pool, err = cfg.Gossip.Open("", false, membership.Meta{
@@ -182,14 +151,6 @@ func (n *Node) Ready() error {
 		}
 	}
 	return nil
-}
-
-// Len is the number of relays in the set.
-func (r *RelaySet) Len() int {
-	if m := r.addrs.Load(); m != nil {
-		return len(*m)
-	}
-	return 0
 }
 
 // Transceiver is the node's transceiver.

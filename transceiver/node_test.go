@@ -23,9 +23,13 @@ func TestNodeReady(t *testing.T) {
 	stopBackend := nodetest.Run(t, backend)
 	seed := nodetest.Member(t, "seed", false, membership.Meta{Role: membership.RoleTransceiver, Cluster: 9, Pod: 2,
 		Data: netip.MustParseAddrPort("127.0.0.1:9")}, "")
-	n, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		Token: nodetest.Keys(t), HopKeys: nodetest.HopKeys(t, 9), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())},
-		transceiver.Sockets{}, netbackend.ForAddr(backend.Addr(), nodetest.Quiet), node.Env{Logger: nodetest.Quiet})
+	cfg := transceiver.Config{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
+		Token: nodetest.Keys(t), Hop: nodetest.HopKeys(t, 9), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())}
+	socks, err := transceiver.OpenSockets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := transceiver.NewNode(cfg, socks, netbackend.ForAddr(backend.Addr(), nodetest.Quiet), node.Env{Logger: nodetest.Quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +54,7 @@ func TestNodeReady(t *testing.T) {
 // TestNodeConfigNeedsKeys: a pod without routing-token keys is refused
 // before it opens anything.
 func TestNodeConfigNeedsKeys(t *testing.T) {
-	_, err := transceiver.NewNode(transceiver.NodeConfig{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", HopKeys: nodetest.HopKeys(t, 9),
+	_, err := transceiver.NewNode(transceiver.Config{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", Hop: nodetest.HopKeys(t, 9),
 		Gossip: nodetest.Gossip("pod-1", "")}, transceiver.Sockets{}, nil, node.Env{Logger: nodetest.Quiet})
 	if err == nil || !strings.Contains(err.Error(), "token") {
 		t.Fatalf("NewNode without keys = %v", err)

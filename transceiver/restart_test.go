@@ -8,13 +8,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/stun/v4"
 
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
+	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
 const clientPwd = "clientpassword0123456789"
@@ -50,81 +50,6 @@ func check(t *testing.T, username, pwd string) *stun.Message {
 		t.Fatal(err)
 	}
 	return m
-}
-
-// TestRestartRewrite: a check signed with a restarted session's new
-// credentials reaches Pion as a check of the credentials its agent knows
-// (same transaction, same attributes), and Pion's answer leaves signed
-// with the new password; anything else passes untouched.
-func TestRestartRewrite(t *testing.T) {
-	rt := newRestartTable()
-	s := &session{t: &Transceiver{m: &metrics{path: newPathMetrics()}}}
-	const newUfrag, newPwd = "NEWSERVERUFRAG000000", "newserverpassword0000000"
-	a := &iceAlias{session: s, serverPwd: newPwd, client: "newc", orig: iceCreds{"OLDSERVERUFRAG000000", "oldserverpassword000000"}, origClient: "oldclientufrag"}
-	a.username = a.orig.ufrag + ":" + a.origClient
-	rt.set(newUfrag, a)
-	now := time.Now()
-
-	in := check(t, newUfrag+":newc", newPwd)
-	buf := make([]byte, 1501)
-	n := copy(buf, in.Raw)
-	n = rt.rewriteIn(buf, n, now)
-	got := &stun.Message{Raw: append([]byte(nil), buf[:n]...)}
-	if err := got.Decode(); err != nil {
-		t.Fatal(err)
-	}
-	var u stun.Username
-	if err := u.GetFrom(got); err != nil || u.String() != a.username {
-		t.Fatalf("rewritten USERNAME %q (%v), want %q", u, err, a.username)
-	}
-	if err := stun.NewShortTermIntegrity(a.orig.pwd).Check(got); err != nil {
-		t.Fatalf("rewritten check does not verify with the agent's password: %v", err)
-	}
-	if err := stun.Fingerprint.Check(got); err != nil {
-		t.Fatalf("fingerprint: %v", err)
-	}
-	if got.TransactionID != in.TransactionID || !got.Contains(stun.AttrUseCandidate) || !got.Contains(stun.AttrPriority) {
-		t.Fatal("rewritten check lost its transaction or attributes")
-	}
-
-	// Pion's answer, signed with the agent's password, leaves re-signed.
-	resp, err := stun.Build(stun.NewTransactionIDSetter(in.TransactionID), stun.BindingSuccess,
-		&stun.XORMappedAddress{IP: []byte{127, 0, 0, 9}, Port: 4000}, stun.NewShortTermIntegrity(a.orig.pwd), stun.Fingerprint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := &stun.Message{Raw: rt.rewriteOut(resp.Raw)}
-	if err := out.Decode(); err != nil {
-		t.Fatal(err)
-	}
-	if err := stun.NewShortTermIntegrity(newPwd).Check(out); err != nil {
-		t.Fatalf("answer not signed with the new password: %v", err)
-	}
-	if again := rt.rewriteOut(resp.Raw); &again[0] != &resp.Raw[0] {
-		t.Error("a second answer to the same transaction was rewritten")
-	}
-
-	for _, tc := range []struct {
-		name string
-		msg  []byte
-	}{
-		{"old credentials", check(t, a.username, a.orig.pwd).Raw},
-		{"wrong password", check(t, newUfrag+":newc", "guessedpassword00000000").Raw},
-		{"wrong client ufrag", check(t, newUfrag+":othr", newPwd).Raw},
-		{"not STUN", []byte{0x80, 0x6f, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n := copy(buf, tc.msg)
-			if m := rt.rewriteIn(buf, n, now); m != n || string(buf[:m]) != string(tc.msg) {
-				t.Fatal("datagram was rewritten")
-			}
-		})
-	}
-	rt.forget(s)
-	n = copy(buf, in.Raw)
-	if m := rt.rewriteIn(buf, n, now); m != n || string(buf[:n]) != string(in.Raw) {
-		t.Fatal("check rewritten after the session was forgotten")
-	}
 }
 
 // TestRestartICEAPI drives PATCH on the pod's session API: 404 for an
@@ -178,15 +103,15 @@ func TestRestartICEAPI(t *testing.T) {
 			}
 		})
 	}
-	status, out, body := patch(created.ID, sessionapi.RestartRequest{Fragment: frag, IfMatch: etag(oldUfrag.ufrag)})
+	status, out, body := patch(created.ID, sessionapi.RestartRequest{Fragment: frag, IfMatch: etag(oldUfrag.Ufrag)})
 	if status != http.StatusOK || !out.Restarted {
 		t.Fatalf("restart: %d %s", status, body)
 	}
 	c, err := iceFragment(out.Fragment)
-	if err != nil || c.ufrag == oldUfrag.ufrag || out.ETag != etag(c.ufrag) || !strings.Contains(out.Fragment, "a=ice-lite") {
+	if err != nil || c.Ufrag == oldUfrag.Ufrag || out.ETag != etag(c.Ufrag) || !strings.Contains(out.Fragment, "a=ice-lite") {
 		t.Fatalf("restart answer %+v (%v): want new credentials, ice-lite and the new ETag", out, err)
 	}
-	tok, err := p.t.cfg.Keys.Verify([]byte(c.ufrag))
+	tok, err := p.t.cfg.Keys.Verify([]byte(c.Ufrag))
 	if err != nil || tok.Cluster != p.t.cfg.Cluster || tok.Pod != p.t.cfg.Pod {
 		t.Fatalf("new ufrag is not a token of this pod: %+v, %v", tok, err)
 	}
@@ -198,47 +123,6 @@ func TestRestartICEAPI(t *testing.T) {
 	}
 	if n := p.t.Sessions(); n != 1 {
 		t.Errorf("%d sessions, want the one restarted", n)
-	}
-}
-
-// restartHotPath is the table with one restarted session and two datagrams
-// the pod sees all the time: SRTP, and a check of another session.
-func restartHotPath(t testing.TB) (*restartTable, []byte, []byte) {
-	rt := newRestartTable()
-	s := &session{t: &Transceiver{m: &metrics{path: newPathMetrics()}}}
-	rt.set("NEWSERVERUFRAG000000", &iceAlias{session: s, serverPwd: "newserverpassword0000000", client: "newc"})
-	srtp := make([]byte, 120)
-	srtp[0], srtp[1] = 0x80, 0x6f
-	m, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername("OTHERSESSIONUFRAG000:abcd"),
-		stun.NewShortTermIntegrity("otherpassword00000000000"), stun.Fingerprint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rt, srtp, m.Raw
-}
-
-// TestRestartHotPathAllocs: what a pod with restarted sessions does for
-// every other datagram allocates nothing.
-func TestRestartHotPathAllocs(t *testing.T) {
-	rt, srtp, other := restartHotPath(t)
-	buf := make([]byte, 1501)
-	now := time.Now()
-	if n := testing.AllocsPerRun(100, func() {
-		rt.rewriteIn(buf, copy(buf, srtp), now)
-		rt.rewriteIn(buf, copy(buf, other), now)
-		_ = rt.rewriteOut(srtp)
-	}); n != 0 {
-		t.Errorf("%v allocations per datagram, want 0", n)
-	}
-}
-
-func BenchmarkRestartRewriteInOther(b *testing.B) {
-	rt, _, other := restartHotPath(b)
-	buf := make([]byte, 1501)
-	now := time.Now()
-	b.ReportAllocs()
-	for b.Loop() {
-		rt.rewriteIn(buf, copy(buf, other), now)
 	}
 }
 
@@ -261,11 +145,11 @@ func TestRestartAfterEndLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.t.addRestart(s, ufrag, &iceAlias{session: s}) {
+	if p.t.addRestart(s, ufrag, "", podnet.Creds{}) {
 		t.Error("a restart of an ended session was registered")
 	}
-	if n := p.t.restarts.active.Load(); n != 0 {
-		t.Errorf("%d restart aliases after the session ended", n)
+	if _, _, ok := p.t.sock.Restarted(s); ok {
+		t.Error("a restart alias after the session ended")
 	}
 	tok, err := p.t.cfg.Keys.Verify([]byte(ufrag))
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
 // hostPriority is Pion's priority for a host candidate (type preference 126,
@@ -54,7 +56,7 @@ func candidatePriority(rank int, tcp bool) int {
 }
 
 // shapeAnswer sets the candidate priorities by POP rank: the nearest POP's
-// UDP candidate first, then its passive TCP candidate (tcp.go), then every
+// UDP candidate first, then its passive TCP candidate (setupTCP), then every
 // backup POP's UDP candidate and last every backup's TCP candidate. So UDP
 // to the nearest POP wins wherever it works, TCP is tried through the
 // nearest POP first, and a backup POP is used only when the nearest fails.
@@ -88,7 +90,7 @@ func shapeAnswer(sdp string, pops []POPAddr) (string, error) {
 		}
 		at := netip.AddrPortFrom(ip.Unmap(), uint16(port))
 		var prio int
-		if isTCPCandidateLine(f[2]) {
+		if strings.EqualFold(f[2], "tcp") { // ICE-TCP, RFC 6544
 			r, ok := tcpRank[at]
 			if !ok {
 				return "", fmt.Errorf("answer has a TCP candidate %s:%s that is not a requested POP's TCP port", f[4], f[5])
@@ -109,4 +111,36 @@ func shapeAnswer(sdp string, pops []POPAddr) (string, error) {
 		return "", fmt.Errorf("answer has no candidates")
 	}
 	return strings.Join(lines, "\r\n"), nil
+}
+
+// iceFragment reads the ICE credentials of an SDP (or SDP fragment): the
+// first ice-ufrag and ice-pwd, wherever they appear.
+func iceFragment(sdp string) (podnet.Creds, error) {
+	var c podnet.Creds
+	for line := range strings.Lines(sdp) {
+		line = strings.TrimRight(line, "\r\n")
+		if v, ok := strings.CutPrefix(line, "a=ice-ufrag:"); ok && c.Ufrag == "" {
+			c.Ufrag = v
+		} else if v, ok := strings.CutPrefix(line, "a=ice-pwd:"); ok && c.Pwd == "" {
+			c.Pwd = v
+		}
+	}
+	// RFC 8839: ufrag 4..256 and pwd 22..256 ice-chars.
+	switch {
+	case len(c.Ufrag) < 4 || len(c.Ufrag) > 256 || !iceChars(c.Ufrag):
+		return c, fmt.Errorf("%w: missing or invalid a=ice-ufrag", ErrBadFragment)
+	case len(c.Pwd) < 22 || len(c.Pwd) > 256 || !iceChars(c.Pwd):
+		return c, fmt.Errorf("%w: missing or invalid a=ice-pwd", ErrBadFragment)
+	}
+	return c, nil
+}
+
+func iceChars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '+' || c == '/') {
+			return false
+		}
+	}
+	return true
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
 // EventsLabel is the data channel label OpenAI-style clients use for events.
@@ -51,7 +52,7 @@ type session struct {
 	created time.Time
 	ufrag   string // the server's ICE credentials (the agent's; an ICE restart adds aliases, restart.go)
 	pwd     string
-	client  iceCreds // the client's, from the offer (the agent's view of the remote side)
+	client  podnet.Creds // the client's, from the offer (the agent's view of the remote side)
 	// dtlsClient: our answer says a=setup:active (we are the DTLS client;
 	// newMediaPath derives the SRTP keys by it).
 	dtlsClient bool
@@ -64,9 +65,9 @@ type session struct {
 	selectedPeer atomic.Pointer[netip.AddrPort] // the client address of the selected pair
 	selectedTCP  atomic.Bool                    // the selected pair is ICE-TCP
 
-	// media is the session's own SRTP path once connected (media.go); nil
-	// while media goes through Pion. Stored under outMu.
-	media       atomic.Pointer[mediaPath]
+	// media is the session's own SRTP path once connected (podnet.Media);
+	// nil while media goes through Pion. Stored under outMu.
+	media       atomic.Pointer[podnet.Media]
 	mediaFailed atomic.Bool // startMedia failed, or teardown began: no media path (again) for this session
 
 	// audioMu makes the backend's Audio one call at a time: Pion's track
@@ -88,10 +89,9 @@ type session struct {
 	connectTimer *time.Timer                 // guarded by mu
 	readers      sync.WaitGroup              // the events reader; Add under mu while !closing
 
-	follow      follower     // a path change waiting for the old address to go silent (follow.go)
-	restartedAt atomic.Int64 // unix nanos of the last ICE restart not yet followed by a check (restart.go)
+	follow podnet.Follower // a path change waiting for the old address to go silent
 
-	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu (hint.go)
+	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu
 
 	forgotten    bool // forget ran: the session ended; guarded by t.mu
 	endOnce      sync.Once
@@ -126,7 +126,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
-	t.setupTCP(&se, s, req.POPs) // passive TCP candidates (tcp.go)
+	t.setupTCP(&se, s, req.POPs) // passive TCP candidates
 	se.SetICEBindingRequestHandler(s.onBindingRequest)
 	api := webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(t.me), webrtc.WithInterceptorRegistry(t.ir))
 	pc, err := api.NewPeerConnection(webrtc.Configuration{BundlePolicy: webrtc.BundlePolicyMaxBundle})
@@ -152,7 +152,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		case old != 0 && pop != 0 && old != pop:
 			s.t.m.popSwitches.Inc()
 		case old != 0 && old == pop && oldPeer != nil && newPeer != nil && *oldPeer != *newPeer:
-			s.t.m.path.addressChanges.Inc()
+			s.t.m.addressChanges.Inc()
 		}
 	})
 	pc.OnConnectionStateChange(s.onState)
@@ -267,7 +267,7 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 // was sent by someone holding the session's ICE password, not necessarily
 // by the owner of its source address. It confirms the client's return
 // route, and on the first check from an address it sends the address a
-// probe of its own (reach.go): DTLS and media toward an address wait for
+// probe of its own (podnet.Socket.Probe): DTLS and media toward an address wait for
 // the probe's answer or a second check, so a check from a spoofed source
 // (with the spoofer's own credentials) never starts DTLS flights toward it.
 //
@@ -299,7 +299,7 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	checks := 0
 	if client, ok := candidateAddr(remote); ok && pop != 0 {
-		checks = s.t.sock.confirm(pop, client, msg.TransactionID)
+		checks = s.t.sock.Confirm(pop, client, msg.TransactionID)
 		// Before a pair is selected, probe only through the preferred
 		// POP (or a check that nominates): a full agent that gets a check
 		// on a succeeded pair may nominate that pair at once, and that
@@ -307,11 +307,11 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 		if checks == 1 && (cur != 0 || pop == s.preferredPOP || msg.Contains(stun.AttrUseCandidate)) {
 			var user stun.Username
 			if user.GetFrom(msg) == nil {
-				s.t.sock.probe(pop, client, user.String(), s.client.pwd)
+				s.t.sock.Probe(pop, client, user.String(), s.client.Pwd)
 			}
 		}
 	}
-	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination && checks >= earlySelectChecks {
+	if cur == 0 && pop != 0 && pop == s.preferredPOP && !s.t.cfg.WaitForNomination && checks >= podnet.EarlySelectChecks {
 		s.t.m.earlySelects.Inc()
 		return true
 	}
@@ -331,30 +331,25 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	if pop == cur {
 		silence = addressSwitchSilence
 	}
-	last, seen := s.t.sock.lastSeen(cur, *peer)
+	last, seen := s.t.sock.LastSeen(cur, *peer)
 	if quiet := now.Sub(last); seen && quiet < silence {
 		// Maybe the old path has only just died: look again once it has
-		// been silent long enough (follow.go).
-		s.deferFollow(msg, pop, from, silence-quiet+followMargin)
+		// been silent long enough.
+		s.follow.Defer(s.t.sock, msg, pop, from, silence-quiet+followMargin)
 		return false
 	}
-	s.clearFollow()
-	cause := causePOP // counted when the selection changes (newSession)
+	s.follow.Clear()
+	cause := podnet.CausePOP // counted when the selection changes (newSession)
 	if pop == cur {
-		cause = causeAddress
+		cause = podnet.CauseAddress
 	}
 	if seen {
-		s.t.m.path.observeGap(cause, now.Sub(last))
+		s.t.m.net.ObserveGap(cause, now.Sub(last))
 	}
 	s.t.log.Info("following the client to a new path", "session", s.id, "cause", cause,
 		"from_pop", cur, "to_pop", pop, "from", peer.String(), "to", from.String())
 	return true
 }
-
-// earlySelectChecks is how many authenticated checks an address must have
-// sent before its pair is selected ahead of nomination. One is safe since
-// DTLS toward the address waits for the return-routability proof.
-const earlySelectChecks = 1
 
 func (s *session) armConnectTimer(d time.Duration) {
 	s.mu.Lock()
@@ -402,8 +397,7 @@ func (s *session) onTrack(track *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		if pkt.Unmarshal(buf[:n]) != nil {
 			continue
 		}
-		s.lastActivity.Store(s.t.cfg.Now().UnixNano())
-		s.audio(pkt.Payload, frameDuration(lastTS, pkt.Timestamp))
+		s.Audio(pkt.Payload, podnet.FrameDuration(lastTS, pkt.Timestamp))
 		lastTS = pkt.Timestamp
 	}
 }
@@ -426,14 +420,25 @@ func (s *session) closeAudio() {
 	s.audioMu.Unlock()
 }
 
-// frameDuration derives an Opus frame's duration from the RTP clock (48 kHz),
-// falling back to 20 ms on the first packet or after a jump.
-func frameDuration(prev, cur uint32) time.Duration {
-	d := time.Duration(cur-prev) * time.Second / 48000
-	if prev == 0 || d < 2500*time.Microsecond || d > 120*time.Millisecond {
-		return 20 * time.Millisecond
+// Audio implements podnet.Session: one frame of the client's audio, from
+// the media path or Pion's track reader, counted as activity.
+func (s *session) Audio(p []byte, d time.Duration) {
+	s.lastActivity.Store(s.t.cfg.Now().UnixNano())
+	s.audio(p, d)
+}
+
+// Path implements podnet.Session: the selected pair.
+func (s *session) Path() (uint16, netip.AddrPort, bool) {
+	peer := s.selectedPeer.Load()
+	if peer == nil {
+		return 0, netip.AddrPort{}, false
 	}
-	return d
+	return uint16(s.selectedPOP.Load()), *peer, s.selectedTCP.Load()
+}
+
+// Creds implements podnet.Session: the credentials of the session's agent.
+func (s *session) Creds() (server, client podnet.Creds) {
+	return podnet.Creds{Ufrag: s.ufrag, Pwd: s.pwd}, s.client
 }
 
 func (s *session) onDataChannel(dc *webrtc.DataChannel) {
@@ -520,7 +525,7 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 	switch mp := s.media.Load(); {
 	case mp != nil:
 		s.outPkt.SequenceNumber++
-		err = mp.sendRTP(&s.outPkt.Header, payload)
+		err = mp.SendRTP(&s.outPkt.Header, payload)
 	case s.t.mediaPath && !s.mediaFailed.Load():
 		// Not connected yet: no one hears it, and what Pion would encrypt
 		// now the media path could encrypt again under the same SRTP index.
@@ -545,7 +550,7 @@ func (s *session) SendEvent(data []byte) error {
 		return errChannelNotOpen
 	}
 	if b, ok := ev.(interface{ BufferedAmount() uint64 }); ok && b.BufferedAmount()+uint64(len(data)) > maxEventBacklog {
-		s.t.m.drop(dropEventBacklog)
+		s.t.m.net.EventDropped()
 		return errEventsBacklog
 	}
 	// Text, as OpenAI sends events: clients JSON.parse(e.data).
@@ -574,8 +579,8 @@ func (s *session) end(reason string) {
 // teardown frees everything the session holds. Safe to call more than once.
 func (s *session) teardown() {
 	s.teardownOnce.Do(func() {
-		s.stopFollow()
-		s.t.restarts.forget(s)
+		s.follow.Stop()
+		s.t.sock.Forget(s)
 		s.mu.Lock()
 		s.closing = true
 		if s.connectTimer != nil {
@@ -587,7 +592,7 @@ func (s *session) teardown() {
 		s.mediaFailed.Store(true)
 		s.outMu.Unlock()
 		if mp != nil {
-			mp.stop()
+			mp.Stop()
 		}
 		s.closeAudio()
 		if s.handler != nil {
@@ -599,4 +604,31 @@ func (s *session) teardown() {
 		// teardown.
 		s.readers.Wait()
 	})
+}
+
+// setupTCP makes a session's setting engine gather a passive TCP candidate
+// per POP that has a TCP port (podnet.Socket.TCP, docs/tcp.md), and
+// records those candidates' addresses as the session's POP addresses (so
+// selection and POP switching treat a TCP pair as being at its POP).
+// Without such POPs it changes nothing.
+func (t *Transceiver) setupTCP(se *webrtc.SettingEngine, s *session, pops []POPAddr) {
+	mux, vipNet, v4, v6 := t.sock.TCP(pops)
+	if mux == nil {
+		return
+	}
+	for _, p := range pops {
+		if p.TCPPort != 0 {
+			s.popByVIP[netip.AddrPortFrom(p.VIP.Addr().Unmap(), p.TCPPort)] = p.ID
+		}
+	}
+	types := []webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6}
+	if v4 {
+		types = append(types, webrtc.NetworkTypeTCP4)
+	}
+	if v6 {
+		types = append(types, webrtc.NetworkTypeTCP6)
+	}
+	se.SetNetworkTypes(types)
+	se.SetNet(vipNet)
+	se.SetICETCPMux(mux)
 }

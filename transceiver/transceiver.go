@@ -1,13 +1,14 @@
-// Package transceiver terminates WebRTC for rtcedge. It is the only place
-// with hard per-call state: ICE, DTLS, SRTP and the session lifecycle.
+// Package transceiver terminates WebRTC for rtcedge: it is the session
+// layer of a pod, the only place with hard per-call state (Pion's ICE,
+// DTLS and SCTP, the session lifecycle, the session API, ICE restarts).
 //
-// All sessions of a pod share one UDP socket. Every datagram on it carries the
-// relay encapsulation header (WIRE.md section 2); the pod strips it, so Pion
-// sees the client's real address, and presents one virtual net.PacketConn per
-// POP whose local address is that POP's VIP. Pion's ICE UDP mux reads those
-// conns, so the only host candidates a session advertises are relay VIPs.
-// The server runs ICE-lite with a server ufrag that is a freshly minted
-// routing token: relays route the client's first STUN packet by it.
+// All sessions of a pod share one UDP socket, owned by the packet layer
+// (package podnet): it strips the relay encapsulation header (WIRE.md
+// section 2), so Pion sees the client's real address, and presents one ICE
+// mux per POP whose local address is that POP's VIP, so the only host
+// candidates a session advertises are relay VIPs. The server runs ICE-lite
+// with a server ufrag that is a freshly minted routing token: relays route
+// the client's first STUN packet by it.
 //
 // Audio and data-channel events are bridged to a backend.Backend; the echo
 // subpackage is the reference one.
@@ -25,130 +26,16 @@ import (
 	"github.com/pion/ice/v4"
 	"github.com/pion/interceptor"
 	"github.com/pion/webrtc/v4"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
-	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
-	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
-
-// Config configures a Transceiver. Zero durations take the defaults noted.
-type Config struct {
-	Cluster uint16          // this pod's cluster ID (non-zero)
-	Pod     uint16          // this pod's ID, unique among live pods of the cluster
-	Keys    *token.Keyring  // mints server ufrags
-	Backend backend.Backend // the inference side of every session
-
-	MaxSessions    int           // capacity; default 500
-	ConnectTimeout time.Duration // a session not connected by then is freed; default 30s
-	IdleTimeout    time.Duration // a connected session with no media or events for this long ends; default 60s
-	// ICE consent: after DisconnectedTimeout without a packet from the
-	// client the session is "disconnected" (it still recovers), after
-	// FailedTimeout it ends. Defaults 5s and 15s.
-	DisconnectedTimeout time.Duration
-	FailedTimeout       time.Duration
-	// SCTPRTOMax caps SCTP's retransmission back-off so data channels
-	// recover quickly after a path gap; default 1s.
-	SCTPRTOMax time.Duration
-	// RouteTTL is how long a client's return route is kept without
-	// packets from it; default 2m.
-	RouteTTL time.Duration
-	// DTLSRole is the server's DTLS role: "client" answers a=setup:active
-	// (the server sends the ClientHello the moment ICE connects), "server"
-	// answers a=setup:passive and skips the HelloVerify cookie round trip
-	// (ICE has already proven the path with MESSAGE-INTEGRITY, so the
-	// cookie adds nothing). Default "client".
-	DTLSRole string
-	// WaitForNomination makes the server select a candidate pair only when
-	// the client nominates it, as RFC 8445 describes for lite agents. By
-	// default the preferred POP's pair is selected on the first
-	// authenticated check (see session.onBindingRequest), which saves
-	// browsers about one ping interval of setup time.
-	WaitForNomination bool
-	// Relays, when set, limits the datagrams the pod accepts to those from
-	// the cluster's relays (FollowRelays keeps it in step with gossip).
-	Relays *RelaySet
-	// Readers is how many goroutines read the pod socket, each taking
-	// batches of datagrams (recvmmsg) and running their receive path;
-	// default one per core (udpio.Procs: GOMAXPROCS without the relays' event loops), at most 4.
-	Readers int
-	// PionMedia keeps every session's SRTP on Pion's own path (its SRTP
-	// sessions, read streams and report interceptors) instead of the pod's
-	// (media.go). Only for comparing the two: the pod's path costs the pod
-	// a fraction of the CPU per datagram (docs/benchmarks.md).
-	PionMedia bool
-	// HopKeys are the cluster's inter-tier MAC keys (required): datagrams
-	// whose tag does not verify are dropped before anything else, replies
-	// are sealed. SetHopKeys replaces them without a restart.
-	HopKeys *encap.Keyring
-	// SessionAPISecret is the cluster's bearer secret: Handler refuses
-	// session API requests without it (health probes excepted). Empty: no
-	// credentials needed (dev worlds and tests).
-	SessionAPISecret string
-	// SessionAPISecretHash, instead of the secret, is its
-	// sessionapi.SecretHash: the pod verifies the front's secret without
-	// holding it, so a compromised pod cannot call its cluster's other
-	// pods. It wins over SessionAPISecret.
-	SessionAPISecretHash string
-
-	Logger     *slog.Logger          // default slog.Default()
-	Registerer prometheus.Registerer // nil: metrics are not registered
-	Now        func() time.Time      // default time.Now
-}
-
-func (c *Config) applyDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	if c.MaxSessions == 0 {
-		c.MaxSessions = 500
-	}
-	def(&c.ConnectTimeout, 30*time.Second)
-	def(&c.IdleTimeout, 60*time.Second)
-	def(&c.DisconnectedTimeout, 5*time.Second)
-	def(&c.FailedTimeout, 15*time.Second)
-	def(&c.SCTPRTOMax, time.Second)
-	def(&c.RouteTTL, 2*time.Minute)
-	if c.Readers == 0 {
-		c.Readers = defaultReaders()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-}
-
-// Validate reports the first problem with the configuration.
-func (c *Config) Validate() error {
-	switch {
-	case c.Cluster == 0:
-		return errors.New("transceiver config: cluster ID must be non-zero")
-	case c.Keys == nil:
-		return errors.New("transceiver config: token keyring is required")
-	case c.Backend == nil:
-		return errors.New("transceiver config: backend is required")
-	case c.HopKeys == nil:
-		return errors.New("transceiver config: inter-tier hop keys are required")
-	case c.MaxSessions < 0:
-		return errors.New("transceiver config: max sessions must not be negative")
-	case c.Readers < 0:
-		return errors.New("transceiver config: readers must not be negative")
-	case c.DTLSRole != "" && c.DTLSRole != "client" && c.DTLSRole != "server":
-		return fmt.Errorf("transceiver config: dtls role %q: want client or server", c.DTLSRole)
-	}
-	return nil
-}
 
 // POPAddr names a POP whose VIP a session advertises; the same type as the
 // session API's wire form.
-type POPAddr = sessionapi.POP
+type POPAddr = podnet.POP
 
 // CreateRequest asks for a new session.
 type CreateRequest struct {
@@ -166,9 +53,6 @@ type CreateResult struct {
 	Answer string
 }
 
-// podReadBuffer is the receive buffer asked for the pod socket.
-const podReadBuffer = 4 << 20
-
 // maxPOPs bounds the candidates per answer; more adds nothing but checks.
 const maxPOPs = 4
 
@@ -178,20 +62,17 @@ type Transceiver struct {
 	cfg  Config
 	log  *slog.Logger
 	m    *metrics
-	sock *podSocket
+	sock *podnet.Socket // the packet layer: sockets, muxes, routes, the media path
 	me   *webrtc.MediaEngine
 	ir   *interceptor.Registry
 	// mediaPath: sessions move their SRTP onto the pod's own path once
-	// connected (media.go); false with Config.PionMedia.
+	// connected (podnet.Media); false with Config.PionMedia.
 	mediaPath bool
 	base      webrtc.SettingEngine
-	// restarts translates the ICE credentials of restarted sessions (restart.go).
-	restarts *restartTable
-	// byNonce finds a session by its routing token's nonce (hint.go).
+	// byNonce finds a session by its routing token's nonce (podnet asks).
 	byNonce nonceIndex
 
 	mu       sync.Mutex
-	muxes    map[uint16]*popMux  // per POP, guarded by mu
 	sessions map[string]*session // guarded by mu
 	reserved int                 // sessions being created, guarded by mu
 	draining bool                // guarded by mu
@@ -208,9 +89,19 @@ type Transceiver struct {
 // New builds a transceiver over the pod's UDP socket. It takes ownership of
 // conn and closes it on Close. Nothing runs until Run.
 func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
-	cfg.applyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	cfg.Defaults()
+	err := cfg.check()
+	switch {
+	case err != nil:
+	case cfg.Keys == nil:
+		err = errors.New("token keyring is required")
+	case cfg.HopKeys == nil:
+		err = errors.New("inter-tier hop keys are required")
+	case cfg.Backend == nil:
+		err = errors.New("backend is required")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("transceiver config: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -241,29 +132,20 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		ir:  ir,
 
 		mediaPath: mediaPath,
-		muxes:     map[uint16]*popMux{},
 		sessions:  map[string]*session{},
 		runDone:   make(chan struct{}),
 
 		stateChanged: make(chan struct{}, 1),
 	}
-	// Every session of the pod arrives on this one socket: at 50 pps per
-	// session, the kernel's default receive buffer (about 200 KiB, some 300
-	// small datagrams at kernel accounting) fills within a 10–20 ms stall
-	// of the reader at a few hundred sessions, and the kernel drops
-	// silently. Best effort: the kernel caps it at net.core.rmem_max.
-	_ = conn.SetReadBuffer(podReadBuffer)
-	t.sock = newPodSocket(conn, cfg.Cluster, cfg.Pod, cfg.HopKeys, cfg.Relays, m, cfg.Now)
-	t.restarts = newRestartTable()
-	t.sock.restarts = t.restarts
-	t.sock.stray = t.strayMedia
+	t.sock = podnet.NewSocket(conn, podnet.Config{Cluster: cfg.Cluster, Pod: cfg.Pod, HopKeys: cfg.HopKeys, Relays: cfg.Relays,
+		Sessions: &t.byNonce, Metrics: m.net, Now: cfg.Now})
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
 	se.SetIncludeLoopbackCandidate(true)
-	se.DisableActiveTCP(true) // never dial out to a client's passive TCP candidate (tcp.go)
+	se.DisableActiveTCP(true) // never dial out to a client's passive TCP candidate (docs/tcp.md)
 	role := webrtc.DTLSRoleClient
 	if cfg.DTLSRole == "server" {
 		role = webrtc.DTLSRoleServer
@@ -290,11 +172,11 @@ var opusCapability = webrtc.RTPCodecCapability{
 // called; then it closes the transceiver. It returns nil on a normal stop.
 func (t *Transceiver) Run(ctx context.Context) error {
 	readDone := make(chan error, 1)
-	go func() { readDone <- t.readAll() }()
+	go func() { readDone <- t.sock.Read(t.cfg.Readers) }()
 	reportsDone, reportsStop := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(reportsDone)
-		t.reportLoop(reportsStop)
+		t.sock.Report(reportsStop)
 	}()
 	defer func() {
 		close(reportsStop)
@@ -333,10 +215,6 @@ func (t *Transceiver) Run(ctx context.Context) error {
 	return fmt.Errorf("read pod socket: %w", err)
 }
 
-// readAll runs the socket's readers until the socket is closed, and
-// returns the first reader's error.
-func (t *Transceiver) readAll() error { return t.sock.readers(t.cfg.Readers) }
-
 // housekeep expires idle sessions and stale routes.
 func (t *Transceiver) housekeep() {
 	now := t.cfg.Now()
@@ -351,8 +229,7 @@ func (t *Transceiver) housekeep() {
 	for _, s := range idle {
 		s.end(endIdle)
 	}
-	t.m.routes.Set(float64(t.sock.sweep(t.cfg.RouteTTL)))
-	t.restarts.sweep(now)
+	t.sock.Sweep(t.cfg.RouteTTL)
 }
 
 // Sessions returns the number of sessions held, including ones being set up.
@@ -424,13 +301,7 @@ func (t *Transceiver) Close() error {
 		close(t.runDone)
 		t.creates.Wait() // a create in flight must not open a mux after they close
 		t.endAll(endShutdown)
-		t.mu.Lock()
-		for _, mux := range t.muxes {
-			_ = mux.Close()
-		}
-		t.mu.Unlock()
-		t.sock.closeAll()
-		_ = t.sock.conn.Close()
+		_ = t.sock.Close()
 	})
 	return nil
 }
@@ -472,8 +343,6 @@ func (t *Transceiver) muxesFor(pops []POPAddr) ([]ice.UDPMux, error) {
 	if len(pops) == 0 || len(pops) > maxPOPs {
 		return nil, fmt.Errorf("%w: need 1 to %d POPs, got %d", ErrBadPOP, maxPOPs, len(pops))
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	out := make([]ice.UDPMux, 0, len(pops))
 	seen := map[uint16]bool{}
 	for _, p := range pops {
@@ -481,14 +350,11 @@ func (t *Transceiver) muxesFor(pops []POPAddr) ([]ice.UDPMux, error) {
 			return nil, fmt.Errorf("%w: invalid or repeated POP %d %v", ErrBadPOP, p.ID, p.VIP)
 		}
 		seen[p.ID] = true
-		pc, created, err := t.sock.popConn(p.ID, p.VIP)
+		mux, err := t.sock.UDPMux(p.ID, p.VIP)
 		if err != nil {
 			return nil, fmt.Errorf("%w: POP %d: %v", ErrBadPOP, p.ID, err)
 		}
-		if created {
-			t.muxes[p.ID] = pc.mux
-		}
-		out = append(out, pc.mux)
+		out = append(out, mux)
 	}
 	return out, nil
 }
@@ -581,4 +447,72 @@ func (t *Transceiver) newID() (string, error) {
 		return "", err
 	}
 	return id.String(), nil
+}
+
+// SetHopKeys replaces the pod's inter-tier keys (key rotation): replies are
+// sealed with the new current key and datagrams verified against every key
+// it holds, from the next datagram on. nil is ignored.
+func (t *Transceiver) SetHopKeys(k *encap.Keyring) { t.sock.SetHopKeys(k) }
+
+// nonceIndex finds the session of a datagram's routing token (the nonce in
+// its encapsulation header): a session's first server ufrag, and one per
+// ICE restart. It is the podnet.Sessions the packet layer asks.
+type nonceIndex struct {
+	mu sync.Mutex
+	m  map[[6]byte]*session // guarded by mu
+}
+
+// maxNoncesPerSession bounds the tokens a session is found by: its first
+// server ufrag's and its latest ICE restarts' (only the latest restart's
+// ufrag is translated at all), so that a client restarting over and over
+// does not grow the index.
+const maxNoncesPerSession = 3
+
+func (x *nonceIndex) add(nonce [6]byte, s *session) {
+	x.mu.Lock()
+	if x.m == nil {
+		x.m = map[[6]byte]*session{}
+	}
+	x.m[nonce] = s
+	s.nonces = append(s.nonces, nonce)
+	if len(s.nonces) > maxNoncesPerSession {
+		// Keep the first; forget the oldest restart's.
+		if old := s.nonces[1]; x.m[old] == s {
+			delete(x.m, old)
+		}
+		s.nonces = append(s.nonces[:1], s.nonces[2:]...)
+	}
+	x.mu.Unlock()
+}
+
+func (x *nonceIndex) get(nonce [6]byte) *session {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.m[nonce]
+}
+
+// ByToken implements podnet.Sessions.
+func (x *nonceIndex) ByToken(nonce [6]byte) podnet.Session {
+	if s := x.get(nonce); s != nil {
+		return s
+	}
+	return nil
+}
+
+func (x *nonceIndex) remove(s *session) {
+	x.mu.Lock()
+	for _, n := range s.nonces {
+		if x.m[n] == s {
+			delete(x.m, n)
+		}
+	}
+	s.nonces = nil
+	x.mu.Unlock()
+}
+
+// indexUfrag adds a server ufrag the pod minted for s to the index.
+func (t *Transceiver) indexUfrag(ufrag string, s *session) {
+	if tok, err := t.cfg.Keys.Verify([]byte(ufrag)); err == nil {
+		t.byNonce.add(tok.Nonce, s)
+	}
 }

@@ -43,7 +43,7 @@ func TestExampleConfigsParse(t *testing.T) {
 		file string
 		cfg  validated
 	}{
-		{"transceiver.yaml", &transceiver.NodeConfig{}},
+		{"transceiver.yaml", &transceiver.Config{}},
 		{"clusterrelay.yaml", &clusterrelay.NodeConfig{}},
 		{"globalrelay.yaml", &globalrelay.NodeConfig{}},
 		{"signaling.yaml", &signaling.NodeConfig{}},
@@ -65,7 +65,7 @@ func TestExampleConfigsParse(t *testing.T) {
 func TestExampleConfigNeedsPodIP(t *testing.T) {
 	t.Setenv("POD_IP", "") // restored after the test
 	os.Unsetenv("POD_IP")
-	var cfg transceiver.NodeConfig
+	var cfg transceiver.Config
 	err := config.Load(filepath.Join("..", "..", "deploy", "examples", "transceiver.yaml"), &cfg)
 	if !errors.Is(err, config.ErrUnsetVariable) || !strings.Contains(err.Error(), "POD_IP") {
 		t.Fatalf("err = %v, want one naming POD_IP", err)
@@ -87,7 +87,7 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 		"signaling":    "listen_addr: 127.0.0.1:0\ncatalogue: c.yaml\nallow_anonymous: true\n",
 	}
 	mk := map[string]func() validated{
-		"transceiver":  func() validated { return &transceiver.NodeConfig{} },
+		"transceiver":  func() validated { return &transceiver.Config{} },
 		"clusterrelay": func() validated { return &clusterrelay.NodeConfig{} },
 		"globalrelay":  func() validated { return &globalrelay.NodeConfig{} },
 		"signaling":    func() validated { return &signaling.NodeConfig{} },

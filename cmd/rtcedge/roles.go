@@ -28,9 +28,13 @@ func init() {
 				return signaling.NewNode(*cfg, signaling.Sockets{}, env)
 			}),
 		roleCommand("transceiver", "run a transceiver pod (WebRTC termination, echo backend)",
-			func(cfg *transceiver.NodeConfig, env node.Env) (runner, error) {
+			func(cfg *transceiver.Config, env node.Env) (runner, error) {
 				podGC()
-				return transceiver.NewNode(*cfg, transceiver.Sockets{}, netbackend.ForAddr(cfg.BackendAddr, env.Logger), env)
+				socks, err := transceiver.OpenSockets(*cfg)
+				if err != nil {
+					return nil, err
+				}
+				return transceiver.NewNode(*cfg, socks, netbackend.ForAddr(cfg.BackendAddr, env.Logger), env)
 			}),
 		roleCommand("clusterrelay", "run a cluster relay replica and the cluster's session API front",
 			func(cfg *clusterrelay.NodeConfig, env node.Env) (runner, error) {

@@ -1,4 +1,4 @@
-package transceiver
+package podnet
 
 import (
 	"bytes"

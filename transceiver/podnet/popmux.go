@@ -1,10 +1,11 @@
-package transceiver
+package podnet
 
 import (
 	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,9 +13,17 @@ import (
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
 
+// datagram is one client datagram waiting for a session's ICE reader, in a
+// pooled buffer.
+type datagram struct {
+	buf  *podBuf
+	n    int
+	from netip.AddrPort
+}
+
 // sessionQueueLen bounds the datagrams waiting for one session's ICE reader.
 // Once connected a session's audio and RTCP no longer pass through it (the
-// pod's media path, media.go): it carries STUN, DTLS and SCTP, a few
+// media path): it carries STUN, DTLS and SCTP, a few
 // datagrams a second, and a burst of data-channel events. A full queue
 // drops that session's datagram (dropSessionQueue) and no other session's.
 const sessionQueueLen = 32
@@ -26,7 +35,7 @@ const maxAddrsPerSession = 8
 
 // errUfragInUse is returned by GetConn for a ufrag that already has a conn
 // on the POP: every session mints its own, so this is a second gather.
-var errUfragInUse = errors.New("transceiver: ICE ufrag already has a conn on this POP")
+var errUfragInUse = errors.New("podnet: ICE ufrag already has a conn on this POP")
 
 // popMux is the ice.UDPMux of one POP. It replaces Pion's UDPMuxDefault,
 // whose single reader goroutine per POP took every datagram from a queue
@@ -190,7 +199,7 @@ type muxConn struct {
 	closeOnce sync.Once
 
 	readDeadline atomic.Pointer[time.Time]
-	media        atomic.Pointer[mediaPath] // the session's SRTP goes here, not to Pion (media.go)
+	media        atomic.Pointer[Media] // the session's SRTP goes here, not to Pion
 
 	addrs []netip.AddrPort // client addresses routed here; guarded by mux.mu
 }
@@ -232,7 +241,7 @@ func (c *muxConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 func (c *muxConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	ua, ok := addr.(*net.UDPAddr)
 	if !ok {
-		return 0, errors.New("transceiver: not a UDP address")
+		return 0, errors.New("podnet: not a UDP address")
 	}
 	return c.WriteToAddrPort(b, ua.AddrPort())
 }
@@ -276,3 +285,66 @@ func (c *muxConn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
 func (c *muxConn) SetWriteDeadline(time.Time) error { return nil }
+
+// media returns the media path of the session a client address is routed
+// to, nil if none (or the session's media still goes through Pion).
+func (m *popMux) media(from netip.AddrPort) *Media {
+	c := m.routed(from)
+	if c == nil {
+		return nil
+	}
+	return c.media.Load()
+}
+
+// setMedia points the session conn of a ufrag at its media path.
+func (m *popMux) setMedia(ufrag string, mp *Media) {
+	m.mu.RLock()
+	c := m.byUfrag[ufrag]
+	m.mu.RUnlock()
+	if c != nil {
+		c.media.Store(mp)
+	}
+}
+
+// inject hands a datagram to its session as if it had arrived from a
+// client through this POP. It reports false when the conn is closed or its
+// queue is full.
+func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
+	select {
+	case <-c.closed:
+		return false
+	default:
+	}
+	buf := bufPool.Get().(*podBuf)
+	n := copy(buf[:], b)
+	if _, ok := c.mux.deliver(buf, n, from); !ok {
+		bufPool.Put(buf)
+		return false
+	}
+	return true
+}
+
+// readInbox reads the next queued datagram into b, honouring a read
+// deadline, io.EOF once closed is closed. Shared by the virtual conns.
+func readInbox(in <-chan datagram, closed <-chan struct{}, deadline *atomic.Pointer[time.Time], b []byte) (int, netip.AddrPort, error) {
+	var timeout <-chan time.Time
+	if d := deadline.Load(); d != nil && !d.IsZero() {
+		wait := time.Until(*d)
+		if wait <= 0 {
+			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+		}
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case d := <-in:
+		n := copy(b, d.buf[:d.n])
+		bufPool.Put(d.buf)
+		return n, d.from, nil
+	case <-closed:
+		return 0, netip.AddrPort{}, io.EOF
+	case <-timeout:
+		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
+	}
+}

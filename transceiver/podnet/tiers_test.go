@@ -1,4 +1,4 @@
-package transceiver
+package podnet
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ type tiers struct {
 	pc              *popConn
 	session         *muxConn // the one session the checks are for
 	ufrag           string
-	sock            *podSocket
+	sock            *Socket
 	gr              *globalrelay.Relay
 	cr              *clusterrelay.Relay
 	grReg, crReg    *prometheus.Registry
@@ -174,7 +174,7 @@ func (tr *tiers) readPod(t testing.TB, wait time.Duration) ([]byte, bool) {
 // metricValue reads a counter of a registry by its reason label.
 func metricValue(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
 	t.Helper()
-	return (&pod{reg: reg}).counter(t, name, "reason", reason)
+	return counter(t, reg, name, "reason", reason)
 }
 
 // TestDatagramSizeLimitAcrossTiers: one size limit for every tier. A
@@ -306,6 +306,6 @@ func sealedWith(t testing.TB, k *encap.Keyring, h encap.Header, payload string) 
 // (confirm) and the answer to the pod's probe (reach.go) do: its route may
 // carry DTLS and media.
 func (tr *tiers) authenticated(c netip.AddrPort) {
-	tr.sock.confirm(1, c, [12]byte{1})
+	tr.sock.Confirm(1, c, [12]byte{1})
 	tr.pc.prove(tr.pc.route(c))
 }

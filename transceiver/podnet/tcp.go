@@ -1,12 +1,10 @@
-package transceiver
+package podnet
 
 import (
 	"errors"
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +12,6 @@ import (
 	"github.com/pion/ice/v4"
 	"github.com/pion/transport/v5"
 	"github.com/pion/transport/v5/stdnet"
-	"github.com/pion/webrtc/v4"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
@@ -88,7 +85,7 @@ type tcpPeer struct {
 // tcpSide is the pod's ICE-TCP state: session conns and client bindings.
 // It lives in the podSocket; its zero value is ready after init.
 type tcpSide struct {
-	sock  *podSocket
+	sock  *Socket
 	drops *udpio.Drops[tcpDropReason]
 
 	mu    sync.RWMutex
@@ -96,7 +93,7 @@ type tcpSide struct {
 	peers map[tcpPeerKey]*tcpPeer    // guarded by mu
 }
 
-func (ts *tcpSide) init(s *podSocket) {
+func (ts *tcpSide) init(s *Socket) {
 	ts.sock = s
 	ts.drops = udpio.NewDrops[tcpDropReason](s.m.dropVec, "tcp_", tcpDropLabels[:]...)
 	ts.conns = map[tcpConnKey]*tcpICEConn{}
@@ -127,15 +124,13 @@ func (ts *tcpSide) handle(buf *podBuf, n, hl int, h encap.Header, relay netip.Ad
 	}
 	p.lastSeen.Store(now)
 	if mp := p.conn.media.Load(); mp != nil && stunmsg.DemuxClass(pkt) == stunmsg.ClassRTP {
-		ts.sock.m.packetsIn.Inc()
-		ts.sock.m.bytesIn.Add(float64(n))
+		ts.sock.m.in(n)
 		mp.receive(pkt)
 		return false
 	}
 	select {
 	case p.conn.in <- datagram{buf: buf, n: n, from: h.Client}:
-		ts.sock.m.packetsIn.Inc()
-		ts.sock.m.bytesIn.Add(float64(n))
+		ts.sock.m.in(n)
 		return true
 	default:
 		ts.drops.Inc(tcpDropQueueFull)
@@ -197,7 +192,7 @@ func (ts *tcpSide) peer(pop uint16, client netip.AddrPort) *tcpPeer {
 
 // open registers a session's conn for one POP, replacing (and closing) an
 // older one of the same ufrag and POP.
-func (ts *tcpSide) open(ufrag string, pop POPAddr) *tcpICEConn {
+func (ts *tcpSide) open(ufrag string, pop POP) *tcpICEConn {
 	c := &tcpICEConn{
 		side:   ts,
 		key:    tcpConnKey{ufrag, pop.ID},
@@ -223,7 +218,7 @@ func (ts *tcpSide) conn(ufrag string, pop uint16) *tcpICEConn {
 }
 
 // setMedia points every conn of a session's ufrag at its media path.
-func (ts *tcpSide) setMedia(ufrag string, mp *mediaPath) {
+func (ts *tcpSide) setMedia(ufrag string, mp *Media) {
 	ts.mu.RLock()
 	defer ts.mu.RUnlock()
 	for k, c := range ts.conns {
@@ -286,37 +281,12 @@ type tcpICEConn struct {
 	closed       chan struct{}
 	closeOnce    sync.Once
 	readDeadline atomic.Pointer[time.Time]
-	media        atomic.Pointer[mediaPath] // the session's SRTP goes here, not to Pion (media.go)
+	media        atomic.Pointer[Media] // the session's SRTP goes here, not to Pion
 }
 
 // ReadFromAddrPort implements ice.AddrPortReaderWriter.
 func (c *tcpICEConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
 	return readInbox(c.in, c.closed, &c.readDeadline, b)
-}
-
-// readInbox reads the next queued datagram into b, honouring a read
-// deadline, io.EOF once closed is closed. Shared by the virtual conns.
-func readInbox(in <-chan datagram, closed <-chan struct{}, deadline *atomic.Pointer[time.Time], b []byte) (int, netip.AddrPort, error) {
-	var timeout <-chan time.Time
-	if d := deadline.Load(); d != nil && !d.IsZero() {
-		wait := time.Until(*d)
-		if wait <= 0 {
-			return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case d := <-in:
-		n := copy(b, d.buf[:d.n])
-		bufPool.Put(d.buf)
-		return n, d.from, nil
-	case <-closed:
-		return 0, netip.AddrPort{}, io.EOF
-	case <-timeout:
-		return 0, netip.AddrPort{}, os.ErrDeadlineExceeded
-	}
 }
 
 // ReadFrom implements net.PacketConn; peers are *net.TCPAddr, so Pion
@@ -352,7 +322,7 @@ func (c *tcpICEConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
 func (c *tcpICEConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	ta, ok := addr.(*net.TCPAddr)
 	if !ok {
-		return 0, errors.New("transceiver: not a TCP address")
+		return 0, errors.New("podnet: not a TCP address")
 	}
 	return c.WriteToAddrPort(b, ta.AddrPort())
 }
@@ -381,32 +351,12 @@ func (c *tcpICEConn) SetReadDeadline(t time.Time) error {
 // SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
 func (c *tcpICEConn) SetWriteDeadline(time.Time) error { return nil }
 
-// send seals b behind hdr and sends it to relay from the pod socket.
-func (s *podSocket) send(hdr *encap.Header, relay netip.AddrPort, b []byte) (int, error) {
-	buf := bufPool.Get().(*podBuf)
-	defer bufPool.Put(buf)
-	hl, err := hdr.Put(buf[:])
-	if err != nil || len(b) > encap.MaxPayload {
-		s.m.drop(dropOversize)
-		return 0, errors.New("transceiver: datagram too large")
-	}
-	copy(buf[hl:], b)
-	s.keys.Load().Seal(buf[:hl+len(b)], hl)
-	if err := s.out.send(buf[:hl+len(b)], relay); err != nil { // batched (podbatch.go); it copies
-		s.m.writeErrors.Inc()
-		return 0, err
-	}
-	s.m.packetsOut.Inc()
-	s.m.bytesOut.Add(float64(len(b)))
-	return len(b), nil
-}
-
 // sessionTCPMux is the ice.TCPMux (and ice.AllConnsGetter) one session's
 // agent gathers its passive TCP candidates from: one conn per POP of the
 // session that has a TCP port, for the VIP address Pion asks about.
 type sessionTCPMux struct {
 	side *tcpSide
-	pops []POPAddr
+	pops []POP
 }
 
 // GetAllConns returns a conn per POP of the session whose VIP address is
@@ -414,7 +364,7 @@ type sessionTCPMux struct {
 func (m *sessionTCPMux) GetAllConns(ufrag string, _ bool, local net.IP) ([]net.PacketConn, error) {
 	ip, ok := netip.AddrFromSlice(local)
 	if !ok {
-		return nil, errors.New("transceiver: bad local address")
+		return nil, errors.New("podnet: bad local address")
 	}
 	var out []net.PacketConn
 	for _, p := range m.pops {
@@ -432,7 +382,7 @@ func (m *sessionTCPMux) GetConnByUfrag(ufrag string, isIPv6 bool, local net.IP) 
 		return nil, err
 	}
 	if len(all) == 0 {
-		return nil, errors.New("transceiver: no TCP POP at that address")
+		return nil, errors.New("podnet: no TCP POP at that address")
 	}
 	for _, c := range all[1:] {
 		_ = c.Close()
@@ -478,7 +428,7 @@ func (n *vipNet) InterfaceByIndex(index int) (*transport.Interface, error) {
 	if index == n.iface.Index {
 		return n.iface, nil
 	}
-	return nil, errors.New("transceiver: no such interface")
+	return nil, errors.New("podnet: no such interface")
 }
 
 // InterfaceByName returns the virtual interface for its name.
@@ -486,39 +436,31 @@ func (n *vipNet) InterfaceByName(name string) (*transport.Interface, error) {
 	if name == n.iface.Name {
 		return n.iface, nil
 	}
-	return nil, errors.New("transceiver: no such interface")
+	return nil, errors.New("podnet: no such interface")
 }
 
 // podNet is the pod's real network, which vipNet wraps; created once.
 var podNet = sync.OnceValues(func() (transport.Net, error) { return stdnet.NewNet() })
 
-// tcpPOPs returns the POPs that take TCP.
-func tcpPOPs(pops []POPAddr) []POPAddr {
-	var out []POPAddr
+// TCP returns what a session's agent gathers passive TCP candidates from
+// for the POPs that take TCP: the mux, and the network whose only
+// interface carries those POPs' VIP addresses, with whether any is IPv4 or
+// IPv6. The mux is nil when no POP takes TCP.
+func (s *Socket) TCP(pops []POP) (mux ice.TCPMux, n transport.Net, v4, v6 bool) {
+	var tp []POP
 	for _, p := range pops {
 		if p.TCPPort != 0 {
-			out = append(out, p)
+			tp = append(tp, p)
 		}
 	}
-	return out
-}
-
-// setupTCP makes a session's setting engine gather a passive TCP candidate
-// per POP that has a TCP port, and records those candidates' addresses as
-// the session's POP addresses (so selection and POP switching treat a TCP
-// pair as being at its POP). Without such POPs it changes nothing.
-func (t *Transceiver) setupTCP(se *webrtc.SettingEngine, s *session, pops []POPAddr) {
-	tp := tcpPOPs(pops)
 	std, err := podNet()
 	if len(tp) == 0 || err != nil {
-		return
+		return nil, nil, false, false
 	}
 	iface := transport.NewInterface(net.Interface{Index: 1, MTU: 1500, Name: "rtcedge-vips", Flags: net.FlagUp})
 	seen := map[netip.Addr]bool{}
-	v4, v6 := false, false
 	for _, p := range tp {
 		ip := p.VIP.Addr().Unmap()
-		s.popByVIP[netip.AddrPortFrom(ip, p.TCPPort)] = p.ID
 		if seen[ip] {
 			continue
 		}
@@ -531,21 +473,8 @@ func (t *Transceiver) setupTCP(se *webrtc.SettingEngine, s *session, pops []POPA
 		}
 		iface.AddAddress(&net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(bits, bits)})
 	}
-	types := []webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6}
-	if v4 {
-		types = append(types, webrtc.NetworkTypeTCP4)
-	}
-	if v6 {
-		types = append(types, webrtc.NetworkTypeTCP6)
-	}
-	se.SetNetworkTypes(types)
-	se.SetNet(&vipNet{Net: std, iface: iface})
-	se.SetICETCPMux(&sessionTCPMux{side: &t.sock.tcp, pops: tp})
+	return &sessionTCPMux{side: &s.tcp, pops: tp}, &vipNet{Net: std, iface: iface}, v4, v6
 }
-
-// isTCPCandidateLine reports whether an SDP candidate's transport field is
-// TCP (ICE-TCP, RFC 6544).
-func isTCPCandidateLine(transportField string) bool { return strings.EqualFold(transportField, "tcp") }
 
 var _ ice.TCPMux = (*sessionTCPMux)(nil)
 var _ ice.AllConnsGetter = (*sessionTCPMux)(nil)

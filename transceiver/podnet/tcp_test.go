@@ -1,4 +1,4 @@
-package transceiver
+package podnet
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 
 // tcpSideRig is a pod socket of cluster 7, pod 3, a socket playing its
 // cluster relay, and a POP with a TCP port; all closed when the test ends.
-func tcpSideRig(t *testing.T, reg *prometheus.Registry) (*podSocket, *net.UDPConn, POPAddr) {
+func tcpSideRig(t *testing.T, reg *prometheus.Registry) (*Socket, *net.UDPConn, POP) {
 	t.Helper()
 	m, err := newMetrics(reg)
 	if err != nil {
@@ -28,7 +28,7 @@ func tcpSideRig(t *testing.T, reg *prometheus.Registry) (*podSocket, *net.UDPCon
 		podConn.Close()
 		relay.Close()
 	})
-	return s, relay, POPAddr{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
+	return s, relay, POP{ID: 1, VIP: netip.MustParseAddrPort("127.0.0.2:3478"), TCPPort: 443}
 }
 
 // TestTCPSide: a TCP-flagged datagram binds its client to the session conn
@@ -173,7 +173,7 @@ func TestReadersClosedBeforeStart(t *testing.T) {
 	s := newPodSocket(podConn, 7, 3, testHop, nil, m, time.Now)
 	defer s.closeAll()
 	podConn.Close()
-	if err := s.readers(2); err != nil {
+	if err := s.Read(2); err != nil {
 		t.Errorf("readers on a closed socket: %v, want the normal end", err)
 	}
 }

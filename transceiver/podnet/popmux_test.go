@@ -1,4 +1,4 @@
-package transceiver
+package podnet
 
 import (
 	"errors"
@@ -25,7 +25,7 @@ func newTestMux(t *testing.T) *popMux {
 }
 
 // testPOP is a pod socket on conn (cluster 7, pod 3) with POP 1's conn.
-func testPOP(t *testing.T, conn *net.UDPConn) (*podSocket, *popConn) {
+func testPOP(t *testing.T, conn *net.UDPConn) (*Socket, *popConn) {
 	t.Helper()
 	m, err := newMetrics(nil)
 	if err != nil {

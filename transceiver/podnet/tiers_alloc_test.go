@@ -1,6 +1,6 @@
 //go:build !race
 
-package transceiver
+package podnet
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package transceiver
+package podnet
 
 import (
 	"net"
@@ -110,7 +110,7 @@ func TestSeveralReaders(t *testing.T) {
 	pc.mux.mu.Unlock()
 	const readers = 3
 	done := make(chan error, 1)
-	go func() { done <- s.readers(readers) }()
+	go func() { done <- s.Read(readers) }()
 	relay := listenLoopback(t, "udp4", "127.0.0.1:0")
 	h := encap.Header{Cluster: 7, Pod: 3, POP: 1, Client: client, Ingress: netip.MustParseAddrPort("127.0.0.1:9")}
 	const total = 300
@@ -188,9 +188,8 @@ func readersRunInParallel(t *testing.T, steered bool) {
 	// and 5002 map to one reader, 5001 to the other.
 	rx, client := srtpPair(t)
 	block := &blockingAudio{entered: make(chan struct{}), release: make(chan struct{})}
-	sess := &session{t: &Transceiver{cfg: Config{Now: time.Now}, m: s.m}, handler: block}
 	c1, c2, c3 := getConn(t, pc, "u1"), getConn(t, pc, "u2"), getConn(t, pc, "u3")
-	c1.media.Store(&mediaPath{s: sess, rx: rx})
+	c1.media.Store(&Media{sess: &fakeSession{audio: block}, sock: s, rx: rx})
 	client1 := netip.MustParseAddrPort("198.51.100.1:5000")
 	client2 := netip.MustParseAddrPort("198.51.100.2:5001")
 	client3 := netip.MustParseAddrPort("198.51.100.3:5002")
@@ -199,7 +198,7 @@ func readersRunInParallel(t *testing.T, steered bool) {
 	pc.mux.mu.Unlock()
 
 	done := make(chan error, 1)
-	go func() { done <- s.readers(2) }()
+	go func() { done <- s.Read(2) }()
 	released := false
 	defer func() {
 		if !released {
