@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building rtcedge needs beyond Go when it is missing: a C
-# compiler, pkg-config and libopus-dev (internal/opus links libopus through
+# compiler and libopus-dev (internal/opus links libopus through
 # cgo; docs/codec.md). Safe to run again; does nothing when everything is
 # there. A build without them: `go build -tags noopus` (or CGO_ENABLED=0)
 # gives a binary whose Realtime backend reports the codec unavailable.

@@ -37,11 +37,22 @@ if [ ! -r "$CA_BUNDLE" ]; then
 	exit 1
 fi
 
+# libopus and a C compiler: the binary links libopus (internal/opus).
+./scripts/build-deps.sh
+
 # The build context holds only what the image needs.
 ctx=${CONTEXT_DIR:-bin/image}
 rm -rf "$ctx"
 mkdir -p "$ctx"
-CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w" -o "$ctx/rtcedge" ./cmd/rtcedge
+# A static binary with cgo: libopus.a and glibc linked in, so the image
+# stays FROM scratch. netgo and osusergo keep the resolver and user lookups
+# in Go (static glibc cannot load their NSS modules); docs/codec.md.
+CGO_ENABLED=1 "$GO" build -trimpath -tags netgo,osusergo \
+	-ldflags "-s -w -linkmode external -extldflags -static" -o "$ctx/rtcedge" ./cmd/rtcedge
+if ldd "$ctx/rtcedge" >/dev/null 2>&1; then
+	echo "build-image: $ctx/rtcedge is dynamically linked; the image has no libc" >&2
+	exit 1
+fi
 cp "$CA_BUNDLE" "$ctx/ca-certificates.crt"
 cp deploy/image/passwd deploy/image/group "$ctx/"
 

@@ -158,18 +158,59 @@ func fft(x []complex128) {
 }
 
 // Align finds the delay of got behind ref, between 0 and maxLag samples,
-// that maximises their normalised cross-correlation over ref's length, and
-// returns it with that correlation (1 for an identical waveform, 0 for
-// none). Codecs delay their output (Opus by 6.5 ms plus its resampler), so
-// waveforms are compared after Align.
+// at which their cross-correlation peaks (computed by FFT, so whole
+// seconds of audio align in milliseconds), and returns it with the
+// normalised correlation at that delay (1 for an identical waveform, 0 for
+// none). Codecs delay their output (Opus by 6.5 ms, its resampler
+// included), so waveforms are compared after Align.
 func Align(ref, got []int16, maxLag int) (lag int, corr float64) {
-	corr = math.Inf(-1)
-	for l := 0; l <= maxLag; l++ {
-		if c := Correlation(ref, got[min(l, len(got)):]); c > corr {
-			lag, corr = l, c
+	n := 1
+	for n < len(ref)+len(got) {
+		n <<= 1
+	}
+	x, y := make([]complex128, n), make([]complex128, n)
+	for i, s := range ref {
+		x[i] = complex(float64(s), 0)
+	}
+	for i, s := range got {
+		y[i] = complex(float64(s), 0)
+	}
+	fft(x)
+	fft(y)
+	// r[l] = sum ref[i]*got[i+l]: the inverse transform of conj(X)·Y,
+	// done as a forward transform of its conjugate.
+	for i := range x {
+		x[i] = cmplx.Conj(cmplx.Conj(x[i]) * y[i])
+	}
+	fft(x)
+	best := math.Inf(-1)
+	for l := 0; l <= maxLag && l < len(got); l++ {
+		if r := real(x[l]); r > best {
+			lag, best = l, r
 		}
 	}
-	return lag, corr
+	return lag, Correlation(ref, got[lag:])
+}
+
+// HeardFrames is the fraction of ref's voiced frames (frame samples, RMS ≥
+// threshold) whose frame in got, aligned with ref, still has at least half
+// that threshold: how much of what was said arrived, allowing the codec to
+// soften the edges of words by up to 6 dB. 1 when ref has no voiced frame.
+func HeardFrames(ref, got []int16, frame int, threshold float64) float64 {
+	voiced, heard := 0, 0
+	for i := 0; i+frame <= len(ref); i += frame {
+		if RMS(ref[i:i+frame]) < threshold {
+			continue
+		}
+		voiced++
+		if i+frame <= len(got) && RMS(got[i:i+frame]) >= threshold/2 {
+			heard++
+		}
+	}
+	if voiced == 0 {
+		return 1
+	}
+	return float64(heard) / float64(voiced)
 }
 
 // Correlation is the normalised cross-correlation of a and b over their

@@ -21,6 +21,10 @@ static int rtcedge_encoder_setup(OpusEncoder *e, int bitrate, int complexity, in
 	if ((err = opus_encoder_ctl(e, OPUS_SET_SIGNAL(OPUS_SIGNAL_VOICE))) != OPUS_OK) return err;
 	return OPUS_OK;
 }
+
+static int rtcedge_encoder_set_complexity(OpusEncoder *e, int complexity) {
+	return opus_encoder_ctl(e, OPUS_SET_COMPLEXITY(complexity));
+}
 */
 import "C"
 
@@ -29,13 +33,15 @@ import (
 	"unsafe"
 )
 
-// Encoder settings (NewEncoder). Complexity is measured in
-// docs/benchmarks.md ("Audio codec"): the lowest setting whose quality on
-// speech matches the higher ones.
+// Encoder settings (NewEncoder).
 const (
 	bitrate = 32000
-	// complexity 0..10; see docs/benchmarks.md.
-	complexity = 5
+	// DefaultComplexity, measured in docs/benchmarks.md ("Audio codec"):
+	// complexity 0 and 1 cost half of 2 to 5 and a quarter of 8 to 10 per
+	// frame, with the same waveform correlation and level on speech and a
+	// spectral distance 0.7 dB above 5's; the encoder is most of the
+	// transcoding's CPU, which is what bounds the calls a pod carries.
+	complexity = DefaultComplexity
 	// expectedLoss (percent) is what the encoder plans in-band FEC for:
 	// without a non-zero figure libopus sends no FEC at all.
 	expectedLoss = 5
@@ -177,6 +183,21 @@ func (e *Encoder) Rate() int { return e.rate }
 
 // FrameSamples is the length of the pcm Encode takes: 20 ms at Rate.
 func (e *Encoder) FrameSamples() int { return e.frame }
+
+// SetComplexity sets the encoder's complexity, 0 (cheapest) to 10 (libopus's
+// own default): docs/benchmarks.md measures what each step costs and gains.
+func (e *Encoder) SetComplexity(c int) error {
+	if e.st == nil {
+		return ErrClosed
+	}
+	if c < 0 || c > 10 {
+		return fmt.Errorf("opus: complexity %d out of 0..10", c)
+	}
+	if code := C.rtcedge_encoder_set_complexity(e.st, C.int(c)); code != C.OPUS_OK {
+		return fmt.Errorf("opus: set complexity %d: %s", c, C.GoString(C.opus_strerror(code)))
+	}
+	return nil
+}
 
 // Encode encodes one 20 ms frame (len(pcm) == FrameSamples()) into out and
 // returns the packet's length. out of MaxPacket bytes always suffices; a

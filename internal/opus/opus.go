@@ -27,6 +27,10 @@ import (
 	"fmt"
 )
 
+// DefaultComplexity is the complexity NewEncoder sets (Encoder.SetComplexity
+// changes it): see docs/benchmarks.md, "Audio codec".
+const DefaultComplexity = 1
+
 // MaxPacket is the largest Opus packet (RFC 6716, 3.2.1): an Encode
 // destination of this size is always large enough.
 const MaxPacket = 1275

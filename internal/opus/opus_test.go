@@ -3,6 +3,8 @@
 package opus
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -50,25 +52,176 @@ func newPair(t testing.TB, encRate, decRate int) (*Encoder, *Decoder) {
 	return enc, dec
 }
 
-// TestRoundTripTone: a 1 kHz tone encoded at 48 kHz and decoded at 24 kHz
-// (the caller's direction), and encoded at 24 kHz and decoded at 48 kHz
-// (the model's), keeps its frequency, level and length: libopus converts
-// between the rates itself.
+// TestRoundTripTone: tones encoded at 48 kHz and decoded at 24 or 16 kHz
+// (the caller's direction), and encoded at 24 or 16 kHz and decoded at
+// 48 kHz (the model's), keep their frequency, level and length: libopus
+// converts between the rates itself, no resampler needed.
 func TestRoundTripTone(t *testing.T) {
 	for _, c := range []struct{ enc, dec int }{{48000, 24000}, {24000, 48000}, {48000, 16000}, {16000, 48000}} {
-		enc, dec := newPair(t, c.enc, c.dec)
-		in := audiotest.Tone(c.enc, 1000, 0.5, time.Second)
-		out := roundTrip(t, enc, dec, in)
-		if want := c.dec; len(out) != want {
-			t.Errorf("%d→%d Hz: %d samples out, want %d", c.enc, c.dec, len(out), want)
+		for _, freq := range []float64{440, 1000} {
+			enc, dec := newPair(t, c.enc, c.dec)
+			in := audiotest.Tone(c.enc, freq, 0.5, time.Second)
+			out := roundTrip(t, enc, dec, in)
+			name := fmt.Sprintf("%g Hz %d→%d Hz", freq, c.enc, c.dec)
+			if len(out) != c.dec {
+				t.Errorf("%s: %d samples out, want %d", name, len(out), c.dec)
+			}
+			frame := c.dec / 50
+			if v, n := audiotest.VoicedFrames(out, frame, 0.01), len(out)/frame; v < n*95/100 {
+				t.Errorf("%s: %d of %d frames carry the tone, want ≥ 95 %%", name, v, n)
+			}
+			// Past the codec's start-up (its first frames ramp up).
+			tail := out[len(out)/4:]
+			if f := audiotest.DominantFrequency(tail, c.dec); math.Abs(f-freq) > 0.01*freq {
+				t.Errorf("%s: dominant frequency %.1f Hz, want %g ± 1 %%", name, f, freq)
+			}
+			if r, want := audiotest.RMS(tail), audiotest.RMS(in); math.Abs(r-want) > 0.1*want {
+				t.Errorf("%s: RMS %.3f, want %.3f ± 10 %%", name, r, want)
+			}
 		}
-		// Skip the codec's start-up (its first frames ramp up).
-		tail := out[len(out)/2:]
-		if f := audiotest.DominantFrequency(tail, c.dec); math.Abs(f-1000) > 10 {
-			t.Errorf("%d→%d Hz: dominant frequency %.1f Hz, want 1000", c.enc, c.dec, f)
+	}
+}
+
+// speechText is what the speech tests have espeak-ng say: about 7 s with
+// pauses between phrases.
+const speechText = "The quick brown fox jumps over the lazy dog. Please call me back at five thirty, I will be waiting near the station."
+
+// checkSpeech compares got, decoded speech, with ref, the same speech as
+// espeak-ng and sox made it at got's rate: what was voiced is heard,
+// the spectrum keeps its peak, and after the codec's delay the waveform
+// and spectral envelope stay close (bounds a few points under what libopus
+// measures, docs/benchmarks.md).
+func checkSpeech(t *testing.T, name string, ref, got []int16, rate int, minCorr float64) {
+	t.Helper()
+	frame := rate / 50
+	lag, corr := audiotest.Align(ref, got, rate/25)
+	got = got[lag:]
+	vr, vg := audiotest.VoicedFrames(ref, frame, 0.01), audiotest.VoicedFrames(got, frame, 0.01)
+	heard := audiotest.HeardFrames(ref, got, frame, 0.01)
+	fr, fg := audiotest.DominantFrequency(ref, rate), audiotest.DominantFrequency(got, rate)
+	lsd := audiotest.SpectralDistance(ref, got, rate, frame)
+	t.Logf("%s: delay %.2f ms, correlation %.3f, SNR %.1f dB, spectral distance %.2f dB, voiced frames %d/%d, heard %.1f %%, dominant %.1f/%.1f Hz",
+		name, float64(lag)*1000/float64(rate), corr, audiotest.SNR(ref, got), lsd, vg, vr, 100*heard, fg, fr)
+	if heard < 0.95 {
+		t.Errorf("%s: %.1f %% of the voiced frames heard, want ≥ 95 %%", name, 100*heard)
+	}
+	if math.Abs(fg-fr) > 0.05*fr {
+		t.Errorf("%s: dominant frequency %.1f Hz, want %.1f ± 5 %%", name, fg, fr)
+	}
+	if corr < minCorr {
+		t.Errorf("%s: correlation %.3f after alignment, want ≥ %.2f", name, corr, minCorr)
+	}
+	if lsd > 7 {
+		t.Errorf("%s: spectral distance %.2f dB, want ≤ 7", name, lsd)
+	}
+}
+
+// TestRoundTripSpeech: espeak-ng speech through the codec both ways, and
+// through the whole edge (the caller's 48 kHz Opus decoded at 24 kHz,
+// encoded again from 24 kHz, decoded at 48 kHz as the caller's browser
+// does), and at 16 kHz.
+func TestRoundTripSpeech(t *testing.T) {
+	s48 := audiotest.Speech(t, speechText, 48000)
+	for _, rate := range []int{24000, 16000} {
+		sr := audiotest.Speech(t, speechText, rate)
+		enc, dec := newPair(t, 48000, rate)
+		up := roundTrip(t, enc, dec, s48)
+		checkSpeech(t, fmt.Sprintf("caller 48k→%d", rate), sr, up, rate, 0.9)
+
+		enc, dec = newPair(t, rate, 48000)
+		down := roundTrip(t, enc, dec, sr)
+		checkSpeech(t, fmt.Sprintf("model %d→48k", rate), s48, down, 48000, 0.9)
+
+		enc, dec = newPair(t, rate, 48000)
+		edge := roundTrip(t, enc, dec, up)
+		checkSpeech(t, fmt.Sprintf("edge 48k→%d→48k", rate), s48, edge, 48000, 0.8)
+	}
+}
+
+// TestLoss: a lost packet is concealed with a frame that carries on the
+// tone, and the next packet's in-band FEC recovers it.
+func TestLoss(t *testing.T) {
+	enc, dec := newPair(t, 24000, 24000)
+	in := audiotest.Tone(24000, 440, 0.5, time.Second)
+	pkt := make([]byte, MaxPacket)
+	pcm := make([]int16, 24000*120/1000)
+	fs := enc.FrameSamples()
+	var next []byte
+	for i := 0; i+fs <= len(in); i += fs {
+		n, err := enc.Encode(in[i:i+fs], pkt)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if r, want := audiotest.RMS(tail), audiotest.RMS(in); math.Abs(r-want) > 0.1*want {
-			t.Errorf("%d→%d Hz: RMS %.3f, want %.3f ± 10 %%", c.enc, c.dec, r, want)
+		if i/fs == 30 { // lost: conceal it, keep the next packet for FEC
+			m, err := dec.Conceal(pcm[:fs])
+			if err != nil || m != fs {
+				t.Fatalf("Conceal = %d, %v, want %d", m, err, fs)
+			}
+			if r := audiotest.RMS(pcm[:m]); r < 0.05 {
+				t.Errorf("concealed frame RMS %.3f: silence, not concealment", r)
+			}
+			continue
 		}
+		if i/fs == 31 {
+			next = append([]byte(nil), pkt[:n]...)
+		}
+		if _, err := dec.Decode(pkt[:n], pcm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A fresh decoder recovers frame 30 from packet 31's FEC data after
+	// hearing frames 0..29.
+	_, dec2 := newPair(t, 24000, 24000)
+	enc2, _ := newPair(t, 24000, 24000)
+	for i := 0; i < 30*fs; i += fs {
+		n, _ := enc2.Encode(in[i:i+fs], pkt)
+		if _, err := dec2.Decode(pkt[:n], pcm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := dec2.DecodeFEC(next, pcm[:fs])
+	if err != nil || m != fs {
+		t.Fatalf("DecodeFEC = %d, %v, want %d", m, err, fs)
+	}
+	if f := audiotest.DominantFrequency(pcm[:m], 24000); math.Abs(f-440) > 22 {
+		t.Errorf("recovered frame's dominant frequency %.1f Hz, want 440 ± 5 %%", f)
+	}
+}
+
+// TestErrors: what a caller can get wrong is refused with the documented
+// sentinel, and the decoder keeps working after a bad packet.
+func TestErrors(t *testing.T) {
+	enc, dec := newPair(t, 16000, 16000)
+	pcm := make([]int16, 16000*120/1000)
+	pkt := make([]byte, MaxPacket)
+	if _, err := enc.Encode(pcm[:100], pkt); !errors.Is(err, ErrBadArg) {
+		t.Errorf("Encode of 100 samples: %v, want ErrBadArg", err)
+	}
+	n, err := enc.Encode(pcm[:enc.FrameSamples()], pkt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dec.Decode(nil, pcm); !errors.Is(err, ErrInvalidPacket) {
+		t.Errorf("Decode of no packet: %v, want ErrInvalidPacket", err)
+	}
+	// TOC code 3 (arbitrary frame count) with no count byte.
+	if _, err := dec.Decode([]byte{0x03}, pcm); !errors.Is(err, ErrInvalidPacket) {
+		t.Errorf("Decode of a truncated packet: %v, want ErrInvalidPacket", err)
+	}
+	if _, err := dec.Decode(pkt[:n], pcm[:10]); !errors.Is(err, ErrBufferTooSmall) {
+		t.Errorf("Decode into 10 samples: %v, want ErrBufferTooSmall", err)
+	}
+	if _, err := dec.Conceal(pcm[:41]); !errors.Is(err, ErrBadArg) {
+		t.Errorf("Conceal of 41 samples: %v, want ErrBadArg", err)
+	}
+	if m, err := dec.Decode(pkt[:n], pcm); err != nil || m != 320 {
+		t.Errorf("Decode after errors = %d, %v, want 320", m, err)
+	}
+	if err := enc.SetComplexity(11); err == nil {
+		t.Error("SetComplexity(11) accepted")
+	}
+	dec.Close()
+	if _, err := dec.Decode(pkt[:n], pcm); !errors.Is(err, ErrClosed) {
+		t.Errorf("Decode after Close: %v, want ErrClosed", err)
 	}
 }

@@ -47,6 +47,9 @@ func (e *Encoder) Rate() int { return e.rate }
 // FrameSamples is the number of samples of one 20 ms frame at Rate.
 func (e *Encoder) FrameSamples() int { return e.rate / 50 }
 
+// SetComplexity returns ErrUnavailable.
+func (e *Encoder) SetComplexity(c int) error { return ErrUnavailable }
+
 // Encode returns ErrUnavailable.
 func (e *Encoder) Encode(pcm []int16, out []byte) (int, error) { return 0, ErrUnavailable }
 

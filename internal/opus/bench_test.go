@@ -1,0 +1,146 @@
+//go:build cgo && !noopus
+
+package opus
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rtcedge/rtcedge/internal/audiotest"
+)
+
+// threadCPU is the calling thread's CPU time: on a shared machine it
+// counts what the codec costs, not the time other processes held the core.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// callerPackets is espeak-ng speech as a caller's browser sends it: 48 kHz
+// Opus in 20 ms packets (VOIP, 32 kb/s, as this package encodes).
+func callerPackets(b *testing.B) [][]byte {
+	b.Helper()
+	s := audiotest.Speech(b, speechText, 48000)
+	enc, err := NewEncoder(48000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer enc.Close()
+	var pkts [][]byte
+	buf := make([]byte, MaxPacket)
+	for i := 0; i+960 <= len(s); i += 960 {
+		n, err := enc.Encode(s[i:i+960], buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pkts = append(pkts, append([]byte(nil), buf[:n]...))
+	}
+	return pkts
+}
+
+// BenchmarkEdgeFrame is the edge's audio work for one 20 ms frame of a
+// call, both directions: decode the caller's 48 kHz Opus packet to PCM at
+// the backend's rate, and encode the backend's 20 ms of PCM (speech) to
+// Opus. Besides ns/op it reports each frame's wall time at p50 and p99
+// and the thread CPU time per frame (cpu-ns/op), which a loaded machine
+// inflates less.
+func BenchmarkEdgeFrame(b *testing.B) {
+	pkts := callerPackets(b)
+	for _, rate := range []int{24000, 16000} {
+		speech := audiotest.Speech(b, speechText, rate)
+		b.Run(fmt.Sprint(rate), func(b *testing.B) {
+			enc, dec := newPair(b, rate, rate)
+			pcm, out := make([]int16, rate*120/1000), make([]byte, MaxPacket)
+			fs := enc.FrameSamples()
+			frames := len(speech) / fs
+			lat := make([]time.Duration, b.N)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := threadCPU()
+			for i := range b.N {
+				t0 := time.Now()
+				if _, err := dec.Decode(pkts[i%len(pkts)], pcm); err != nil {
+					b.Fatal(err)
+				}
+				j := (i % frames) * fs
+				if _, err := enc.Encode(speech[j:j+fs], out); err != nil {
+					b.Fatal(err)
+				}
+				lat[i] = time.Since(t0)
+			}
+			cpu := threadCPU() - cpu0
+			b.StopTimer()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns/frame")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns/frame")
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// BenchmarkDecode: one caller packet to PCM at each backend rate.
+func BenchmarkDecode(b *testing.B) {
+	pkts := callerPackets(b)
+	for _, rate := range []int{48000, 24000, 16000} {
+		b.Run(fmt.Sprint(rate), func(b *testing.B) {
+			dec, err := NewDecoder(rate)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer dec.Close()
+			pcm := make([]int16, rate*120/1000)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := threadCPU()
+			for i := range b.N {
+				if _, err := dec.Decode(pkts[i%len(pkts)], pcm); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64((threadCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// BenchmarkEncode: 20 ms of 24 kHz speech to Opus at the complexities
+// docs/benchmarks.md compares (DefaultComplexity is NewEncoder's).
+func BenchmarkEncode(b *testing.B) {
+	speech := audiotest.Speech(b, speechText, 24000)
+	for _, c := range []int{0, 1, 3, 5, 8, 10} {
+		b.Run(fmt.Sprintf("complexity=%d", c), func(b *testing.B) {
+			enc, err := NewEncoder(24000)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer enc.Close()
+			if err := enc.SetComplexity(c); err != nil {
+				b.Fatal(err)
+			}
+			out := make([]byte, MaxPacket)
+			fs := enc.FrameSamples()
+			frames := len(speech) / fs
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := threadCPU()
+			for i := range b.N {
+				j := (i % frames) * fs
+				if _, err := enc.Encode(speech[j:j+fs], out); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64((threadCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
