@@ -14,13 +14,8 @@ import (
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
-// The session's side of the pod's media path (podnet.Media, and
-// docs/benchmarks.md "The pod's own media path"): once the PeerConnection
-// is connected, the session takes the SRTP keys from its DTLS connection
-// as Pion's own SRTP session derives them, and the packet layer decrypts
-// the client's SRTP on its socket readers and encrypts ours. Pion keeps
-// ICE, DTLS, SCTP and the data channel; it never encrypts RTP or RTCP of
-// the session, so no SRTP index is ever used twice under one key.
+// The session's side of the pod's media path (podnet.Media): the SRTP keys
+// from its DTLS connection, once the PeerConnection is connected.
 
 // errNoMediaPath is returned for a session whose DTLS connection or sender
 // is not what the media path needs; the session keeps Pion's path.

@@ -83,11 +83,12 @@ func (f *Follower) retry() {
 	}
 	f.retried = true
 	f.retries++
-	pc := f.sock.lookup(f.pop)
+	sock := f.sock
+	pc := sock.lookup(f.pop)
 	ok := pc != nil && pc.inject(f.check, f.from)
 	f.mu.Unlock()
 	if ok {
-		f.sock.m.followRetries.Inc()
+		sock.m.followRetries.Inc()
 	}
 }
 
