@@ -27,8 +27,8 @@ func Speech(tb testing.TB, text string, rate int) []int16 {
 	if sox.Stdin, err = espeak.StdoutPipe(); err != nil {
 		tb.Fatal(err)
 	}
-	var out, stderr, espeakErr bytes.Buffer // one buffer per process: their copiers run concurrently
-	sox.Stdout, sox.Stderr, espeak.Stderr = &out, &stderr, &espeakErr
+	var out, soxErr, espeakErr bytes.Buffer // one each: both write at once
+	sox.Stdout, sox.Stderr, espeak.Stderr = &out, &soxErr, &espeakErr
 	if err := sox.Start(); err != nil {
 		tb.Fatalf("start sox: %v", err)
 	}
@@ -36,7 +36,7 @@ func Speech(tb testing.TB, text string, rate int) []int16 {
 		tb.Fatalf("espeak-ng: %v: %s", err, espeakErr.Bytes())
 	}
 	if err := sox.Wait(); err != nil {
-		tb.Fatalf("sox: %v: %s", err, stderr.Bytes())
+		tb.Fatalf("sox: %v: %s", err, soxErr.Bytes())
 	}
 	pcm, got, err := ParseWAV(out.Bytes())
 	if err != nil {
