@@ -263,12 +263,40 @@ func voicedMs(pcm []int16, rate int) int {
 	return 20 * audiotest.VoicedFrames(pcm, rate/50, 0.02)
 }
 
+// sameSpectrum checks got's dominant frequency against ref's (both at
+// rate): within 5 %. A voice whose two strongest harmonics are within 3 dB
+// of each other in ref has no stable dominant frequency (the codec, or a
+// concealed packet, may tip the tie), so for one the other harmonic passes
+// too; lsd, the mean log-spectral distance after aligning got with ref, is
+// returned for the log.
+func sameSpectrum(ref, got []int16, rate int) (wantHz, gotHz, lsd float64, ok bool) {
+	wantHz, gotHz = audiotest.DominantFrequency(ref, rate), audiotest.DominantFrequency(got, rate)
+	got = aligned(ref, got, rate)
+	lsd = audiotest.SpectralDistance(ref, got, rate, rate/50)
+	if math.Abs(gotHz-wantHz) <= 0.05*wantHz {
+		return wantHz, gotHz, lsd, true
+	}
+	a, b := audiotest.Goertzel(ref, rate, wantHz), audiotest.Goertzel(ref, rate, gotHz)
+	return wantHz, gotHz, lsd, min(a, b) >= max(a, b)/2
+}
+
+// aligned returns got from where it lines up with ref. got may lack the
+// first frames (sent before the pod's decoder ran), so it is padded first:
+// Align looks for a delay only.
+func aligned(ref, got []int16, rate int) []int16 {
+	pad := rate / 5
+	padded := append(make([]int16, pad), got...)
+	lag, _ := audiotest.Align(ref, padded, 2*pad)
+	return padded[lag:]
+}
+
 // TestRealtimeCallThroughRelays: a Pion client calls through global relay →
 // cluster relay → pod → Realtime connector → reference server, GA and beta,
 // and talks real Opus: a 440 Hz tone and espeak-ng speech, each followed by
 // a pause that ends the turn at the server's VAD. The server hears ≥ 95 %
-// of what was sent (duration and voiced duration) with its dominant
-// frequency within 5 %; the client hears ≥ 95 % of the parrot reply with
+// of what was sent (its duration, and of its voiced frames) with its
+// dominant frequency within 5 % (sameSpectrum: for speech, or the other of
+// two tied harmonics); the client hears ≥ 95 % of the parrot reply with
 // the same frequency, and gets the server's events and the edge's
 // output_audio_buffer.started/stopped on the data channel.
 func TestRealtimeCallThroughRelays(t *testing.T) {
@@ -288,8 +316,10 @@ func TestRealtimeCallThroughRelays(t *testing.T) {
 	}{{"ga", false}, {"beta", true}} {
 		t.Run(fl.name, func(t *testing.T) {
 			w, srv := realtimeWorld(t, fl.beta)
+			calls := 0
 			for _, sig := range signals {
 				t.Run(sig.name, func(t *testing.T) {
+					calls++
 					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 					defer cancel()
 					voice := sig.pcm(t)
@@ -317,15 +347,14 @@ func TestRealtimeCallThroughRelays(t *testing.T) {
 						t.Fatalf("server: heard %d of %d samples, responses %+v: %v", st.InputSamples, sent, st.Responses, err)
 					}
 					ref := decimate(voice)
-					wantHz := audiotest.DominantFrequency(ref, rate)
-					gotHz := audiotest.DominantFrequency(st.Input, rate)
-					sentVoiced, heardVoiced := voicedMs(ref, rate), voicedMs(st.Input, rate)
-					t.Logf("server heard %d ms of %d ms sent, voiced %d ms of %d ms, dominant %.1f Hz (sent %.1f Hz), VAD start %v stop %v ms",
-						st.InputSamples*1000/rate, sent*1000/rate, heardVoiced, sentVoiced, gotHz, wantHz, st.SpeechStarted, st.SpeechStopped)
-					if heardVoiced < sentVoiced*95/100 {
-						t.Errorf("server heard %d ms of voice, sent %d ms", heardVoiced, sentVoiced)
+					wantHz, gotHz, lsd, sameHeard := sameSpectrum(ref, st.Input, rate)
+					heard := audiotest.HeardFrames(ref, aligned(ref, st.Input, rate), rate/50, 0.01)
+					t.Logf("server heard %d ms of %d ms sent, %.1f %% of the voiced frames, dominant %.1f Hz (sent %.1f Hz), spectral distance %.1f dB, VAD start %v stop %v ms",
+						st.InputSamples*1000/rate, sent*1000/rate, 100*heard, gotHz, wantHz, lsd, st.SpeechStarted, st.SpeechStopped)
+					if heard < 0.95 {
+						t.Errorf("server heard %.1f %% of the voiced frames sent", 100*heard)
 					}
-					if math.Abs(gotHz-wantHz) > 0.05*wantHz {
+					if !sameHeard {
 						t.Errorf("server heard dominant %.1f Hz, sent %.1f Hz", gotHz, wantHz)
 					}
 					if len(st.SpeechStarted) != 1 || len(st.SpeechStopped) != 1 {
@@ -334,16 +363,24 @@ func TestRealtimeCallThroughRelays(t *testing.T) {
 
 					// The client heard the parrot reply, paced by the edge.
 					replySamples := st.Responses[0].Samples
+					defer func() {
+						if t.Failed() { // where frames went missing
+							t.Logf("connector drops %v, pod drops %v, realtime audio to callers %.2f s",
+								metricSum(t, w.Registry, "rtcedge_realtime_dropped_total", nil),
+								metricSum(t, w.Registry, "rtcedge_transceiver_dropped_packets_total", nil),
+								metricSum(t, w.Registry, "rtcedge_realtime_audio_seconds_total", map[string]string{"direction": "to_caller"}))
+						}
+					}()
 					call.await(t, 30*time.Second, "the whole reply", func(payloads [][]byte, evs []string) bool {
 						return len(payloads)*rate/50 >= replySamples*95/100 && slices.Contains(evs, "output_audio_buffer.stopped")
 					})
 					reply := call.heard(t, rate)
-					replyHz := audiotest.DominantFrequency(reply, rate)
-					t.Logf("client heard %d ms of a %d ms reply, dominant %.1f Hz", len(reply)*1000/rate, replySamples*1000/rate, replyHz)
+					_, replyHz, replyLSD, sameReply := sameSpectrum(ref, reply, rate)
+					t.Logf("client heard %d ms of a %d ms reply, dominant %.1f Hz, spectral distance %.1f dB", len(reply)*1000/rate, replySamples*1000/rate, replyHz, replyLSD)
 					if len(reply) < replySamples*95/100 {
 						t.Errorf("client heard %d samples of a %d-sample reply", len(reply), replySamples)
 					}
-					if math.Abs(replyHz-wantHz) > 0.05*wantHz {
+					if !sameReply {
 						t.Errorf("reply dominant %.1f Hz, want %.1f Hz", replyHz, wantHz)
 					}
 					call.mu.Lock()
@@ -366,8 +403,8 @@ func TestRealtimeCallThroughRelays(t *testing.T) {
 					}
 				})
 			}
-			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_opened_total", nil); n != float64(len(signals)) {
-				t.Errorf("realtime sessions opened = %v, want %d", n, len(signals))
+			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_opened_total", nil); n != float64(calls) {
+				t.Errorf("realtime sessions opened = %v, want %d", n, calls)
 			}
 			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_failed_total", nil); n != 0 {
 				t.Errorf("realtime sessions failed = %v", n)
