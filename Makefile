@@ -19,10 +19,15 @@ ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --ex
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
 
-.PHONY: run build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
+.PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
 
 run: build
 	./$(BIN) dev
+
+# The dev world with every pod behind the OpenAI Realtime protocol, talking
+# to the reference server started in-process (docs/backends.md).
+run-realtime: build
+	./$(BIN) dev -backend ref
 
 # libopus (internal/opus, through cgo) and what links it: installed by
 # scripts/build-deps.sh when missing, a no-op otherwise.

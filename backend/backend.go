@@ -41,7 +41,9 @@ type Sink interface {
 	// WriteAudio sends one Opus frame to the caller.
 	WriteAudio(payload []byte, duration time.Duration) error
 	// SendEvent sends one message on the oai-events data channel. Messages
-	// sent before the channel opens are dropped with an error.
+	// sent before the channel opens (a server's greeting) are held, up to
+	// 64 KiB, and sent first when it opens; beyond that, or after it
+	// closed, they are dropped with an error.
 	SendEvent(data []byte) error
 }
 

@@ -99,6 +99,12 @@ type Config struct {
 	// NetBackend runs the echo backend as a network service (the
 	// netbackend protocol over loopback TCP) instead of in process.
 	NetBackend bool
+	// BackendURL points every pod at a model server speaking the OpenAI
+	// Realtime protocol (transceiver.Config.BackendURL, the API key from
+	// $RTCEDGE_BACKEND_API_KEY), sent BackendProtocol at BackendRate.
+	BackendURL      string
+	BackendProtocol string
+	BackendRate     int
 	// SessionAPITLS runs every session API (pods, cluster fronts) over TLS
 	// with a throwaway CA that signaling and the fronts verify, as
 	// production does (docs/operations.md).
@@ -407,13 +413,19 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
 		BackendAddr: w.backend, Token: w.keys, Hop: w.hop, Gossip: w.gossip(name, clusterSeed),
+		BackendURL: w.cfg.BackendURL, BackendProtocol: w.cfg.BackendProtocol, BackendRate: w.cfg.BackendRate,
 		SessionAPISecretSHA256: sessionapi.SecretHash(w.apiSecrets[spec.Cluster]), APITLS: w.apiTLS,
+	}
+	env := w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id)))
+	b, err := cfg.NewBackend(os.Getenv, w.cfg.Logger, env.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	socks, err := transceiver.OpenSockets(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	n, err := transceiver.NewNode(cfg, socks, netbackend.ForAddr(w.backend, w.cfg.Logger), w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id))))
+	n, err := transceiver.NewNode(cfg, socks, b, env)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

@@ -1,12 +1,14 @@
 package transceiver
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -15,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/netbackend"
+	"github.com/rtcedge/rtcedge/backend/realtime"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
@@ -54,11 +58,18 @@ type Config struct {
 	// (podnet.Media). Only for comparing the two: the pod's path costs the
 	// pod a fraction of the CPU per datagram (docs/benchmarks.md).
 	PionMedia bool `yaml:"pion_media"`
-	// BackendAddr is the inference backend (host:port,
-	// docs/backend-protocol.md); empty: the in-process echo backend.
-	// netbackend.ForAddr turns it into the node's Backend.
-	BackendAddr string         `yaml:"backend_addr"`
-	Token       node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
+	// BackendAddr is an inference backend speaking rtcedge's protocol
+	// (host:port, docs/backend-protocol.md). BackendURL, instead, is a
+	// model server speaking the OpenAI Realtime protocol (ws:// or
+	// wss://…/v1/realtime?model=…, docs/backends.md), sent BackendProtocol
+	// ("ga", default, or "beta") at BackendRate (its PCM16 rate, default
+	// 24000), with the API key of $RTCEDGE_BACKEND_API_KEY. Neither: the
+	// in-process echo. NewBackend builds the node's Backend from them.
+	BackendAddr     string         `yaml:"backend_addr"`
+	BackendURL      string         `yaml:"backend_url"`
+	BackendProtocol string         `yaml:"backend_protocol"`
+	BackendRate     int            `yaml:"backend_rate"`
+	Token           node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
 	// Hop are this cluster's inter-tier keys as configured (prefer
 	// $RTCEDGE_HOP_KEYS); HopKeys is built from them.
 	Hop    node.HopKeys `yaml:"hop_keys"`
@@ -157,6 +168,7 @@ func (c *Config) Validate() error {
 		c.APITLS.Validate("api_tls"),
 		checkSHA256("session_api_secret_sha256", c.SessionAPISecretSHA256),
 		node.CheckHostPort("backend_addr", c.BackendAddr, true),
+		c.checkBackend(),
 		node.NotNegative("max_sessions", c.MaxSessions),
 		node.NotNegative("connect_timeout", c.ConnectTimeout),
 		node.NotNegative("idle_timeout", c.IdleTimeout),
@@ -191,6 +203,65 @@ func (c *Config) check() error {
 		return errors.New("max sessions and readers must not be negative")
 	}
 	return nil
+}
+
+// checkBackend checks the backend settings (Validate reports it).
+func (c *Config) checkBackend() error {
+	switch {
+	case c.BackendURL != "" && c.BackendAddr != "":
+		return errors.New("backend_url and backend_addr are exclusive: set backend_url for an OpenAI Realtime server, backend_addr for rtcedge's backend protocol")
+	case c.BackendURL == "" && (c.BackendProtocol != "" || c.BackendRate != 0):
+		return errors.New("backend_protocol and backend_rate need backend_url")
+	case c.BackendURL == "":
+		return nil
+	}
+	rc := c.realtimeConfig(func(string) string { return "" })
+	if err := rc.Validate(); err != nil {
+		return fmt.Errorf("backend_url: %w", err)
+	}
+	return nil
+}
+
+func (c *Config) realtimeConfig(getenv func(string) string) realtime.Config {
+	return realtime.Config{URL: c.BackendURL, Protocol: c.BackendProtocol, Rate: c.BackendRate, APIKey: getenv(realtime.APIKeyEnv)}
+}
+
+// NewBackend builds the backend c selects (after Validate): the OpenAI
+// Realtime connector for BackendURL, its API key from
+// getenv(realtime.APIKeyEnv) and its metrics registered with reg (nil:
+// none); netbackend for BackendAddr; else the echo. A connector is ready
+// while its server accepts TCP connections, as netbackend is.
+func (c *Config) NewBackend(getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (backend.Backend, error) {
+	if c.BackendURL == "" {
+		return netbackend.ForAddr(c.BackendAddr, log), nil
+	}
+	rc := c.realtimeConfig(getenv)
+	rc.Logger, rc.Registerer = log, reg
+	b, err := realtime.New(rc)
+	if err != nil {
+		return nil, fmt.Errorf("backend_url: %w", err)
+	}
+	u, _ := url.Parse(c.BackendURL) // valid: New parsed it
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"ws": "80", "wss": "443"}[u.Scheme]
+	}
+	return dialReady{b, net.JoinHostPort(u.Hostname(), port)}, nil
+}
+
+// dialReady is a backend that is ready while addr accepts TCP connections.
+type dialReady struct {
+	backend.Backend
+	addr string
+}
+
+func (b dialReady) Ready(ctx context.Context) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", b.addr)
+	if err != nil {
+		return fmt.Errorf("dial the Realtime server: %w", err)
+	}
+	return conn.Close()
 }
 
 // Sockets are a transceiver node's listeners, opened by OpenSockets (or by

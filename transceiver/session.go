@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,8 +27,15 @@ import (
 // EventsLabel is the data channel label OpenAI-style clients use for events.
 const EventsLabel = "oai-events"
 
-// errChannelNotOpen is returned by SendEvent before the events channel opens.
+// errChannelNotOpen is returned by SendEvent before the events channel
+// opens once maxEarlyEvents bytes wait for it.
 var errChannelNotOpen = errors.New("transceiver: events channel not open")
+
+// maxEarlyEvents bounds the events a session holds until its events channel
+// opens: a backend opened with the offer (a Realtime server's
+// session.created) speaks before the caller's channel is up, and OpenAI's
+// own endpoint delivers those first events.
+const maxEarlyEvents = 64 << 10
 
 // errEventsBacklog: the client has not read maxEventBacklog bytes of
 // events already; the event is dropped (SendEvent).
@@ -85,6 +93,9 @@ type session struct {
 
 	mu           sync.Mutex
 	events       datachannel.ReadWriteCloser // the open events channel (detached), nil before; guarded by mu
+	early        [][]byte                    // events sent before the channel opened, to send first; guarded by mu
+	earlyBytes   int                         // their size; guarded by mu
+	opened       bool                        // the channel has opened (no more holding); guarded by mu
 	closing      bool                        // teardown has begun: no new readers; guarded by mu
 	connectTimer *time.Timer                 // guarded by mu
 	readers      sync.WaitGroup              // the events reader; Add under mu while !closing
@@ -462,6 +473,11 @@ func (s *session) onDataChannel(dc *webrtc.DataChannel) {
 			return
 		}
 		s.events = raw
+		// Under mu, so that no later event overtakes them.
+		for _, ev := range s.early {
+			_, _ = raw.WriteDataChannel(ev, true)
+		}
+		s.early, s.earlyBytes, s.opened = nil, 0, true
 		s.readers.Add(1)
 		s.mu.Unlock()
 		go s.readEvents(raw)
@@ -545,10 +561,16 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 func (s *session) SendEvent(data []byte) error {
 	s.mu.Lock()
 	ev := s.events
-	s.mu.Unlock()
 	if ev == nil {
-		return errChannelNotOpen
+		defer s.mu.Unlock()
+		if s.closing || s.opened || s.earlyBytes+len(data) > maxEarlyEvents {
+			return errChannelNotOpen
+		}
+		s.early = append(s.early, bytes.Clone(data))
+		s.earlyBytes += len(data)
+		return nil
 	}
+	s.mu.Unlock()
 	if b, ok := ev.(interface{ BufferedAmount() uint64 }); ok && b.BufferedAmount()+uint64(len(data)) > maxEventBacklog {
 		s.t.m.net.EventDropped()
 		return errEventsBacklog

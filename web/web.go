@@ -1,6 +1,6 @@
 // Package web holds the demo page that signaling serves at "/": a call
-// button that talks to the echo backend through the relays, with live
-// WebRTC statistics.
+// button that talks to the pods' backend (the echo or a Realtime model)
+// through the relays, with live WebRTC statistics and the events channel.
 package web
 
 import (

@@ -48,6 +48,11 @@ type FleetConfig struct {
 	Senders int
 	// HTTPClient for the session API; default a client with keep-alives.
 	HTTPClient *http.Client
+	// Opus, when set, is real audio for a transcoding backend: every
+	// client sends these frames in a loop, each from its own offset, and a
+	// window counts every frame received while it is open (the backend's
+	// reply carries no send time: no RTT).
+	Opus [][]byte
 }
 
 // Fleet is a set of cheap Pion clients sending voice to a pod through one
@@ -122,6 +127,7 @@ type client struct {
 	// Owned by the sender goroutine that serves this client.
 	pkt     rtp.Packet
 	payload [payloadSize]byte
+	next    int // the next of FleetConfig.Opus to send
 }
 
 // Size returns the number of clients added so far.
@@ -139,7 +145,7 @@ func (f *Fleet) Add(ctx context.Context) error {
 		return err
 	}
 	mux := ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: conn, Logger: f.base.LoggerFactory.NewLogger("mux")})
-	c := &client{conn: conn, mux: mux}
+	c := &client{conn: conn, mux: mux, next: f.Size() * 7}
 	c.pkt.Header = rtp.Header{Version: 2, PayloadType: 111}
 	fail := func(err error) error {
 		if c.pc != nil {
@@ -327,6 +333,10 @@ func (f *Fleet) send(c *client) {
 	c.pkt.SequenceNumber++
 	c.pkt.Timestamp += frameSamples
 	c.pkt.Payload = c.payload[:]
+	if n := len(f.cfg.Opus); n > 0 {
+		c.pkt.Payload = f.cfg.Opus[c.next%n]
+		c.next++
+	}
 	if c.track.WriteRTP(&c.pkt) != nil {
 		return
 	}
@@ -344,11 +354,17 @@ func (f *Fleet) readEcho(tr *webrtc.TrackRemote) {
 			return
 		}
 		hl, err := h.Unmarshal(buf[:n])
+		now := int64(time.Since(f.start))
+		if w := f.win.Load(); err == nil && w != nil && f.cfg.Opus != nil {
+			if now >= w.from && now < w.to {
+				w.recv.Add(1)
+			}
+			continue
+		}
 		if err != nil || n-hl < 8 {
 			continue
 		}
 		sent := int64(binary.BigEndian.Uint64(buf[hl:]))
-		now := int64(time.Since(f.start))
 		if w := f.win.Load(); w != nil && sent >= w.from && sent < w.to {
 			w.recv.Add(1)
 			f.rtt.add(time.Duration(now - sent))

@@ -335,7 +335,8 @@ func UDPRcvbufErrors() int64 {
 func LoadAvg() float64 { return LoadAvgs()[0] }
 
 // Scrape reads the pod's /metrics and returns every sample summed by
-// metric name (labels dropped), which is what the report needs.
+// metric name (labels dropped), and each labelled sample under its exposed
+// name too (e.g. `x_total{direction="to_caller"}`).
 func (p *Pod) Scrape(ctx context.Context) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.Metrics, nil)
 	if err != nil {
@@ -364,6 +365,7 @@ func (p *Pod) Scrape(ctx context.Context) (map[string]float64, error) {
 		}
 		name := line[:i]
 		if j := strings.IndexByte(name, '{'); j >= 0 {
+			out[name] = v // with its labels, as exposed
 			name = name[:j]
 		}
 		out[name] += v

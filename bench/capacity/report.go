@@ -59,6 +59,7 @@ type Report struct {
 		IdleWindow  time.Duration `json:"idle_window_ns"`
 		DataChannel bool          `json:"data_channel"`
 		PodConfig   string        `json:"pod_config,omitempty"`
+		Backend     string        `json:"backend,omitempty"`
 	} `json:"settings"`
 	Steps   []Step  `json:"steps"`
 	Summary Summary `json:"summary"`

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,10 @@ type RunConfig struct {
 	ProfileStep int
 	// PodConfig is appended to the pod's YAML config (e.g. "dtls_role: server").
 	PodConfig string
+	// Backend makes the pod transcode both ways: "ref" runs the reference
+	// Realtime server in this process, a ws:// URL names another; the
+	// callers then send real Opus turns (TurnFrames). Empty: the echo.
+	Backend string
 }
 
 // Step is what one session count measured.
@@ -64,8 +69,15 @@ type Step struct {
 	Goroutines int     `json:"pod_goroutines"`
 	PodPPSIn   float64 `json:"pod_pps_in"` // client datagrams into the pod per second
 	PodPPSOut  float64 `json:"pod_pps_out"`
-	PodDrops   float64 `json:"pod_drops"`     // datagrams the pod dropped during the window
-	Rcvbuf     int64   `json:"rcvbuf_errors"` // UDP receive-buffer overflows on the machine during the window
+	PodDrops   float64 `json:"pod_drops"` // datagrams the pod dropped during the window
+	// With a Realtime backend: audio seconds per second per session the
+	// pod sent to the server (1 when it keeps up with the callers) and
+	// paced out to the callers (the reply's share of the time), and the
+	// connector's drops during the window.
+	ToBackend    float64 `json:"to_backend,omitempty"`
+	ToCaller     float64 `json:"to_caller,omitempty"`
+	BackendDrops float64 `json:"backend_drops,omitempty"`
+	Rcvbuf       int64   `json:"rcvbuf_errors"` // UDP receive-buffer overflows on the machine during the window
 
 	GenCPU  float64 `json:"gen_cpu"`  // load generator's share of one core
 	BoxBusy float64 `json:"box_busy"` // whole machine, cores busy (2.0 = both cores)
@@ -98,7 +110,12 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if cfg.ProfileStep > 0 {
 		profile = cfg.ProfileDir
 	}
-	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100, PodOptions{ProfileDir: profile, Extra: cfg.PodConfig})
+	backendCfg, frames, stopBackend, err := startBackend(ctx, cfg.Backend)
+	if err != nil {
+		return nil, err
+	}
+	defer stopBackend()
+	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100, PodOptions{ProfileDir: profile, Extra: backendCfg + cfg.PodConfig})
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +125,7 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 		return nil, err
 	}
 	defer link.Close()
-	fleet, err := NewFleet(FleetConfig{Link: link, API: pod.API, POP: 1, DataChannel: cfg.DataChannel})
+	fleet, err := NewFleet(FleetConfig{Link: link, API: pod.API, POP: 1, DataChannel: cfg.DataChannel, Opus: frames})
 	if err != nil {
 		return nil, err
 	}
@@ -258,6 +275,22 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int, 
 		return st, err
 	}
 	st.Sent, st.Echoed, st.Loss = w.Loss()
+	if cfg.Backend != "" {
+		// The reply is not an echo: loss is what the callers missed of
+		// the frames the pod paced out to them.
+		perSession := func(m string) float64 {
+			return (b.metrics[m] - a.metrics[m]) / b.at.Sub(a.at).Seconds() / float64(max(1, st.Sessions))
+		}
+		st.ToBackend, st.ToCaller = perSession(metricToBackend), perSession(metricToCaller)
+		st.BackendDrops = b.metrics[metricRTDropped] - a.metrics[metricRTDropped]
+		// As rates: the window and the two scrapes span slightly
+		// different times.
+		if paced := st.ToCaller * float64(st.Sessions) * 50; paced > 0 {
+			st.Loss = math.Max(0, 1-float64(st.Echoed)/cfg.Window.Seconds()/paced)
+		}
+		fmt.Fprintf(cfg.Progress, "step %d: per session %.3f s/s of audio to the server, %.3f s/s of reply to the caller; %.0f connector drops\n",
+			st.Sessions, st.ToBackend, st.ToCaller, st.BackendDrops)
+	}
 	st.RTTP50, st.RTTP99 = fleet.RTT()
 	secs := b.at.Sub(a.at).Seconds()
 	st.PodCPU = (b.pod.CPU - a.pod.CPU).Seconds() / secs

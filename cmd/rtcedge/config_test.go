@@ -60,6 +60,52 @@ func TestExampleConfigsParse(t *testing.T) {
 	}
 }
 
+// TestExampleTransceiverRealtimeBackend: the transceiver example's
+// commented Realtime backend lines, uncommented in place of backend_addr,
+// parse strictly and validate.
+func TestExampleTransceiverRealtimeBackend(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	t.Setenv("RTCEDGE_TOKEN_KEYS", "1:"+base64.StdEncoding.EncodeToString(key))
+	t.Setenv("RTCEDGE_HOP_KEYS", "1/1:"+base64.StdEncoding.EncodeToString(key[:16]))
+	t.Setenv("RTCEDGE_CLUSTER_GOSSIP_KEY", base64.StdEncoding.EncodeToString(key))
+	t.Setenv("RTCEDGE_SESSION_API_SECRET_SHA256", strings.Repeat("ab", 32))
+	t.Setenv("POD_IP", "10.0.0.9")
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "transceiver.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	found := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "backend_addr:") {
+			continue
+		}
+		if u, ok := strings.CutPrefix(l, "# backend_"); ok {
+			l, found = "backend_"+u, found+1
+		}
+		lines = append(lines, l)
+	}
+	if found != 3 {
+		t.Fatalf("found %d commented backend_ lines, want backend_url, backend_protocol and backend_rate", found)
+	}
+	path := filepath.Join(t.TempDir(), "transceiver.yaml")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg transceiver.Config
+	if err := config.Load(path, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(cfg.BackendURL, "wss://") || cfg.BackendProtocol != "ga" || cfg.BackendRate != 24000 {
+		t.Errorf("backend settings %q %q %d", cfg.BackendURL, cfg.BackendProtocol, cfg.BackendRate)
+	}
+}
+
 // TestExampleConfigNeedsPodIP: the examples advertise ${POD_IP}; without it
 // the load fails naming the variable instead of advertising ":7000".
 func TestExampleConfigNeedsPodIP(t *testing.T) {
@@ -99,6 +145,13 @@ func TestRoleConfigsRejectBadValues(t *testing.T) {
 		{"transceiver", "max_sessions: -1\n", "max_sessions"},
 		{"transceiver", "drain_timeout: -1m\n", "drain_timeout"},
 		{"transceiver", "backend_addr: nohost\n", "backend_addr"},
+		{"transceiver", "backend_url: wss://api.openai.com/v1/realtime?model=gpt-realtime\nbackend_protocol: beta\nbackend_rate: 16000\n", ""},
+		{"transceiver", "backend_url: http://127.0.0.1:9600/v1/realtime\n", "backend_url: realtime: backend URL must be ws://"},
+		{"transceiver", "backend_url: ws://user:sk-x@127.0.0.1:9600/v1/realtime\n", "RTCEDGE_BACKEND_API_KEY"},
+		{"transceiver", "backend_url: ws://127.0.0.1:9600/v1/realtime\nbackend_addr: 127.0.0.1:9500\n", "backend_url and backend_addr are exclusive"},
+		{"transceiver", "backend_protocol: beta\n", "need backend_url"},
+		{"transceiver", "backend_url: ws://127.0.0.1:9600/v1/realtime\nbackend_protocol: v2\n", `protocol "v2"`},
+		{"transceiver", "backend_url: ws://127.0.0.1:9600/v1/realtime\nbackend_rate: 44100\n", "rate 44100"},
 		{"transceiver", "metrics_addr: \"localhost\"\n", "metrics_addr"},
 		{"clusterrelay", "", ""},
 		{"clusterrelay", "batch: -2\n", "batch"},

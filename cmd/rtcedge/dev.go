@@ -39,6 +39,9 @@ func runDev(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error (info shows gossip and session events)")
 	redisURL := fs.String("redis", "", "Redis URL for the global relays' route cache (default: an in-process store)")
 	geoip := fs.String("geoip", "", "GeoLite2/GeoIP2 City .mmdb file for steering (default: a tiny embedded one)")
+	backend := fs.String("backend", "", "the pods' backend: empty for the echo, ws://HOST:PORT/v1/realtime?model=… for an OpenAI Realtime server (key from $RTCEDGE_BACKEND_API_KEY), or ref to start the reference server")
+	protocol := fs.String("backend-protocol", "", "with -backend: ga (default) or beta")
+	rate := fs.Int("backend-rate", 0, "with -backend: the server's PCM16 rate, 24000 (default) or 16000")
 	var trusted prefixes
 	fs.Var(&trusted, "trust-proxy", "CIDR whose CF-Connecting-IP / CF-IPLatitude headers signaling believes, e.g. 127.0.0.0/8 (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -51,15 +54,25 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	url, about, err := devBackend(ctx, *backend, *protocol, *rate, env)
+	if err != nil {
+		return err
+	}
 	w, err := devworld.Start(devworld.Config{
 		HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL,
 		GeoIPDB: *geoip, TrustedProxies: trusted, Logger: env.Logger,
+		BackendURL: url, BackendProtocol: *protocol, BackendRate: *rate,
 	})
 	if err != nil {
 		return err
 	}
 	fmt.Fprint(os.Stdout, w.String())
-	fmt.Fprintf(os.Stdout, "\nOpen %s in a browser and press Call: you hear yourself back through the relays.\n", w.SignalingURL)
+	what := map[string]string{"": ": you hear yourself back through the relays",
+		"ref": ", speak, then pause: the reference server plays your words back through the relays"}[*backend]
+	if what == "" {
+		what = " and speak: the model answers through the relays"
+	}
+	fmt.Fprintf(os.Stdout, "%s\n\nOpen %s in a browser and press Call%s.\n", about, w.SignalingURL, what)
 	<-ctx.Done()
 	env.Logger.Info("stopping dev world")
 	return w.Close()

@@ -31,14 +31,18 @@ func init() {
 				}
 				return signaling.NewNode(*cfg, s, env)
 			}),
-		roleCommand("transceiver", "run a transceiver pod (WebRTC termination, echo backend)",
+		roleCommand("transceiver", "run a transceiver pod (WebRTC termination, bridged to its backend)",
 			func(cfg *transceiver.Config, env node.Env) (runner, error) {
 				podGC()
+				b, err := cfg.NewBackend(os.Getenv, env.Logger, env.Registerer)
+				if err != nil {
+					return nil, err
+				}
 				socks, err := transceiver.OpenSockets(*cfg)
 				if err != nil {
 					return nil, err
 				}
-				return transceiver.NewNode(*cfg, socks, netbackend.ForAddr(cfg.BackendAddr, env.Logger), env)
+				return transceiver.NewNode(*cfg, socks, b, env)
 			}),
 		roleCommand("clusterrelay", "run a cluster relay replica and the cluster's session API front",
 			func(cfg *clusterrelay.Config, env node.Env) (runner, error) {

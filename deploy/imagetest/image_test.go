@@ -319,8 +319,16 @@ type container struct {
 // image's user), read-only root file system, no capabilities.
 func (w *world) start(role, config string) *container {
 	w.t.Helper()
-	name := fmt.Sprintf("rtcedge-imagetest-%d-%s", os.Getpid(), role)
-	args := []string{
+	return w.run(role, role, "-config", config)
+}
+
+// run runs the image with args under the container name suffix name.
+func (w *world) run(name string, args ...string) *container {
+	w.t.Helper()
+	role := name
+	name = fmt.Sprintf("rtcedge-imagetest-%d-%s", os.Getpid(), name)
+	cmd := args
+	args = []string{
 		"--runtime", "runc", "--cgroup-manager", "cgroupfs",
 		"run", "--rm", "--name", name, "--label", fmt.Sprintf("%s=%d", runLabel, os.Getpid()),
 		"--network", "host", "--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges",
@@ -331,7 +339,7 @@ func (w *world) start(role, config string) *container {
 		k, _, _ := strings.Cut(kv, "=")
 		args = append(args, "--env", k)
 	}
-	args = append(args, w.image, role, "-config", config)
+	args = append(append(args, w.image), cmd...)
 	c := &container{name: name, Proc: proctest.Start(w.t, "podman", proctest.Spec{Name: role, Args: args, Env: w.env})}
 	// Runs before proctest's cleanup (LIFO): the container goes first, so
 	// killing the podman client never leaves it running under conmon.

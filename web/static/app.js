@@ -1,9 +1,10 @@
-// rtcedge demo page: one call to the echo backend through the relays, with
-// live getStats() charts and the events data channel. Plain browser
+// rtcedge demo page: one call through the relays to the pods' backend (the
+// echo, or a model server speaking the OpenAI Realtime protocol), with live
+// getStats() charts and the events data channel. Plain browser
 // JavaScript: no build step, no external assets, works offline.
 //
 // window.rtcedge holds the page's state as plain data (state, region,
-// cluster, pop, lastError, stats, timings, events) for people in the
+// cluster, pop, backend, lastError, stats, timings, events) for people in the
 // console and for the browser tests; <body data-state> mirrors its state.
 (() => {
   'use strict';
@@ -20,7 +21,7 @@
   const rtcedge = {
     state: 'idle',
     region: null, cluster: null, pop: null, backupPop: null,
-    location: null, session: null,
+    location: null, session: null, backend: null,
     connectionState: null, iceState: null, remoteAddress: null,
     lastError: null,
     stats: null,
@@ -261,15 +262,51 @@
     addEvent('out', text);
   }
 
+  // eventType is an event's "type", or '' when it is not a JSON object.
+  function eventType(data) {
+    try {
+      const v = JSON.parse(data);
+      return v && typeof v.type === 'string' ? v.type : '';
+    } catch (_) {
+      return '';
+    }
+  }
+
+  // noteBackend says which backend answers, from its events: the echo
+  // answers rtcedge.echo, a Realtime server greets with session.created.
+  function noteBackend(type, data) {
+    let b = null;
+    if (type === 'rtcedge.echo') b = 'echo';
+    else if (type === 'session.created') {
+      const s = JSON.parse(data).session || {};
+      b = `OpenAI Realtime${s.model ? ` · ${s.model}` : ''}`;
+    }
+    if (b && rtcedge.backend !== b) {
+      rtcedge.backend = b;
+      setText('backend', b);
+    }
+  }
+
   function addEvent(dir, data) {
-    rtcedge.events.push({ dir, data, at: Date.now() });
+    const type = eventType(data);
+    rtcedge.events.push({ dir, type, data, at: Date.now() });
     if (rtcedge.events.length > MAX_EVENTS) rtcedge.events.shift();
+    if (dir === 'in') noteBackend(type, data);
     const li = document.createElement('li');
     li.className = dir;
     const tag = document.createElement('span');
     tag.className = 'dir';
     tag.textContent = dir === 'out' ? '→ sent' : '← received';
-    li.append(tag, document.createTextNode(data));
+    const name = document.createElement('b');
+    name.className = 'type';
+    name.textContent = type;
+    // Long events (session.created holds the whole session) show their
+    // start; the full text is in the tooltip and in rtcedge.events.
+    const body = document.createElement('span');
+    body.className = 'json';
+    body.textContent = data.length > 160 ? `${data.slice(0, 160)}…` : data;
+    li.title = data;
+    li.append(tag, name, body);
     const list = $('events');
     list.prepend(li);
     while (list.children.length > MAX_EVENTS) list.lastChild.remove();
@@ -403,10 +440,10 @@
   function resetView() {
     for (const k of Object.keys(METRICS)) history[k] = [];
     Object.assign(rtcedge, {
-      region: null, cluster: null, pop: null, backupPop: null, location: null, session: null,
+      region: null, cluster: null, pop: null, backupPop: null, location: null, session: null, backend: null,
       connectionState: null, iceState: null, remoteAddress: null, stats: null, stalledSeconds: 0, timings: {},
     });
-    for (const id of ['region', 'cluster', 'pop', 'backup-pop', 'session', 'conn-state', 'ice-state', 'remote-addr',
+    for (const id of ['region', 'cluster', 'pop', 'backup-pop', 'session', 'backend', 'conn-state', 'ice-state', 'remote-addr',
       'v-rtt', 'v-jitter', 'v-lost', 'v-kbpsIn', 'v-kbpsOut', 'v-levelIn', 'v-packets', 'v-energy', 'v-levelOut']) {
       setText(id, null);
     }

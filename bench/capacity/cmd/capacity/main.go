@@ -47,6 +47,7 @@ func run() error {
 	profDir := flag.String("profile", "", "write the pod's CPU, heap and allocation profiles (pprof) into this directory")
 	profStep := flag.Int("profile-step", 300, "with -profile: profile the first step of at least this many sessions")
 	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'dtls_role: server'")
+	backend := flag.String("backend", "", "transcode both ways: ref (the reference Realtime server, in this process) or a ws:// Realtime URL; empty: the echo")
 	flag.Parse()
 
 	var steps []int
@@ -86,13 +87,18 @@ func run() error {
 
 	rep := capacity.Report{Started: time.Now().UTC(), Before: capacity.ReadMachine()}
 	rep.Settings.Window, rep.Settings.IdleWindow, rep.Settings.DataChannel, rep.Settings.PodConfig = *window, *idle, *dc, *podCfg
+	rep.Settings.Backend = *backend
 	fmt.Printf("transceiver capacity: %s, %d CPUs (%s), %s, load before %.2f %.2f %.2f\n",
 		rep.Started.Format("2006-01-02 15:04 UTC"), rep.Before.CPUs, rep.Before.CPUModel, rep.Before.GoVersion,
 		rep.Before.Load[0], rep.Before.Load[1], rep.Before.Load[2])
-	fmt.Printf("50 pps x 80 B Opus-like audio each way per session, data channel %v, window %v, idle %v\n", *dc, *window, *idle)
+	if *backend == "" {
+		fmt.Printf("50 pps x 80 B Opus-like audio each way per session, data channel %v, window %v, idle %v\n", *dc, *window, *idle)
+	} else {
+		fmt.Printf("50 pps of Opus turns (1 s 440 Hz, 1 s silence) per session, decoded and sent to the Realtime backend %s, its replies encoded back; loss = reply frames missed; data channel %v, window %v, idle %v\n", *backend, *dc, *window, *idle)
+	}
 	steps2, err := capacity.Run(ctx, capacity.RunConfig{
 		Bin: *bin, Dir: dir, Steps: steps, Settle: *settle, Window: *window, IdleWindow: *idle,
-		DataChannel: *dc, Progress: os.Stderr, ProfileDir: *profDir, ProfileStep: *profStep, PodConfig: *podCfg,
+		DataChannel: *dc, Progress: os.Stderr, ProfileDir: *profDir, ProfileStep: *profStep, PodConfig: *podCfg, Backend: *backend,
 	})
 	rep.Steps = steps2
 	rep.Summary = capacity.Summarize(steps2, *maxLoss, *cores, *target)
