@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
@@ -265,30 +266,12 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	packets := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_clusterrelay_packets_total",
-		Help: "Datagrams forwarded, by direction (to_pod, to_client).",
-	}, []string{"direction"})
-	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_clusterrelay_bytes_total",
-		Help: "Bytes forwarded including the encapsulation header, by direction.",
-	}, []string{"direction"})
-	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_clusterrelay_dropped_packets_total",
-		Help: "Datagrams dropped, by reason.",
-	}, []string{"reason"})
-	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_clusterrelay_write_errors_total",
-		Help: "Failed sends.",
-	})
-	bundles := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_clusterrelay_bundles_sent_total",
-		Help: "Bundles sent to pods and global relays (Config.Bundle).",
-	})
-	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_clusterrelay_bundled_packets_total",
-		Help: "Datagrams sent inside bundles.",
-	})
+	packets := metric.CounterVec("rtcedge_clusterrelay_packets_total", "Datagrams forwarded, by direction (to_pod, to_client).", "direction")
+	bytes := metric.CounterVec("rtcedge_clusterrelay_bytes_total", "Bytes forwarded including the encapsulation header, by direction.", "direction")
+	drops := metric.CounterVec("rtcedge_clusterrelay_dropped_packets_total", "Datagrams dropped, by reason.", "reason")
+	writeErrors := metric.Counter("rtcedge_clusterrelay_write_errors_total", "Failed sends.")
+	bundles := metric.Counter("rtcedge_clusterrelay_bundles_sent_total", "Bundles sent to pods and global relays (Config.Bundle).")
+	bundledPackets := metric.Counter("rtcedge_clusterrelay_bundled_packets_total", "Datagrams sent inside bundles.")
 	m := &metrics{
 		toPod: packets.WithLabelValues("to_pod"), toClient: packets.WithLabelValues("to_client"),
 		toPodBytes: bytes.WithLabelValues("to_pod"), toClientBytes: bytes.WithLabelValues("to_client"),
@@ -296,12 +279,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
 		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{packets, bytes, drops, writeErrors, bundles, bundledPackets} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register clusterrelay metrics: %w", err)
-			}
-		}
+	if err := metric.Register(reg, "clusterrelay", packets, bytes, drops, writeErrors, bundles, bundledPackets); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/metric"
 )
 
 // Canonical header keys, read from the map directly: Header.Get would
@@ -77,10 +79,7 @@ func NewCFHeaderCheck(cfg CFHeaderCheckConfig) (*CFHeaderCheck, error) {
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	c.metric = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_signaling_cloudflare_requests_total",
-		Help: "Requests proxied by Cloudflare, by whether they carried the visitor location headers (CF-IPLatitude/CF-IPLongitude).",
-	}, []string{"location_headers"})
+	c.metric = metric.CounterVec("rtcedge_signaling_cloudflare_requests_total", "Requests proxied by Cloudflare, by whether they carried the visitor location headers (CF-IPLatitude/CF-IPLongitude).", "location_headers")
 	c.present, c.absent = c.metric.WithLabelValues("present"), c.metric.WithLabelValues("absent")
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(c.metric); err != nil {

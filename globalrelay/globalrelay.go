@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -337,56 +338,21 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	flows := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "rtcedge_globalrelay_flows", Help: "Live flows (client addresses with a route).",
-	})
-	created := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_created_total", Help: "Flows created from a verified routing token.",
-	})
-	expired := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_expired_total", Help: "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.",
-	})
-	followed := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_followed_total",
-		Help: "Flows opened for a new client address by the RTP SSRC of a silent flow (a NAT rebinding before the client's next check).",
-	})
-	restored := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flows_restored_total", Help: "Flows restored after being lost, by source (return_path, cache).",
-	}, []string{"source"})
-	packets := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_packets_total", Help: "Datagrams forwarded, by direction (to_cluster, to_client).",
-	}, []string{"direction"})
-	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_bytes_total", Help: "Client payload bytes forwarded (without header), by direction.",
-	}, []string{"direction"})
-	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_dropped_packets_total", Help: "Datagrams dropped, by reason.",
-	}, []string{"reason"})
-	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_write_errors_total", Help: "Failed sends.",
-	})
-	takeovers := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_flow_takeovers_total",
-		Help: "Client addresses whose quiet flow a check for another cluster or pod took over.",
-	})
-	cacheRejected := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_cache_rejected_total",
-		Help: "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.",
-	})
-	bundles := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_bundles_sent_total", Help: "Bundles sent to cluster relays (Config.Bundle).",
-	})
-	bundledPackets := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_bundled_packets_total", Help: "Datagrams sent to cluster relays inside bundles.",
-	})
-	repicks := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_relay_repicks_total",
-		Help: "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; unanswered: never a reply through the relay; avoided: another flow's evidence).",
-	}, []string{"reason"})
-	suspects := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "rtcedge_globalrelay_relay_suspects",
-		Help: "Cluster relays every flow avoids because one left a check unanswered (until they answer or the avoidance ends).",
-	})
+	flows := metric.Gauge("rtcedge_globalrelay_flows", "Live flows (client addresses with a route).")
+	created := metric.Counter("rtcedge_globalrelay_flows_created_total", "Flows created from a verified routing token.")
+	expired := metric.Counter("rtcedge_globalrelay_flows_expired_total", "Flows removed after FlowIdle without client packets, or abandoned for a newer address of the same token.")
+	followed := metric.Counter("rtcedge_globalrelay_flows_followed_total", "Flows opened for a new client address by the RTP SSRC of a silent flow (a NAT rebinding before the client's next check).")
+	restored := metric.CounterVec("rtcedge_globalrelay_flows_restored_total", "Flows restored after being lost, by source (return_path, cache).", "source")
+	packets := metric.CounterVec("rtcedge_globalrelay_packets_total", "Datagrams forwarded, by direction (to_cluster, to_client).", "direction")
+	bytes := metric.CounterVec("rtcedge_globalrelay_bytes_total", "Client payload bytes forwarded (without header), by direction.", "direction")
+	drops := metric.CounterVec("rtcedge_globalrelay_dropped_packets_total", "Datagrams dropped, by reason.", "reason")
+	writeErrors := metric.Counter("rtcedge_globalrelay_write_errors_total", "Failed sends.")
+	takeovers := metric.Counter("rtcedge_globalrelay_flow_takeovers_total", "Client addresses whose quiet flow a check for another cluster or pod took over.")
+	cacheRejected := metric.Counter("rtcedge_globalrelay_cache_rejected_total", "Route-cache entries refused: bad or unknown MAC, unusable client address, or token cap reached.")
+	bundles := metric.Counter("rtcedge_globalrelay_bundles_sent_total", "Bundles sent to cluster relays (Config.Bundle).")
+	bundledPackets := metric.Counter("rtcedge_globalrelay_bundled_packets_total", "Datagrams sent to cluster relays inside bundles.")
+	repicks := metric.CounterVec("rtcedge_globalrelay_relay_repicks_total", "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; unanswered: never a reply through the relay; avoided: another flow's evidence).", "reason")
+	suspects := metric.Gauge("rtcedge_globalrelay_relay_suspects", "Cluster relays every flow avoids because one left a check unanswered (until they answer or the avoidance ends).")
 	m := &metrics{
 		repicks: map[string]prometheus.Counter{}, suspects: suspects,
 		takeovers: takeovers, cacheRejected: cacheRejected,
@@ -404,12 +370,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided, RepickUnanswered} {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{flows, created, expired, followed, restored, packets, bytes, drops, writeErrors, takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register globalrelay metrics: %w", err)
-			}
-		}
+	if err := metric.Register(reg, "globalrelay", flows, created, expired, followed, restored, packets, bytes, drops, writeErrors,
+		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

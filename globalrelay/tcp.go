@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -885,15 +886,9 @@ type tcpMetrics struct {
 }
 
 func newTCPMetrics(reg prometheus.Registerer) (*tcpMetrics, error) {
-	conns := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "rtcedge_globalrelay_tcp_connections", Help: "Open TCP client connections (handshaking included).",
-	})
-	accepted := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_tcp_accepted_total", Help: "TCP connections accepted by the kernel and seen by the relay.",
-	})
-	established := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_tcp_established_total", Help: "TCP connections whose first frame carried a valid routing token.",
-	})
+	conns := metric.Gauge("rtcedge_globalrelay_tcp_connections", "Open TCP client connections (handshaking included).")
+	accepted := metric.Counter("rtcedge_globalrelay_tcp_accepted_total", "TCP connections accepted by the kernel and seen by the relay.")
+	established := metric.Counter("rtcedge_globalrelay_tcp_established_total", "TCP connections whose first frame carried a valid routing token.")
 	// The client's wait between its connection and its first check on it:
 	// pacing of the client's ICE checks, not relay work (docs/tcp.md).
 	firstFrame := prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -901,18 +896,10 @@ func newTCPMetrics(reg prometheus.Registerer) (*tcpMetrics, error) {
 		Help:    "Time from accepting a TCP connection to its first frame with a valid routing token (the client's first ICE check on it).",
 		Buckets: []float64{.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, 1, 2},
 	})
-	closed := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_tcp_closed_total", Help: "TCP connections refused or closed, by reason.",
-	}, []string{"reason"})
-	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_tcp_frames_total", Help: "Frames forwarded on the TCP path, by direction (to_cluster, to_client).",
-	}, []string{"direction"})
-	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_tcp_bytes_total", Help: "Client payload bytes on the TCP path (without framing or header), by direction.",
-	}, []string{"direction"})
-	drops := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rtcedge_globalrelay_tcp_dropped_frames_total", Help: "Frames dropped on the TCP path, by reason.",
-	}, []string{"reason"})
+	closed := metric.CounterVec("rtcedge_globalrelay_tcp_closed_total", "TCP connections refused or closed, by reason.", "reason")
+	frames := metric.CounterVec("rtcedge_globalrelay_tcp_frames_total", "Frames forwarded on the TCP path, by direction (to_cluster, to_client).", "direction")
+	bytes := metric.CounterVec("rtcedge_globalrelay_tcp_bytes_total", "Client payload bytes on the TCP path (without framing or header), by direction.", "direction")
+	drops := metric.CounterVec("rtcedge_globalrelay_tcp_dropped_frames_total", "Frames dropped on the TCP path, by reason.", "reason")
 	m := &tcpMetrics{
 		conns: conns, accepted: accepted, established: established, firstFrame: firstFrame,
 		toCluster: frames.WithLabelValues("to_cluster"), toClient: frames.WithLabelValues("to_client"),
@@ -920,12 +907,8 @@ func newTCPMetrics(reg prometheus.Registerer) (*tcpMetrics, error) {
 		closed: udpio.NewDrops[tcpCloseReason](closed, "", tcpCloseLabels[:]...),
 		drops:  udpio.NewDrops[tcpDropReason](drops, "", tcpDropLabels[:]...),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{conns, accepted, established, firstFrame, closed, frames, bytes, drops} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register globalrelay tcp metrics: %w", err)
-			}
-		}
+	if err := metric.Register(reg, "globalrelay tcp", conns, accepted, established, firstFrame, closed, frames, bytes, drops); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

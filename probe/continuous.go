@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/metric"
 )
 
 // Metrics are the continuous prober's Prometheus series. Placement labels
@@ -48,18 +50,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "rtcedge_probe_loss_ratio",
 			Help: "Share of audio packets of the latest probe call that were not echoed within a second.",
 		}, placementLabels),
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_probe_runs_total",
-			Help: "Probe calls by result (ok or error).",
-		}, []string{"result"}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_probe_failures_total",
-			Help: "Failed probe calls by reason (<stage>_http_<status>, <stage>_timeout, <stage>_failed, <stage>_error, canceled).",
-		}, []string{"reason"}),
-		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "rtcedge_probe_last_success_timestamp_seconds",
-			Help: "Unix time of the end of the latest successful probe call; alert on its age.",
-		}),
+		runs:        metric.CounterVec("rtcedge_probe_runs_total", "Probe calls by result (ok or error).", "result"),
+		failures:    metric.CounterVec("rtcedge_probe_failures_total", "Failed probe calls by reason (<stage>_http_<status>, <stage>_timeout, <stage>_failed, <stage>_error, canceled).", "reason"),
+		lastSuccess: metric.Gauge("rtcedge_probe_last_success_timestamp_seconds", "Unix time of the end of the latest successful probe call; alert on its age."),
 	}
 	for _, c := range []prometheus.Collector{m.setup, m.rtt, m.jitter, m.loss, m.runs, m.failures, m.lastSuccess} {
 		if err := reg.Register(c); err != nil {

@@ -1,12 +1,12 @@
 package signaling
 
 import (
-	"fmt"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/metric"
 )
 
 type metrics struct {
@@ -29,39 +29,22 @@ type metrics struct {
 // When auth is set, it is exported as a gauge too.
 func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool) (*metrics, error) {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_requests_total", Help: "HTTP requests, by endpoint and status code.",
-		}, []string{"endpoint", "code"}),
+		requests: metric.CounterVec("rtcedge_signaling_requests_total", "HTTP requests, by endpoint and status code.", "endpoint", "code"),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rtcedge_signaling_request_seconds", Help: "HTTP request duration, by endpoint.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"endpoint"}),
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_cluster_attempts_total", Help: "Session creates sent to clusters, by cluster and result.",
-		}, []string{"cluster", "result"}),
+		attempts: metric.CounterVec("rtcedge_signaling_cluster_attempts_total", "Session creates sent to clusters, by cluster and result.", "cluster", "result"),
 		attemptSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rtcedge_signaling_cluster_attempt_seconds", Help: "Duration of one session create at a cluster, by result.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 3},
 		}, []string{"result"}),
-		located: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_located_total", Help: "Valid offers by how the client was located (cf-headers, geoip, default).",
-		}, []string{"source"}),
-		noCapacity: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_no_capacity_total", Help: "Offers refused with 503 because no cluster took them.",
-		}),
-		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_rate_limited_total", Help: "Requests refused with 429, by the limit that refused them (address, api_key, client_secret).",
-		}, []string{"limit"}),
-		readTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_body_timeouts_total", Help: "Requests whose body stalled past the read timeout (408).",
-		}),
-		secretsMinted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_client_secrets_total", Help: "Ephemeral client secrets minted.",
-		}),
-		refusedEndpoints: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rtcedge_signaling_refused_endpoints_total",
-			Help: "Gossiped session API endpoints skipped because the catalogue does not allow them (host off session_api and session_api_nets).",
-		}),
+		located:          metric.CounterVec("rtcedge_signaling_located_total", "Valid offers by how the client was located (cf-headers, geoip, default).", "source"),
+		noCapacity:       metric.Counter("rtcedge_signaling_no_capacity_total", "Offers refused with 503 because no cluster took them."),
+		rateLimited:      metric.CounterVec("rtcedge_signaling_rate_limited_total", "Requests refused with 429, by the limit that refused them (address, api_key, client_secret).", "limit"),
+		readTimeouts:     metric.Counter("rtcedge_signaling_body_timeouts_total", "Requests whose body stalled past the read timeout (408)."),
+		secretsMinted:    metric.Counter("rtcedge_signaling_client_secrets_total", "Ephemeral client secrets minted."),
+		refusedEndpoints: metric.Counter("rtcedge_signaling_refused_endpoints_total", "Gossiped session API endpoints skipped because the catalogue does not allow them (host off session_api and session_api_nets)."),
 	}
 	for _, res := range attemptResults {
 		m.attemptSeconds.WithLabelValues(res)
@@ -90,12 +73,8 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool)
 			return 0
 		}))
 	}
-	if reg != nil {
-		for _, c := range all {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register signaling metrics: %w", err)
-			}
-		}
+	if err := metric.Register(reg, "signaling", all...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -1,10 +1,9 @@
 package transceiver
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
@@ -53,11 +52,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_transceiver_" + name, Help: help}, []string{label})
 	}
 	m := &metrics{
-		net: podnet.NewMetrics(),
-		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "rtcedge_transceiver_sessions",
-			Help: "Sessions currently held by this pod (connecting or connected).",
-		}),
+		net:      podnet.NewMetrics(),
+		sessions: metric.Gauge("rtcedge_transceiver_sessions", "Sessions currently held by this pod (connecting or connected)."),
 		created:  counter("sessions_created_total", "Sessions created (answers returned)."),
 		rejected: counterVec("sessions_rejected_total", "Session requests refused, by reason.", "reason"),
 		ended:    counterVec("sessions_ended_total", "Sessions ended, by reason.", "reason"),
@@ -84,14 +80,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed, endBackend} {
 		m.ended.WithLabelValues(r)
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended, m.setupSeconds, m.popSwitches,
-		m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths}, m.net.Collectors()...) {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register transceiver metrics: %w", err)
-		}
+	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
+		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths}, m.net.Collectors()...)...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

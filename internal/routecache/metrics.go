@@ -1,9 +1,9 @@
 package routecache
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/metric"
 )
 
 // writeResult is the outcome of one write; its name is the "result" label of
@@ -100,13 +100,5 @@ func (e *engine) registerMetrics(reg prometheus.Registerer) error {
 		}
 		return 0
 	}))
-	if reg == nil {
-		return nil
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("register routecache metrics: %w", err)
-		}
-	}
-	return nil
+	return metric.Register(reg, "routecache", cs...)
 }

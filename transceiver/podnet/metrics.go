@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
@@ -96,10 +97,7 @@ func NewMetrics() *Metrics {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "rtcedge_transceiver_" + name, Help: help})
 	}
 	m := &Metrics{
-		dropVec: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtcedge_transceiver_dropped_packets_total",
-			Help: "Datagrams on the pod socket dropped before reaching WebRTC, by reason.",
-		}, []string{"reason"}),
+		dropVec:     metric.CounterVec("rtcedge_transceiver_dropped_packets_total", "Datagrams on the pod socket dropped before reaching WebRTC, by reason.", "reason"),
 		packetsIn:   counter("packets_in_total", "Client datagrams received from cluster relays and handed to WebRTC."),
 		packetsOut:  counter("packets_out_total", "Datagrams sent toward clients through cluster relays."),
 		bytesIn:     counter("bytes_in_total", "Client payload bytes received (without the encapsulation header)."),
@@ -107,10 +105,7 @@ func NewMetrics() *Metrics {
 		writeErrors: counter("socket_write_errors_total", "Failed sends on the pod socket."),
 		reachProbes: counter("reach_probes_total", "Binding Requests the pod sent to a client address after its first authenticated check, to prove the address before DTLS goes there."),
 		reachProven: counter("reach_proven_total", "Client addresses proven by the answer to the pod's probe."),
-		routes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "rtcedge_transceiver_client_routes",
-			Help: "Client return routes (client address per POP) currently remembered.",
-		}),
+		routes:      metric.Gauge("rtcedge_transceiver_client_routes", "Client return routes (client address per POP) currently remembered."),
 		followRetries: counter("follow_retries_total", "Authenticated checks from a new path presented to ICE again once the old address had gone silent "+
 			"(they had arrived while it was still live)."),
 		mediaProbes: counter("media_probes_total", "Probes (STUN requests signed with the client's password) sent to a new client address because the session's audio "+
