@@ -61,9 +61,14 @@ type call struct {
 	raw          []byte  // batch as PCM16LE
 	batchSamples int
 
-	queue  chan msg    // toward the server; closed by Close under mu
-	free   chan []byte // the append buffers not in queue
-	queued atomic.Int64
+	queue chan msg    // toward the server; closed by Close under mu
+	free  chan []byte // the append buffers not in queue
+	// bufs is how many append buffers exist (made on demand, at most
+	// queueLen, so a call that keeps up holds one or two, not queueLen);
+	// bufSize is each one's capacity. Guarded by the Audio caller (one
+	// at a time per session).
+	bufs, bufSize int
+	queued        atomic.Int64
 
 	// Owned by the reader.
 	rbuf []byte
@@ -97,10 +102,7 @@ func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *webso
 	}
 	c.batch = make([]int16, 0, c.batchSamples+len(c.pcm))
 	c.raw = make([]byte, 0, 2*cap(c.batch))
-	size := len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
-	for range queueLen {
-		c.free <- make([]byte, 0, size)
-	}
+	c.bufSize = len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.pacer = newPacer(enc, out, b.m, b.cfg.MaxQueuedReply)
 	return c
@@ -166,9 +168,13 @@ func (c *call) flushLocked() {
 	select {
 	case buf = <-c.free:
 	default:
-		c.b.m.dropped[dropQueueFull].Inc()
-		c.batch = c.batch[:0]
-		return
+		if c.bufs == queueLen {
+			c.b.m.dropped[dropQueueFull].Inc()
+			c.batch = c.batch[:0]
+			return
+		}
+		c.bufs++
+		buf = make([]byte, 0, c.bufSize)
 	}
 	c.raw = opus.AppendPCM16LE(c.raw[:0], c.batch)
 	c.batch = c.batch[:0]
