@@ -178,6 +178,14 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 			if d := o.resumed - o.firstOut; d > time.Second {
 				t.Errorf("echo resumed %v after the client's first datagram from the new address (its first check came %v after that), want ≤ 1 s",
 					d.Round(time.Millisecond), (o.firstCheck - o.firstOut).Round(time.Millisecond))
+				// Which step of the follow fell back (issue 26's flaky follow).
+				for _, name := range []string{"rtcedge_globalrelay_flows_followed_total", "rtcedge_transceiver_media_probes_total",
+					"rtcedge_transceiver_reach_probes_total", "rtcedge_transceiver_reach_proven_total",
+					"rtcedge_transceiver_media_follows_total", "rtcedge_transceiver_follow_retries_total"} {
+					t.Logf("%s = %v", name, metricSum(t, w.Registry, name, nil))
+				}
+				t.Logf("global relay drops: ssrc_live %v; transceiver drops %v", metricSum(t, w.Registry, "rtcedge_globalrelay_dropped_packets_total", map[string]string{"reason": "ssrc_live"}),
+					metricSum(t, w.Registry, "rtcedge_transceiver_dropped_packets_total", nil))
 			}
 			if o.sent == 0 || float64(o.sent-o.echoed) > 0.01*float64(o.sent) {
 				st := nat.Stats()
