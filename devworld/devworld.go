@@ -677,9 +677,3 @@ func (w *World) Sessions() int {
 	}
 	return n
 }
-
-// SessionAPIs returns the cluster's live session API fronts as signaling
-// sees them through gossip.
-func (w *World) SessionAPIs(cluster uint16) []string {
-	return signaling.GossipHealth{Pool: w.SignalingPool}.SessionAPIs(cluster)
-}
