@@ -71,7 +71,7 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	n.life.Go("transceiver", n.tr.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
 		return node.WatchHopKeys(ctx, cfg.Hop, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
-			n.tr.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+			n.tr.sock.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
 		})
 	})
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
@@ -87,7 +87,7 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	cfg.Gossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{}) // believed only within bounds
 	if n.pool, err = cfg.Gossip.Open("", false, membership.Meta{
 		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
-		Data: n.data, API: n.apiURL, Capacity: n.tr.Capacity(),
+		Data: n.data, API: n.apiURL, Capacity: n.tr.cfg.MaxSessions,
 	}, env.Logger); err != nil {
 		return nil, err
 	}
@@ -120,7 +120,7 @@ func (n *Node) Run(ctx context.Context) error {
 			log.Info("drained")
 		case <-t.C:
 			log.Warn("drain deadline passed; ending remaining sessions", "sessions", n.tr.Sessions())
-			n.tr.EndAllForDrainDeadline()
+			n.tr.endAll(endDrainDeadline)
 		case <-failed.Done():
 		}
 		t.Stop()

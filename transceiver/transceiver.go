@@ -27,7 +27,6 @@ import (
 	"github.com/pion/interceptor"
 	"github.com/pion/webrtc/v4"
 
-	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
@@ -239,9 +238,6 @@ func (t *Transceiver) Sessions() int {
 	return len(t.sessions) + t.reserved
 }
 
-// Capacity returns MaxSessions.
-func (t *Transceiver) Capacity() int { return t.cfg.MaxSessions }
-
 // Draining reports whether Drain has been called.
 func (t *Transceiver) Draining() bool {
 	t.mu.Lock()
@@ -286,10 +282,6 @@ func (t *Transceiver) endAll(reason string) {
 	}
 	t.wg.Wait()
 }
-
-// EndAllForDrainDeadline ends the sessions still running when a drain
-// deadline passes.
-func (t *Transceiver) EndAllForDrainDeadline() { t.endAll(endDrainDeadline) }
 
 // Close ends all sessions, stops the muxes and closes the socket. It is
 // idempotent and waits until nothing of the transceiver is left running.
@@ -448,11 +440,6 @@ func (t *Transceiver) newID() (string, error) {
 	}
 	return id.String(), nil
 }
-
-// SetHopKeys replaces the pod's inter-tier keys (key rotation): replies are
-// sealed with the new current key and datagrams verified against every key
-// it holds, from the next datagram on. nil is ignored.
-func (t *Transceiver) SetHopKeys(k *encap.Keyring) { t.sock.SetHopKeys(k) }
 
 // nonceIndex finds the session of a datagram's routing token (the nonce in
 // its encapsulation header): a session's first server ufrag, and one per
