@@ -105,14 +105,8 @@ func (s *ingressSet) add(a netip.AddrPort) {
 
 // New returns a relay over conn. It takes ownership of conn.
 func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
-	if cfg.Cluster == 0 {
-		return nil, errors.New("clusterrelay config: cluster ID must be non-zero")
-	}
-	if cfg.Pods == nil {
-		return nil, errors.New("clusterrelay config: pod directory is required")
-	}
-	if cfg.Hop == nil {
-		return nil, errors.New("clusterrelay config: inter-tier hop keys are required")
+	if cfg.Cluster == 0 || cfg.Pods == nil || cfg.Hop == nil {
+		return nil, errors.New("clusterrelay config: a non-zero cluster ID, the pod directory and the inter-tier hop keys are required")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

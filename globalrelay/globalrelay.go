@@ -118,14 +118,8 @@ type worker struct {
 // them.
 func New(cfg Config, workers []Worker) (*Relay, error) {
 	switch {
-	case cfg.POP == 0:
-		return nil, errors.New("globalrelay config: POP ID must be non-zero")
-	case cfg.Keys == nil:
-		return nil, errors.New("globalrelay config: token keyring is required")
-	case cfg.Directory == nil:
-		return nil, errors.New("globalrelay config: cluster directory is required")
-	case cfg.Hop == nil:
-		return nil, errors.New("globalrelay config: inter-tier hop keys are required")
+	case cfg.POP == 0 || cfg.Keys == nil || cfg.Directory == nil || cfg.Hop == nil:
+		return nil, errors.New("globalrelay config: a non-zero POP ID, the token keyring, the cluster directory and the inter-tier hop keys are required")
 	case cfg.TokenLifetime < 0 || (cfg.TokenLifetime > 0 && cfg.TokenLifetime < time.Hour):
 		return nil, errors.New("globalrelay config: token lifetime must be at least 1h")
 	case cfg.FlowQuiet < 0:

@@ -90,14 +90,8 @@ type Transceiver struct {
 func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	cfg.Defaults()
 	err := cfg.check()
-	switch {
-	case err != nil:
-	case cfg.Keys == nil:
-		err = errors.New("token keyring is required")
-	case cfg.HopKeys == nil:
-		err = errors.New("inter-tier hop keys are required")
-	case cfg.Backend == nil:
-		err = errors.New("backend is required")
+	if err == nil && (cfg.Keys == nil || cfg.HopKeys == nil || cfg.Backend == nil) {
+		err = errors.New("the token keyring, the inter-tier hop keys and the backend are required")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("transceiver config: %w", err)
