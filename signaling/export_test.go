@@ -2,7 +2,10 @@ package signaling
 
 import (
 	"net/http"
+	"strings"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
 // WithReadTimeouts replaces the header and whole-request read timeouts;
@@ -17,4 +20,12 @@ func WithReadTimeouts(header, request time.Duration) HTTPOption {
 			s.ReadTimeout = request
 		}
 	}
+}
+
+// SessionOf returns the session ID inside a call ID (the last segment of a
+// call's Location), which names the call's cluster and pod. It does not
+// check the call ID's capability.
+func SessionOf(callID string) (sessionid.ID, error) {
+	session, _, _ := strings.Cut(callID, ".")
+	return sessionid.Parse(session)
 }
