@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
@@ -87,27 +88,15 @@ type TCPConfig struct {
 }
 
 func (c *TCPConfig) defaults(r *Relay) error {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defd := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.MaxConns, DefaultTCPMaxConns)
-	def(&c.MaxConnsPerIP, DefaultTCPMaxConnsPerIP)
-	def(&c.MaxPending, DefaultTCPMaxPending)
-	def(&c.MaxFrame, encap.MaxPayload)
-	def(&c.WriteQueue, DefaultTCPWriteQueue)
-	defd(&c.HandshakeTimeout, DefaultTCPHandshakeTimeout)
-	defd(&c.IdleTimeout, DefaultTCPIdleTimeout)
-	defd(&c.WriteTimeout, DefaultTCPWriteTimeout)
-	if c.Logger == nil {
-		c.Logger = r.log
-	}
+	config.Default(&c.MaxConns, DefaultTCPMaxConns)
+	config.Default(&c.MaxConnsPerIP, DefaultTCPMaxConnsPerIP)
+	config.Default(&c.MaxPending, DefaultTCPMaxPending)
+	config.Default(&c.MaxFrame, encap.MaxPayload)
+	config.Default(&c.WriteQueue, DefaultTCPWriteQueue)
+	config.Default(&c.HandshakeTimeout, DefaultTCPHandshakeTimeout)
+	config.Default(&c.IdleTimeout, DefaultTCPIdleTimeout)
+	config.Default(&c.WriteTimeout, DefaultTCPWriteTimeout)
+	config.Default(&c.Logger, r.log)
 	switch {
 	case c.MaxConns < 0, c.MaxConnsPerIP < 0, c.MaxPending < 0, c.WriteQueue < 0:
 		return errors.New("globalrelay tcp config: limits must not be negative")
