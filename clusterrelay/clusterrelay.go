@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -108,9 +109,7 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if cfg.Cluster == 0 || cfg.Pods == nil || cfg.Hop == nil {
 		return nil, errors.New("clusterrelay config: a non-zero cluster ID, the pod directory and the inter-tier hop keys are required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	config.Default(&cfg.Logger, slog.Default())
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
