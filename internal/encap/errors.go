@@ -55,14 +55,6 @@ var Reasons = [numReasons]string{
 	ReasonReserved: "reserved", ReasonAddr: "addr", ReasonUnknownKey: "unknown_key", ReasonMAC: "mac", ReasonBundle: "bundle",
 }
 
-// String returns the reason's metric label.
-func (r Reason) String() string {
-	if r < numReasons {
-		return Reasons[r]
-	}
-	return Reasons[ReasonOther]
-}
-
 // reasonErrs is the sentinel of every Reason but ReasonOther, indexed by it.
 var reasonErrs = [numReasons]error{nil, ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr, ErrUnknownKey, ErrMAC, ErrBundle}
 

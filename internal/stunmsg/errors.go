@@ -45,14 +45,6 @@ var Reasons = [numReasons]string{
 	ReasonNoUsername: "no_username", ReasonMalformed: "malformed", ReasonNoColon: "no_colon",
 }
 
-// String returns the reason's metric label.
-func (r Reason) String() string {
-	if r < numReasons {
-		return Reasons[r]
-	}
-	return Reasons[ReasonOther]
-}
-
 // reasonErrs is the sentinel of every Reason but ReasonOther, indexed by it.
 var reasonErrs = [numReasons]error{nil, ErrNotSTUN, ErrNotBindingRequest, ErrNoUsername, ErrMalformed, ErrNoColon}
 

@@ -48,14 +48,6 @@ var Reasons = [numReasons]string{
 	ReasonUnknownKey: "unknown_key", ReasonCluster: "cluster", ReasonMAC: "mac",
 }
 
-// String returns the reason's metric label.
-func (r Reason) String() string {
-	if r < numReasons {
-		return Reasons[r]
-	}
-	return Reasons[ReasonOther]
-}
-
 // reasonErrs is the sentinel of every Reason but ReasonOther, indexed by it.
 var reasonErrs = [numReasons]error{nil, ErrLength, ErrAlphabet, ErrVersion, ErrUnknownKey, ErrCluster, ErrMAC}
 
