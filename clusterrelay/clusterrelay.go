@@ -20,26 +20,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
-// Drop reasons (the "reason" label), besides encap's own decode reasons
-// which appear as "encap_<reason>".
-const (
-	DropWrongCluster   = "wrong_cluster"
-	DropUnknownPod     = "unknown_pod"
-	DropNotFromPod     = "not_from_pod"
-	DropPodMismatch    = "pod_mismatch"
-	DropEmpty          = "empty"
-	DropOversize       = "oversize"         // longer than encap.MaxDatagram
-	DropIngress        = "ingress_mismatch" // toward a pod, but not sent by the ingress the header names
-	DropUnknownIngress = "unknown_ingress"  // a reply toward an address no global relay sent from
-)
-
-// dropReason is the typed form of the labels above; it indexes the
-// preallocated counters, so a drop costs one slice index.
+// dropReason is why a datagram was dropped; it indexes the preallocated
+// counters, so a drop costs one slice index. dropLabels holds the "reason"
+// labels, besides encap's own decode reasons which appear as
+// "encap_<reason>".
 type dropReason uint8
 
 const (
@@ -49,18 +39,14 @@ const (
 	dropNotFromPod
 	dropPodMismatch
 	dropEmpty
-	dropOversize
-	dropIngress
-	dropUnknownIngress
+	dropOversize       // longer than encap.MaxDatagram
+	dropIngress        // toward a pod, but not sent by the ingress the header names
+	dropUnknownIngress // a reply toward an address no global relay sent from
 	numDropReasons
 )
 
-// dropLabels is the label of every dropReason, indexed by it.
-var dropLabels = [numDropReasons]string{
-	dropOther: "other", dropWrongCluster: DropWrongCluster, dropUnknownPod: DropUnknownPod,
-	dropNotFromPod: DropNotFromPod, dropPodMismatch: DropPodMismatch, dropEmpty: DropEmpty,
-	dropOversize: DropOversize, dropIngress: DropIngress, dropUnknownIngress: DropUnknownIngress,
-}
+var dropLabels = [numDropReasons]string{"other", "wrong_cluster", "unknown_pod", "not_from_pod",
+	"pod_mismatch", "empty", "oversize", "ingress_mismatch", "unknown_ingress"}
 
 // Relay forwards between global relays and the pods of one cluster over one
 // UDP socket.
@@ -120,18 +106,10 @@ func (s *ingressSet) add(a netip.AddrPort) {
 
 // New returns a relay over conn. It takes ownership of conn.
 func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
-	if cfg.Cluster == 0 {
-		return nil, errors.New("clusterrelay config: cluster ID must be non-zero")
+	if cfg.Cluster == 0 || cfg.Pods == nil || cfg.Hop == nil {
+		return nil, errors.New("clusterrelay config: a non-zero cluster ID, the pod directory and the inter-tier hop keys are required")
 	}
-	if cfg.Pods == nil {
-		return nil, errors.New("clusterrelay config: pod directory is required")
-	}
-	if cfg.Hop == nil {
-		return nil, errors.New("clusterrelay config: inter-tier hop keys are required")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	config.Default(&cfg.Logger, slog.Default())
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err

@@ -162,13 +162,13 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
 		{"forged reply", stranger, unsealed(t, forgedReply, "reflect"), "encap_mac", pkt(toClient(1), "g12"), ingress},
 		{"payload extended after sealing", ingress, append(pkt(toPod(2), "x"), 'y'), "encap_mac", pkt(toPod(2), "g13"), pod2},
 		{"truncated header", stranger, pkt(toPod(2), "")[:10], "encap_short", pkt(toPod(2), "g2"), pod2},
-		{"wrong cluster", ingress, pkt(encap.Header{Cluster: 6, Pod: 2, POP: 1, Client: client, Ingress: addrOf(ingress)}, "x"), DropWrongCluster, pkt(toPod(2), "g3"), pod2},
-		{"unknown pod", ingress, pkt(toPod(3), "x"), DropUnknownPod, pkt(toPod(2), "g4"), pod2},
-		{"empty payload", ingress, pkt(toPod(2), ""), DropEmpty, pkt(toPod(2), "g5"), pod2},
-		{"ingress is not the sender", stranger, pkt(toPod(2), "steer replies to a victim"), DropIngress, pkt(toPod(2), "g8"), pod2},
-		{"reply from a stranger", stranger, pkt(toClient(1), "reflect me"), DropNotFromPod, pkt(toClient(1), "g6"), ingress},
-		{"reply in another pod's name", pod2, pkt(toClient(1), "x"), DropPodMismatch, pkt(toClient(2), "g7"), ingress},
-		{"reply toward an address no global relay sent from", pod1, pkt(toStranger, "forward me anywhere"), DropUnknownIngress, pkt(toClient(1), "g14"), ingress},
+		{"wrong cluster", ingress, pkt(encap.Header{Cluster: 6, Pod: 2, POP: 1, Client: client, Ingress: addrOf(ingress)}, "x"), dropLabels[dropWrongCluster], pkt(toPod(2), "g3"), pod2},
+		{"unknown pod", ingress, pkt(toPod(3), "x"), dropLabels[dropUnknownPod], pkt(toPod(2), "g4"), pod2},
+		{"empty payload", ingress, pkt(toPod(2), ""), dropLabels[dropEmpty], pkt(toPod(2), "g5"), pod2},
+		{"ingress is not the sender", stranger, pkt(toPod(2), "steer replies to a victim"), dropLabels[dropIngress], pkt(toPod(2), "g8"), pod2},
+		{"reply from a stranger", stranger, pkt(toClient(1), "reflect me"), dropLabels[dropNotFromPod], pkt(toClient(1), "g6"), ingress},
+		{"reply in another pod's name", pod2, pkt(toClient(1), "x"), dropLabels[dropPodMismatch], pkt(toClient(2), "g7"), ingress},
+		{"reply toward an address no global relay sent from", pod1, pkt(toStranger, "forward me anywhere"), dropLabels[dropUnknownIngress], pkt(toClient(1), "g14"), ingress},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

@@ -132,24 +132,13 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	// Members are believed only within bounds (internal/metacheck).
 	cfg.ClusterGossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{})
 	cfg.GlobalGossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{})
-	if n.clusterPool, err = cfg.ClusterGossip.Open("", false, meta, env.Logger); err != nil {
+	if n.clusterPool, err = n.life.JoinPool(cfg.ClusterGossip, "cluster", "", false, meta, env); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(n.clusterPool.Close)
 	meta.API, meta.Draining = n.apiURL, true // draining until it hears of a ready pod (PublishAggregate)
-	if n.globalPool, err = cfg.GlobalGossip.Open("@global", true, meta, env.Logger); err != nil {
+	if n.globalPool, err = n.life.JoinPool(cfg.GlobalGossip, "global", "@global", true, meta, env); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(n.globalPool.Close)
-	if err := errors.Join(env.Register(n.clusterPool.Collector("cluster")), env.Register(n.globalPool.Collector("global"))); err != nil {
-		return nil, err
-	}
-	n.life.Go("cluster gossip join", func(ctx context.Context) error {
-		return cfg.ClusterGossip.JoinLoop(ctx, n.clusterPool, env.Logger)
-	})
-	n.life.Go("global gossip join", func(ctx context.Context) error {
-		return cfg.GlobalGossip.JoinLoop(ctx, n.globalPool, env.Logger)
-	})
 	n.life.Go("follow pods", func(ctx context.Context) error {
 		FollowPods(ctx, n.clusterPool, cfg.Cluster, n.dir, env.Logger)
 		return nil

@@ -172,17 +172,6 @@ func (pl *placer) done(pod uint16, created bool) {
 	}
 }
 
-// load returns the load the front assumes for pod: gossip's plus its own.
-func (pl *placer) load(pod uint16) int {
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	st := pl.pods[pod]
-	if st == nil {
-		return 0
-	}
-	return st.gossipLoad + st.inflight + len(st.placed)
-}
-
 // sync takes in the pods' gossiped loads: a changed load absorbs the
 // placements that finished GossipLag before it was seen, and placements
 // older than PlacementHold are dropped. Pods gone from gossip are

@@ -191,3 +191,14 @@ func TestFrontReachesPodGossipJustDropped(t *testing.T) {
 		t.Errorf("delete for a pod that is gone: %d, want 404", code)
 	}
 }
+
+// load returns the load the front assumes for pod: gossip's plus its own.
+func (pl *placer) load(pod uint16) int {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	st := pl.pods[pod]
+	if st == nil {
+		return 0
+	}
+	return st.gossipLoad + st.inflight + len(st.placed)
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
@@ -59,21 +60,13 @@ type Front struct {
 
 // NewFront returns the session API front.
 func NewFront(cfg FrontConfig) *Front {
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 800 * time.Millisecond
-	}
+	config.Default(&cfg.Timeout, 800*time.Millisecond)
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.GossipLag == 0 {
-		cfg.GossipLag = DefaultGossipLag
-	}
-	if cfg.PlacementHold == 0 {
-		cfg.PlacementHold = DefaultPlacementHold
-	}
+	config.Default(&cfg.Logger, slog.Default())
+	config.Default(&cfg.GossipLag, DefaultGossipLag)
+	config.Default(&cfg.PlacementHold, DefaultPlacementHold)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -297,12 +298,8 @@ func Start(cfg Config) (*World, error) {
 	cfg.PodsPerCluster = cmp(cfg.PodsPerCluster, 2)
 	cfg.RelaysPerCluster = cmp(cfg.RelaysPerCluster, 2)
 	cfg.WorkersPerPOP = cmp(cfg.WorkersPerPOP, 2)
-	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:0"
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	config.Default(&cfg.HTTPAddr, "127.0.0.1:0")
+	config.Default(&cfg.Logger, slog.Default())
 	w := &World{cfg: cfg, log: cfg.Logger.With("component", "devworld"), Registry: prometheus.NewRegistry(),
 		memStore:   routecache.NewMemoryStore(),
 		httpClient: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}}}
@@ -676,10 +673,4 @@ func (w *World) Sessions() int {
 		}
 	}
 	return n
-}
-
-// SessionAPIs returns the cluster's live session API fronts as signaling
-// sees them through gossip.
-func (w *World) SessionAPIs(cluster uint16) []string {
-	return signaling.GossipHealth{Pool: w.SignalingPool}.SessionAPIs(cluster)
 }

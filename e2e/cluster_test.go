@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/probe"
-	"github.com/rtcedge/rtcedge/signaling"
 )
 
 // podOf returns the pod a call's session lives on, from its Location.
 func podOf(t *testing.T, c *probe.Call) uint16 {
 	t.Helper()
-	id, err := signaling.SessionOf(c.Location[strings.LastIndexByte(c.Location, '/')+1:])
+	session, _, _ := strings.Cut(c.Location[strings.LastIndexByte(c.Location, '/')+1:], ".")
+	id, err := sessionid.Parse(session)
 	if err != nil {
 		t.Fatalf("session location %q: %v", c.Location, err)
 	}

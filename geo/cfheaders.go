@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/metric"
 )
 
@@ -73,12 +74,8 @@ type CFHeaderCheck struct {
 // cfg.Registerer is set.
 func NewCFHeaderCheck(cfg CFHeaderCheckConfig) (*CFHeaderCheck, error) {
 	c := &CFHeaderCheck{proxies: cfg.Proxies, threshold: uint64(cfg.Threshold), log: cfg.Logger}
-	if c.threshold == 0 {
-		c.threshold = DefaultCFHeaderThreshold
-	}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
+	config.Default(&c.threshold, DefaultCFHeaderThreshold)
+	config.Default(&c.log, slog.New(slog.DiscardHandler))
 	c.metric = metric.CounterVec("rtcedge_signaling_cloudflare_requests_total", "Requests proxied by Cloudflare, by whether they carried the visitor location headers (CF-IPLatitude/CF-IPLongitude).", "location_headers")
 	c.present, c.absent = c.metric.WithLabelValues("present"), c.metric.WithLabelValues("absent")
 	if cfg.Registerer != nil {

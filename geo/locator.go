@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/oschwald/geoip2-golang"
+
+	"github.com/rtcedge/rtcedge/internal/config"
 )
 
 // Location sources reported in Location.Source.
@@ -142,13 +144,9 @@ func NewLocator(cfg LocatorConfig) (*Locator, error) {
 	}
 	l := &Locator{cfg: cfg, log: cfg.Logger, ticker: cfg.ReloadInterval,
 		cloudflare: slices.Concat(cfg.CloudflareRanges, cfg.TrustedProxies)}
-	if l.log == nil {
-		l.log = slog.New(slog.DiscardHandler)
-	}
+	config.Default(&l.log, slog.New(slog.DiscardHandler))
 	l.log = l.log.With("component", "geo")
-	if l.ticker == 0 {
-		l.ticker = defaultReloadInterval
-	}
+	config.Default(&l.ticker, defaultReloadInterval)
 	switch {
 	case cfg.DB != nil:
 		r, err := openDB(cfg.DB)

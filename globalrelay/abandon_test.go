@@ -55,3 +55,7 @@ func TestExpireAbandoned(t *testing.T) {
 		t.Errorf("table holds %d flows, token A %d, want 4 and 1", table.len(), table.tokens[tokA])
 	}
 }
+
+// put stores f for a, replacing any flow there. It fails when a is new and
+// the table is full, or f's token has its share of flows already.
+func (t *flowTable) put(a netip.AddrPort, f *flow) putResult { return t.store(a, f, true) }

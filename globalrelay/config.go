@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
@@ -175,34 +176,20 @@ func (c *Config) ApplyEnv() error {
 // CPU, batches of 32 on event loops, ...) and the relay's.
 func (c *Config) Defaults() {
 	c.Common.Defaults()
-	if c.Workers == 0 {
-		c.Workers = udpio.Procs()
-	}
+	config.Default(&c.Workers, udpio.Procs())
 	c.Tuning.Defaults()
-	if c.ReadyWait == 0 {
-		c.ReadyWait = DefaultReadyWait
-	}
+	config.Default(&c.ReadyWait, DefaultReadyWait)
 	c.relayDefaults()
 }
 
 // relayDefaults fills the relay's unset fields; New applies them to a
 // Config built in code, whose tuning stays as given (zero: plain reads).
 func (c *Config) relayDefaults() {
-	if c.FlowIdle == 0 {
-		c.FlowIdle = 30 * time.Second
-	}
-	if c.MaxFlows == 0 {
-		c.MaxFlows = 1 << 18
-	}
-	if c.CacheRefresh == 0 {
-		c.CacheRefresh = 20 * time.Second
-	}
-	if c.TokenLifetime == 0 {
-		c.TokenLifetime = DefaultTokenLifetime
-	}
-	if c.FlowQuiet == 0 {
-		c.FlowQuiet = 3 * time.Second
-	}
+	config.Default(&c.FlowIdle, 30*time.Second)
+	config.Default(&c.MaxFlows, 1<<18)
+	config.Default(&c.CacheRefresh, 20*time.Second)
+	config.Default(&c.TokenLifetime, DefaultTokenLifetime)
+	config.Default(&c.FlowQuiet, 3*time.Second)
 	if c.SilenceAfter <= 0 {
 		c.SilenceAfter = DefaultSilenceAfter
 	}
@@ -212,9 +199,7 @@ func (c *Config) relayDefaults() {
 	if c.AvoidFor <= 0 {
 		c.AvoidFor = DefaultAvoidFor
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -100,10 +100,6 @@ func (t *flowTable) get(a netip.AddrPort) *flow {
 	return f
 }
 
-// put stores f for a, replacing any flow there. It fails when a is new and
-// the table is full, or f's token has its share of flows already.
-func (t *flowTable) put(a netip.AddrPort, f *flow) putResult { return t.store(a, f, true) }
-
 // putIfAbsent stores f for a only if a has no flow: restores from the cache
 // or the return path must not overwrite a flow a fresh token just made.
 func (t *flowTable) putIfAbsent(a netip.AddrPort, f *flow) putResult { return t.store(a, f, false) }

@@ -31,65 +31,39 @@ import (
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
-// Drop reasons (the "reason" label). Token, STUN and header decode failures
-// appear as "token_<reason>", "stun_<reason>" and "encap_<reason>".
-const (
-	DropUnknownFlow    = "unknown_flow"     // non-STUN datagram from an address with no flow
-	DropNoClusterRelay = "no_cluster_relay" // the token's cluster has no usable relay
-	DropTableFull      = "table_full"       // flow table at its cap
-	DropWrongDirection = "wrong_direction"  // toward-transceiver header on the internal socket
-	DropWrongPOP       = "wrong_pop"        // to-client header for another POP
-	DropFlowMismatch   = "flow_mismatch"    // to-client from a pod that does not own the client's flow
-	DropEmpty          = "empty"
-	DropDraining       = "draining"         // a new flow refused while the replica drains
-	DropTokenReuse     = "token_reuse"      // the token already opened its share of flows from other addresses
-	DropOversize       = "oversize"         // longer than encap.MaxPayload (from a client) or encap.MaxDatagram
-	DropNotFromCluster = "not_from_cluster" // a reply not sent by a cluster relay of the header's cluster
-	DropBadSource      = "bad_source"       // a client address no client can have (port 0, multicast, our own, ...)
-	DropTokenExpired   = "token_expired"    // a token older than TokenLifetime may open no new flow
-	DropFlowBusy       = "flow_busy"        // a check for another cluster/pod while the address's flow is live
-	DropNoHopKey       = "no_hop_key"       // no inter-tier key for the flow's cluster
-	DropSSRCLive       = "ssrc_live"        // RTP from an unknown address with the SSRC of a live flow (ssrc.go)
-	DropUnconfirmed    = "unconfirmed"      // a reply for a flow restored from the return path before its client sent on it
-	DropRestoreLimit   = "restore_limit"    // a return-path restore over the rate restores are limited to
-)
-
-// dropReason is the typed form of the labels above; it indexes the
-// preallocated counters, so a drop costs one slice index.
+// dropReason is why a datagram was dropped; it indexes the preallocated
+// counters, so a drop costs one slice index. dropLabels holds the "reason"
+// labels; token, STUN and header decode failures appear as "token_<reason>",
+// "stun_<reason>" and "encap_<reason>".
 type dropReason uint8
 
 const (
-	dropOther dropReason = iota
-	dropUnknownFlow
-	dropNoClusterRelay
-	dropTableFull
-	dropWrongDirection
-	dropWrongPOP
-	dropFlowMismatch
+	dropOther          dropReason = iota
+	dropUnknownFlow               // non-STUN datagram from an address with no flow
+	dropNoClusterRelay            // the token's cluster has no usable relay
+	dropTableFull                 // flow table at its cap
+	dropWrongDirection            // toward-transceiver header on the internal socket
+	dropWrongPOP                  // to-client header for another POP
+	dropFlowMismatch              // to-client from a pod that does not own the client's flow
 	dropEmpty
-	dropDraining
-	dropTokenReuse
-	dropOversize
-	dropNotFromCluster
-	dropBadSource
-	dropTokenExpired
-	dropFlowBusy
-	dropNoHopKey
-	dropSSRCLive
-	dropUnconfirmed
-	dropRestoreLimit
+	dropDraining       // a new flow refused while the replica drains
+	dropTokenReuse     // the token already opened its share of flows from other addresses
+	dropOversize       // longer than encap.MaxPayload (from a client) or encap.MaxDatagram
+	dropNotFromCluster // a reply not sent by a cluster relay of the header's cluster
+	dropBadSource      // a client address no client can have (port 0, multicast, our own, ...)
+	dropTokenExpired   // a token older than TokenLifetime may open no new flow
+	dropFlowBusy       // a check for another cluster/pod while the address's flow is live
+	dropNoHopKey       // no inter-tier key for the flow's cluster
+	dropSSRCLive       // RTP from an unknown address with the SSRC of a live flow (ssrc.go)
+	dropUnconfirmed    // a reply for a flow restored from the return path before its client sent on it
+	dropRestoreLimit   // a return-path restore over the rate restores are limited to
 	numDropReasons
 )
 
-// dropLabels is the label of every dropReason, indexed by it.
-var dropLabels = [numDropReasons]string{
-	dropOther: "other", dropUnknownFlow: DropUnknownFlow, dropNoClusterRelay: DropNoClusterRelay,
-	dropTableFull: DropTableFull, dropWrongDirection: DropWrongDirection, dropWrongPOP: DropWrongPOP,
-	dropFlowMismatch: DropFlowMismatch, dropEmpty: DropEmpty, dropDraining: DropDraining,
-	dropTokenReuse: DropTokenReuse, dropOversize: DropOversize, dropNotFromCluster: DropNotFromCluster,
-	dropBadSource: DropBadSource, dropTokenExpired: DropTokenExpired, dropFlowBusy: DropFlowBusy, dropNoHopKey: DropNoHopKey,
-	dropSSRCLive: DropSSRCLive, dropUnconfirmed: DropUnconfirmed, dropRestoreLimit: DropRestoreLimit,
-}
+var dropLabels = [numDropReasons]string{"other", "unknown_flow", "no_cluster_relay", "table_full",
+	"wrong_direction", "wrong_pop", "flow_mismatch", "empty", "draining", "token_reuse", "oversize",
+	"not_from_cluster", "bad_source", "token_expired", "flow_busy", "no_hop_key", "ssrc_live",
+	"unconfirmed", "restore_limit"}
 
 // Worker is one socket pair of the relay: Public is bound to the POP's VIP
 // (with SO_REUSEPORT when there are several workers), Internal to an
@@ -144,14 +118,8 @@ type worker struct {
 // them.
 func New(cfg Config, workers []Worker) (*Relay, error) {
 	switch {
-	case cfg.POP == 0:
-		return nil, errors.New("globalrelay config: POP ID must be non-zero")
-	case cfg.Keys == nil:
-		return nil, errors.New("globalrelay config: token keyring is required")
-	case cfg.Directory == nil:
-		return nil, errors.New("globalrelay config: cluster directory is required")
-	case cfg.Hop == nil:
-		return nil, errors.New("globalrelay config: inter-tier hop keys are required")
+	case cfg.POP == 0 || cfg.Keys == nil || cfg.Directory == nil || cfg.Hop == nil:
+		return nil, errors.New("globalrelay config: a non-zero POP ID, the token keyring, the cluster directory and the inter-tier hop keys are required")
 	case cfg.TokenLifetime < 0 || (cfg.TokenLifetime > 0 && cfg.TokenLifetime < time.Hour):
 		return nil, errors.New("globalrelay config: token lifetime must be at least 1h")
 	case cfg.FlowQuiet < 0:

@@ -304,15 +304,15 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 		pkt    []byte
 		reason string
 	}{
-		{"garbage", []byte("hello relay"), DropUnknownFlow},
-		{"DTLS from unknown", []byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, DropUnknownFlow},
+		{"garbage", []byte("hello relay"), dropLabels[dropUnknownFlow]},
+		{"DTLS from unknown", []byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, dropLabels[dropUnknownFlow]},
 		{"STUN without USERNAME", mustBuild(t, stun.BindingRequest), "stun_no_username"},
 		{"STUN ufrag without colon", mustBuild(t, stun.BindingRequest, stun.NewUsername("abcdefghijklmnopqrst")), "stun_no_colon"},
 		{"short ufrag", bindingRequest(t, "abcd"), "token_length"},
 		{"bad alphabet", bindingRequest(t, "abcdefghij-klmnopqrs"), "token_alphabet"},
 		{"unknown key", bindingRequest(t, string(forged)), "token_unknown_key"},
 		{"forged MAC", corruptUfrag(t, badMAC), "token_mac"},
-		{"empty", []byte{}, DropEmpty},
+		{"empty", []byte{}, dropLabels[dropEmpty]},
 	}
 	for _, tt := range tests {
 		good := r.validCheck(t, 7) // a fresh token each: one token opens at most maxFlowsPerToken flows
@@ -363,7 +363,7 @@ func TestReturnPathTrust(t *testing.T) {
 	if back, _ := read(t, victim); string(back) != "confirmed" {
 		t.Fatalf("victim got %q first: the stranger's datagram was reflected, or the reply before the client spoke", back)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropNotFromCluster); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropNotFromCluster]); v != 1 {
 		t.Errorf("not_from_cluster drops = %v, want 1", v)
 	}
 	if v := counter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path"); v != 1 {
@@ -381,7 +381,7 @@ func TestReturnPathTrust(t *testing.T) {
 	if back, _ := read(t, victim); string(back) != "ok" {
 		t.Fatalf("victim got %q, want only the good reply", back)
 	}
-	for _, reason := range []string{DropWrongDirection, DropWrongPOP, DropFlowMismatch} {
+	for _, reason := range []string{dropLabels[dropWrongDirection], dropLabels[dropWrongPOP], dropLabels[dropFlowMismatch]} {
 		if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", reason); v != 1 {
 			t.Errorf("drops{reason=%q} = %v, want 1", reason, v)
 		}
@@ -402,7 +402,7 @@ func TestFlowExpiryAndCap(t *testing.T) {
 	if _, n, _ := encap.Decode(got); !bytes.Equal(got[n:], []byte{22, 0xfe, 0xfd, 9}) {
 		t.Fatal("second client's check was forwarded although the table is full")
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropTableFull); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropTableFull]); v != 1 {
 		t.Errorf("table_full drops = %v, want 1", v)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -497,7 +497,7 @@ func TestDrain(t *testing.T) {
 	if _, n, _ := encap.Decode(got); !bytes.Equal(got[n:], media) {
 		t.Fatal("first datagram through a draining relay was not the existing flow's")
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropDraining); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropDraining]); v != 1 {
 		t.Errorf("draining drops = %v, want 1", v)
 	}
 }
@@ -527,7 +527,7 @@ func TestTokenFlowCap(t *testing.T) {
 	if _, n, _ := encap.Decode(got); !bytes.Equal(got[n:], fresh) {
 		t.Fatal("the reused token's check got through")
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropTokenReuse); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropTokenReuse]); v != 1 {
 		t.Errorf("token_reuse drops = %v, want 1", v)
 	}
 }
@@ -682,7 +682,7 @@ func TestReturnPathRestoreSendsNothing(t *testing.T) {
 	// The replies and the client's datagrams arrive on different sockets:
 	// wait until the relay has taken all 40.
 	waitCounter(t, r.reg, "rtcedge_globalrelay_flows_restored_total", "source", "return_path", 20)
-	waitCounter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropRestoreLimit, 20)
+	waitCounter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropRestoreLimit], 20)
 	// The victim's address is among them: its next datagram confirms that
 	// flow, and only replies after that reach it.
 	victim.WriteToUDPAddrPort([]byte{0x80, 111, 0, 1}, r.pub)
@@ -693,10 +693,10 @@ func TestReturnPathRestoreSendsNothing(t *testing.T) {
 		t.Fatalf("victim got %d bytes %.8q: a reply for a flow the client had not confirmed was forwarded", len(back), back)
 	}
 	// 160/8 = 20 restores a second: the other 20 were refused.
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropRestoreLimit); v != 20 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropRestoreLimit]); v != 20 {
 		t.Errorf("restore_limit drops = %v, want 20", v)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", DropUnconfirmed); v != 0 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropUnconfirmed]); v != 0 {
 		t.Errorf("unconfirmed drops = %v before any reply to an unconfirmed flow", v)
 	}
 	if n := r.relay.Flows(); n != 20 {

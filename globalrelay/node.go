@@ -178,15 +178,10 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	// clients once it knows where to send them, and none while draining.
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	cfg.Gossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{}) // believed only within bounds
-	if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{
-		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env.Logger); err != nil {
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, membership.Meta{
+		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(n.pool.Close)
-	if err := env.Register(n.pool.Collector("global")); err != nil {
-		return nil, err
-	}
-	n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, env.Logger) })
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
 	n.life.Go("hop keys", func(ctx context.Context) error {
 		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, n.relay.SetHopKeys)

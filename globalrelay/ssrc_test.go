@@ -48,7 +48,7 @@ func TestSSRCFollowsSilentFlow(t *testing.T) {
 	if _, ok := u.send(t, moved, rtpFrom(0xcafe)); ok {
 		t.Fatal("audio with a live flow's SSRC opened a flow for another address")
 	}
-	if n := u.drops(t, DropSSRCLive); n != 1 {
+	if n := u.drops(t, dropLabels[dropSSRCLive]); n != 1 {
 		t.Errorf("ssrc_live drops %v, want 1", n)
 	}
 	u.at(80*time.Millisecond + followSilence)

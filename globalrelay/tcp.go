@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
@@ -87,27 +88,15 @@ type TCPConfig struct {
 }
 
 func (c *TCPConfig) defaults(r *Relay) error {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defd := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.MaxConns, DefaultTCPMaxConns)
-	def(&c.MaxConnsPerIP, DefaultTCPMaxConnsPerIP)
-	def(&c.MaxPending, DefaultTCPMaxPending)
-	def(&c.MaxFrame, encap.MaxPayload)
-	def(&c.WriteQueue, DefaultTCPWriteQueue)
-	defd(&c.HandshakeTimeout, DefaultTCPHandshakeTimeout)
-	defd(&c.IdleTimeout, DefaultTCPIdleTimeout)
-	defd(&c.WriteTimeout, DefaultTCPWriteTimeout)
-	if c.Logger == nil {
-		c.Logger = r.log
-	}
+	config.Default(&c.MaxConns, DefaultTCPMaxConns)
+	config.Default(&c.MaxConnsPerIP, DefaultTCPMaxConnsPerIP)
+	config.Default(&c.MaxPending, DefaultTCPMaxPending)
+	config.Default(&c.MaxFrame, encap.MaxPayload)
+	config.Default(&c.WriteQueue, DefaultTCPWriteQueue)
+	config.Default(&c.HandshakeTimeout, DefaultTCPHandshakeTimeout)
+	config.Default(&c.IdleTimeout, DefaultTCPIdleTimeout)
+	config.Default(&c.WriteTimeout, DefaultTCPWriteTimeout)
+	config.Default(&c.Logger, r.log)
 	switch {
 	case c.MaxConns < 0, c.MaxConnsPerIP < 0, c.MaxPending < 0, c.WriteQueue < 0:
 		return errors.New("globalrelay tcp config: limits must not be negative")
@@ -119,93 +108,54 @@ func (c *TCPConfig) defaults(r *Relay) error {
 	return nil
 }
 
-// Why a TCP connection was refused or closed (the "reason" label of
-// rtcedge_globalrelay_tcp_closed_total).
-const (
-	TCPCloseConnLimit        = "conn_limit"        // MaxConns reached
-	TCPCloseIPLimit          = "ip_limit"          // MaxConnsPerIP reached
-	TCPClosePendingLimit     = "pending_limit"     // MaxPending reached, and the client's prefix holds the most pending (pendingSet)
-	TCPClosePendingEvicted   = "pending_evicted"   // a pending connection gave its slot to a client of a prefix holding fewer
-	TCPCloseDraining         = "draining"          // the replica drains: no new connections
-	TCPCloseHandshakeTimeout = "handshake_timeout" // no complete first frame in time (slowloris)
-	TCPCloseNotBinding       = "not_binding"       // first frame is not a STUN Binding Request
-	TCPCloseBadToken         = "bad_token"         // first frame's ufrag is not a valid token (detail in dropped_packets_total)
-	TCPCloseTokenExpired     = "token_expired"     // the token may open no new flow
-	TCPCloseTokenReuse       = "token_reuse"       // the token holds its share of connections
-	TCPCloseBadSource        = "bad_source"        // a client address no client can have
-	TCPCloseOversize         = "oversize"          // a length prefix over MaxFrame
-	TCPCloseIdle             = "idle"              // no frame for IdleTimeout
-	TCPCloseEOF              = "eof"               // the client closed (or reset) the connection
-	TCPCloseWriteStall       = "write_stall"       // writes made no progress for WriteTimeout, or failed
-	TCPCloseShutdown         = "shutdown"          // the relay stopped
-)
-
+// tcpCloseReason is why a TCP connection was refused or closed;
+// tcpCloseLabels holds the "reason" labels of
+// rtcedge_globalrelay_tcp_closed_total.
 type tcpCloseReason uint8
 
 const (
-	tcpCloseOther tcpCloseReason = iota
-	tcpCloseConnLimit
-	tcpCloseIPLimit
-	tcpClosePendingLimit
-	tcpClosePendingEvicted
-	tcpCloseDraining
-	tcpCloseHandshakeTimeout
-	tcpCloseNotBinding
-	tcpCloseBadToken
-	tcpCloseTokenExpired
-	tcpCloseTokenReuse
-	tcpCloseBadSource
-	tcpCloseOversize
-	tcpCloseIdle
-	tcpCloseEOF
-	tcpCloseWriteStall
-	tcpCloseShutdown
+	tcpCloseOther            tcpCloseReason = iota
+	tcpCloseConnLimit                       // MaxConns reached
+	tcpCloseIPLimit                         // MaxConnsPerIP reached
+	tcpClosePendingLimit                    // MaxPending reached, and the client's prefix holds the most pending (pendingSet)
+	tcpClosePendingEvicted                  // a pending connection gave its slot to a client of a prefix holding fewer
+	tcpCloseDraining                        // the replica drains: no new connections
+	tcpCloseHandshakeTimeout                // no complete first frame in time (slowloris)
+	tcpCloseNotBinding                      // first frame is not a STUN Binding Request
+	tcpCloseBadToken                        // first frame's ufrag is not a valid token (detail in dropped_packets_total)
+	tcpCloseTokenExpired                    // the token may open no new flow
+	tcpCloseTokenReuse                      // the token holds its share of connections
+	tcpCloseBadSource                       // a client address no client can have
+	tcpCloseOversize                        // a length prefix over MaxFrame
+	tcpCloseIdle                            // no frame for IdleTimeout
+	tcpCloseEOF                             // the client closed (or reset) the connection
+	tcpCloseWriteStall                      // writes made no progress for WriteTimeout, or failed
+	tcpCloseShutdown                        // the relay stopped
 	numTCPCloseReasons
 )
 
-var tcpCloseLabels = [numTCPCloseReasons]string{
-	tcpCloseOther: "other", tcpCloseConnLimit: TCPCloseConnLimit, tcpCloseIPLimit: TCPCloseIPLimit,
-	tcpClosePendingLimit: TCPClosePendingLimit, tcpClosePendingEvicted: TCPClosePendingEvicted,
-	tcpCloseDraining:         TCPCloseDraining,
-	tcpCloseHandshakeTimeout: TCPCloseHandshakeTimeout, tcpCloseNotBinding: TCPCloseNotBinding,
-	tcpCloseBadToken: TCPCloseBadToken, tcpCloseTokenExpired: TCPCloseTokenExpired,
-	tcpCloseTokenReuse: TCPCloseTokenReuse, tcpCloseBadSource: TCPCloseBadSource,
-	tcpCloseOversize: TCPCloseOversize, tcpCloseIdle: TCPCloseIdle, tcpCloseEOF: TCPCloseEOF,
-	tcpCloseWriteStall: TCPCloseWriteStall, tcpCloseShutdown: TCPCloseShutdown,
-}
+var tcpCloseLabels = [numTCPCloseReasons]string{"other", "conn_limit", "ip_limit", "pending_limit",
+	"pending_evicted", "draining", "handshake_timeout", "not_binding", "bad_token", "token_expired",
+	"token_reuse", "bad_source", "oversize", "idle", "eof", "write_stall", "shutdown"}
 
-// Frames dropped on the TCP path (the "reason" label of
-// rtcedge_globalrelay_tcp_dropped_frames_total).
-const (
-	TCPDropQueueFull      = "queue_full"       // the oldest queued frame toward a slow client
-	TCPDropEmpty          = "empty"            // a zero-length frame
-	TCPDropNoConn         = "no_conn"          // a reply for a client with no connection here
-	TCPDropFlowMismatch   = "flow_mismatch"    // a reply from a pod that does not own the connection
-	TCPDropNoClusterRelay = "no_cluster_relay" // the connection's cluster has no usable relay
-	TCPDropNoHopKey       = "no_hop_key"       // no inter-tier key for the connection's cluster
-	TCPDropOtherToken     = "other_token"      // a later check naming another cluster or pod
-)
-
+// tcpDropReason is why a frame was dropped on the TCP path; tcpDropLabels
+// holds the "reason" labels of rtcedge_globalrelay_tcp_dropped_frames_total.
 type tcpDropReason uint8
 
 const (
-	tcpDropOther tcpDropReason = iota
-	tcpDropQueueFull
-	tcpDropEmpty
-	tcpDropNoConn
-	tcpDropFlowMismatch
-	tcpDropNoClusterRelay
-	tcpDropNoHopKey
-	tcpDropOtherToken
+	tcpDropOther          tcpDropReason = iota
+	tcpDropQueueFull                    // the oldest queued frame toward a slow client
+	tcpDropEmpty                        // a zero-length frame
+	tcpDropNoConn                       // a reply for a client with no connection here
+	tcpDropFlowMismatch                 // a reply from a pod that does not own the connection
+	tcpDropNoClusterRelay               // the connection's cluster has no usable relay
+	tcpDropNoHopKey                     // no inter-tier key for the connection's cluster
+	tcpDropOtherToken                   // a later check naming another cluster or pod
 	numTCPDropReasons
 )
 
-var tcpDropLabels = [numTCPDropReasons]string{
-	tcpDropOther: "other", tcpDropQueueFull: TCPDropQueueFull, tcpDropEmpty: TCPDropEmpty,
-	tcpDropNoConn: TCPDropNoConn, tcpDropFlowMismatch: TCPDropFlowMismatch,
-	tcpDropNoClusterRelay: TCPDropNoClusterRelay, tcpDropNoHopKey: TCPDropNoHopKey,
-	tcpDropOtherToken: TCPDropOtherToken,
-}
+var tcpDropLabels = [numTCPDropReasons]string{"other", "queue_full", "empty", "no_conn", "flow_mismatch",
+	"no_cluster_relay", "no_hop_key", "other_token"}
 
 // TCP is the TCP ingress of one relay replica. It shares the relay's
 // workers (their internal sockets carry its datagrams both ways), token

@@ -167,7 +167,7 @@ func testTCPForwardingBothWays(t *testing.T, cfg Config) {
 	if got := readFrame(t, c); string(got) != "mine" {
 		t.Fatalf("client read %q, want only its own connection's reply", got)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", TCPDropFlowMismatch); v != 2 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", tcpDropLabels[tcpDropFlowMismatch]); v != 2 {
 		t.Errorf("flow_mismatch drops = %v, want 2", v)
 	}
 }
@@ -192,21 +192,21 @@ func TestTCPAbuseClosedAndCounted(t *testing.T) {
 		send   func(t *testing.T) []byte
 		reason string
 	}{
-		{"garbage", func(*testing.T) []byte { return frame([]byte("GET / HTTP/1.1\r\n\r\n")) }, TCPCloseNotBinding},
-		{"HTTP request", func(*testing.T) []byte { return []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }, TCPCloseOversize},
-		{"DTLS first", func(*testing.T) []byte { return frame([]byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}) }, TCPCloseNotBinding},
-		{"STUN without USERNAME", func(t *testing.T) []byte { return frame(mustBuild(t, stun.BindingRequest)) }, TCPCloseBadToken},
-		{"forged MAC", func(t *testing.T) []byte { return frame(badMAC) }, TCPCloseBadToken},
-		{"forged key", func(t *testing.T) []byte { return frame(bindingRequest(t, "ExI0AEKhssPU5fbG74W9")) }, TCPCloseBadToken},
-		{"oversized frame", func(*testing.T) []byte { return []byte{0xff, 0xff, 1, 2, 3} }, TCPCloseOversize},
-		{"just over max", func(*testing.T) []byte { return binary.BigEndian.AppendUint16(nil, encap.MaxPayload+1) }, TCPCloseOversize},
-		{"slowloris: half a length", func(*testing.T) []byte { return []byte{0} }, TCPCloseHandshakeTimeout},
-		{"slowloris: half a frame", func(t *testing.T) []byte { return frame(r.validCheck(t, 1))[:20] }, TCPCloseHandshakeTimeout},
-		{"silent", func(*testing.T) []byte { return nil }, TCPCloseHandshakeTimeout},
+		{"garbage", func(*testing.T) []byte { return frame([]byte("GET / HTTP/1.1\r\n\r\n")) }, tcpCloseLabels[tcpCloseNotBinding]},
+		{"HTTP request", func(*testing.T) []byte { return []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }, tcpCloseLabels[tcpCloseOversize]},
+		{"DTLS first", func(*testing.T) []byte { return frame([]byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}) }, tcpCloseLabels[tcpCloseNotBinding]},
+		{"STUN without USERNAME", func(t *testing.T) []byte { return frame(mustBuild(t, stun.BindingRequest)) }, tcpCloseLabels[tcpCloseBadToken]},
+		{"forged MAC", func(t *testing.T) []byte { return frame(badMAC) }, tcpCloseLabels[tcpCloseBadToken]},
+		{"forged key", func(t *testing.T) []byte { return frame(bindingRequest(t, "ExI0AEKhssPU5fbG74W9")) }, tcpCloseLabels[tcpCloseBadToken]},
+		{"oversized frame", func(*testing.T) []byte { return []byte{0xff, 0xff, 1, 2, 3} }, tcpCloseLabels[tcpCloseOversize]},
+		{"just over max", func(*testing.T) []byte { return binary.BigEndian.AppendUint16(nil, encap.MaxPayload+1) }, tcpCloseLabels[tcpCloseOversize]},
+		{"slowloris: half a length", func(*testing.T) []byte { return []byte{0} }, tcpCloseLabels[tcpCloseHandshakeTimeout]},
+		{"slowloris: half a frame", func(t *testing.T) []byte { return frame(r.validCheck(t, 1))[:20] }, tcpCloseLabels[tcpCloseHandshakeTimeout]},
+		{"silent", func(*testing.T) []byte { return nil }, tcpCloseLabels[tcpCloseHandshakeTimeout]},
 		{"valid check then oversize", func(t *testing.T) []byte {
 			return append(frame(r.validCheck(t, 3)), 0xff, 0xff)
-		}, TCPCloseOversize},
-		{"valid check then silence", func(t *testing.T) []byte { return frame(r.validCheck(t, 4)) }, TCPCloseIdle},
+		}, tcpCloseLabels[tcpCloseOversize]},
+		{"valid check then silence", func(t *testing.T) []byte { return frame(r.validCheck(t, 4)) }, tcpCloseLabels[tcpCloseIdle]},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -224,7 +224,7 @@ func TestTCPAbuseClosedAndCounted(t *testing.T) {
 			// Nothing forwarded: except for the cases whose valid check
 			// legitimately went through first, the cluster relay's next
 			// datagram is a good connection's check.
-			if tt.reason == TCPCloseIdle || tt.name == "valid check then oversize" {
+			if tt.reason == tcpCloseLabels[tcpCloseIdle] || tt.name == "valid check then oversize" {
 				read(t, r.cluster)
 			}
 			good := r.dial(t)
@@ -255,7 +255,7 @@ func TestTCPLimits(t *testing.T) {
 		awaitClosed(t, third)
 		third.Close()
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", TCPCloseIPLimit); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", tcpCloseLabels[tcpCloseIPLimit]); v != 1 {
 		t.Errorf("ip_limit closes = %v, want 1", v)
 	}
 	a.Close()
@@ -337,7 +337,7 @@ func TestTCPBackpressureDropsOldest(t *testing.T) {
 	if k > 16 || !bytes.Equal(got[k-8:], []byte{92, 93, 94, 95, 96, 97, 98, 99}) {
 		t.Fatalf("stalled client read %v, want a first batch then the newest 8", got)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", TCPDropQueueFull); v != float64(100-k) {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_dropped_frames_total", "reason", tcpDropLabels[tcpDropQueueFull]); v != float64(100-k) {
 		t.Errorf("queue_full drops = %v, want %d", v, 100-k)
 	}
 }
@@ -541,7 +541,7 @@ func TestTCPPendingFairAcrossPrefixes(t *testing.T) {
 	if c, err := dialFrom("127.0.9.4"); err == nil {
 		awaitClosed(t, c)
 	}
-	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", TCPClosePendingLimit); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", tcpCloseLabels[tcpClosePendingLimit]); v != 1 {
 		t.Errorf("pending_limit closes = %v, want 1", v)
 	}
 	// A caller from another prefix gets in, in the oldest slow one's place.
@@ -550,7 +550,7 @@ func TestTCPPendingFairAcrossPrefixes(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitClosed(t, slow[0])
-	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", TCPClosePendingEvicted); v != 1 {
+	if v := counter(t, r.reg, "rtcedge_globalrelay_tcp_closed_total", "reason", tcpCloseLabels[tcpClosePendingEvicted]); v != 1 {
 		t.Errorf("pending_evicted closes = %v, want 1", v)
 	}
 	check := r.validCheck(t, 1)

@@ -170,7 +170,7 @@ func TestSpoofedCheckCannotMoveLiveFlow(t *testing.T) {
 			if f := u.r.flows.get(victim); f == nil || f.cluster != 0x12 || f.pod != 1 {
 				t.Fatalf("the victim's flow moved: %+v", f)
 			}
-			if v := u.drops(t, DropFlowBusy); v < 1900 {
+			if v := u.drops(t, dropLabels[dropFlowBusy]); v < 1900 {
 				t.Errorf("flow_busy drops = %v, want every spoofed check (about 2000)", v)
 			}
 		})
@@ -309,7 +309,7 @@ func TestExpiredTokenOpensNoFlow(t *testing.T) {
 	if _, ok := u.send(t, stranger, tok); ok {
 		t.Fatal("a 26-hour-old token opened a new flow")
 	}
-	if v := u.drops(t, DropTokenExpired); v != 1 {
+	if v := u.drops(t, dropLabels[dropTokenExpired]); v != 1 {
 		t.Errorf("token_expired drops = %v, want 1", v)
 	}
 	u.at(20 * time.Hour)
@@ -436,7 +436,7 @@ func TestNoHopKeyOpensNoFlow(t *testing.T) {
 	if n := u.r.Flows(); n != 0 {
 		t.Fatalf("%d flows", n)
 	}
-	if v := u.drops(t, DropNoHopKey); v != 1 {
+	if v := u.drops(t, dropLabels[dropNoHopKey]); v != 1 {
 		t.Errorf("no_hop_key drops = %v, want 1", v)
 	}
 }

@@ -25,6 +25,8 @@ import (
 	"github.com/pion/ice/v4"
 	"github.com/pion/rtp"
 	"github.com/pion/webrtc/v4"
+
+	"github.com/rtcedge/rtcedge/internal/config"
 )
 
 // DefaultPath is the signaling endpoint probes post to.
@@ -121,24 +123,14 @@ type Call struct {
 // Dial posts an offer and waits until the call is connected (DTLS up and
 // the events channel open) or ctx ends. The caller must Close the call.
 func Dial(ctx context.Context, cfg Config) (*Call, error) {
-	if cfg.Path == "" {
-		cfg.Path = DefaultPath
-	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = http.DefaultClient
-	}
-	if cfg.FrameInterval == 0 {
-		cfg.FrameInterval = 20 * time.Millisecond
-	}
-	if cfg.PayloadSize == 0 {
-		cfg.PayloadSize = 80
-	}
+	config.Default(&cfg.Path, DefaultPath)
+	config.Default(&cfg.HTTPClient, http.DefaultClient)
+	config.Default(&cfg.FrameInterval, 20*time.Millisecond)
+	config.Default(&cfg.PayloadSize, 80)
 	if cfg.PayloadSize < payloadHeader {
 		return nil, fmt.Errorf("probe: payload size must be at least %d", payloadHeader)
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	config.Default(&cfg.Logger, slog.Default())
 	c := &Call{
 		cfg: cfg, log: cfg.Logger.With("component", "probe"),
 		events: make(chan []byte, 64), connected: make(chan struct{}), failed: make(chan struct{}),

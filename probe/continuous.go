@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/metric"
 )
 
@@ -114,15 +115,9 @@ type ContinuousConfig struct {
 // calls are done) and records each. Failed calls are recorded, not
 // returned: Continuous returns nil when it stops, or a config error.
 func Continuous(ctx context.Context, cfg ContinuousConfig) error {
-	if cfg.Interval == 0 {
-		cfg.Interval = 30 * time.Second
-	}
-	if cfg.Hold == 0 {
-		cfg.Hold = 5 * time.Second
-	}
-	if cfg.SetupTimeout == 0 {
-		cfg.SetupTimeout = DefaultSetupTimeout
-	}
+	config.Default(&cfg.Interval, 30*time.Second)
+	config.Default(&cfg.Hold, 5*time.Second)
+	config.Default(&cfg.SetupTimeout, DefaultSetupTimeout)
 	if cfg.Interval < 0 || cfg.Hold < 0 || cfg.SetupTimeout < 0 || cfg.Iterations < 0 {
 		return errors.New("probe: negative interval, hold, setup timeout or iterations")
 	}

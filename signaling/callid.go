@@ -84,11 +84,3 @@ func (m callMinter) owner(public string, c credential) (string, sessionid.ID, bo
 	}
 	return session, id, true
 }
-
-// SessionOf returns the session ID inside a call ID (the last segment of a
-// call's Location), which names the call's cluster and pod. It does not
-// check the call ID's capability.
-func SessionOf(callID string) (sessionid.ID, error) {
-	session, _, _ := strings.Cut(callID, ".")
-	return sessionid.Parse(session)
-}

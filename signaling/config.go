@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
@@ -160,37 +161,27 @@ func (c *Config) ApplyEnv() error {
 // Defaults fills c's unset fields.
 func (c *Config) Defaults() {
 	c.Common.Defaults()
-	setDefault(&c.DrainDelay, DefaultDrainDelay)
-	setDefault(&c.ClientSecretTTL, 10*time.Minute)
-	setDefault(&c.MaxBody, 64<<10)
-	setDefault(&c.ClusterTimeout, 2*time.Second)
-	setDefault(&c.MaxAttempts, 3)
-	setDefault(&c.RatePerSecond, 5)
-	setDefault(&c.RateBurst, 20)
-	setDefault(&c.KeyRatePerSecond, 50)
-	setDefault(&c.KeyRateBurst, 100)
-	setDefault(&c.SecretRatePerSecond, 1)
-	setDefault(&c.SecretRateBurst, 10)
-	setDefault(&c.MaxLimiters, 200_000)
+	config.Default(&c.DrainDelay, DefaultDrainDelay)
+	config.Default(&c.ClientSecretTTL, 10*time.Minute)
+	config.Default(&c.MaxBody, 64<<10)
+	config.Default(&c.ClusterTimeout, 2*time.Second)
+	config.Default(&c.MaxAttempts, 3)
+	config.Default(&c.RatePerSecond, 5)
+	config.Default(&c.RateBurst, 20)
+	config.Default(&c.KeyRatePerSecond, 50)
+	config.Default(&c.KeyRateBurst, 100)
+	config.Default(&c.SecretRatePerSecond, 1)
+	config.Default(&c.SecretRateBurst, 10)
+	config.Default(&c.MaxLimiters, 200_000)
 	if c.ClientSessionFields == nil {
 		c.ClientSessionFields = DefaultClientSessionFields
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 90 * time.Second}}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-}
-
-// setDefault sets *v to def when it is zero.
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
 	}
 }
 

@@ -120,15 +120,9 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 func (n *Node) joinGossip(cfg *Config) (err error) {
 	check := metacheck.New(cfg.CatalogueData, metacheck.Bounds{MaxClusterCapacity: cfg.MaxClusterCapacity})
 	cfg.Gossip.CheckMeta = check
-	if n.pool, err = cfg.Gossip.Open("", true, membership.Meta{Role: membership.RoleSignaling}, n.env.Logger); err != nil {
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, membership.Meta{Role: membership.RoleSignaling}, n.env); err != nil {
 		return err
 	}
-	n.life.OnClose(n.pool.Close)
-	if err := n.env.Register(n.pool.Collector("global")); err != nil {
-		return err
-	}
-	gossip := cfg.Gossip
-	n.life.Go("gossip join", func(ctx context.Context) error { return gossip.JoinLoop(ctx, n.pool, n.env.Logger) })
 	h := GossipHealth{Pool: n.pool, Check: check}
 	cfg.Health, cfg.POPUp, cfg.SessionAPIs, cfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
 	return nil

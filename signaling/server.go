@@ -89,20 +89,6 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // HTTPOption adjusts the http.Server built by NewHTTPServer.
 type HTTPOption func(*http.Server)
 
-// WithReadTimeouts replaces the header and whole-request read timeouts;
-// zero keeps a default. Tests shorten them to watch a stalled client being
-// cut off.
-func WithReadTimeouts(header, request time.Duration) HTTPOption {
-	return func(s *http.Server) {
-		if header > 0 {
-			s.ReadHeaderTimeout = header
-		}
-		if request > 0 {
-			s.ReadTimeout = request
-		}
-	}
-}
-
 // NewHTTPServer wraps h in an http.Server with the project's timeouts
 // (node.NewHTTPServer), which keep a stalled or slow client (slowloris)
 // from holding a connection: an offer is a few KiB, so honest clients

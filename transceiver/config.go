@@ -19,6 +19,7 @@ import (
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/backend/netbackend"
 	"github.com/rtcedge/rtcedge/backend/realtime"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
@@ -129,26 +130,15 @@ func (c *Config) ApplyEnv() error {
 // and Hop when those are configured (Validate says why they cannot be).
 func (c *Config) Defaults() {
 	c.Common.Defaults()
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	if c.MaxSessions == 0 {
-		c.MaxSessions = 500
-	}
-	def(&c.ConnectTimeout, 30*time.Second)
-	def(&c.IdleTimeout, 60*time.Second)
-	def(&c.DisconnectedTimeout, 5*time.Second)
-	def(&c.FailedTimeout, 15*time.Second)
-	def(&c.SCTPRTOMax, time.Second)
-	def(&c.RouteTTL, 2*time.Minute)
-	if c.Readers == 0 {
-		c.Readers = podnet.DefaultReaders()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.MaxSessions, 500)
+	config.Default(&c.ConnectTimeout, 30*time.Second)
+	config.Default(&c.IdleTimeout, 60*time.Second)
+	config.Default(&c.DisconnectedTimeout, 5*time.Second)
+	config.Default(&c.FailedTimeout, 15*time.Second)
+	config.Default(&c.SCTPRTOMax, time.Second)
+	config.Default(&c.RouteTTL, 2*time.Minute)
+	config.Default(&c.Readers, podnet.DefaultReaders())
+	config.Default(&c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
 	}

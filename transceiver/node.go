@@ -71,7 +71,7 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	n.life.Go("transceiver", n.tr.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
 		return node.WatchHopKeys(ctx, cfg.Hop, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
-			n.tr.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+			n.tr.sock.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
 		})
 	})
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
@@ -85,17 +85,12 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	n.life.Serve("session API", api, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	cfg.Gossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{}) // believed only within bounds
-	if n.pool, err = cfg.Gossip.Open("", false, membership.Meta{
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "cluster", "", false, membership.Meta{
 		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
-		Data: n.data, API: n.apiURL, Capacity: n.tr.Capacity(),
-	}, env.Logger); err != nil {
+		Data: n.data, API: n.apiURL, Capacity: n.tr.cfg.MaxSessions,
+	}, env); err != nil {
 		return nil, err
 	}
-	n.life.OnClose(n.pool.Close)
-	if err := env.Register(n.pool.Collector("cluster")); err != nil {
-		return nil, err
-	}
-	n.life.Go("gossip join", func(ctx context.Context) error { return cfg.Gossip.JoinLoop(ctx, n.pool, env.Logger) })
 	n.life.Go("publish", func(ctx context.Context) error { n.tr.Publish(ctx, n.pool); return nil })
 	n.life.Go("follow relays", func(ctx context.Context) error {
 		FollowRelays(ctx, n.pool, cfg.Cluster, n.relays)
@@ -120,7 +115,7 @@ func (n *Node) Run(ctx context.Context) error {
 			log.Info("drained")
 		case <-t.C:
 			log.Warn("drain deadline passed; ending remaining sessions", "sessions", n.tr.Sessions())
-			n.tr.EndAllForDrainDeadline()
+			n.tr.endAll(endDrainDeadline)
 		case <-failed.Done():
 		}
 		t.Stop()

@@ -27,7 +27,6 @@ import (
 	"github.com/pion/interceptor"
 	"github.com/pion/webrtc/v4"
 
-	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
@@ -91,14 +90,8 @@ type Transceiver struct {
 func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	cfg.Defaults()
 	err := cfg.check()
-	switch {
-	case err != nil:
-	case cfg.Keys == nil:
-		err = errors.New("token keyring is required")
-	case cfg.HopKeys == nil:
-		err = errors.New("inter-tier hop keys are required")
-	case cfg.Backend == nil:
-		err = errors.New("backend is required")
+	if err == nil && (cfg.Keys == nil || cfg.HopKeys == nil || cfg.Backend == nil) {
+		err = errors.New("the token keyring, the inter-tier hop keys and the backend are required")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("transceiver config: %w", err)
@@ -239,9 +232,6 @@ func (t *Transceiver) Sessions() int {
 	return len(t.sessions) + t.reserved
 }
 
-// Capacity returns MaxSessions.
-func (t *Transceiver) Capacity() int { return t.cfg.MaxSessions }
-
 // Draining reports whether Drain has been called.
 func (t *Transceiver) Draining() bool {
 	t.mu.Lock()
@@ -286,10 +276,6 @@ func (t *Transceiver) endAll(reason string) {
 	}
 	t.wg.Wait()
 }
-
-// EndAllForDrainDeadline ends the sessions still running when a drain
-// deadline passes.
-func (t *Transceiver) EndAllForDrainDeadline() { t.endAll(endDrainDeadline) }
 
 // Close ends all sessions, stops the muxes and closes the socket. It is
 // idempotent and waits until nothing of the transceiver is left running.
@@ -448,11 +434,6 @@ func (t *Transceiver) newID() (string, error) {
 	}
 	return id.String(), nil
 }
-
-// SetHopKeys replaces the pod's inter-tier keys (key rotation): replies are
-// sealed with the new current key and datagrams verified against every key
-// it holds, from the next datagram on. nil is ignored.
-func (t *Transceiver) SetHopKeys(k *encap.Keyring) { t.sock.SetHopKeys(k) }
 
 // nonceIndex finds the session of a datagram's routing token (the nonce in
 // its encapsulation header): a session's first server ufrag, and one per

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/config"
 )
 
 // Backend is a backend.Backend that reaches the inference backend at
@@ -34,17 +35,11 @@ func (b *Backend) Dropped() uint64 { return b.dropped.Load() }
 // Open implements backend.Backend.
 func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
 	timeout := b.DialTimeout
-	if timeout == 0 {
-		timeout = 2 * time.Second
-	}
+	config.Default(&timeout, 2*time.Second)
 	qlen := b.QueueLen
-	if qlen == 0 {
-		qlen = 256
-	}
+	config.Default(&qlen, 256)
 	log := b.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	config.Default(&log, slog.Default())
 	d := net.Dialer{Timeout: timeout}
 	conn, err := d.DialContext(ctx, "tcp", b.Addr)
 	if err != nil {

@@ -3,6 +3,7 @@ package netbackend
 import (
 	"fmt"
 
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/node"
 )
 
@@ -18,9 +19,7 @@ type NodeConfig struct {
 // Defaults fills the unset fields.
 func (c *NodeConfig) Defaults() {
 	c.Common.Defaults()
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
+	config.Default(&c.Listen, DefaultListen)
 }
 
 // Validate checks c after Defaults.

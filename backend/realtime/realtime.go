@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
@@ -100,9 +101,7 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("realtime: protocol %q: want %q or %q", c.Protocol, ProtocolGA, ProtocolBeta)
 	}
-	if c.Rate == 0 {
-		c.Rate = 24000
-	}
+	config.Default(&c.Rate, 24000)
 	switch c.Rate {
 	case 8000, 12000, 16000, 24000, 48000:
 	default:
@@ -120,9 +119,7 @@ func (c *Config) Validate() error {
 	if len(c.ClientSessionFields) == 0 {
 		c.ClientSessionFields = DefaultClientSessionFields
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Logger, slog.Default())
 	return nil
 }
 

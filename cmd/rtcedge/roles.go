@@ -23,14 +23,7 @@ import (
 
 func init() {
 	commands = append(commands,
-		roleCommand("signaling", "run the geo-aware HTTP front (POST /v1/realtime/sdp)",
-			func(cfg *signaling.Config, env node.Env) (runner, error) {
-				s, err := signaling.OpenSockets(*cfg)
-				if err != nil {
-					return nil, err
-				}
-				return signaling.NewNode(*cfg, s, env)
-			}),
+		roleCommand("signaling", "run the geo-aware HTTP front (POST /v1/realtime/sdp)", onSockets(signaling.OpenSockets, signaling.NewNode)),
 		roleCommand("transceiver", "run a transceiver pod (WebRTC termination, bridged to its backend)",
 			func(cfg *transceiver.Config, env node.Env) (runner, error) {
 				podGC()
@@ -44,22 +37,8 @@ func init() {
 				}
 				return transceiver.NewNode(*cfg, socks, b, env)
 			}),
-		roleCommand("clusterrelay", "run a cluster relay replica and the cluster's session API front",
-			func(cfg *clusterrelay.Config, env node.Env) (runner, error) {
-				s, err := clusterrelay.OpenSockets(*cfg)
-				if err != nil {
-					return nil, err
-				}
-				return clusterrelay.NewNode(*cfg, s, env)
-			}),
-		roleCommand("globalrelay", "run a global relay replica (a POP's public UDP ingress)",
-			func(cfg *globalrelay.Config, env node.Env) (runner, error) {
-				s, err := globalrelay.OpenSockets(*cfg)
-				if err != nil {
-					return nil, err
-				}
-				return globalrelay.NewNode(*cfg, s, env)
-			}),
+		roleCommand("clusterrelay", "run a cluster relay replica and the cluster's session API front", onSockets(clusterrelay.OpenSockets, clusterrelay.NewNode)),
+		roleCommand("globalrelay", "run a global relay replica (a POP's public UDP ingress)", onSockets(globalrelay.OpenSockets, globalrelay.NewNode)),
 		command{"backend", "run the reference echo backend over the network backend protocol", runBackend},
 	)
 }
@@ -67,6 +46,17 @@ func init() {
 // runner is a role's node.
 type runner interface {
 	Run(ctx context.Context) error
+}
+
+// onSockets builds a role's node with build on the sockets open opens.
+func onSockets[C, S any, N runner](open func(C) (S, error), build func(C, S, node.Env) (N, error)) func(*C, node.Env) (runner, error) {
+	return func(cfg *C, env node.Env) (runner, error) {
+		s, err := open(*cfg)
+		if err != nil {
+			return nil, err
+		}
+		return build(*cfg, s, env)
+	}
 }
 
 // settings is what every role's config has (it embeds node.Common).

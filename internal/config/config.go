@@ -117,3 +117,12 @@ func Load(path string, v any) error {
 	}
 	return nil
 }
+
+// Default sets *p to v when *p is its type's zero value (unset): a
+// Defaults method's one line per field.
+func Default[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}

@@ -55,35 +55,16 @@ var Reasons = [numReasons]string{
 	ReasonReserved: "reserved", ReasonAddr: "addr", ReasonUnknownKey: "unknown_key", ReasonMAC: "mac", ReasonBundle: "bundle",
 }
 
-// String returns the reason's metric label.
-func (r Reason) String() string {
-	if r < numReasons {
-		return Reasons[r]
-	}
-	return Reasons[ReasonOther]
-}
+// reasonErrs is the sentinel of every Reason but ReasonOther, indexed by it.
+var reasonErrs = [numReasons]error{nil, ErrShort, ErrMagic, ErrVersion, ErrReservedFlag, ErrAddr, ErrUnknownKey, ErrMAC, ErrBundle}
 
-// ReasonOf maps an error from this package to its drop reason. Sentinels
-// returned bare (the hot path) match on the first comparisons.
+// ReasonOf maps an error from this package to its drop reason, without
+// allocating (the hot path gets the sentinels bare).
 func ReasonOf(err error) Reason {
-	switch {
-	case err == ErrShort || errors.Is(err, ErrShort):
-		return ReasonShort
-	case err == ErrMagic || errors.Is(err, ErrMagic):
-		return ReasonMagic
-	case err == ErrVersion || errors.Is(err, ErrVersion):
-		return ReasonVersion
-	case err == ErrReservedFlag || errors.Is(err, ErrReservedFlag):
-		return ReasonReserved
-	case err == ErrAddr || errors.Is(err, ErrAddr):
-		return ReasonAddr
-	case err == ErrMAC || errors.Is(err, ErrMAC):
-		return ReasonMAC
-	case err == ErrUnknownKey || errors.Is(err, ErrUnknownKey):
-		return ReasonUnknownKey
-	case err == ErrBundle || errors.Is(err, ErrBundle):
-		return ReasonBundle
-	default:
-		return ReasonOther
+	for r, e := range reasonErrs {
+		if r > 0 && (err == e || errors.Is(err, e)) {
+			return Reason(r)
+		}
 	}
+	return ReasonOther
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/config"
 )
 
 // DefaultDrainTimeout bounds a graceful stop when drain_timeout is unset.
@@ -23,12 +25,8 @@ type Common struct {
 
 // Defaults fills c's unset fields.
 func (c *Common) Defaults() {
-	if c.LogLevel == "" {
-		c.LogLevel = "info"
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
-	}
+	config.Default(&c.LogLevel, "info")
+	config.Default(&c.DrainTimeout, DefaultDrainTimeout)
 }
 
 // Validate checks c after Defaults.

@@ -132,3 +132,19 @@ func SetDraining(pool *membership.Pool, log *slog.Logger) {
 		log.Warn("gossip draining announcement failed", "pool", pool.Name(), "err", err)
 	}
 }
+
+// JoinPool opens g's pool (Open) for l: it closes with l, its metrics are
+// registered in env under the label pool, and it joins g's seeds
+// (JoinLoop) while l runs.
+func (l *Life) JoinPool(g Gossip, pool, suffix string, wan bool, meta membership.Meta, env Env) (*membership.Pool, error) {
+	p, err := g.Open(suffix, wan, meta, env.Logger)
+	if err != nil {
+		return nil, err
+	}
+	l.OnClose(p.Close)
+	if err := env.Register(p.Collector(pool)); err != nil {
+		return nil, err
+	}
+	l.Go(pool+" gossip join", func(ctx context.Context) error { return g.JoinLoop(ctx, p, env.Logger) })
+	return p, nil
+}

@@ -27,6 +27,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
+
+	"github.com/rtcedge/rtcedge/internal/config"
 )
 
 // Route is what a cache stores for a client address: the flow's cluster
@@ -135,33 +137,15 @@ func (c Config) sanitized() Config {
 
 // withDefaults fills in zero fields and validates the result.
 func (c Config) withDefaults() (Config, error) {
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
-	if c.QueueLen == 0 {
-		c.QueueLen = DefaultQueueLen
-	}
-	if c.LookupsPerSec == 0 {
-		c.LookupsPerSec = DefaultLookupsPerSec
-	}
-	if c.PrefixLookupsPerSec == 0 {
-		c.PrefixLookupsPerSec = DefaultPrefixLookupsPerSec
-	}
-	if c.BatchMax == 0 {
-		c.BatchMax = DefaultBatchMax
-	}
-	if c.FlushInterval == 0 {
-		c.FlushInterval = DefaultFlushInterval
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.KeyPrefix == "" {
-		c.KeyPrefix = DefaultKeyPrefix
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.TTL, DefaultTTL)
+	config.Default(&c.QueueLen, DefaultQueueLen)
+	config.Default(&c.LookupsPerSec, DefaultLookupsPerSec)
+	config.Default(&c.PrefixLookupsPerSec, DefaultPrefixLookupsPerSec)
+	config.Default(&c.BatchMax, DefaultBatchMax)
+	config.Default(&c.FlushInterval, DefaultFlushInterval)
+	config.Default(&c.Timeout, DefaultTimeout)
+	config.Default(&c.KeyPrefix, DefaultKeyPrefix)
+	config.Default(&c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -45,29 +45,16 @@ var Reasons = [numReasons]string{
 	ReasonNoUsername: "no_username", ReasonMalformed: "malformed", ReasonNoColon: "no_colon",
 }
 
-// String returns the reason's metric label.
-func (r Reason) String() string {
-	if r < numReasons {
-		return Reasons[r]
-	}
-	return Reasons[ReasonOther]
-}
+// reasonErrs is the sentinel of every Reason but ReasonOther, indexed by it.
+var reasonErrs = [numReasons]error{nil, ErrNotSTUN, ErrNotBindingRequest, ErrNoUsername, ErrMalformed, ErrNoColon}
 
-// ReasonOf maps an error from this package to its drop reason. Sentinels
-// returned bare (the hot path) match on the first comparisons.
+// ReasonOf maps an error from this package to its drop reason, without
+// allocating (the hot path gets the sentinels bare).
 func ReasonOf(err error) Reason {
-	switch {
-	case err == ErrNotSTUN || errors.Is(err, ErrNotSTUN):
-		return ReasonNotSTUN
-	case err == ErrNotBindingRequest || errors.Is(err, ErrNotBindingRequest):
-		return ReasonNotBinding
-	case err == ErrNoUsername || errors.Is(err, ErrNoUsername):
-		return ReasonNoUsername
-	case err == ErrMalformed || errors.Is(err, ErrMalformed):
-		return ReasonMalformed
-	case err == ErrNoColon || errors.Is(err, ErrNoColon):
-		return ReasonNoColon
-	default:
-		return ReasonOther
+	for r, e := range reasonErrs {
+		if r > 0 && (err == e || errors.Is(err, e)) {
+			return Reason(r)
+		}
 	}
+	return ReasonOther
 }

@@ -361,3 +361,11 @@ func reasonLabel(err error) string {
 	}
 	return ReasonOf(err).String()
 }
+
+// String returns the reason's metric label.
+func (r Reason) String() string {
+	if r < numReasons {
+		return Reasons[r]
+	}
+	return Reasons[ReasonOther]
+}

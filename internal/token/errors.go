@@ -48,31 +48,16 @@ var Reasons = [numReasons]string{
 	ReasonUnknownKey: "unknown_key", ReasonCluster: "cluster", ReasonMAC: "mac",
 }
 
-// String returns the reason's metric label.
-func (r Reason) String() string {
-	if r < numReasons {
-		return Reasons[r]
-	}
-	return Reasons[ReasonOther]
-}
+// reasonErrs is the sentinel of every Reason but ReasonOther, indexed by it.
+var reasonErrs = [numReasons]error{nil, ErrLength, ErrAlphabet, ErrVersion, ErrUnknownKey, ErrCluster, ErrMAC}
 
-// ReasonOf maps an error from this package to its drop reason. Sentinels
-// returned bare (the hot path) match on the first comparisons.
+// ReasonOf maps an error from this package to its drop reason, without
+// allocating (the hot path gets the sentinels bare).
 func ReasonOf(err error) Reason {
-	switch {
-	case err == ErrLength || errors.Is(err, ErrLength):
-		return ReasonLength
-	case err == ErrAlphabet || errors.Is(err, ErrAlphabet):
-		return ReasonAlphabet
-	case err == ErrVersion || errors.Is(err, ErrVersion):
-		return ReasonVersion
-	case err == ErrUnknownKey || errors.Is(err, ErrUnknownKey):
-		return ReasonUnknownKey
-	case err == ErrCluster || errors.Is(err, ErrCluster):
-		return ReasonCluster
-	case err == ErrMAC || errors.Is(err, ErrMAC):
-		return ReasonMAC
-	default:
-		return ReasonOther
+	for r, e := range reasonErrs {
+		if r > 0 && (err == e || errors.Is(err, e)) {
+			return Reason(r)
+		}
 	}
+	return ReasonOther
 }

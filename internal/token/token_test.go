@@ -422,3 +422,11 @@ func TestMintHourAndExpiry(t *testing.T) {
 		}
 	}
 }
+
+// String returns the reason's metric label.
+func (r Reason) String() string {
+	if r < numReasons {
+		return Reasons[r]
+	}
+	return Reasons[ReasonOther]
+}

@@ -58,9 +58,6 @@ var dropLabels = [numDropReasons]string{
 	dropSSRC: "ssrc", dropEventBacklog: "event_backlog",
 }
 
-// String returns the reason's label.
-func (r dropReason) String() string { return dropLabels[r] }
-
 // Causes of a session's path change, the "cause" label of
 // rtcedge_transceiver_path_change_gap_seconds.
 const (

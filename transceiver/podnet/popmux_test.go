@@ -212,3 +212,6 @@ func TestPOPMuxAddressBound(t *testing.T) {
 	}
 	readOne(t, c)
 }
+
+// String returns the reason's label.
+func (r dropReason) String() string { return dropLabels[r] }

@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/rtcedge/rtcedge/internal/config"
 )
 
 // DefaultAddr is the reference server's default listen address.
@@ -68,12 +70,8 @@ type Config struct {
 }
 
 func (c *Config) defaults() error {
-	if c.Addr == "" {
-		c.Addr = DefaultAddr
-	}
-	if c.Rate == 0 {
-		c.Rate = 24000
-	}
+	config.Default(&c.Addr, DefaultAddr)
+	config.Default(&c.Rate, 24000)
 	if c.Rate != 24000 && c.Rate != 16000 {
 		return fmt.Errorf("refserver: rate %d: want 24000 or 16000", c.Rate)
 	}
@@ -89,9 +87,7 @@ func (c *Config) defaults() error {
 	if c.RecordMs <= 0 {
 		c.RecordMs = 600000
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Logger, slog.Default())
 	return nil
 }
 
@@ -162,9 +158,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	model := r.URL.Query().Get("model")
-	if model == "" {
-		model = "rtcedge-ref"
-	}
+	config.Default(&model, "rtcedge-ref")
 	var s *Session
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: protos,
 		// Called by s.run's reads: a stalled session answers no ping.
