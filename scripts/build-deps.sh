@@ -12,16 +12,4 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 [ -r /usr/include/opus/opus.h ] && compgen -G '/usr/lib/*/libopus.a' >/dev/null || need+=(libopus-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 
-if [ "$(id -u)" -ne 0 ]; then
-	SUDO=sudo
-else
-	SUDO=
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-	echo "build-deps: missing ${need[*]}; install them with your package manager (libopus: opus or libopus-devel)" >&2
-	exit 1
-fi
-echo "build-deps: installing ${need[*]} with apt-get" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+exec "$(dirname "$0")/apt-install.sh" build-deps "${need[@]}"

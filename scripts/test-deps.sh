@@ -33,16 +33,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
-if [ "$(id -u)" -ne 0 ]; then
-	SUDO=sudo
-else
-	SUDO=
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-	echo "test-deps: missing ${need[*]}; install them with your package manager" >&2
-	exit 1
-fi
-echo "test-deps: installing ${need[*]} with apt-get" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+exec "$(dirname "$0")/apt-install.sh" test-deps "${need[@]}"
