@@ -409,7 +409,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	cfg := transceiver.Config{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, Hop: w.hop, Gossip: w.gossip(name, clusterSeed),
+		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed),
 		BackendURL: w.cfg.BackendURL, BackendProtocol: w.cfg.BackendProtocol, BackendRate: w.cfg.BackendRate,
 		SessionAPISecretSHA256: sessionapi.SecretHash(w.apiSecrets[spec.Cluster]), APITLS: w.apiTLS,
 	}

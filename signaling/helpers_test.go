@@ -105,7 +105,7 @@ func startPod(t *testing.T, cluster uint16, be backend.Backend, apiSecret string
 	}
 	reg := prometheus.NewRegistry()
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: cluster, Pod: 1, Keys: keys, HopKeys: hop, Backend: be, SessionAPISecret: apiSecret,
+		Cluster: cluster, Pod: 1, Keys: keys, Hop: hop, Backend: be, SessionAPISecret: apiSecret,
 		Logger: testLogger(), Registerer: reg,
 	}, conn)
 	if err != nil {

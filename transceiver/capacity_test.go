@@ -48,7 +48,7 @@ func newBenchPod(b *testing.B) *benchPod {
 	}
 	podAddr := conn.LocalAddr().(*net.UDPAddr)
 	tr, err := transceiver.New(transceiver.Config{
-		Cluster: 1, Pod: 1, Keys: keys, HopKeys: benchHop, Backend: echo.Backend{},
+		Cluster: 1, Pod: 1, Keys: keys, Hop: benchHop, Backend: echo.Backend{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, conn)
 	if err != nil {

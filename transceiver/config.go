@@ -72,9 +72,9 @@ type Config struct {
 	BackendRate     int            `yaml:"backend_rate"`
 	Token           node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
 	// Hop are this cluster's inter-tier keys as configured (prefer
-	// $RTCEDGE_HOP_KEYS); HopKeys is built from them.
-	Hop    node.HopKeys `yaml:"hop_keys"`
-	Gossip node.Gossip  `yaml:"gossip"` // the cluster pool
+	// $RTCEDGE_HOP_KEYS); Hop is built from them.
+	HopKeys node.HopKeys `yaml:"hop_keys"`
+	Gossip  node.Gossip  `yaml:"gossip"` // the cluster pool
 	// SessionAPISecret is the cluster's session API bearer secret (e.g.
 	// "${RTCEDGE_SESSION_API_SECRET}"): Handler refuses session API
 	// requests without it (health probes excepted). Empty: the API asks
@@ -109,7 +109,7 @@ type Config struct {
 	Readers int `yaml:"-"`
 
 	Keys    *token.Keyring  `yaml:"-"` // mints server ufrags; default: built from Token
-	HopKeys *encap.Keyring  `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from Hop. SetHopKeys replaces them
+	Hop     *encap.Keyring  `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from HopKeys. SetHopKeys replaces them
 	Backend backend.Backend `yaml:"-"` // the inference side of every session
 	// Relays, when set, limits the datagrams the pod accepts to those from
 	// the cluster's relays (FollowRelays keeps it in step with gossip).
@@ -122,11 +122,11 @@ type Config struct {
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
 func (c *Config) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
-	c.Hop.ApplyEnv()
+	c.HopKeys.ApplyEnv()
 	return c.Token.ApplyEnv()
 }
 
-// Defaults fills c's unset fields; Keys and HopKeys are built from Token
+// Defaults fills c's unset fields; Keys and Hop are built from Token
 // and Hop when those are configured (Validate says why they cannot be).
 func (c *Config) Defaults() {
 	c.Common.Defaults()
@@ -145,8 +145,8 @@ func (c *Config) Defaults() {
 	if c.Keys == nil && len(c.Token.Keys) > 0 {
 		c.Keys, _ = c.Token.Keyring()
 	}
-	if c.HopKeys == nil && (len(c.Hop.Keys) > 0 || c.Hop.File != "") {
-		c.HopKeys, _ = c.Hop.Keyring(c.Cluster)
+	if c.Hop == nil && (len(c.HopKeys.Keys) > 0 || c.HopKeys.File != "") {
+		c.Hop, _ = c.HopKeys.Keyring(c.Cluster)
 	}
 }
 
@@ -171,8 +171,8 @@ func (c *Config) Validate() error {
 		_, err := c.Token.Keyring()
 		errs = append(errs, err)
 	}
-	if c.HopKeys == nil {
-		_, err := c.Hop.Keyring(c.Cluster)
+	if c.Hop == nil {
+		_, err := c.HopKeys.Keyring(c.Cluster)
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

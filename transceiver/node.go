@@ -70,7 +70,7 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	n.life.OnClose(n.tr.Close)
 	n.life.Go("transceiver", n.tr.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
-		return node.WatchHopKeys(ctx, cfg.Hop, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
 			n.tr.sock.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
 		})
 	})

@@ -24,7 +24,7 @@ func TestNodeReady(t *testing.T) {
 	seed := nodetest.Member(t, "seed", false, membership.Meta{Role: membership.RoleTransceiver, Cluster: 9, Pod: 2,
 		Data: netip.MustParseAddrPort("127.0.0.1:9")}, "")
 	cfg := transceiver.Config{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		Token: nodetest.Keys(t), Hop: nodetest.HopKeys(t, 9), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())}
+		Token: nodetest.Keys(t), HopKeys: nodetest.HopKeys(t, 9), Gossip: nodetest.Gossip("pod-1", seed.LocalAddr().String())}
 	socks, err := transceiver.OpenSockets(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +54,7 @@ func TestNodeReady(t *testing.T) {
 // TestNodeConfigNeedsKeys: a pod without routing-token keys is refused
 // before it opens anything.
 func TestNodeConfigNeedsKeys(t *testing.T) {
-	_, err := transceiver.NewNode(transceiver.Config{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", Hop: nodetest.HopKeys(t, 9),
+	_, err := transceiver.NewNode(transceiver.Config{Cluster: 9, Pod: 1, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", HopKeys: nodetest.HopKeys(t, 9),
 		Gossip: nodetest.Gossip("pod-1", "")}, transceiver.Sockets{}, nil, node.Env{Logger: nodetest.Quiet})
 	if err == nil || !strings.Contains(err.Error(), "token") {
 		t.Fatalf("NewNode without keys = %v", err)

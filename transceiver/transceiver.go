@@ -90,7 +90,7 @@ type Transceiver struct {
 func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	cfg.Defaults()
 	err := cfg.check()
-	if err == nil && (cfg.Keys == nil || cfg.HopKeys == nil || cfg.Backend == nil) {
+	if err == nil && (cfg.Keys == nil || cfg.Hop == nil || cfg.Backend == nil) {
 		err = errors.New("the token keyring, the inter-tier hop keys and the backend are required")
 	}
 	if err != nil {
@@ -130,7 +130,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 
 		stateChanged: make(chan struct{}, 1),
 	}
-	t.sock = podnet.NewSocket(conn, podnet.Config{Cluster: cfg.Cluster, Pod: cfg.Pod, HopKeys: cfg.HopKeys, Relays: cfg.Relays,
+	t.sock = podnet.NewSocket(conn, podnet.Config{Cluster: cfg.Cluster, Pod: cfg.Pod, HopKeys: cfg.Hop, Relays: cfg.Relays,
 		Sessions: &t.byNonce, Metrics: m.net, Now: cfg.Now})
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}

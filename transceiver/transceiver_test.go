@@ -70,8 +70,8 @@ func newPod(t *testing.T, cfg Config) *pod {
 		cfg.Backend = loopBackend{}
 	}
 	cfg.Pod, cfg.Keys, cfg.Logger, cfg.Registerer = 3, keys, quiet, reg
-	if cfg.HopKeys == nil {
-		cfg.HopKeys = testHop
+	if cfg.Hop == nil {
+		cfg.Hop = testHop
 	}
 	tr, err := New(cfg, conn)
 	if err != nil {

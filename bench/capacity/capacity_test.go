@@ -41,7 +41,7 @@ func startPod(t *testing.T, tune func(*transceiver.Config)) (*net.UDPConn, strin
 		t.Fatal(err)
 	}
 	cfg := transceiver.Config{
-		Cluster: 1, Pod: 1, Keys: keys, HopKeys: testHop, Backend: echo.Backend{},
+		Cluster: 1, Pod: 1, Keys: keys, Hop: testHop, Backend: echo.Backend{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if tune != nil {
