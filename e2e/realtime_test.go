@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/pion/webrtc/v4/pkg/media"
 
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
+	"github.com/rtcedge/rtcedge/backend/realtime/reftest"
 	"github.com/rtcedge/rtcedge/devworld"
 	"github.com/rtcedge/rtcedge/internal/audiotest"
 	"github.com/rtcedge/rtcedge/internal/opus"
@@ -27,25 +27,8 @@ import (
 // startRefServer runs a Realtime reference server on a loopback port for
 // the test.
 func startRefServer(t *testing.T, cfg refserver.Config) *refserver.Server {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg.Logger = testLogger()
-	srv, err := refserver.New(cfg, ln)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(context.Background()) }()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		if err := <-done; err != nil {
-			t.Errorf("reference server: %v", err)
-		}
-	})
-	return srv
+	return reftest.Start(t, cfg)
 }
 
 // realtimeWorld is a dev world whose pods all talk to one reference
@@ -225,26 +208,7 @@ func (c *voiceCall) heard(t *testing.T, rate int) []int16 {
 	c.mu.Lock()
 	payloads := slices.Clone(c.payloads)
 	c.mu.Unlock()
-	return decodeOpus(t, payloads, rate)
-}
-
-func decodeOpus(t *testing.T, payloads [][]byte, rate int) []int16 {
-	t.Helper()
-	dec, err := opus.NewDecoder(rate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dec.Close()
-	var out []int16
-	buf := make([]int16, rate*120/1000)
-	for _, p := range payloads {
-		n, err := dec.Decode(p, buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:n]...)
-	}
-	return out
+	return reftest.DecodeOpus(t, payloads, rate)
 }
 
 // decimate takes 48 kHz to 24 kHz for comparisons with the server's input

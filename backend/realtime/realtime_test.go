@@ -16,6 +16,7 @@ import (
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/backend/realtime"
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
+	"github.com/rtcedge/rtcedge/backend/realtime/reftest"
 	"github.com/rtcedge/rtcedge/internal/audiotest"
 	"github.com/rtcedge/rtcedge/internal/opus"
 	"github.com/rtcedge/rtcedge/internal/testmetrics"
@@ -99,27 +100,6 @@ func (s *sink) index(typ string) int {
 	return -1
 }
 
-func startServer(t *testing.T, cfg refserver.Config) *refserver.Server {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := refserver.New(cfg, ln)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(context.Background()) }()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return srv
-}
-
 type fixture struct {
 	srv  *refserver.Server
 	b    *realtime.Backend
@@ -133,7 +113,7 @@ type fixture struct {
 func open(t *testing.T, beta bool, mod func(*realtime.Config)) *fixture {
 	t.Helper()
 	f := &fixture{reg: prometheus.NewRegistry(), out: newSink()}
-	f.srv = startServer(t, refserver.Config{Beta: beta, APIKey: "sk-test"})
+	f.srv = reftest.Start(t, refserver.Config{Beta: beta, APIKey: "sk-test"})
 	cfg := realtime.Config{URL: f.srv.URL() + "?model=ref", APIKey: "sk-test", Registerer: f.reg}
 	if beta {
 		cfg.Protocol = realtime.ProtocolBeta
@@ -188,26 +168,6 @@ func talk(t *testing.T, h backend.Handler, pcm []int16) {
 		h.Audio(pkt[:n], 20*time.Millisecond)
 		<-tick.C
 	}
-}
-
-// decodeAll decodes the caller's frames at rate.
-func decodeAll(t *testing.T, frames [][]byte, r int) []int16 {
-	t.Helper()
-	dec, err := opus.NewDecoder(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dec.Close()
-	var out []int16
-	buf := make([]int16, r*120/1000)
-	for _, p := range frames {
-		n, err := dec.Decode(p, buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:n]...)
-	}
-	return out
 }
 
 var flavours = []struct {
@@ -269,7 +229,7 @@ func TestCallRoundTrip(t *testing.T) {
 				frames, times := f.out.frames, f.out.times
 				evs := f.out.events
 				f.out.mu.Unlock()
-				reply := decodeAll(t, frames, rate)
+				reply := reftest.DecodeOpus(t, frames, rate)
 				if len(reply) < replySamples*95/100 {
 					t.Errorf("caller heard %d samples of a %d-sample reply", len(reply), replySamples)
 				}
@@ -373,7 +333,7 @@ func TestCallerEvents(t *testing.T) {
 // URL nor the key reaches the caller.
 func TestServerFailures(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
-		srv := startServer(t, refserver.Config{APIKey: "sk-right"})
+		srv := reftest.Start(t, refserver.Config{APIKey: "sk-right"})
 		reg := prometheus.NewRegistry()
 		b, err := realtime.New(realtime.Config{URL: srv.URL(), APIKey: "sk-wrong", Registerer: reg})
 		if err != nil {

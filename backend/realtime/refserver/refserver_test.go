@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"math"
-	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -14,33 +13,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
+	"github.com/rtcedge/rtcedge/backend/realtime/reftest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const rate = 24000
-
-// start runs a reference server on loopback port 0 until the test ends.
-func start(t *testing.T, cfg refserver.Config) *refserver.Server {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := refserver.New(cfg, ln)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(context.Background()) }()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return srv
-}
 
 // client is a test's side of one WebSocket; events arrive on ev.
 type client struct {
@@ -201,7 +179,7 @@ func reply(t *testing.T, c *client, n names) (audio []int16, done map[string]any
 func TestSessionCreatedAndUpdate(t *testing.T) {
 	for _, n := range flavours {
 		t.Run(flavourName(n), func(t *testing.T) {
-			srv := start(t, refserver.Config{Beta: n.beta})
+			srv := reftest.Start(t, refserver.Config{Beta: n.beta})
 			c := dial(t, srv, nil)
 			created := c.next()
 			if created["type"] != "session.created" {
@@ -257,7 +235,7 @@ func TestSessionCreatedAndUpdate(t *testing.T) {
 func TestServerVADTurn(t *testing.T) {
 	for _, n := range flavours {
 		t.Run(flavourName(n), func(t *testing.T) {
-			srv := start(t, refserver.Config{Beta: n.beta})
+			srv := reftest.Start(t, refserver.Config{Beta: n.beta})
 			c := dial(t, srv, nil)
 			c.next() // session.created
 			input := append(append(make([]int16, 600*rate/1000), tone(440, 1000)...), make([]int16, 700*rate/1000)...)
@@ -318,7 +296,7 @@ func contains(s []string, v string) bool {
 func TestManualCommitCancelTruncate(t *testing.T) {
 	for _, n := range flavours {
 		t.Run(flavourName(n), func(t *testing.T) {
-			srv := start(t, refserver.Config{Beta: n.beta, Speed: 2})
+			srv := reftest.Start(t, refserver.Config{Beta: n.beta, Speed: 2})
 			c := dial(t, srv, nil)
 			c.next()
 			off := map[string]any{"turn_detection": nil}
@@ -383,7 +361,7 @@ func TestManualCommitCancelTruncate(t *testing.T) {
 
 // TestBargeIn: speech while a reply plays cancels it (turn_detected).
 func TestBargeIn(t *testing.T) {
-	srv := start(t, refserver.Config{Speed: 1})
+	srv := reftest.Start(t, refserver.Config{Speed: 1})
 	c := dial(t, srv, nil)
 	c.next()
 	c.send(map[string]any{"type": "response.create"}) // no audio yet: a 1 s tone
@@ -397,7 +375,7 @@ func TestBargeIn(t *testing.T) {
 }
 
 func TestMalformedAndUnknownEvents(t *testing.T) {
-	srv := start(t, refserver.Config{})
+	srv := reftest.Start(t, refserver.Config{})
 	c := dial(t, srv, nil)
 	c.next()
 	for _, tc := range []struct{ raw, code string }{
@@ -422,7 +400,7 @@ func TestMalformedAndUnknownEvents(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	srv := start(t, refserver.Config{APIKey: "sk-test"})
+	srv := reftest.Start(t, refserver.Config{APIKey: "sk-test"})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, h := range []http.Header{nil, {"Authorization": {"Bearer wrong"}}} {
