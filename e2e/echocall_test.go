@@ -112,34 +112,9 @@ func dialEchoCall(ctx context.Context, t *testing.T, signalingURL string, config
 		}
 	})
 
-	offer, err := pc.CreateOffer(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gathered := webrtc.GatheringCompletePromise(pc)
-	if err := pc.SetLocalDescription(offer); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-gathered:
-	case <-ctx.Done():
-		t.Fatal("gathering did not complete")
-	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, signalingURL+"/v1/realtime/sdp", strings.NewReader(pc.LocalDescription().SDP))
-	req.Header.Set("Content-Type", "application/sdp")
-	tr := &http.Transport{Proxy: nil}
-	defer tr.CloseIdleConnections()
-	res, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %d %s", res.StatusCode, answer)
-	}
-	c.location, c.offer, c.answer = res.Header.Get("Location"), pc.LocalDescription().SDP, string(answer)
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
+	res, answer := negotiate(ctx, t, pc, signalingURL)
+	c.location, c.offer, c.answer = res.Header.Get("Location"), pc.LocalDescription().SDP, answer
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -222,4 +197,38 @@ func (c *echoCall) close() {
 	}
 	c.wg.Wait()
 	_ = c.pc.Close()
+}
+
+// negotiate posts pc's offer, once its candidates are gathered, to
+// signaling's POST /v1/realtime/sdp and returns the 201 response and its
+// answer; any other status fails the test.
+func negotiate(ctx context.Context, t *testing.T, pc *webrtc.PeerConnection, signalingURL string) (*http.Response, string) {
+	t.Helper()
+	offer, err := pc.CreateOffer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gathered := webrtc.GatheringCompletePromise(pc)
+	if err := pc.SetLocalDescription(offer); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-gathered:
+	case <-ctx.Done():
+		t.Fatal("gathering did not complete")
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, signalingURL+"/v1/realtime/sdp", strings.NewReader(pc.LocalDescription().SDP))
+	req.Header.Set("Content-Type", "application/sdp")
+	tr := &http.Transport{Proxy: nil}
+	defer tr.CloseIdleConnections()
+	res, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: %d %s", res.StatusCode, answer)
+	}
+	return res, string(answer)
 }

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -111,33 +109,8 @@ func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCal
 			c.notify()
 		}
 	})
-	offer, err := pc.CreateOffer(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gathered := webrtc.GatheringCompletePromise(pc)
-	if err := pc.SetLocalDescription(offer); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-gathered:
-	case <-ctx.Done():
-		t.Fatal("gathering did not complete")
-	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, signalingURL+"/v1/realtime/sdp", strings.NewReader(pc.LocalDescription().SDP))
-	req.Header.Set("Content-Type", "application/sdp")
-	tr := &http.Transport{Proxy: nil}
-	defer tr.CloseIdleConnections()
-	res, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %d %s", res.StatusCode, answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
+	_, answer := negotiate(ctx, t, pc, signalingURL)
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
 		t.Fatal(err)
 	}
 	select {
