@@ -100,8 +100,10 @@ func tokenPlace(t *testing.T, ufrag string) (cluster, pod uint16) {
 // TestICERestartOverPATCH: a standard Pion client behind a NAT changes
 // networks (a new outside IP) and restarts ICE the WHIP way, at once. The
 // server answers with new credentials whose ufrag is a fresh routing token
-// for the same cluster and pod; echo resumes over the new address, the
-// DTLS association and the backend session are the same throughout.
+// for the same cluster and pod; the pod's first probe of the new address
+// carries the new credentials and the client answers it; echo resumes over
+// the new address, the DTLS association and the backend session are the
+// same throughout.
 func TestICERestartOverPATCH(t *testing.T) {
 	w := startWorld(t, devworld.Config{})
 	nat := startNAT(t)
@@ -116,6 +118,8 @@ func TestICERestartOverPATCH(t *testing.T) {
 	mediaRTT := c.medianEchoRTT()
 	oldUfrag := fragUfrag.FindStringSubmatch(c.answer)[1]
 	dtls := c.pc.SCTP().Transport()
+	proven := metricSum(t, w.Registry, "rtcedge_transceiver_reach_proven_total", nil)
+	mediaProbes := metricSum(t, w.Registry, "rtcedge_transceiver_media_probes_total", nil)
 
 	if _, err := host.Rebind(netsim.RebindIP); err != nil {
 		t.Fatal(err)
@@ -171,6 +175,16 @@ func TestICERestartOverPATCH(t *testing.T) {
 	}
 	if n := metricSum(t, w.Registry, "rtcedge_transceiver_path_change_gap_seconds", map[string]string{"cause": "ice_restart"}); n != 1 {
 		t.Errorf("%v restart gaps observed, want 1", n)
+	}
+	// The new address is proven by the restarted client's answer to the
+	// pod's first probe, which must be signed with the client's new
+	// password: signed with the offer's, the client cannot answer, and
+	// the proof waits for its next check or for a probe its audio asks for.
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_reach_proven_total", nil) - proven; n < 1 {
+		t.Errorf("%v routes proven by a probe's answer after the restart, want the new address's (one per POP it checked)", n)
+	}
+	if n := metricSum(t, w.Registry, "rtcedge_transceiver_media_probes_total", nil) - mediaProbes; n != 0 {
+		t.Errorf("%v probes asked for by audio after the restart, want 0 (the first probe was answered)", n)
 	}
 	t.Logf("the pod's view: first check on the new credentials %.1f ms after it answered the restart",
 		1000*histogramSum(t, w.Registry, "rtcedge_transceiver_path_change_gap_seconds", "cause", "ice_restart"))

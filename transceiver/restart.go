@@ -63,17 +63,22 @@ func (t *Transceiver) RestartICE(id, frag, ifMatch string) (RestartResult, error
 	if err != nil {
 		return RestartResult{}, err
 	}
+	// The check of If-Match and the new state are one step: of PATCHes
+	// racing with the same If-Match exactly one restarts, the others get
+	// ErrPrecondition, and the winner's credentials stay current.
+	s.restartMu.Lock()
+	defer s.restartMu.Unlock()
 	curUfrag, cur, restarted := t.sock.Restarted(s)
-	curClient := s.client.Ufrag // the agent's own
-	if restarted {
-		curClient = cur.Ufrag
-	} else {
-		curUfrag = s.ufrag
+	if !restarted {
+		curUfrag, cur = s.ufrag, s.client // the agent's own
 	}
 	if ifMatch != "" && ifMatch != "*" && ifMatch != etag(curUfrag) {
 		return RestartResult{}, ErrPrecondition
 	}
-	if client.Ufrag == curClient {
+	// The same offer is the same whole credential: a new password under
+	// the same ufrag is a restart too (an answerer detects a restart by a
+	// change of either, as browsers do).
+	if client == cur {
 		return RestartResult{ETag: etag(curUfrag)}, nil
 	}
 	ufrag, err := t.cfg.Keys.Mint(t.cfg.Cluster, t.cfg.Pod)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/stun/v4"
@@ -157,5 +159,95 @@ func TestRestartAfterEndLeavesNothing(t *testing.T) {
 	}
 	if p.t.byNonce.get(tok.Nonce) != nil {
 		t.Error("the restart's routing token still finds the ended session")
+	}
+}
+
+// TestConcurrentRestartsOneWins: PATCHes racing with the same If-Match
+// (the session's current ETag) restart ICE once: exactly one gets new
+// credentials, the others 412, and the session's current credentials are
+// the winner's. The check of If-Match and the restart are one step.
+func TestConcurrentRestartsOneWins(t *testing.T) {
+	p := newPod(t, Config{})
+	res, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.t.mu.Lock()
+	s := p.t.sessions[res.ID]
+	p.t.mu.Unlock()
+	tag := etag(s.ufrag)
+	const rounds, racers = 100, 4
+	deadline := time.Now().Add(20 * time.Second)
+	for round := 0; round < rounds && time.Now().Before(deadline); round++ {
+		type outcome struct {
+			frag string
+			res  RestartResult
+			err  error
+		}
+		out := make(chan outcome, racers)
+		start := make(chan struct{})
+		for i := range racers {
+			frag := fmt.Sprintf("a=ice-ufrag:r%03dc%d\r\na=ice-pwd:%s\r\n", round, i, clientPwd)
+			go func() {
+				<-start
+				res, err := p.t.RestartICE(res.ID, frag, tag)
+				out <- outcome{frag, res, err}
+			}()
+		}
+		close(start)
+		var won []outcome
+		for range racers {
+			o := <-out
+			switch {
+			case o.err == nil && o.res.Restarted:
+				won = append(won, o)
+			case errors.Is(o.err, ErrPrecondition):
+			default:
+				t.Fatalf("round %d: RestartICE = %+v, %v; want a restart or ErrPrecondition", round, o.res, o.err)
+			}
+		}
+		if len(won) != 1 {
+			t.Fatalf("round %d: %d of %d PATCHes with If-Match %s restarted ICE, want exactly 1", round, len(won), racers, tag)
+		}
+		client, _ := iceFragment(won[0].frag)
+		server, _ := iceFragment(won[0].res.Fragment)
+		ufrag, cur, ok := p.t.sock.Restarted(s)
+		if !ok || ufrag != server.Ufrag || cur != client {
+			t.Fatalf("round %d: the session's current restart is %q %+v, want the winner's %q %+v", round, ufrag, cur, server.Ufrag, client)
+		}
+		tag = won[0].res.ETag
+	}
+}
+
+// TestRestartSameOfferIsWholeCredential: a fragment is "the credentials in
+// use" (no restart, 204) only when both its ufrag and its password are;
+// a new password under the same ufrag restarts ICE, and the probe
+// password is the new one.
+func TestRestartSameOfferIsWholeCredential(t *testing.T) {
+	p := newPod(t, Config{})
+	res, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.t.mu.Lock()
+	s := p.t.sessions[res.ID]
+	p.t.mu.Unlock()
+	frag := func(ufrag, pwd string) string { return "a=ice-ufrag:" + ufrag + "\r\na=ice-pwd:" + pwd + "\r\n" }
+	if r, err := p.t.RestartICE(res.ID, frag(s.client.Ufrag, s.client.Pwd), "*"); err != nil || r.Restarted {
+		t.Fatalf("the offer's own credentials: %+v, %v; want no restart", r, err)
+	}
+	const newPwd = "anotherclientpassword000"
+	r, err := p.t.RestartICE(res.ID, frag(s.client.Ufrag, newPwd), "*")
+	if err != nil || !r.Restarted {
+		t.Fatalf("same ufrag, new password: %+v, %v; want an ICE restart", r, err)
+	}
+	if _, cur, _ := p.t.sock.Restarted(s); cur.Pwd != newPwd {
+		t.Fatalf("client password after the restart %q, want %q", cur.Pwd, newPwd)
+	}
+	if again, err := p.t.RestartICE(res.ID, frag(s.client.Ufrag, newPwd), "*"); err != nil || again.Restarted || again.ETag != r.ETag {
+		t.Fatalf("the restarted credentials again: %+v, %v; want no restart and ETag %s", again, err, r.ETag)
+	}
+	if again, err := p.t.RestartICE(res.ID, frag(s.client.Ufrag, s.client.Pwd), "*"); err != nil || !again.Restarted {
+		t.Fatalf("back to the offer's password: %+v, %v; want an ICE restart", again, err)
 	}
 }

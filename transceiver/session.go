@@ -104,6 +104,10 @@ type session struct {
 
 	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu
 
+	// restartMu makes RestartICE's reading of the session's ICE state, its
+	// If-Match check and its new state one step (restart.go).
+	restartMu sync.Mutex
+
 	forgotten    bool // forget ran: the session ended; guarded by t.mu
 	endOnce      sync.Once
 	teardownOnce sync.Once
@@ -316,8 +320,13 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 		// on a succeeded pair may nominate that pair at once, and that
 		// must not be whichever POP answered first.
 		if checks == 1 && (cur != 0 || pop == s.preferredPOP || msg.Contains(stun.AttrUseCandidate)) {
+			// A check on restarted credentials reaches Pion translated
+			// to the agent's own: the probe must carry those the client
+			// really uses, or a restarted client cannot answer it.
 			var user stun.Username
-			if user.GetFrom(msg) == nil {
+			if u, pwd, ok := s.t.sock.Translated(msg.TransactionID); ok {
+				s.t.sock.Probe(pop, client, u, pwd)
+			} else if user.GetFrom(msg) == nil {
 				s.t.sock.Probe(pop, client, user.String(), s.client.Pwd)
 			}
 		}

@@ -444,9 +444,9 @@ type nonceIndex struct {
 }
 
 // maxNoncesPerSession bounds the tokens a session is found by: its first
-// server ufrag's and its latest ICE restarts' (only the latest restart's
-// ufrag is translated at all), so that a client restarting over and over
-// does not grow the index.
+// server ufrag's and its two latest ICE restarts' (the ones the packet
+// layer still translates, podnet's maxAliases), so that a client
+// restarting over and over does not grow the index.
 const maxNoncesPerSession = 3
 
 func (x *nonceIndex) add(nonce [6]byte, s *session) {

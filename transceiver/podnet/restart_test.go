@@ -1,6 +1,7 @@
 package podnet
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -133,5 +134,79 @@ func BenchmarkRestartRewriteInOther(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rt.rewriteIn(buf, copy(buf, other), now)
+	}
+}
+
+// TestRestartStatePerSession: a session holds its current and previous
+// restarted credentials and no more, and one session restarting over and
+// over while flooding unanswered checks on its new credentials leaves
+// another session's restart working: its check is translated and Pion's
+// answer leaves signed with its new password (a pod-wide table of
+// translated checks let one session fill it).
+func TestRestartStatePerSession(t *testing.T) {
+	rt := &restartTable{}
+	rt.init(NewMetrics())
+	now := time.Now()
+	buf := make([]byte, 1501)
+	const origPwd = "oldserverpassword000000"
+	alias := func(s Session, ufrag, pwd string) *iceAlias {
+		return &iceAlias{session: s, ufrag: ufrag, serverPwd: pwd, client: Creds{Ufrag: "newc", Pwd: "newclientpassword000000"},
+			origPwd: origPwd, username: "OLDSERVERUFRAG000000:oldclientufrag"}
+	}
+	translated := func(ufrag, pwd string) (*stun.Message, bool) {
+		in := check(t, ufrag+":newc", pwd)
+		n := copy(buf, in.Raw)
+		return in, rt.rewriteIn(buf, n, now) != n || string(buf[:n]) != string(in.Raw)
+	}
+
+	attacker := &fakeSession{}
+	ufrag := func(i int) string { return fmt.Sprintf("ATTACKERUFRAG%07d", i) }
+	for i := range 1000 {
+		rt.set(ufrag(i), alias(attacker, ufrag(i), fmt.Sprintf("attackerpassword%08d", i)))
+	}
+	if _, ok := translated(ufrag(999), "attackerpassword00000999"); !ok {
+		t.Fatal("the current restart's check was not translated")
+	}
+	if _, ok := translated(ufrag(998), "attackerpassword00000998"); !ok {
+		t.Fatal("the previous restart's check was not translated")
+	}
+	if _, ok := translated(ufrag(997), "attackerpassword00000997"); ok {
+		t.Fatal("a check on credentials two restarts old was translated")
+	}
+	if n := len(rt.byUfrag); n != 2 {
+		t.Fatalf("%d restarted credentials held for one session, want 2", n)
+	}
+	for range 3 * 4096 { // never answered
+		if _, ok := translated(ufrag(999), "attackerpassword00000999"); !ok {
+			t.Fatal("check not translated")
+		}
+	}
+
+	victim := &fakeSession{}
+	const vUfrag, vPwd = "VICTIMSERVERUFRAG000", "victimserverpassword0000"
+	rt.set(vUfrag, alias(victim, vUfrag, vPwd))
+	in, ok := translated(vUfrag, vPwd)
+	if !ok {
+		t.Fatal("the other session's check was not translated")
+	}
+	resp, err := stun.Build(stun.NewTransactionIDSetter(in.TransactionID), stun.BindingSuccess,
+		&stun.XORMappedAddress{IP: []byte{127, 0, 0, 9}, Port: 4000}, stun.NewShortTermIntegrity(origPwd), stun.Fingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &stun.Message{Raw: rt.rewriteOut(resp.Raw)}
+	if err := out.Decode(); err != nil {
+		t.Fatal(err)
+	}
+	if err := stun.NewShortTermIntegrity(vPwd).Check(out); err != nil {
+		t.Fatalf("the other session's answer is not signed with its new password: %v", err)
+	}
+	if n := len(rt.pending); n > 2*maxTranslatedPerSession {
+		t.Errorf("%d translated checks held for two sessions, want at most %d", n, 2*maxTranslatedPerSession)
+	}
+	rt.forget(attacker)
+	rt.forget(victim)
+	if len(rt.pending) != 0 || len(rt.byUfrag) != 0 || len(rt.bySession) != 0 {
+		t.Errorf("state left after both sessions ended: %d checks, %d credentials, %d sessions", len(rt.pending), len(rt.byUfrag), len(rt.bySession))
 	}
 }
