@@ -225,6 +225,13 @@ func (r *Relay) noteSSRC(f *flow, from netip.AddrPort, pkt []byte, now int64) {
 		r.ssrcs.forget(uint32(prev), f)
 	}
 	r.ssrcs.note(ssrc, from, f, r.flows, now)
+	if f.ssrc.Load() != tagged {
+		// Another datagram of the flow changed its SSRC meanwhile (it
+		// came through another worker) and may have forgotten its
+		// previous entry before this one was written: drop it, so the
+		// flow keeps one entry whatever the interleaving.
+		r.ssrcs.forget(ssrc, f)
+	}
 }
 
 // encapsulate picks the flow's cluster relay and writes the header (with

@@ -299,6 +299,7 @@ type metrics struct {
 	bundles, bundledPackets                 prometheus.Counter
 	repicks                                 map[string]prometheus.Counter // by reason (relaychoice.go)
 	suspects                                prometheus.Gauge
+	suspicionsRefused                       prometheus.Counter // votes of enough sessions against a relay that still answers others
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
@@ -320,9 +321,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	bundles := metric.Counter("rtcedge_globalrelay_bundles_sent_total", "Bundles sent to cluster relays (Config.Bundle).")
 	bundledPackets := metric.Counter("rtcedge_globalrelay_bundled_packets_total", "Datagrams sent to cluster relays inside bundles.")
 	repicks := metric.CounterVec("rtcedge_globalrelay_relay_repicks_total", "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; unanswered: never a reply through the relay; avoided: another flow's evidence).", "reason")
-	suspects := metric.Gauge("rtcedge_globalrelay_relay_suspects", "Cluster relays every flow avoids because one left a check unanswered (until they answer or the avoidance ends).")
+	suspects := metric.Gauge("rtcedge_globalrelay_relay_suspects", "Cluster relays every flow avoids because flows of several sessions found them silent and they delivered to no flow since (until they answer or the avoidance ends).")
+	refused := metric.Counter("rtcedge_globalrelay_relay_suspicions_refused_total", "Votes of enough sessions against a cluster relay that were not acted on: the relay had delivered to other flows since the voters' evidence began.")
 	m := &metrics{
-		repicks: map[string]prometheus.Counter{}, suspects: suspects,
+		repicks: map[string]prometheus.Counter{}, suspects: suspects, suspicionsRefused: refused,
 		takeovers: takeovers, cacheRejected: cacheRejected,
 		flows: flows, flowsCreated: created, flowsExpired: expired, ssrcFollows: followed,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
@@ -339,7 +341,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
 	if err := metric.Register(reg, "globalrelay", flows, created, expired, followed, restored, packets, bytes, drops, writeErrors,
-		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects); err != nil {
+		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects, refused); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -202,9 +202,10 @@ func FollowClusters(ctx context.Context, pool *membership.Pool, clusters *Cluste
 //   - an unanswered check: a STUN Binding Request forwarded through a relay
 //     got no reply at all within CheckTimeout (or four times the flow's
 //     check round trip, if longer). A live transceiver answers every check,
-//     so this is evidence against the relay itself: every flow avoids it
-//     for AvoidFor (new calls included), unless every relay of its cluster
-//     is avoided. The same holds for a flow that has sent through a relay
+//     so this is evidence against the relay itself: once flows of several
+//     sessions found so and the relay has delivered to no flow since,
+//     every flow avoids it for AvoidFor (new calls included), unless every
+//     relay of its cluster is avoided (suspects.vote). The same holds for a flow that has sent through a relay
 //     for a second and never had any reply (a flow restored after a
 //     restart sends media at once): a replica that restarted while a
 //     cluster relay was dying, and gossip still lists it, learns so from
@@ -341,25 +342,41 @@ type suspects struct {
 	// votes count the flows that left a relay on evidence judged by their
 	// cluster's round trips (weaker than their own), guarded by mu.
 	votes map[netip.AddrPort]vote
+	// heard is when each cluster relay last delivered a verified datagram
+	// to any flow of this replica (coarse unix nanos): immutable map,
+	// entries updated in place; new relays are added under mu.
+	heard atomic.Pointer[map[netip.AddrPort]*atomic.Int64]
 }
 
 // vote is which sessions' flows left a relay since first.
 type vote struct {
-	toks  [votesNeeded]tokenKey
-	n     int
-	first int64
+	toks   [votesNeeded]tokenKey
+	n      int
+	first  int64
+	latest int64 // the latest start of the voters' evidence (an unanswered check forwarded, a relay first used)
 }
 
 // Evidence against one relay from flows of votesNeeded sessions (tokens)
-// within voteWindow makes it suspect for every flow.
+// within voteWindow makes it suspect for every flow — confirmed by the
+// relay's silence toward this replica: it must have delivered nothing to
+// any flow since the latest voter's evidence began. A caller can leave its
+// own checks unanswered at will, with as many sessions as it likes, but it
+// cannot stop a live relay's datagrams to other calls; a dead relay sends
+// nothing to anyone, so real failover is judged as fast as before.
 const (
 	votesNeeded = 3
 	voteWindow  = 2 * time.Second
+	// heardKeep is how long a relay that no longer sends is remembered in
+	// heard: a relay that left the directory is dropped after it.
+	heardKeep = time.Hour
 )
 
-// vote records that a flow of session tok left addr at now and reports
-// whether flows of enough sessions have, recently enough.
-func (s *suspects) vote(addr netip.AddrPort, tok tokenKey, now int64) bool {
+// vote records that a flow of session tok left addr at now on evidence
+// that began at since, and reports whether flows of enough sessions have,
+// recently enough, with addr silent toward every flow since the latest of
+// their evidence began. refused reports a vote of enough sessions that the
+// relay's traffic to other flows contradicts.
+func (s *suspects) vote(addr netip.AddrPort, tok tokenKey, since, now int64) (suspect, refused bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.votes == nil {
@@ -375,16 +392,62 @@ func (s *suspects) vote(addr netip.AddrPort, tok tokenKey, now int64) bool {
 		v.first = now
 	}
 	if slices.Contains(v.toks[:v.n], tok) {
-		return false // the same session again
+		return false, false // the same session again
 	}
-	v.toks[v.n] = tok
-	v.n++
+	if v.n < votesNeeded {
+		v.toks[v.n] = tok
+		v.n++
+	}
+	v.latest = max(v.latest, since)
 	s.votes[addr] = v
-	if v.n >= votesNeeded {
-		delete(s.votes, addr)
-		return true
+	if v.n < votesNeeded {
+		return false, false
 	}
-	return false
+	if s.lastHeard(addr) >= v.latest {
+		return false, true // the relay answers others: not its fault
+	}
+	delete(s.votes, addr)
+	return true, false
+}
+
+// lastHeard returns when relay last delivered to a flow, 0 never.
+func (s *suspects) lastHeard(relay netip.AddrPort) int64 {
+	if m := s.heard.Load(); m != nil {
+		if v := (*m)[relay]; v != nil {
+			return v.Load()
+		}
+	}
+	return 0
+}
+
+// hear records a verified datagram from relay at now (coarse): on the
+// return path, one map lookup and, once per clock tick, a store.
+func (s *suspects) hear(relay netip.AddrPort, now int64) {
+	var v *atomic.Int64
+	if m := s.heard.Load(); m != nil {
+		v = (*m)[relay]
+	}
+	if v == nil {
+		s.mu.Lock()
+		old := s.heard.Load()
+		next := map[netip.AddrPort]*atomic.Int64{}
+		if old != nil {
+			for a, x := range *old {
+				if now-x.Load() < int64(heardKeep) {
+					next[a] = x
+				}
+			}
+		}
+		if v = next[relay]; v == nil {
+			v = new(atomic.Int64)
+			next[relay] = v
+		}
+		s.heard.Store(&next)
+		s.mu.Unlock()
+	}
+	if v.Load() != now {
+		v.Store(now)
+	}
 }
 
 func (s *suspects) until(addr netip.AddrPort) int64 {
@@ -500,7 +563,21 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 			// tell), so one session's evidence, however strong, moves
 			// only its own flow; several sessions at once are no slow
 			// pod and no single caller.
-			strong := (reason == RepickCheck || reason == RepickUnanswered) && r.suspects.vote(c.addr, f.tok, now)
+			//
+			// And the relay must be silent toward every flow since the
+			// voters' evidence began (suspects.vote): several sessions
+			// can be one attacker's.
+			strong := false
+			if reason == RepickCheck || reason == RepickUnanswered {
+				since := w.checkAt.Load()
+				if reason == RepickUnanswered || since == 0 {
+					since = w.since.Load()
+				}
+				var refused bool
+				if strong, refused = r.suspects.vote(c.addr, f.tok, since, now); refused {
+					r.m.suspicionsRefused.Inc()
+				}
+			}
 			if strong && r.suspects.set(c.addr, until, now) {
 				r.m.suspects.Set(float64(r.suspects.count(now)))
 				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
@@ -746,6 +823,7 @@ func (r *Relay) triedAll(f *flow, client netip.AddrPort, now int64) bool {
 // watchReply records a datagram toward the client that came from relay:
 // the flow's relay is alive, and so is relay, whatever was suspected.
 func (r *Relay) watchReply(f *flow, relay netip.AddrPort, now int64) {
+	r.suspects.hear(relay, now)
 	w := &f.watch
 	if c := f.choice.Load(); c != nil && c.addr != relay {
 		// A reply through another relay than the one the flow now sends

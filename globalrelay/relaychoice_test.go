@@ -551,3 +551,57 @@ func TestRepliesThroughOldRelayDoNotHideDeadOne(t *testing.T) {
 		t.Errorf("the flow returned to its live relay after %v, want within %v", back, limit)
 	}
 }
+
+// TestSuspicionNeedsTheRelaySilent: three sessions of one attacker leave
+// their checks through a healthy relay unanswered (wrong
+// MESSAGE-INTEGRITY, which only the pod can tell) while a call on the same
+// relay is answered as usual. The votes count, but the relay is not made
+// suspect: it has delivered to another flow since the attacker's checks
+// went through it, evidence no caller can fabricate, so the call stays and
+// new flows still go there. Without that confirmation the three tokens
+// turned every flow away from the relay.
+func TestSuspicionNeedsTheRelaySilent(t *testing.T) {
+	f := newFailoverUnit(t)
+	honest := f.clients[relay12]
+	f.open(honest, 7)
+	attackers := map[netip.AddrPort]uint16{}
+	prev := netip.AddrPortFrom(honest.Addr(), 50000)
+	for i := range 3 {
+		prev = f.clientOf(relay12, prev)
+		attackers[prev] = uint16(20 + i)
+	}
+	for cl, pod := range attackers {
+		f.at(0)
+		f.answer(cl, f.forward(cl, f.check(t, 0x12, pod, 0)))
+	}
+	end := 220*time.Millisecond + DefaultCheckTimeout + 200*time.Millisecond
+	for at := time.Duration(0); at < end; at += 20 * time.Millisecond {
+		f.at(at)
+		if to := f.forward(honest, media); to != relay12 {
+			t.Fatalf("at %v the honest call left its healthy relay for %v", at, to)
+		}
+		f.answer(honest, relay12)
+		if at == 220*time.Millisecond {
+			for cl, pod := range attackers { // never answered: the pod drops them
+				f.forward(cl, f.check(t, 0x12, pod, 0))
+			}
+		}
+		if at >= 220*time.Millisecond+DefaultCheckTimeout {
+			for cl := range attackers {
+				f.forward(cl, media)
+			}
+		}
+	}
+	if n := f.repicks(RepickCheck); n != 3 {
+		t.Errorf("repicks{check} = %v, want the attacker's 3 flows", n)
+	}
+	if n := f.suspects(); n != 0 {
+		t.Errorf("three tokens of one attacker made %d healthy relays suspect for every flow, want 0", n)
+	}
+	if n := counter(t, f.reg, "rtcedge_globalrelay_relay_suspicions_refused_total", "", ""); n < 1 {
+		t.Errorf("relay_suspicions_refused_total = %v, want the attacker's vote counted", n)
+	}
+	if to := f.forward(f.clientOf(relay12, prev), f.check(t, 0x12, 30, 0)); to != relay12 {
+		t.Errorf("a new flow was sent to %v, want the healthy relay its client hashes to", to)
+	}
+}
