@@ -1,6 +1,7 @@
 package globalrelay
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"runtime"
@@ -214,10 +215,10 @@ func TestFreshSSRCFloodBoundedMemory(t *testing.T) {
 	from := addrOf(attacker)
 	deadline := time.Now().Add(4 * time.Minute)
 	buf := make([]byte, encap.MaxLen+encap.MaxPayload)
-	pkt := buf[encap.MaxLen:][:len(rtpFrom(0))]
+	pkt := buf[encap.MaxLen:][:copy(buf[encap.MaxLen:], rtpFrom(0))]
 	sent := 0
 	for ; sent < n && (sent%4096 != 0 || time.Now().Before(deadline)); sent++ {
-		copy(pkt, rtpFrom(0x100000+uint32(sent)))
+		binary.BigEndian.PutUint32(pkt[8:12], 0x100000+uint32(sent))
 		if _, _, ok := r.relay.fromClient(buf, len(pkt), from, r.ingress); !ok {
 			t.Fatalf("the flood's datagram %d was not forwarded", sent)
 		}
