@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -187,7 +188,9 @@ func TestFreshSSRCFloodBoundedMemory(t *testing.T) {
 		}
 	}()
 	stopCall := make(chan struct{})
-	callDone := make(chan int)
+	endCall := sync.OnceFunc(func() { close(stopCall) })
+	defer endCall() // also on a failure before the end
+	callDone := make(chan int, 1)
 	go func() {
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
@@ -227,7 +230,7 @@ func TestFreshSSRCFloodBoundedMemory(t *testing.T) {
 		t.Fatalf("sent %d of %d datagrams before the deadline", sent, n)
 	}
 	grown := int64(settle()) - int64(before)
-	close(stopCall)
+	endCall()
 	callSent := <-callDone
 	time.Sleep(100 * time.Millisecond) // the last echoes in flight on loopback
 	lost := callSent - int(echoed.Load())
