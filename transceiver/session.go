@@ -310,7 +310,7 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	checks := 0
 	if client, ok := candidateAddr(remote); ok && pop != 0 {
-		checks = s.t.sock.Confirm(pop, client, msg.TransactionID)
+		checks = s.t.sock.Confirm(pop, client, s.ufrag, msg.TransactionID)
 		// Before a pair is selected, probe only through the preferred
 		// POP (or a check that nominates): a full agent that gets a check
 		// on a succeeded pair may nominate that pair at once, and that

@@ -165,20 +165,22 @@ func (s *Socket) stray(pc *popConn, token [6]byte, client netip.AddrPort) {
 	if r == nil {
 		return
 	}
-	if r.reachable.Load() {
-		// Proven before (the client came back to an address it used).
+	server, cl := sess.Creds()
+	if r.reach.isProven(server.Ufrag) {
+		// Proven for this session before (the client came back to an
+		// address it used). Another session's proof at the address
+		// counts for nothing here.
 		pc.presentCheck(sess, client)
 		return
 	}
 	// The USERNAME of a request to the client (client ufrag ":" server
 	// ufrag) and its password: those of the last ICE restart, else of the
 	// offer.
-	server, cl := sess.Creds()
 	user, pwd := cl.Ufrag+":"+server.Ufrag, cl.Pwd
 	if ufrag, rc, ok := s.Restarted(sess); ok {
 		user, pwd = rc.Ufrag+":"+ufrag, rc.Pwd
 	}
-	if pc.sendProbe(r, user, pwd, reprobeAfter, sess, now.UnixNano()) {
+	if pc.sendProbe(r, server.Ufrag, user, pwd, reprobeAfter, sess, now.UnixNano()) {
 		s.m.mediaProbes.Inc()
 	}
 }

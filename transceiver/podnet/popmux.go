@@ -147,6 +147,13 @@ func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, b
 	}
 }
 
+// hasUfrag reports whether a session conn of the ufrag is on the POP.
+func (m *popMux) hasUfrag(ufrag string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.byUfrag[ufrag] != nil
+}
+
 // routed returns the session conn a client address is routed to, nil if
 // none.
 func (m *popMux) routed(from netip.AddrPort) *muxConn {
@@ -234,7 +241,7 @@ func (c *muxConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		return 0, net.ErrClosed
 	default:
 	}
-	return c.mux.pc.WriteToAddrPort(b, addr)
+	return c.mux.pc.write(b, addr, c.ufrag)
 }
 
 // WriteTo implements net.PacketConn.
