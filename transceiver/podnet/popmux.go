@@ -314,8 +314,8 @@ func (m *popMux) setMedia(ufrag string, mp *Media) {
 }
 
 // inject hands a datagram to its session as if it had arrived from a
-// client through this POP. It reports false when the conn is closed or its
-// queue is full.
+// client through this POP. It reports false (counted as a drop) when the
+// conn is closed or its queue is full.
 func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	select {
 	case <-c.closed:
@@ -324,7 +324,8 @@ func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	}
 	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], b)
-	if _, ok := c.mux.deliver(buf, n, from); !ok {
+	if reason, ok := c.mux.deliver(buf, n, from); !ok {
+		c.sock.m.drop(reason)
 		bufPool.Put(buf)
 		return false
 	}

@@ -2,6 +2,7 @@ package podnet
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -221,5 +222,102 @@ func TestUnprovenAddressBudget(t *testing.T) {
 	b.sock.Confirm(1, caller, "victim", [12]byte{8}) // its second check: proven
 	if got := b.out(caller); len(got) != 3 || stunmsg.DemuxClass(got[2]) != stunmsg.ClassRTP {
 		t.Fatalf("the proof released %d datagrams, want the two DTLS datagrams held and the media", len(got))
+	}
+}
+
+// TestAnswerToAnEarlierProbeProves: a re-probe does not void the probes
+// before it. When the round trip to the client is longer than
+// reprobeAfter (a loaded pod, relay or client), the answer that comes is
+// to an earlier probe than the last one sent; it proves the address all the
+// same, and the session's agent is presented the check that follows the
+// caller. Before, only the last probe's answer counted: with every answer
+// overtaken by the next re-probe the proof never came while audio kept
+// arriving, and the follow fell back to the client's next consent check
+// (seconds; issue 26's flaky follow, seen in the NAT-rebind tests at load
+// 10–30). Likewise a presented check that the session's queue cannot take
+// at once (its reader is behind) is offered again, not dropped.
+func TestAnswerToAnEarlierProbeProves(t *testing.T) {
+	clock := time.Date(2026, 12, 2, 5, 0, 0, 0, time.UTC)
+	b := newProofBench(t, func() time.Time { return clock })
+	c := b.conn("victim")
+	client := Creds{"cvic", "victim-client-password-0123"}
+	b.sock.sessions = fakeSessions{tokV: &fakeSession{pop: 1, peer: netip.MustParseAddrPort("198.51.100.53:4000"),
+		server: Creds{"victim", "victim-server-password"}, client: client}}
+	rebound := netip.MustParseAddrPort("203.0.113.11:4000")
+
+	var probes []*stun.Message
+	for range 3 { // audio from the new address; the answers are slow
+		for range 15 {
+			b.in(rebound, tokV, rtpPkt)
+			clock = clock.Add(20 * time.Millisecond)
+		}
+		for _, d := range b.out(rebound) {
+			m := &stun.Message{Raw: d}
+			if err := m.Decode(); err != nil || m.Type != stun.BindingRequest {
+				t.Fatalf("the pod sent %x toward the new address, want probes", d)
+			}
+			probes = append(probes, m)
+		}
+	}
+	if len(probes) < 2 {
+		t.Fatalf("%d probes in 900 ms of audio, want re-probes", len(probes))
+	}
+	answer, err := stun.Build(probes[0], stun.BindingSuccess, &stun.XORMappedAddress{IP: net.IPv4(127, 0, 0, 2), Port: 3478},
+		stun.NewShortTermIntegrity(client.Pwd), stun.Fingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range sessionQueueLen { // and the session's reader is behind
+		c.in <- datagram{buf: bufPool.Get().(*podBuf)}
+	}
+	b.in(rebound, tokV, answer.Raw)
+	eventually(t, "the check refused by the full queue", func() bool {
+		return b.metric("rtcedge_transceiver_dropped_packets_total", "reason", "session_queue_full") >= 1
+	})
+	for range sessionQueueLen {
+		d := <-c.in
+		bufPool.Put(d.buf)
+	}
+	eventually(t, fmt.Sprintf("the answer to the first of %d probes to present a check", len(probes)), func() bool {
+		return b.metric("rtcedge_transceiver_media_follows_total", "", "") == 1
+	})
+	d := <-c.in
+	bufPool.Put(d.buf)
+}
+
+// TestFollowerOffersAgainWhenQueueFull: a deferred check that the
+// session's queue cannot take when its time comes (the session's ICE
+// reader is behind, as on a loaded machine) is offered again until it is
+// taken, instead of being dropped for good, which left the follow waiting
+// for the client's next consent check.
+func TestFollowerOffersAgainWhenQueueFull(t *testing.T) {
+	b := newProofBench(t, time.Now)
+	c := b.conn("sess")
+	from := netip.MustParseAddrPort("203.0.113.12:4000")
+	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername("sess:cl"),
+		stun.NewShortTermIntegrity("server-password"), stun.Fingerprint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range sessionQueueLen { // the reader is behind: the queue is full
+		c.in <- datagram{buf: bufPool.Get().(*podBuf)}
+	}
+	var f Follower
+	defer f.Stop()
+	f.Defer(b.sock, msg, 1, from, 10*time.Millisecond)
+	eventually(t, "the deferred check refused by the full queue", func() bool {
+		return b.metric("rtcedge_transceiver_dropped_packets_total", "reason", "session_queue_full") >= 1
+	})
+	for range sessionQueueLen {
+		d := <-c.in
+		bufPool.Put(d.buf)
+	}
+	eventually(t, "the deferred check offered again once the queue had room", func() bool {
+		return b.metric("rtcedge_transceiver_follow_retries_total", "", "") == 1
+	})
+	d := <-c.in
+	defer bufPool.Put(d.buf)
+	if d.from != from || !bytes.Equal(d.buf[:d.n], msg.Raw) {
+		t.Fatal("the check presented is not the one deferred")
 	}
 }

@@ -250,7 +250,20 @@ const (
 	// maxProofsPerAddr bounds the sessions one address keeps proof state
 	// for (one normally; an agent sharing one socket among calls, a few).
 	maxProofsPerAddr = 8
+	// maxProbesOut is how many of a session's probes to an address an
+	// answer is accepted for: a re-probe does not void the probes before
+	// it, whose answers may still be on their way (a round trip longer
+	// than reprobeAfter, as on a loaded machine, would otherwise void
+	// every answer and the proof would never come).
+	maxProbesOut = 8
 )
+
+// probeSent is one probe a session sent an address: its transaction ID
+// and the client password its answer must be signed with.
+type probeSent struct {
+	txID [12]byte
+	pwd  string
+}
 
 // EarlySelectChecks is how many authenticated checks an address must have
 // sent before its pair is selected ahead of nomination. One is safe since
@@ -275,17 +288,17 @@ type reach struct {
 // Guarded by its reach's mu, except ufrag and ok, which are set before it
 // is published.
 type proof struct {
-	ufrag  string   // the server ufrag of the session's agent
-	ok     bool     // the address answered the session's probe, or sent it a second check
-	checks int      // authenticated checks (distinct transaction IDs) seen
-	lastTx [12]byte // transaction ID of the last one (Confirm)
-	sent   bool     // a probe went out
-	sentAt int64    // unix nanos when it went out
-	txID   [12]byte // its transaction ID
-	pwd    string   // the client's ICE password, to check the answer
-	held   [][]byte // DTLS/media waiting for the proof, oldest first
-	heldAt int64    // unix nanos when the oldest was held
-	follow Session  // the probe was started by this session's audio from the address (follow.go)
+	ufrag  string                  // the server ufrag of the session's agent
+	ok     bool                    // the address answered the session's probe, or sent it a second check
+	checks int                     // authenticated checks (distinct transaction IDs) seen
+	lastTx [12]byte                // transaction ID of the last one (Confirm)
+	sent   bool                    // a probe went out
+	sentAt int64                   // unix nanos when the last one went out
+	probes [maxProbesOut]probeSent // the last probes sent, any of which a valid answer may answer
+	next   int                     // where the next probe is recorded in probes
+	held   [][]byte                // DTLS/media waiting for the proof, oldest first
+	heldAt int64                   // unix nanos when the oldest was held
+	follow Session                 // the probe was started by this session's audio from the address (follow.go)
 }
 
 // isProven reports whether the address is proven for the session of
@@ -453,7 +466,9 @@ func (c *popConn) sendProbe(r *route, ufrag, user, pwd string, again time.Durati
 		c.sock.m.drop(dropAmplification)
 		return false
 	}
-	p.sent, p.sentAt, p.txID, p.pwd = true, now, msg.TransactionID, pwd
+	p.sent, p.sentAt = true, now
+	p.probes[p.next] = probeSent{msg.TransactionID, pwd}
+	p.next = (p.next + 1) % maxProbesOut
 	if follow != nil {
 		p.follow = follow
 	}
@@ -485,18 +500,20 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 	}
 	tx := [12]byte(payload[8:20])
 	var p *proof
+	var pwd string
 	r.reach.mu.Lock()
 	for _, q := range r.reach.proofs {
-		if q.sent && q.txID == tx {
-			p = q
-			break
+		for _, sent := range q.probes {
+			if q.sent && sent.txID == tx && sent.pwd != "" {
+				p, pwd = q, sent.pwd
+			}
 		}
 	}
 	if p == nil {
 		r.reach.mu.Unlock()
 		return false
 	}
-	ufrag, pwd, follow := p.ufrag, p.pwd, p.follow
+	ufrag, follow := p.ufrag, p.follow
 	r.reach.mu.Unlock()
 	m := &stun.Message{Raw: append([]byte(nil), payload...)}
 	if m.Decode() != nil || stun.NewShortTermIntegrity(pwd).Check(m) != nil {
