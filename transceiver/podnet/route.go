@@ -76,8 +76,8 @@ type popConn struct {
 
 // learn records the return route for a client from an authenticated
 // header, and size payload bytes received from the client (the
-// anti-amplification budget, reach). The common case (same header, same relay) only refreshes a
-// timestamp under a read lock. A new client address gets a provisional
+// anti-amplification budget, reach). The common case (same header, same
+// relay) only refreshes a timestamp and a counter under a read lock. A new client address gets a provisional
 // route (see route); a known one keeps its confirmation when the header
 // changes (another relay replica, a restarted global relay). It reports
 // false when the table is full and the client is new.
