@@ -113,6 +113,14 @@ func shapeAnswer(sdp string, pops []POPAddr) (string, error) {
 	return strings.Join(lines, "\r\n"), nil
 }
 
+// maxClientUfrag bounds the client ufrag the pod accepts, in an offer or
+// an ICE restart (RFC 8839 allows 256 characters): it goes into the
+// USERNAME of every probe the pod sends the client's addresses, and a
+// long one made each probe several times larger than a spoofed packet
+// that drew it. Browsers use 4 (Chromium, Safari) or 8 (Firefox)
+// characters, Pion 16.
+const maxClientUfrag = 32
+
 // iceFragment reads the ICE credentials of an SDP (or SDP fragment): the
 // first ice-ufrag and ice-pwd, wherever they appear.
 func iceFragment(sdp string) (podnet.Creds, error) {
@@ -125,9 +133,10 @@ func iceFragment(sdp string) (podnet.Creds, error) {
 			c.Pwd = v
 		}
 	}
-	// RFC 8839: ufrag 4..256 and pwd 22..256 ice-chars.
+	// RFC 8839: ufrag 4..256 and pwd 22..256 ice-chars; the ufrag at most
+	// maxClientUfrag here.
 	switch {
-	case len(c.Ufrag) < 4 || len(c.Ufrag) > 256 || !iceChars(c.Ufrag):
+	case len(c.Ufrag) < 4 || len(c.Ufrag) > maxClientUfrag || !iceChars(c.Ufrag):
 		return c, fmt.Errorf("%w: missing or invalid a=ice-ufrag", ErrBadFragment)
 	case len(c.Pwd) < 22 || len(c.Pwd) > 256 || !iceChars(c.Pwd):
 		return c, fmt.Errorf("%w: missing or invalid a=ice-pwd", ErrBadFragment)

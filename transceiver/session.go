@@ -282,9 +282,11 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 // was sent by someone holding the session's ICE password, not necessarily
 // by the owner of its source address. It confirms the client's return
 // route, and on the first check from an address it sends the address a
-// probe of its own (podnet.Socket.Probe): DTLS and media toward an address wait for
-// the probe's answer or a second check, so a check from a spoofed source
-// (with the spoofer's own credentials) never starts DTLS flights toward it.
+// probe of its own (podnet.Socket.Probe): media toward an address waits for
+// the probe's answer or a second check of this session, and until then
+// DTLS goes only within the anti-amplification budget (3 times the bytes
+// the address sent), so a check from a spoofed source (with the spoofer's
+// own credentials) never makes the pod a reflector toward it.
 //
 // It moves the selected pair to the check's pair when the client is
 // reaching us only that way: the check came from another client address (a
@@ -297,11 +299,10 @@ func candidateAddr(c ice.Candidate) (netip.AddrPort, bool) {
 // It also selects the preferred POP's pair early, before the client
 // nominates: a lite server can do no checks of its own, and browsers send
 // their nominating check a ping interval (about 50 ms) after the first one
-// succeeds. Selecting at once lets the DTLS handshake start as soon as the
-// probe's answer has proven the address, one round trip after the first
-// check. Only the preferred POP is selected this way, so an early choice
-// never pins a call to the backup; a later nomination of the same pair
-// changes nothing.
+// succeeds. Selecting at once lets the DTLS handshake start with the answer
+// to the first check, within the anti-amplification budget. Only the
+// preferred POP is selected this way, so an early choice never pins a call
+// to the backup; a later nomination of the same pair changes nothing.
 //
 // It runs on the ICE agent's task loop, so it must not call the
 // PeerConnection: Pion holds the PeerConnection's lock while it waits for
@@ -314,7 +315,7 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	pop := s.popOf(local.Address(), uint16(local.Port()))
 	checks := 0
 	if client, ok := candidateAddr(remote); ok && pop != 0 {
-		checks = s.t.sock.Confirm(pop, client, msg.TransactionID)
+		checks = s.t.sock.Confirm(pop, client, s.ufrag, msg.TransactionID)
 		// Before a pair is selected, probe only through the preferred
 		// POP (or a check that nominates): a full agent that gets a check
 		// on a succeeded pair may nominate that pair at once, and that

@@ -53,7 +53,7 @@ func TestTiersBundles(t *testing.T) {
 	// pod's probe: authenticated stands in for both).
 	for i, c := range clients {
 		tr.authenticated(c)
-		if _, err := tr.pc.WriteToAddrPort([]byte{0x80, byte(i)}, c); err != nil {
+		if _, err := tr.pc.write([]byte{0x80, byte(i)}, c, "feed"); err != nil {
 			t.Fatal(err)
 		}
 	}

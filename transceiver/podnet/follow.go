@@ -39,6 +39,7 @@ type Follower struct {
 	txID    [stun.TransactionIDSize]byte
 	from    netip.AddrPort // where it came from, guarded by mu
 	pop     uint16         // the POP it came through, guarded by mu
+	stored  time.Time      // when the stored check came, guarded by mu
 	retries int            // times the stored check has been presented again, guarded by mu
 	retried bool           // it is being presented again now, guarded by mu
 	closed  bool           // guarded by mu
@@ -46,6 +47,17 @@ type Follower struct {
 
 // maxFollowRetries bounds how often one stored check is presented again.
 const maxFollowRetries = 3
+
+// injectAgain is how soon a stored check is offered again when the
+// session's queue could not take it (its ICE reader is behind, as on a
+// loaded machine), and followWindow how long that goes on: about a consent
+// interval, after which the client's own next check comes. Without it a
+// check the queue refused was never presented, and the follow waited for
+// that next check.
+const (
+	injectAgain  = 20 * time.Millisecond
+	followWindow = 2 * time.Second
+)
 
 // Defer stores an authenticated check that asked for a path change too
 // early and arranges for it to be presented again through sock after wait.
@@ -66,7 +78,7 @@ func (f *Follower) Defer(sock *Socket, msg *stun.Message, pop uint16, from netip
 		return
 	}
 	f.check = append(f.check[:0], msg.Raw...)
-	f.txID, f.from, f.pop, f.retried, f.retries, f.sock = msg.TransactionID, from, pop, false, 0, sock
+	f.txID, f.from, f.pop, f.retried, f.retries, f.sock, f.stored = msg.TransactionID, from, pop, false, 0, sock, time.Now()
 	if f.timer == nil {
 		f.timer = time.AfterFunc(wait, f.retry)
 	} else {
@@ -81,15 +93,20 @@ func (f *Follower) retry() {
 		f.mu.Unlock()
 		return
 	}
-	f.retried = true
-	f.retries++
 	sock := f.sock
 	pc := sock.lookup(f.pop)
-	ok := pc != nil && pc.inject(f.check, f.from)
-	f.mu.Unlock()
-	if ok {
-		sock.m.followRetries.Inc()
+	if pc == nil || !pc.inject(f.check, f.from) {
+		// Not presented: offer it again shortly, within followWindow.
+		if time.Since(f.stored) < followWindow {
+			f.timer.Reset(injectAgain)
+		}
+		f.mu.Unlock()
+		return
 	}
+	f.retried = true
+	f.retries++
+	f.mu.Unlock()
+	sock.m.followRetries.Inc()
 }
 
 // Clear forgets a pending change once the session has moved.
@@ -165,20 +182,22 @@ func (s *Socket) stray(pc *popConn, token [6]byte, client netip.AddrPort) {
 	if r == nil {
 		return
 	}
-	if r.reachable.Load() {
-		// Proven before (the client came back to an address it used).
+	server, cl := sess.Creds()
+	if r.reach.isProven(server.Ufrag) {
+		// Proven for this session before (the client came back to an
+		// address it used). Another session's proof at the address
+		// counts for nothing here.
 		pc.presentCheck(sess, client)
 		return
 	}
 	// The USERNAME of a request to the client (client ufrag ":" server
 	// ufrag) and its password: those of the last ICE restart, else of the
 	// offer.
-	server, cl := sess.Creds()
 	user, pwd := cl.Ufrag+":"+server.Ufrag, cl.Pwd
 	if ufrag, rc, ok := s.Restarted(sess); ok {
 		user, pwd = rc.Ufrag+":"+ufrag, rc.Pwd
 	}
-	if pc.sendProbe(r, user, pwd, reprobeAfter, sess, now.UnixNano()) {
+	if pc.sendProbe(r, server.Ufrag, user, pwd, reprobeAfter, sess, now.UnixNano()) {
 		s.m.mediaProbes.Inc()
 	}
 }
@@ -196,8 +215,26 @@ func (c *popConn) presentCheck(sess Session, client netip.AddrPort) {
 	if err != nil {
 		return
 	}
-	if c.inject(msg.Raw, client) {
+	c.offer(msg.Raw, client, time.Now())
+}
+
+// offer hands the session a presented check. While the session's queue
+// cannot take it (its ICE reader is behind), it is offered again every
+// injectAgain within followWindow: the address is routed to the session
+// from now on, so its audio draws no more probes, and a check dropped here
+// would leave the follow waiting for the client's own next check.
+func (c *popConn) offer(b []byte, client netip.AddrPort, since time.Time) {
+	if c.inject(b, client) {
 		c.sock.m.mediaFollows.Inc()
+		return
+	}
+	select {
+	case <-c.closed:
+		return
+	default:
+	}
+	if time.Since(since) < followWindow {
+		time.AfterFunc(injectAgain, func() { c.offer(b, client, since) })
 	}
 }
 

@@ -134,7 +134,7 @@ func (s *Socket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropUnknownPOP)
 		return false
 	}
-	if !pc.learn(h, from, s.now().UnixNano()) {
+	if !pc.learn(h, from, n-hl, s.now().UnixNano()) {
 		s.m.drop(dropRouteTable)
 		return false
 	}

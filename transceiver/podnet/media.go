@@ -543,7 +543,7 @@ func (mp *Media) write(b []byte) error {
 	if pc == nil {
 		return errNoRoute
 	}
-	_, err := pc.WriteToAddrPort(b, peer)
+	_, err := pc.write(b, peer, mp.ufrag)
 	return err
 }
 

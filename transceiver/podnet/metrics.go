@@ -45,6 +45,11 @@ const (
 	// dropEventBacklog: an event toward a client whose events channel
 	// holds too many unread bytes (the session layer's, EventDropped).
 	dropEventBacklog
+	// dropAmplification: a STUN message (an answer or a probe) toward a
+	// client address not proven for the session sending it, refused
+	// because it would take the bytes sent there past ampFactor times the
+	// bytes received from it (route.go).
+	dropAmplification
 	numDropReasons
 )
 
@@ -56,6 +61,7 @@ var dropLabels = [numDropReasons]string{
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
 	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired", dropSRTP: "srtp",
 	dropSSRC: "ssrc", dropEventBacklog: "event_backlog",
+	dropAmplification: "amplification_limit",
 }
 
 // Causes of a session's path change, the "cause" label of
@@ -80,6 +86,7 @@ type Metrics struct {
 	routes        prometheus.Gauge
 	reachProbes   prometheus.Counter
 	reachProven   prometheus.Counter
+	unprovenBytes prometheus.Counter
 	followRetries prometheus.Counter
 	mediaProbes   prometheus.Counter
 	mediaFollows  prometheus.Counter
@@ -102,7 +109,9 @@ func NewMetrics() *Metrics {
 		writeErrors: counter("socket_write_errors_total", "Failed sends on the pod socket."),
 		reachProbes: counter("reach_probes_total", "Binding Requests the pod sent to a client address after its first authenticated check, to prove the address before DTLS goes there."),
 		reachProven: counter("reach_proven_total", "Client addresses proven by the answer to the pod's probe."),
-		routes:      metric.Gauge("rtcedge_transceiver_client_routes", "Client return routes (client address per POP) currently remembered."),
+		unprovenBytes: counter("unproven_bytes_sent_total", "Payload bytes sent toward client addresses not proven for the session sending them (STUN answers, probes, "+
+			"DTLS before the proof): at most 3 times the bytes received from each such address (anti-amplification, RFC 9000 section 8)."),
+		routes: metric.Gauge("rtcedge_transceiver_client_routes", "Client return routes (client address per POP) currently remembered."),
 		followRetries: counter("follow_retries_total", "Authenticated checks from a new path presented to ICE again once the old address had gone silent "+
 			"(they had arrived while it was still live)."),
 		mediaProbes: counter("media_probes_total", "Probes (STUN requests signed with the client's password) sent to a new client address because the session's audio "+
@@ -132,7 +141,7 @@ func NewMetrics() *Metrics {
 // Collectors are the metrics to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut, m.writeErrors, m.routes,
-		m.reachProbes, m.reachProven, m.followRetries, m.mediaProbes, m.mediaFollows, m.gap, m.reportsSent, m.clientRTT}
+		m.reachProbes, m.reachProven, m.unprovenBytes, m.followRetries, m.mediaProbes, m.mediaFollows, m.gap, m.reportsSent, m.clientRTT}
 }
 
 func (m *Metrics) drop(r dropReason) { m.drops.Inc(r) }

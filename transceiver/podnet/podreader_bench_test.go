@@ -75,7 +75,7 @@ func benchPodReader(b *testing.B, pps int) {
 		if _, err := wr.WriteBatch(msgs[i : i+1]); err != nil {
 			b.Fatal(err)
 		}
-		sock.Confirm(1, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 40000), [12]byte{1})
+		sock.Confirm(1, netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 40000), "feed", [12]byte{1})
 	}
 	b.ResetTimer()
 	start := time.Now()

@@ -147,6 +147,13 @@ func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, b
 	}
 }
 
+// hasUfrag reports whether a session conn of the ufrag is on the POP.
+func (m *popMux) hasUfrag(ufrag string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.byUfrag[ufrag] != nil
+}
+
 // routed returns the session conn a client address is routed to, nil if
 // none.
 func (m *popMux) routed(from netip.AddrPort) *muxConn {
@@ -234,7 +241,7 @@ func (c *muxConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 		return 0, net.ErrClosed
 	default:
 	}
-	return c.mux.pc.WriteToAddrPort(b, addr)
+	return c.mux.pc.write(b, addr, c.ufrag)
 }
 
 // WriteTo implements net.PacketConn.
@@ -307,8 +314,8 @@ func (m *popMux) setMedia(ufrag string, mp *Media) {
 }
 
 // inject hands a datagram to its session as if it had arrived from a
-// client through this POP. It reports false when the conn is closed or its
-// queue is full.
+// client through this POP. It reports false (counted as a drop) when the
+// conn is closed or its queue is full.
 func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	select {
 	case <-c.closed:
@@ -317,7 +324,8 @@ func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	}
 	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], b)
-	if _, ok := c.mux.deliver(buf, n, from); !ok {
+	if reason, ok := c.mux.deliver(buf, n, from); !ok {
+		c.sock.m.drop(reason)
 		bufPool.Put(buf)
 		return false
 	}

@@ -37,9 +37,7 @@ type route struct {
 	relay     netip.AddrPort
 	lastSeen  atomic.Int64 // unix nanoseconds of the last packet from the client
 	created   int64        // unix nanoseconds when the client address was first seen
-	confirmed atomic.Bool  // Pion authenticated a check from the address
-	checks    atomic.Int32 // authenticated checks seen from the address
-	reachable atomic.Bool  // the address answered our probe, or sent a second check
+	confirmed atomic.Bool  // Pion authenticated a check from the address (for some session)
 	reach     *reach       // shared by the routes of one address
 }
 
@@ -77,28 +75,30 @@ type popConn struct {
 }
 
 // learn records the return route for a client from an authenticated
-// header. The common case (same header, same relay) only refreshes a
-// timestamp under a read lock. A new client address gets a provisional
+// header, and size payload bytes received from the client (the
+// anti-amplification budget, reach). The common case (same header, same
+// relay) only refreshes a timestamp and a counter under a read lock. A new client address gets a provisional
 // route (see route); a known one keeps its confirmation when the header
 // changes (another relay replica, a restarted global relay). It reports
 // false when the table is full and the client is new.
-func (c *popConn) learn(h encap.Header, relay netip.AddrPort, now int64) bool {
+func (c *popConn) learn(h encap.Header, relay netip.AddrPort, size int, now int64) bool {
 	h.ToClient = true
 	h.KeyID = 0 // the to-client header is sealed afresh
 	r := c.route(h.Client)
 	if r != nil && r.hdr == h && r.relay == relay {
 		r.lastSeen.Store(now)
+		r.reach.recv.Add(int64(size))
 		return true
 	}
 	nr := &route{hdr: h, relay: relay, created: now, reach: &reach{}}
 	nr.lastSeen.Store(now)
+	nr.reach.recv.Add(int64(size))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.routes[h.Client]
 	if old != nil {
 		nr.created, nr.reach = old.created, old.reach
-		nr.checks.Store(old.checks.Load())
-		nr.reachable.Store(old.reachable.Load())
+		nr.reach.recv.Add(int64(size))
 		if old.confirmed.Load() {
 			nr.confirmed.Store(true)
 		} else {
@@ -159,9 +159,14 @@ func (c *popConn) route(client netip.AddrPort) *route {
 	return c.routes[client]
 }
 
-// WriteToAddrPort sends b to a client through the cluster relay and global
-// relay replica its packets last came through.
-func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+// write sends b, from the session whose agent's server ufrag is ufrag, to
+// a client through the cluster relay and global relay replica its packets
+// last came through. Toward an address not proven for that session
+// (reach), what goes is bounded: nothing but STUN answers before Pion has
+// authenticated a check from it; then STUN and DTLS within the
+// anti-amplification budget (a DTLS datagram beyond it waits for the
+// proof, a STUN message beyond it is dropped); media only once proven.
+func (c *popConn) write(b []byte, addr netip.AddrPort, ufrag string) (int, error) {
 	select {
 	case <-c.closed:
 		return 0, net.ErrClosed
@@ -174,22 +179,34 @@ func (c *popConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	}
 	written := len(b) // what the caller asked to write, whatever rewriteOut makes of it
 	b = c.sock.restarts.rewriteOut(b)
-	if !r.reachable.Load() && stunmsg.DemuxClass(b) != stunmsg.ClassSTUN {
-		if !r.confirmed.Load() {
-			// Only the answer to a check may go to an address Pion has
-			// not authenticated: no DTLS flight or media toward it.
-			c.sock.m.drop(dropProvisional)
-			return 0, errProvisional
-		}
-		// Authenticated, not yet proven to be the client's: wait for
-		// the probe's answer.
-		if !c.hold(r, b, c.sock.now().UnixNano()) {
-			c.sock.m.drop(dropHeldOverflow)
+	if r.reach.isProven(ufrag) {
+		if _, err := c.sock.send(&r.hdr, r.relay, b); err != nil {
+			return 0, err
 		}
 		return written, nil
 	}
-	if _, err := c.sock.send(&r.hdr, r.relay, b); err != nil {
-		return 0, err
+	class := stunmsg.DemuxClass(b)
+	switch {
+	case class != stunmsg.ClassSTUN && !r.confirmed.Load():
+		// Only the answer to a check may go to an address Pion has
+		// not authenticated: no DTLS flight or media toward it.
+		c.sock.m.drop(dropProvisional)
+		return 0, errProvisional
+	case class == stunmsg.ClassSTUN || class == stunmsg.ClassDTLS:
+		if c.spend(r, len(b)) {
+			if _, err := c.sock.send(&r.hdr, r.relay, b); err != nil {
+				return 0, err
+			}
+			return written, nil
+		}
+		if class == stunmsg.ClassSTUN {
+			c.sock.m.drop(dropAmplification)
+			return written, nil
+		}
+	}
+	// Media, or DTLS past the budget: wait for the probe's answer.
+	if !c.hold(r, ufrag, b, c.sock.now().UnixNano()) {
+		c.sock.m.drop(dropHeldOverflow)
 	}
 	return written, nil
 }
@@ -205,47 +222,163 @@ func (c *popConn) Close() error {
 // spoofer with its own session's ufrag and password can send one from a
 // victim's address. So after the first authenticated check from an
 // address the pod sends one STUN Binding Request of its own to it (with
-// the client's ICE credentials from the offer), and DTLS and media toward
-// that address wait (held, a few datagrams) until the answer — which only
-// the real owner of the address can give — comes back, or until a second
-// authenticated check arrives. Early pair selection can then start the
-// DTLS handshake on the first check without a flight ever going to a
-// spoofed source: one round trip instead of waiting for the client's
-// nomination.
+// the client's ICE credentials from the offer); only the real owner of the
+// address, holding that session's client password, can answer it. The
+// proof is the session's, not the address's: an address proven for one
+// session (an attacker's own call from it) is unproven for every other,
+// which must earn its own answer or second check (TestProofIsPerSession).
+//
+// Until its proof, what goes toward an address is bounded by what came
+// from it, as QUIC bounds a server before address validation (RFC 9000
+// section 8): the pod sends an address no more than ampFactor times the
+// payload bytes it received from it (the STUN answers, the probes, and the
+// DTLS flights of the sessions not proven there, all counted together).
+// DTLS starts at once within that budget, so a browser's handshake does
+// not wait for the probe's round trip; a flight past it, and all media,
+// wait (held, a few datagrams) for the proof.
 
 const (
-	// maxHeld bounds the datagrams a route holds while unproven: some
-	// 600 ms of a call's downlink, more than a probe round trip.
+	// maxHeld bounds the datagrams a session holds toward an address
+	// while unproven: some 600 ms of a call's downlink, more than a probe
+	// round trip.
 	maxHeld = 32
 	// heldTTL is how long held datagrams wait for the proof.
 	heldTTL = 2e9 // nanoseconds
+	// ampFactor bounds what the pod sends an unproven address: at most
+	// this many times the payload bytes received from it.
+	ampFactor = 3
+	// maxProofsPerAddr bounds the sessions one address keeps proof state
+	// for (one normally; an agent sharing one socket among calls, a few).
+	maxProofsPerAddr = 8
+	// maxProbesOut is how many of a session's probes to an address an
+	// answer is accepted for: a re-probe does not void the probes before
+	// it, whose answers may still be on their way (a round trip longer
+	// than reprobeAfter, as on a loaded machine, would otherwise void
+	// every answer and the proof would never come).
+	maxProbesOut = 8
 )
+
+// probeSent is one probe a session sent an address: its transaction ID
+// and the client password its answer must be signed with.
+type probeSent struct {
+	txID [12]byte
+	pwd  string
+}
 
 // EarlySelectChecks is how many authenticated checks an address must have
 // sent before its pair is selected ahead of nomination. One is safe since
-// DTLS toward the address waits for the return-routability proof.
+// DTLS toward the address is bounded by the anti-amplification budget and
+// media waits for the return-routability proof.
 const EarlySelectChecks = 1
 
-// reach is a route's return-routability state, shared by the route
-// objects that replace each other for one client address.
+// reach is the return-routability state of one client address through one
+// POP, shared by the route objects that replace each other for it: the
+// anti-amplification budget of the address and, per session that used
+// it, that session's proof.
 type reach struct {
+	recv   atomic.Int64          // payload bytes received from the address
+	spent  atomic.Int64          // payload bytes sent to it not covered by a proof
+	proven atomic.Pointer[proof] // the last proof that succeeded (a lock-free first look)
+
 	mu     sync.Mutex
-	sent   bool     // a probe went out
-	sentAt int64    // unix nanos when it went out
-	txID   [12]byte // its transaction ID
-	pwd    string   // the client's ICE password, to check the answer
-	held   [][]byte // DTLS/media waiting for the proof, oldest first
-	heldAt int64    // unix nanos when the oldest was held
-	lastTx [12]byte // transaction ID of the last authenticated check (Confirm)
-	follow Session  // the probe was started by this session's audio from the address (follow.go)
+	proofs []*proof // per session, oldest first, at most maxProofsPerAddr; guarded by mu
+}
+
+// proof is one session's return-routability state at one address.
+// Guarded by its reach's mu, except ufrag and ok, which are set before it
+// is published.
+type proof struct {
+	ufrag  string                  // the server ufrag of the session's agent
+	ok     bool                    // the address answered the session's probe, or sent it a second check
+	checks int                     // authenticated checks (distinct transaction IDs) seen
+	lastTx [12]byte                // transaction ID of the last one (Confirm)
+	sent   bool                    // a probe went out
+	sentAt int64                   // unix nanos when the last one went out
+	probes [maxProbesOut]probeSent // the last probes sent, any of which a valid answer may answer
+	next   int                     // where the next probe is recorded in probes
+	held   [][]byte                // DTLS/media waiting for the proof, oldest first
+	heldAt int64                   // unix nanos when the oldest was held
+	follow Session                 // the probe was started by this session's audio from the address (follow.go)
+}
+
+// isProven reports whether the address is proven for the session of
+// ufrag.
+func (r *reach) isProven(ufrag string) bool {
+	if p := r.proven.Load(); p != nil && p.ufrag == ufrag {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.proofs {
+		if p.ufrag == ufrag {
+			return p.ok
+		}
+	}
+	return false
+}
+
+// proofLocked returns the session's proof state at the address, made if
+// need be; nil when the address already keeps maxProofsPerAddr proofs of
+// live sessions and all of them are proven. Callers hold r.mu.
+func (c *popConn) proofLocked(r *reach, ufrag string) *proof {
+	for _, p := range r.proofs {
+		if p.ufrag == ufrag {
+			return p
+		}
+	}
+	if len(r.proofs) >= maxProofsPerAddr {
+		// Make room: the proofs of sessions gone from the POP first, then
+		// the oldest unproven one. A proven session is never evicted by
+		// others' checks.
+		live := r.proofs[:0]
+		for _, p := range r.proofs {
+			if c.mux.hasUfrag(p.ufrag) {
+				live = append(live, p)
+			}
+		}
+		clear(r.proofs[len(live):])
+		r.proofs = live
+		for i, p := range r.proofs {
+			if len(r.proofs) < maxProofsPerAddr {
+				break
+			}
+			if !p.ok {
+				r.proofs = append(r.proofs[:i], r.proofs[i+1:]...)
+				break
+			}
+		}
+		if len(r.proofs) >= maxProofsPerAddr {
+			return nil
+		}
+	}
+	p := &proof{ufrag: ufrag}
+	r.proofs = append(r.proofs, p)
+	return p
+}
+
+// spend takes n bytes of the route's anti-amplification budget: false,
+// and nothing taken, when sending them would put what was sent to the
+// address without proof above ampFactor times what came from it.
+func (c *popConn) spend(r *route, n int) bool {
+	for {
+		spent := r.reach.spent.Load()
+		if spent+int64(n) > ampFactor*r.reach.recv.Load() {
+			return false
+		}
+		if r.reach.spent.CompareAndSwap(spent, spent+int64(n)) {
+			c.sock.m.unprovenBytes.Add(float64(n))
+			return true
+		}
+	}
 }
 
 // Confirm marks the client's route through a POP as authenticated by Pion
-// and returns how many authenticated checks (distinct transaction IDs: a
-// check presented again by the follower counts once) it has seen from the
-// client, 0 if there is no route. A second distinct check proves the
-// address for clients that do not answer probes.
-func (s *Socket) Confirm(pop uint16, client netip.AddrPort, txID [stun.TransactionIDSize]byte) int {
+// for the session whose agent's server ufrag is ufrag, and returns how many
+// authenticated checks (distinct transaction IDs: a check presented again
+// by the follower counts once) that session has seen from the client, 0
+// if there is no route. A second distinct check proves the address for the
+// session, for clients that do not answer probes.
+func (s *Socket) Confirm(pop uint16, client netip.AddrPort, ufrag string, txID [stun.TransactionIDSize]byte) int {
 	if s.tcp.peer(pop, client) != nil {
 		// A TCP client's address is proven by its handshake with the
 		// global relay: one authenticated check is enough.
@@ -264,53 +397,60 @@ func (s *Socket) Confirm(pop uint16, client netip.AddrPort, txID [stun.Transacti
 	if !r.confirmed.Swap(true) {
 		pc.provisional--
 	}
-	r.reach.mu.Lock()
-	fresh := r.reach.lastTx != txID
-	r.reach.lastTx = txID
-	r.reach.mu.Unlock()
-	n := int(r.checks.Load())
-	if fresh {
-		n = int(r.checks.Add(1))
-	}
 	pc.mu.Unlock()
-	if fresh && n >= 2 {
-		pc.prove(r)
+	r.reach.mu.Lock()
+	p := pc.proofLocked(r.reach, ufrag)
+	if p == nil {
+		r.reach.mu.Unlock()
+		return 1 // authenticated, never proven: held as any unproven session
+	}
+	if p.lastTx != txID || p.checks == 0 {
+		p.lastTx = txID
+		p.checks++
+	}
+	n := p.checks
+	r.reach.mu.Unlock()
+	if n >= 2 {
+		pc.prove(r, ufrag)
 	}
 	return n
 }
 
 // Probe sends the client at the POP route a Binding Request with its own
 // ICE credentials (USERNAME remote:local, MESSAGE-INTEGRITY with the
-// client's password), once per address. username is the USERNAME of the
-// client's check ("local:remote"); pwd is the client's ICE password.
+// client's password), once per session and address. username is the
+// USERNAME of the client's check ("local:remote", local the server ufrag
+// of the session's agent); pwd is the client's ICE password.
 func (s *Socket) Probe(pop uint16, client netip.AddrPort, username, pwd string) {
 	pc := s.lookup(pop)
 	if pc == nil {
-		return
-	}
-	r := pc.route(client)
-	if r == nil || r.reachable.Load() {
 		return
 	}
 	local, remote, ok := cut(username)
 	if !ok || pwd == "" {
 		return
 	}
-	if pc.sendProbe(r, remote+":"+local, pwd, -1, nil, s.now().UnixNano()) {
+	r := pc.route(client)
+	if r == nil || r.reach.isProven(local) {
+		return
+	}
+	if pc.sendProbe(r, local, remote+":"+local, pwd, -1, nil, s.now().UnixNano()) {
 		s.m.reachProbes.Inc()
 	}
 }
 
-// sendProbe sends the route's client a Binding Request with USERNAME user
-// (client ufrag ":" server ufrag), signed with the client's password pwd,
-// and records it for answer. It sends nothing when a probe went out less
-// than again ago (again < 0: only one probe per address). follow, when
-// set, is the session whose audio from the address asked for the probe: a
-// valid answer presents ICE a check for it. It reports whether a probe was
-// sent.
-func (c *popConn) sendProbe(r *route, user, pwd string, again time.Duration, follow Session, now int64) bool {
+// sendProbe sends the route's client a Binding Request for the session
+// whose agent's server ufrag is ufrag, with USERNAME user (client ufrag
+// ":" server ufrag), signed with the client's password pwd, and records it
+// for answer. It sends nothing when the session's last probe to the
+// address went out less than again ago (again < 0: only one), nor past the
+// address's anti-amplification budget. follow, when set, is the session
+// whose audio from the address asked for the probe: a valid answer
+// presents ICE a check for it. It reports whether a probe was sent.
+func (c *popConn) sendProbe(r *route, ufrag, user, pwd string, again time.Duration, follow Session, now int64) bool {
 	r.reach.mu.Lock()
-	if r.reach.sent && (again < 0 || now-r.reach.sentAt < int64(again)) {
+	p := c.proofLocked(r.reach, ufrag)
+	if p == nil || p.ok || p.sent && (again < 0 || now-p.sentAt < int64(again)) {
 		r.reach.mu.Unlock()
 		return false
 	}
@@ -321,9 +461,16 @@ func (c *popConn) sendProbe(r *route, user, pwd string, again time.Duration, fol
 		r.reach.mu.Unlock()
 		return false
 	}
-	r.reach.sent, r.reach.sentAt, r.reach.txID, r.reach.pwd = true, now, msg.TransactionID, pwd
+	if !c.spend(r, len(msg.Raw)) {
+		r.reach.mu.Unlock()
+		c.sock.m.drop(dropAmplification)
+		return false
+	}
+	p.sent, p.sentAt = true, now
+	p.probes[p.next] = probeSent{msg.TransactionID, pwd}
+	p.next = (p.next + 1) % maxProbesOut
 	if follow != nil {
-		r.reach.follow = follow
+		p.follow = follow
 	}
 	r.reach.mu.Unlock()
 	_, err = c.sock.send(&r.hdr, r.relay, msg.Raw)
@@ -339,9 +486,10 @@ func cut(username string) (local, remote string, ok bool) {
 	return "", "", false
 }
 
-// answer reports whether payload from client is the answer to the route's
-// probe; a valid one proves the address and releases what it held. It is
-// consumed either way (Pion did not send the probe).
+// answer reports whether payload from client is the answer to a probe of
+// the route's; a valid one proves the address for the session that sent
+// the probe and releases what that session held. It is consumed either
+// way (Pion did not send the probe).
 func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 	if len(payload) < 20 || payload[0] != 0x01 || payload[1] != 0x01 || !stunmsg.IsSTUN(payload) {
 		return false // not a Binding Success Response
@@ -350,54 +498,76 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 	if r == nil {
 		return false
 	}
+	tx := [12]byte(payload[8:20])
+	var p *proof
+	var pwd string
 	r.reach.mu.Lock()
-	if !r.reach.sent || [12]byte(payload[8:20]) != r.reach.txID {
+	for _, q := range r.reach.proofs {
+		for _, sent := range q.probes {
+			if q.sent && sent.txID == tx && sent.pwd != "" {
+				p, pwd = q, sent.pwd
+			}
+		}
+	}
+	if p == nil {
 		r.reach.mu.Unlock()
 		return false
 	}
-	pwd, follow := r.reach.pwd, r.reach.follow
+	ufrag, follow := p.ufrag, p.follow
 	r.reach.mu.Unlock()
 	m := &stun.Message{Raw: append([]byte(nil), payload...)}
 	if m.Decode() != nil || stun.NewShortTermIntegrity(pwd).Check(m) != nil {
 		return true
 	}
-	c.prove(r)
+	c.prove(r, ufrag)
 	c.sock.m.reachProven.Inc()
 	if follow != nil {
 		r.reach.mu.Lock()
-		r.reach.follow = nil
+		p.follow = nil
 		r.reach.mu.Unlock()
 		c.presentCheck(follow, client)
 	}
 	return true
 }
 
-// prove marks a route's address as its client's and sends what it held.
-func (c *popConn) prove(r *route) {
-	if r.reachable.Swap(true) {
+// prove marks a route's address as proven for the session of ufrag and
+// sends what that session held.
+func (c *popConn) prove(r *route, ufrag string) {
+	r.reach.mu.Lock()
+	p := c.proofLocked(r.reach, ufrag)
+	if p == nil || p.ok {
+		r.reach.mu.Unlock()
 		return
 	}
-	r.reach.mu.Lock()
-	held := r.reach.held
-	r.reach.held = nil
+	p.ok = true
+	held := p.held
+	p.held = nil
+	r.reach.proven.Store(p)
 	r.reach.mu.Unlock()
 	for _, b := range held {
 		_, _ = c.sock.send(&r.hdr, r.relay, b)
 	}
 }
 
-// hold keeps a copy of b until the route's address is proven; false when
-// the route holds its share already.
-func (c *popConn) hold(r *route, b []byte, now int64) bool {
+// hold keeps a copy of b, from the session of ufrag, until the route's
+// address is proven for it; false when the session holds its share
+// already.
+func (c *popConn) hold(r *route, ufrag string, b []byte, now int64) bool {
 	r.reach.mu.Lock()
 	defer r.reach.mu.Unlock()
-	if len(r.reach.held) >= maxHeld {
+	p := c.proofLocked(r.reach, ufrag)
+	if p != nil && p.ok {
+		// Proven since the caller looked (prove has sent what was held).
+		_, _ = c.sock.send(&r.hdr, r.relay, b)
+		return true
+	}
+	if p == nil || len(p.held) >= maxHeld {
 		return false
 	}
-	if len(r.reach.held) == 0 {
-		r.reach.heldAt = now
+	if len(p.held) == 0 {
+		p.heldAt = now
 	}
-	r.reach.held = append(r.reach.held, append([]byte(nil), b...))
+	p.held = append(p.held, append([]byte(nil), b...))
 	return true
 }
 
@@ -405,10 +575,12 @@ func (c *popConn) hold(r *route, b []byte, now int64) bool {
 func (r *route) expireHeld(now int64) int {
 	r.reach.mu.Lock()
 	defer r.reach.mu.Unlock()
-	n := len(r.reach.held)
-	if n == 0 || now-r.reach.heldAt < heldTTL {
-		return 0
+	n := 0
+	for _, p := range r.reach.proofs {
+		if len(p.held) > 0 && now-p.heldAt >= heldTTL {
+			n += len(p.held)
+			p.held = nil
+		}
 	}
-	r.reach.held = nil
 	return n
 }

@@ -31,7 +31,7 @@ func tiersRound(t testing.TB) func() {
 		if err != nil || n != len(media) || from != tr.clientAddr {
 			t.Fatalf("pod read %d bytes from %v: %v", n, from, err)
 		}
-		if _, err := tr.pc.WriteToAddrPort(buf[:n], from); err != nil {
+		if _, err := tr.pc.write(buf[:n], from, "feed"); err != nil {
 			t.Fatal(err)
 		}
 		if n, _, err := tr.client.ReadFromUDPAddrPort(back); err != nil || n != len(media) {

@@ -203,7 +203,7 @@ func TestDatagramSizeLimitAcrossTiers(t *testing.T) {
 				t.Fatalf("%d bytes: did not reach the pod intact", tc.size)
 			}
 			// And back: pod → cluster relay → global relay → client.
-			if _, err := tr.pc.WriteToAddrPort(pkt, tr.clientAddr); err != nil {
+			if _, err := tr.pc.write(pkt, tr.clientAddr, "feed"); err != nil {
 				t.Fatalf("%d bytes: pod write: %v", tc.size, err)
 			}
 			_ = tr.client.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -217,7 +217,7 @@ func TestDatagramSizeLimitAcrossTiers(t *testing.T) {
 		eventually(t, "the global relay to count the oversize datagram", func() bool {
 			return metricValue(t, tr.grReg, "rtcedge_globalrelay"+drops, "oversize") == grBefore+1
 		})
-		if _, err := tr.pc.WriteToAddrPort(pkt, tr.clientAddr); err == nil {
+		if _, err := tr.pc.write(pkt, tr.clientAddr, "feed"); err == nil {
 			t.Errorf("%d bytes: the pod sent an oversize reply", tc.size)
 		}
 	}
@@ -264,7 +264,7 @@ func TestHopKeyRotationWithoutRestart(t *testing.T) {
 		if got, ok := tr.readPod(t, 5*time.Second); !ok || !bytes.Equal(got, pkt) {
 			t.Fatalf("%s: uplink lost", step)
 		}
-		if _, err := tr.pc.WriteToAddrPort(pkt, tr.clientAddr); err != nil {
+		if _, err := tr.pc.write(pkt, tr.clientAddr, "feed"); err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
 		_ = tr.client.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -307,6 +307,6 @@ func sealedWith(t testing.TB, k *encap.Keyring, h encap.Header, payload string) 
 // (confirm) and the answer to the pod's probe (reach.go) do: its route may
 // carry DTLS and media.
 func (tr *tiers) authenticated(c netip.AddrPort) {
-	tr.sock.Confirm(1, c, [12]byte{1})
-	tr.pc.prove(tr.pc.route(c))
+	tr.sock.Confirm(1, c, "feed", [12]byte{1})
+	tr.pc.prove(tr.pc.route(c), "feed")
 }

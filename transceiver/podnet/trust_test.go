@@ -103,7 +103,7 @@ func TestForgedHeaderAtPodChangesNothing(t *testing.T) {
 	if n := sock.Sweep(time.Hour); n != 0 {
 		t.Fatalf("%d routes after forged headers", n)
 	}
-	if _, err := pc.WriteToAddrPort([]byte("downlink"), victim); err != errNoRoute {
+	if _, err := pc.write([]byte("downlink"), victim, "feed"); err != errNoRoute {
 		t.Fatalf("write to the victim after forged headers: %v, want no route", err)
 	}
 }
@@ -116,7 +116,7 @@ func TestForgedHeaderAtPodChangesNothing(t *testing.T) {
 func TestRouteTableCannotBeFilled(t *testing.T) {
 	sock, pc, _ := unitSocket(t, nil)
 	caller := netip.MustParseAddrPort("198.51.100.31:5000")
-	if !feed(sock, pc, sealed(t, clientHeader(caller), "check"), unitRelay) || sock.Confirm(1, caller, [12]byte{1}) != 1 {
+	if !feed(sock, pc, sealed(t, clientHeader(caller), "check"), unitRelay) || sock.Confirm(1, caller, "feed", [12]byte{1}) != 1 {
 		t.Fatal("caller's check did not make a route")
 	}
 	for i := range 70000 {
@@ -124,7 +124,7 @@ func TestRouteTableCannotBeFilled(t *testing.T) {
 		feed(sock, pc, sealed(t, clientHeader(a), "x"), unitRelay)
 	}
 	newcomer := netip.MustParseAddrPort("198.51.100.32:5000")
-	if !feed(sock, pc, sealed(t, clientHeader(newcomer), "check"), unitRelay) || sock.Confirm(1, newcomer, [12]byte{1}) != 1 {
+	if !feed(sock, pc, sealed(t, clientHeader(newcomer), "check"), unitRelay) || sock.Confirm(1, newcomer, "feed", [12]byte{1}) != 1 {
 		t.Fatal("a new caller got no route after the flood")
 	}
 	pc.mu.RLock()
@@ -134,7 +134,7 @@ func TestRouteTableCannotBeFilled(t *testing.T) {
 		t.Fatalf("%d routes (%d provisional) after the flood, want at most %d", n, prov, maxProvisional+2)
 	}
 	for _, a := range []netip.AddrPort{caller, newcomer} {
-		if _, err := pc.WriteToAddrPort([]byte{0x80, 1}, a); err != nil {
+		if _, err := pc.write([]byte{0x80, 1}, a, "feed"); err != nil {
 			t.Errorf("media to confirmed %v: %v", a, err)
 		}
 	}
@@ -180,7 +180,7 @@ func TestProvisionalRoutesExpireQuickly(t *testing.T) {
 	sock, pc, _ := unitSocketAt(t, nil, func() time.Time { return clock })
 	spoofed, caller := netip.MustParseAddrPort("198.51.100.40:1"), netip.MustParseAddrPort("198.51.100.41:1")
 	feed(sock, pc, sealed(t, clientHeader(caller), "x"), unitRelay)
-	sock.Confirm(1, caller, [12]byte{1})
+	sock.Confirm(1, caller, "feed", [12]byte{1})
 	age := func(a netip.AddrPort) (time.Duration, bool) {
 		pc.mu.RLock()
 		defer pc.mu.RUnlock()
