@@ -326,9 +326,9 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 			// really uses, or a restarted client cannot answer it.
 			var user stun.Username
 			if u, pwd, ok := s.t.sock.Translated(msg.TransactionID); ok {
-				s.t.sock.Probe(pop, client, u, pwd)
+				s.t.sock.Probe(pop, client, s.ufrag, u, pwd)
 			} else if user.GetFrom(msg) == nil {
-				s.t.sock.Probe(pop, client, user.String(), s.client.Pwd)
+				s.t.sock.Probe(pop, client, s.ufrag, user.String(), s.client.Pwd)
 			}
 		}
 	}

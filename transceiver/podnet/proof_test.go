@@ -146,7 +146,7 @@ func TestProofIsPerSession(t *testing.T) {
 	spoofer := b.conn("spoofer")
 	b.sock.Confirm(1, victimAddr, "spoofer", [12]byte{3})
 	probes := b.metric("rtcedge_transceiver_reach_probes_total", "", "")
-	b.sock.Probe(1, victimAddr, "spoofer:cspo", "spoofer-client-password-01")
+	b.sock.Probe(1, victimAddr, "spoofer", "spoofer:cspo", "spoofer-client-password-01")
 	if v := b.metric("rtcedge_transceiver_reach_probes_total", "", ""); v != probes+1 {
 		t.Fatal("a spoofed check from the victim's proven address got no probe")
 	}

@@ -418,10 +418,12 @@ func (s *Socket) Confirm(pop uint16, client netip.AddrPort, ufrag string, txID [
 
 // Probe sends the client at the POP route a Binding Request with its own
 // ICE credentials (USERNAME remote:local, MESSAGE-INTEGRITY with the
-// client's password), once per session and address. username is the
-// USERNAME of the client's check ("local:remote", local the server ufrag
-// of the session's agent); pwd is the client's ICE password.
-func (s *Socket) Probe(pop uint16, client netip.AddrPort, username, pwd string) {
+// client's password), once per session and address. ufrag is the server
+// ufrag of the session's agent, which the proof is kept under; username is
+// the USERNAME of the client's check ("local:remote", local the server
+// ufrag the client used: after an ICE restart, the restarted one); pwd is
+// the client's ICE password.
+func (s *Socket) Probe(pop uint16, client netip.AddrPort, ufrag, username, pwd string) {
 	pc := s.lookup(pop)
 	if pc == nil {
 		return
@@ -431,10 +433,10 @@ func (s *Socket) Probe(pop uint16, client netip.AddrPort, username, pwd string) 
 		return
 	}
 	r := pc.route(client)
-	if r == nil || r.reach.isProven(local) {
+	if r == nil || r.reach.isProven(ufrag) {
 		return
 	}
-	if pc.sendProbe(r, local, remote+":"+local, pwd, -1, nil, s.now().UnixNano()) {
+	if pc.sendProbe(r, ufrag, remote+":"+local, pwd, -1, nil, s.now().UnixNano()) {
 		s.m.reachProbes.Inc()
 	}
 }
