@@ -1,0 +1,88 @@
+package probe_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
+	"github.com/rtcedge/rtcedge/backend/realtime/reftest"
+	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/probe"
+)
+
+// talk places one talker call (one plain turn of speech, then the
+// barge-in turn) and checks the report's shape.
+func talk(t *testing.T, url string, speech time.Duration) probe.Report {
+	t.Helper()
+	cfg := callConfig(t, url)
+	cfg.Talk = &probe.TalkConfig{Turns: 1, Speech: speech}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := probe.Once(ctx, cfg, 0)
+	if err != nil {
+		t.Fatalf("talker call: %v", err)
+	}
+	t.Logf("talker report:\n%s", rep)
+	if len(rep.Turns) != 2 || rep.Turns[0].BargeIn || !rep.Turns[1].BargeIn {
+		t.Fatalf("turns %+v: want a plain turn, then the barge-in turn", rep.Turns)
+	}
+	for i, turn := range rep.Turns {
+		if !turn.Replied {
+			t.Fatalf("turn %d heard no reply: %+v", i+1, turn)
+		}
+	}
+	if s := rep.String(); !strings.Contains(s, "turn 1:") || !strings.Contains(s, "barge-in:") {
+		t.Errorf("report text lacks its turns:\n%s", s)
+	}
+	return rep
+}
+
+// within fails the test unless lo ≤ v ≤ hi.
+func within(t *testing.T, what string, v, lo, hi float64) {
+	t.Helper()
+	if v < lo || v > hi {
+		t.Errorf("%s = %.1f ms, want within [%.0f, %.0f]", what, v, lo, hi)
+	}
+}
+
+// TestTalkerEcho: against the echo backend the reply is the talker's own
+// speech coming back, so it begins a round trip after the speech began
+// (the delay from the end of the speech is about minus its length), lasts
+// as long as the speech, and stops a round trip after the talker switches
+// to its barge-in tone.
+func TestTalkerEcho(t *testing.T) {
+	w := startWorld(t, devworld.Config{})
+	const speech = 600.0
+	rep := talk(t, w.SignalingURL, speech*time.Millisecond)
+	plain, barge := rep.Turns[0], rep.Turns[1]
+	// A loaded machine delays the sender's ticks: the speech lasts at
+	// least its frames.
+	within(t, "speech", plain.SpeechMs, speech-30, 3*speech)
+	within(t, "reply delay", plain.ReplyDelayMs, -plain.SpeechMs, 0)
+	within(t, "reply", plain.ReplyMs, 0.7*speech, 1.3*plain.SpeechMs)
+	within(t, "barge-in stop", barge.BargeInStopMs, 0, 500)
+	within(t, "barge-in reply", barge.ReplyMs, 200, 2*barge.SpeechMs)
+}
+
+// TestTalkerRealtime: against the reference server (energy VAD, replies
+// that parrot the turn) through the Realtime backend, a reply begins
+// after the server's silence window (500 ms) and repeats the turn's
+// speech; the barge-in turn's reply stops at the latest when it has been
+// played out.
+func TestTalkerRealtime(t *testing.T) {
+	srv := reftest.Start(t, refserver.Config{Logger: testLogger()})
+	w := startWorld(t, devworld.Config{BackendURL: srv.URL() + "?model=ref", BackendProtocol: "ga"})
+	const speech = 600.0
+	rep := talk(t, w.SignalingURL, speech*time.Millisecond)
+	plain, barge := rep.Turns[0], rep.Turns[1]
+	within(t, "reply delay", plain.ReplyDelayMs, 400, 8000)
+	within(t, "reply", plain.ReplyMs, 0.7*speech, 2*plain.SpeechMs)
+	within(t, "barge-in reply delay", barge.ReplyDelayMs, 400, 8000)
+	// Loose: without barge-in at the edge the reply plays out (twice the
+	// speech, less what was heard before the barge-in); a loaded machine
+	// stretches it.
+	within(t, "barge-in stop", barge.BargeInStopMs, 0, 2*barge.SpeechMs+3000)
+	within(t, "barge-in reply", barge.ReplyMs, 200, 2*barge.SpeechMs)
+}
