@@ -25,8 +25,10 @@ type Report struct {
 	LossRatio    float64 `json:"loss_ratio"`
 	EventReplyMs float64 `json:"event_reply_ms"`
 	DurationSecs float64 `json:"duration_s"`
-	// Turns are a talker's (Config.Talk), which measures no echo.
-	Turns []Turn `json:"turns,omitempty"`
+	// Turns are a talker's (Config.Talk), which measures no echo;
+	// Undecoded counts the frames it received that did not decode.
+	Turns     []Turn `json:"turns,omitempty"`
+	Undecoded int    `json:"undecoded_frames,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -146,6 +148,9 @@ func (r Report) String() string {
 		fmt.Fprintf(&b, "setup:  signaling %.1f ms, ICE connected %.1f ms, DTLS connected %.1f ms\n", r.SignalingMs, r.ICEMs, r.DTLSMs)
 		fmt.Fprintf(&b, "events: first in %.1f ms\n", r.EventReplyMs)
 		writeTurns(&b, r.Turns)
+		if r.Undecoded > 0 {
+			fmt.Fprintf(&b, "audio:  %d frames received did not decode\n", r.Undecoded)
+		}
 		return b.String()
 	}
 	fmt.Fprintf(&b, "setup:  signaling %.1f ms, ICE connected %.1f ms, DTLS connected %.1f ms, first echo %.1f ms\n",

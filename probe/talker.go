@@ -111,15 +111,15 @@ type talker struct {
 	out   []byte
 	phase int
 
-	mu         sync.Mutex
-	voice      int       // what the next frames carry
-	left       int       // voiced frames left before silence
-	segStart   time.Time // the current voice segment's first frame sent; zero until then
-	segEnd     time.Time // the latest voiced frame sent
-	replies    []heard   // reply audio received, in arrival order
-	undecoded  int       // frames that did not decode
-	changed    chan struct{}
-	frameSpeed time.Duration // the sender's frame interval
+	mu        sync.Mutex
+	voice     int       // what the next frames carry
+	left      int       // voiced frames left before silence
+	segStart  time.Time // the current voice segment's first frame sent; zero until then
+	segEnd    time.Time // the latest voiced frame sent
+	replies   []heard   // reply audio received, in arrival order
+	undecoded int       // received frames that did not decode
+	changed   chan struct{}
+	frameDur  time.Duration // the sender's frame interval
 }
 
 // heard is one frame of reply audio.
@@ -149,7 +149,7 @@ func newTalker(cfg TalkConfig, frame time.Duration) (*talker, error) {
 		return nil, fmt.Errorf("probe: talker: %w", err)
 	}
 	return &talker{cfg: cfg, enc: enc, dec: dec, pcm: make([]int16, enc.FrameSamples()), out: make([]byte, opus.MaxPacket),
-		changed: make(chan struct{}, 1), frameSpeed: frame}, nil
+		changed: make(chan struct{}, 1), frameDur: frame}, nil
 }
 
 func (t *talker) notify() {
@@ -205,7 +205,7 @@ func (t *talker) say(voice int, d time.Duration) (prevEnd time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	prevEnd = t.segEnd
-	t.voice, t.left, t.segStart = voice, int(d/t.frameSpeed), time.Time{}
+	t.voice, t.left, t.segStart = voice, int(d/t.frameDur), time.Time{}
 	return prevEnd
 }
 
@@ -314,8 +314,9 @@ func (t *talker) firstReplyAfter(ctx context.Context, from, deadline time.Time) 
 	return first, ok
 }
 
-// replyEnd waits until no reply audio has arrived for replyQuiet (bounded
-// by maxReply after since) and returns the last reply frame's arrival.
+// replyEnd waits until no reply audio has arrived for replyQuiet since
+// the later of since and the last reply frame (bounded by maxReply after
+// since), and returns the last reply frame's arrival (since if none).
 func (t *talker) replyEnd(ctx context.Context, since time.Time) (time.Time, error) {
 	limit := since.Add(maxReply)
 	for {
@@ -336,6 +337,13 @@ func (t *talker) replyEnd(ctx context.Context, since time.Time) (time.Time, erro
 			return last, ctx.Err()
 		}
 	}
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // replyAudio sums the reply audio that arrived after from.
@@ -363,14 +371,16 @@ func (t *talker) talk(ctx context.Context) ([]Turn, error) {
 		if err != nil {
 			return turns, err
 		}
-		turn := Turn{SpeechMs: ms(end.Sub(start) + t.frameSpeed)}
+		turn := Turn{SpeechMs: ms(end.Sub(start) + t.frameDur)}
 		first, ok := t.firstReplyAfter(ctx, start, end.Add(t.cfg.ReplyTimeout))
 		if ctx.Err() != nil {
 			return turns, ctx.Err()
 		}
 		if ok {
 			turn.Replied, turn.ReplyDelayMs = true, ms(first.Sub(end))
-			if _, err := t.replyEnd(ctx, first); err != nil {
+			// A reply that began during the speech (the echo's) has
+			// not ended before the speech did.
+			if _, err := t.replyEnd(ctx, latest(first, end)); err != nil {
 				return turns, err
 			}
 		}
@@ -395,7 +405,7 @@ func (t *talker) talk(ctx context.Context) ([]Turn, error) {
 			return turns, ctx.Err()
 		}
 		t.mu.Lock()
-		turn.SpeechMs = ms(t.segEnd.Sub(start) + t.frameSpeed)
+		turn.SpeechMs = ms(t.segEnd.Sub(start) + t.frameDur)
 		t.mu.Unlock()
 		return append(turns, turn), nil
 	}
@@ -403,7 +413,7 @@ func (t *talker) talk(ctx context.Context) ([]Turn, error) {
 		return turns, ctx.Err()
 	}
 	end := t.say(voiceBargeIn, t.cfg.Speech)
-	turn.Replied, turn.SpeechMs, turn.ReplyDelayMs = true, ms(end.Sub(start)+t.frameSpeed), ms(first.Sub(end))
+	turn.Replied, turn.SpeechMs, turn.ReplyDelayMs = true, ms(end.Sub(start)+t.frameDur), ms(first.Sub(end))
 	if !t.await(ctx, time.Now().Add(senderSlack), func() bool { return !t.segStart.IsZero() }) {
 		return turns, waitErr(ctx, "talking over the reply")
 	}
@@ -468,6 +478,9 @@ func talkCall(ctx context.Context, c *Call) (callResult, error) {
 		SignalingMs: ms(tm.Signaling), ICEMs: ms(tm.ICEConnected), DTLSMs: ms(tm.DTLSConnected),
 		EventReplyMs: ms(eventRTT), DurationSecs: time.Since(upAt).Seconds(), Turns: turns,
 	}
+	c.talker.mu.Lock()
+	res.Report.Undecoded = c.talker.undecoded
+	c.talker.mu.Unlock()
 	if res.Report.Turns == nil {
 		res.Report.Turns = []Turn{}
 	}
