@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,17 +19,8 @@ import (
 // components (gathered from a running dev world and the probe's metrics).
 func TestAlertRulesNameRealMetrics(t *testing.T) {
 	w := startWorld(t, devworld.Config{})
-	exported := map[string]bool{}
-	gather := func(g prometheus.Gatherer) {
-		mfs, err := g.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			exported[mf.GetName()] = true
-		}
-	}
-	gather(w.Registry)
+	exported := exportedMetrics{}
+	exported.gather(t, w.Registry)
 	// The probe's series are labelled by target: one real run creates them.
 	preg := prometheus.NewRegistry()
 	pm, err := probe.NewMetrics(preg)
@@ -45,7 +35,7 @@ func TestAlertRulesNameRealMetrics(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("probe run: %v", err)
 	}
-	gather(preg)
+	exported.gather(t, preg)
 
 	data, err := os.ReadFile("../deploy/prometheus/alerts.yaml")
 	if err != nil {
@@ -68,13 +58,7 @@ func TestAlertRulesNameRealMetrics(t *testing.T) {
 		for _, r := range g.Rules {
 			n++
 			for _, m := range metricRE.FindAllString(r.Expr, -1) {
-				base := m
-				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-					if b, ok := strings.CutSuffix(m, suffix); ok && exported[b] {
-						base = b
-					}
-				}
-				if !exported[base] {
+				if _, _, ok := exported.family(m); !ok {
 					t.Errorf("alert %s uses %s, which no component exports", r.Alert, m)
 				}
 			}

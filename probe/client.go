@@ -57,7 +57,10 @@ type Config struct {
 	// over a UDP mux on it instead of sockets of its own (tests put the
 	// client behind a netsim NAT this way). Close closes it.
 	PacketConn net.PacketConn
-	Logger     *slog.Logger
+	// Talk, when set, makes the call a synthetic talker (talker.go): it
+	// sends Opus in turns and measures the replies instead of echo RTTs.
+	Talk   *TalkConfig
+	Logger *slog.Logger
 }
 
 // Transports of Config.Transport.
@@ -98,6 +101,8 @@ type Call struct {
 	mux *ice.UDPMuxDefault // over Config.PacketConn; nil without one
 	out *webrtc.TrackLocalStaticRTP
 	dc  *webrtc.DataChannel
+	// talker is the call's voice when Config.Talk is set; nil otherwise.
+	talker *talker
 
 	// Location is the session resource signaling returned.
 	Location string
@@ -135,6 +140,13 @@ func Dial(ctx context.Context, cfg Config) (*Call, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "probe"),
 		events: make(chan []byte, 64), connected: make(chan struct{}), failed: make(chan struct{}),
 		echoed: make(chan struct{}), stop: make(chan struct{}),
+	}
+	if cfg.Talk != nil {
+		t, err := newTalker(*cfg.Talk, cfg.FrameInterval)
+		if err != nil {
+			return nil, &CallError{Stage: StageSetup, Err: err}
+		}
+		c.talker = t
 	}
 	if err := c.setup(); err != nil {
 		c.Close()
@@ -230,7 +242,13 @@ func (c *Call) setup() error {
 			}
 		}
 	})
-	pc.OnTrack(func(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) { c.readEcho(tr) })
+	pc.OnTrack(func(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+		if c.talker != nil {
+			c.readTalk(tr)
+			return
+		}
+		c.readEcho(tr)
+	})
 	return nil
 }
 
@@ -342,6 +360,12 @@ func (c *Call) sendAudio() {
 		case <-tick.C:
 		}
 		seq := c.seq.Add(1)
+		if c.talker != nil {
+			if err := c.sendTalk(pkt, seq, samples); err != nil {
+				c.log.Debug("talker frame", "err", err)
+			}
+			continue
+		}
 		copy(payload, payloadMagic[:])
 		binary.BigEndian.PutUint32(payload[4:], seq)
 		binary.BigEndian.PutUint64(payload[8:], uint64(time.Since(c.start)))
@@ -451,6 +475,9 @@ func (c *Call) Hangup(ctx context.Context) error {
 func (c *Call) Close() error {
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
+	if c.talker != nil {
+		c.talker.enc.Close() // the sender has returned
+	}
 	var err error
 	if c.pc != nil {
 		err = c.pc.GracefulClose()

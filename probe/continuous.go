@@ -21,6 +21,8 @@ type Metrics struct {
 	rtt         *prometheus.HistogramVec // region, pop, cluster
 	jitter      *prometheus.GaugeVec     // region, pop, cluster
 	loss        *prometheus.GaugeVec     // region, pop, cluster
+	turnDelay   *prometheus.HistogramVec // region, pop, cluster
+	bargeInStop *prometheus.HistogramVec // region, pop, cluster
 	runs        *prometheus.CounterVec   // result
 	failures    *prometheus.CounterVec   // reason
 	lastSuccess prometheus.Gauge
@@ -51,11 +53,22 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "rtcedge_probe_loss_ratio",
 			Help: "Share of audio packets of the latest probe call that were not echoed within a second.",
 		}, placementLabels),
+		turnDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtcedge_probe_turn_reply_delay_seconds",
+			Help: "A talker's turns (probe -turns): from the end of its speech to the first reply audio it received (0 when the reply began during the speech).",
+			// A model answers in hundreds of ms to seconds.
+			Buckets: []float64{.05, .1, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10},
+		}, placementLabels),
+		bargeInStop: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "rtcedge_probe_bargein_stop_seconds",
+			Help:    "A talker's barge-in turns: from its first frame over the reply to the last reply audio it received.",
+			Buckets: []float64{.02, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5},
+		}, placementLabels),
 		runs:        metric.CounterVec("rtcedge_probe_runs_total", "Probe calls by result (ok or error).", "result"),
 		failures:    metric.CounterVec("rtcedge_probe_failures_total", "Failed probe calls by reason (<stage>_http_<status>, <stage>_timeout, <stage>_failed, <stage>_error, canceled).", "reason"),
 		lastSuccess: metric.Gauge("rtcedge_probe_last_success_timestamp_seconds", "Unix time of the end of the latest successful probe call; alert on its age."),
 	}
-	for _, c := range []prometheus.Collector{m.setup, m.rtt, m.jitter, m.loss, m.runs, m.failures, m.lastSuccess} {
+	for _, c := range []prometheus.Collector{m.setup, m.rtt, m.jitter, m.loss, m.turnDelay, m.bargeInStop, m.runs, m.failures, m.lastSuccess} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("probe: register metrics: %w", err)
 		}
@@ -76,6 +89,11 @@ func (m *Metrics) observe(res callResult, err error) {
 		return
 	}
 	m.runs.WithLabelValues("ok").Inc()
+	m.lastSuccess.SetToCurrentTime()
+	if r.Turns != nil {
+		m.observeTurns(r)
+		return
+	}
 	tm := res.Timings
 	for _, s := range []struct {
 		stage string
@@ -89,7 +107,26 @@ func (m *Metrics) observe(res callResult, err error) {
 	}
 	m.jitter.WithLabelValues(r.Region, r.POP, r.Cluster).Set(res.Audio.Jitter.Seconds())
 	m.loss.WithLabelValues(r.Region, r.POP, r.Cluster).Set(res.Audio.LossRatio())
-	m.lastSuccess.SetToCurrentTime()
+}
+
+// observeTurns records a talker's call: its connection stages and turns.
+func (m *Metrics) observeTurns(r Report) {
+	for _, s := range []struct {
+		stage string
+		ms    float64
+	}{{StageSignaling, r.SignalingMs}, {StageICE, r.ICEMs}, {StageDTLS, r.DTLSMs}} {
+		m.setup.WithLabelValues(s.stage, r.Region, r.POP, r.Cluster).Observe(s.ms / 1000)
+	}
+	delay, stop := m.turnDelay.WithLabelValues(r.Region, r.POP, r.Cluster), m.bargeInStop.WithLabelValues(r.Region, r.POP, r.Cluster)
+	for _, t := range r.Turns {
+		if !t.Replied {
+			continue
+		}
+		delay.Observe(max(0, t.ReplyDelayMs) / 1000)
+		if t.BargeIn {
+			stop.Observe(t.BargeInStopMs / 1000)
+		}
+	}
 }
 
 // ContinuousConfig configures a continuous prober.

@@ -16,6 +16,7 @@ const (
 	StageDataChannel = "datachannel" // DTLS connected until the events channel opened
 	StageFirstEcho   = "first_echo"  // connected until the first echoed audio packet
 	StageHangup      = "hangup"      // DELETE of the session
+	StageTurns       = "turns"       // a talker's turns (Config.Talk), after the connection
 )
 
 // SetupStages are the stages whose durations a probe reports, each measured

@@ -6,17 +6,15 @@ import (
 	"net/http"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/testleak"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/probe"
 )
 
-// TestMain checks for leaked goroutines.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+// TestMain checks for leaked goroutines, once memberlist's probes of the
+// stopped worlds have ended.
+func TestMain(m *testing.M) { testleak.Main(m) }
 
 func testLogger() *slog.Logger { return testlog.Logger() }
 

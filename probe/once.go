@@ -25,6 +25,10 @@ type Report struct {
 	LossRatio    float64 `json:"loss_ratio"`
 	EventReplyMs float64 `json:"event_reply_ms"`
 	DurationSecs float64 `json:"duration_s"`
+	// Turns are a talker's (Config.Talk), which measures no echo;
+	// Undecoded counts the frames it received that did not decode.
+	Turns     []Turn `json:"turns,omitempty"`
+	Undecoded int    `json:"undecoded_frames,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -78,6 +82,9 @@ func runCall(ctx context.Context, cfg Config, p plan) (callResult, error) {
 	}
 	defer c.Close()
 	res.Report.Region, res.Report.Cluster, res.Report.POP = c.Region, c.Cluster, c.POP
+	if c.talker != nil {
+		return talkCall(ctx, c)
+	}
 	if err := c.WaitEcho(setupCtx); err != nil {
 		res.Timings = c.Timings()
 		return res, err
@@ -120,18 +127,32 @@ func runCall(ctx context.Context, cfg Config, p plan) (callResult, error) {
 		JitterMs: ms(st.Jitter), Sent: st.Sent, Received: st.Received, LossRatio: st.LossRatio(),
 		EventReplyMs: ms(eventRTT), DurationSecs: time.Since(upAt).Seconds(),
 	}
+	return res, hangup(ctx, c)
+}
+
+// hangup hangs c up, even after ctx ended; its error is a CallError.
+func hangup(ctx context.Context, c *Call) error {
 	hctx, hcancel := context.WithTimeout(context.WithoutCancel(ctx), hangupTimeout)
 	defer hcancel()
 	if err := c.Hangup(hctx); err != nil {
-		return res, &CallError{Stage: StageHangup, Err: err}
+		return &CallError{Stage: StageHangup, Err: err}
 	}
-	return res, nil
+	return nil
 }
 
 // String renders a human summary.
 func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "placed in region %s, cluster %s, POP %s\n", r.Region, r.Cluster, r.POP)
+	if r.Turns != nil {
+		fmt.Fprintf(&b, "setup:  signaling %.1f ms, ICE connected %.1f ms, DTLS connected %.1f ms\n", r.SignalingMs, r.ICEMs, r.DTLSMs)
+		fmt.Fprintf(&b, "events: first in %.1f ms\n", r.EventReplyMs)
+		writeTurns(&b, r.Turns)
+		if r.Undecoded > 0 {
+			fmt.Fprintf(&b, "audio:  %d frames received did not decode\n", r.Undecoded)
+		}
+		return b.String()
+	}
 	fmt.Fprintf(&b, "setup:  signaling %.1f ms, ICE connected %.1f ms, DTLS connected %.1f ms, first echo %.1f ms\n",
 		r.SignalingMs, r.ICEMs, r.DTLSMs, r.FirstEchoMs)
 	fmt.Fprintf(&b, "audio:  RTT p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, jitter %.2f ms\n", r.RTTP50Ms, r.RTTP90Ms, r.RTTP99Ms, r.JitterMs)

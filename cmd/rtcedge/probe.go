@@ -32,6 +32,8 @@ func runProbe(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON: the report (one-shot, load) or one object per call (continuous)")
 	setupTimeout := fs.Duration("setup-timeout", probe.DefaultSetupTimeout, "bound on each call's setup, offer to first echo")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
+	turns := fs.Int("turns", 0, "one-shot and continuous: talk instead of echo (docs/probe.md): this many turns, then a barge-in turn; measures each reply (works against the echo and the Realtime backends)")
+	speech := fs.Duration("speech", time.Second, "with -turns: how long each turn talks")
 
 	interval := fs.Duration("interval", 0, "continuous mode: place a call every interval (e.g. 30s)")
 	count := fs.Int("count", 0, "continuous mode: stop after this many calls (0 = until interrupted)")
@@ -60,6 +62,12 @@ func runProbe(ctx context.Context, args []string) error {
 		return err
 	}
 	call := probe.Config{SignalingURL: *url, Path: *path, Token: *tok, Transport: *transport, Logger: log}
+	if *turns > 0 {
+		if *sessions > 0 {
+			return errors.New("-turns needs one-shot or continuous mode, not load (-sessions)")
+		}
+		call.Talk = &probe.TalkConfig{Turns: *turns, Speech: *speech}
+	}
 	switch {
 	case *sessions > 0:
 		return probeLoad(ctx, probe.LoadConfig{Call: call, Sessions: *sessions, Duration: *dur, Ramp: *ramp, SetupTimeout: *setupTimeout}, *asJSON, *htmlOut)
@@ -177,6 +185,8 @@ func probeContinuous(ctx context.Context, cfg probe.ContinuousConfig, metricsAdd
 			_ = json.NewEncoder(os.Stdout).Encode(line)
 		case err != nil:
 			fmt.Printf("%s  FAIL %s: %v\n", now, probe.FailureReason(err), err)
+		case r.Turns != nil:
+			fmt.Printf("%s  ok   %s/%s/%s  signaling %.1f ms  DTLS %.1f ms  %s\n", now, r.Region, r.POP, r.Cluster, r.SignalingMs, r.DTLSMs, probe.TurnSummary(r.Turns))
 		default:
 			fmt.Printf("%s  ok   %s/%s/%s  signaling %.1f ms  first echo %.1f ms  rtt p50 %.2f ms p99 %.2f ms  jitter %.2f ms  loss %.2f%%\n",
 				now, r.Region, r.POP, r.Cluster, r.SignalingMs, r.FirstEchoMs, r.RTTP50Ms, r.RTTP99Ms, r.JitterMs, 100*r.LossRatio)

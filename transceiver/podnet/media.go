@@ -395,8 +395,12 @@ func (mp *Media) readRTCP(b []byte, now time.Time) {
 		for i := 0; i < count && len(blocks) >= 24; i++ {
 			blk := blocks[:24]
 			blocks = blocks[24:]
+			if binary.BigEndian.Uint32(blk) != mp.ssrc {
+				continue
+			}
+			mp.sock.m.quality.observeBlock(true, blk)
 			lsr, dlsr := binary.BigEndian.Uint32(blk[16:]), binary.BigEndian.Uint32(blk[20:])
-			if binary.BigEndian.Uint32(blk) != mp.ssrc || lsr == 0 {
+			if lsr == 0 {
 				continue
 			}
 			// RFC 3550 §6.4.1: A − LSR − DLSR, in 1/65536 s.
@@ -470,6 +474,9 @@ func (mp *Media) sendReport(now time.Time) {
 		block = mp.recv.block(blk[:0], mp.lastSR, mp.lastSRAt, now.UnixNano())
 	}
 	mp.inMu.Unlock()
+	if block != nil {
+		mp.sock.m.quality.observeBlock(false, block)
+	}
 
 	mp.txMu.Lock()
 	defer mp.txMu.Unlock()

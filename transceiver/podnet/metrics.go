@@ -93,6 +93,7 @@ type Metrics struct {
 	gap           *prometheus.HistogramVec
 	reportsSent   prometheus.Counter
 	clientRTT     prometheus.Histogram
+	quality       quality
 }
 
 // NewMetrics makes the packet layer's metrics, unregistered.
@@ -130,6 +131,7 @@ func NewMetrics() *Metrics {
 			Buckets: []float64{.005, .01, .02, .03, .05, .075, .1, .15, .2, .3, .5, 1, 2},
 		}),
 	}
+	m.quality = newQuality()
 	for _, c := range []string{CauseAddress, CausePOP, causeICERestart} {
 		m.gap.WithLabelValues(c)
 	}
@@ -140,8 +142,9 @@ func NewMetrics() *Metrics {
 
 // Collectors are the metrics to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut, m.writeErrors, m.routes,
-		m.reachProbes, m.reachProven, m.unprovenBytes, m.followRetries, m.mediaProbes, m.mediaFollows, m.gap, m.reportsSent, m.clientRTT}
+	return append([]prometheus.Collector{m.dropVec, m.packetsIn, m.packetsOut, m.bytesIn, m.bytesOut, m.writeErrors, m.routes,
+		m.reachProbes, m.reachProven, m.unprovenBytes, m.followRetries, m.mediaProbes, m.mediaFollows, m.gap, m.reportsSent, m.clientRTT},
+		m.quality.collectors()...)
 }
 
 func (m *Metrics) drop(r dropReason) { m.drops.Inc(r) }
