@@ -189,8 +189,8 @@ type World struct {
 	SignalingPool *membership.Pool
 	Signaling     *signaling.Node
 
-	cfg        Config
-	log        *slog.Logger
+	cfg Config
+	log *slog.Logger
 	// auth holds the clusters' authority secrets (random per world), as
 	// production's relays do: relays get them, every pod only the keys
 	// issued for it (internal/authority).
