@@ -10,10 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/node/nodetest"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/internal/testmetrics"
 )
 
 // testAuthority returns cluster secrets of clusters from a fresh root.
@@ -156,5 +161,105 @@ func TestFrontRefusesAnswerInAnotherPodsName(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("an answer in another pod's name got %d through the front, want 503", resp.StatusCode)
+	}
+}
+
+// TestNodeAdmitsOnlyProvenMembers: a cluster relay node with the
+// authority, on real gossip: an honest pod proving its own ID is in the
+// directory; a compromised pod's member under an unused ID and its member
+// announcing itself a cluster relay are refused (counted), by the relay
+// and, for the relay role, by the honest pod, which takes the real relay
+// for one.
+func TestNodeAdmitsOnlyProvenMembers(t *testing.T) {
+	root := make([]byte, authority.KeyLen)
+	if _, err := rand.Read(root); err != nil {
+		t.Fatal(err)
+	}
+	spec := authority.Spec(4, 1, authority.ClusterSecret(root, 4))
+	sec, err := authority.Parse([]string{spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func(name string, meta membership.Meta, k authority.PodKeys, check bool, seed string) *membership.Pool {
+		prove, err := k.Prove()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := membership.Config{Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"), AllowInsecure: true, Fast: true,
+			Logger: quiet, Prove: prove}
+		if check {
+			if cfg.CheckMember, err = k.CheckMember(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := membership.New(cfg, meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		if seed != "" {
+			if _, err := p.Join([]string{seed}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p
+	}
+	honestKeys, _ := sec.Pod(4, 1)
+	evilKeys, _ := sec.Pod(4, 2)
+	podMeta := func(pod uint16) membership.Meta {
+		return membership.Meta{Role: membership.RoleTransceiver, Cluster: 4, Pod: pod,
+			Data: netip.MustParseAddrPort("127.0.0.1:9"), API: "http://127.0.0.1:9", Capacity: 10}
+	}
+	honest := join("transceiver-0", podMeta(1), honestKeys, true, "")
+	seed := honest.LocalAddr().String()
+
+	reg := prometheus.NewRegistry()
+	cfg := Config{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", Authority: node.Authority{Keys: []string{spec}},
+		ClusterGossip: nodetest.Gossip("cr", seed), GlobalGossip: nodetest.Gossip("cr", "")}
+	s, err := OpenSockets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := NewNode(cfg, s, node.Env{Logger: quiet, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodetest.Run(t, n)
+	nodetest.Await(t, "the relay to admit the honest pod", func() bool { return len(n.Directory().PodInfos()) == 1 })
+	nodetest.Await(t, "the honest pod to take the relay for one", func() bool {
+		for _, m := range honest.Members() {
+			if m.Meta.Role == membership.RoleClusterRelay {
+				return true
+			}
+		}
+		return false
+	})
+
+	join("evil-40", podMeta(40), evilKeys, false, seed)
+	join("evil-relay", membership.Meta{Role: membership.RoleClusterRelay, Cluster: 4, Data: netip.MustParseAddrPort("127.0.0.1:9")}, evilKeys, false, seed)
+	refused := func() float64 {
+		for k, v := range testmetrics.Take(t, reg) {
+			if strings.HasPrefix(k, "rtcedge_membership_meta_decode_errors_total") && strings.Contains(k, "pool=cluster") {
+				return v
+			}
+		}
+		return 0
+	}
+	nodetest.Await(t, "the relay to refuse both evil members", func() bool { return refused() >= 2 })
+	nodetest.Await(t, "the honest pod to see the evil pod member", func() bool {
+		for _, m := range honest.Members() {
+			if m.Name == "evil-40" {
+				return true
+			}
+		}
+		return false
+	})
+	if infos := n.Directory().PodInfos(); len(infos) != 1 || infos[0].ID != 1 {
+		t.Errorf("directory %+v, want pod 1 only", infos)
+	}
+	for _, m := range honest.Members() {
+		if m.Name == "evil-relay" {
+			t.Errorf("the honest pod admitted %s (%s)", m.Name, m.Meta.Role)
+		}
 	}
 }
