@@ -114,7 +114,7 @@ func (k *Keyring) Seal(pkt []byte, hl int) {
 // Verify authenticates the datagram pkt whose header Decode parsed as
 // pkt[:hl]: the key ID must be one this keyring holds (ErrUnknownKey) and
 // the tag must match (ErrMAC). A nil keyring holds no key. Verify does not
-// allocate.
+// allocate, except to cache a derived pod key the first time it verifies.
 func (k *Keyring) Verify(pkt []byte, hl int) error {
 	if k == nil || hl < MinLen || hl > len(pkt) {
 		return ErrUnknownKey

@@ -205,7 +205,9 @@ func (k *Keyring) Encode(t Token) (string, error) {
 // Verify decodes and authenticates a ufrag. It checks, in order: length,
 // alphabet, version, key ID, MAC, cluster ID; the first failure is returned
 // as the bare sentinel (ErrLength, ErrAlphabet, ErrVersion, ErrUnknownKey,
-// ErrMAC, ErrCluster). Verify does not allocate and does not retain ufrag.
+// ErrMAC, ErrCluster). Verify does not retain ufrag, and does not allocate
+// once the key it needs is known: a static key, or a derived pod key
+// cached by an earlier token of that pod (the first one allocates it).
 func (k *Keyring) Verify(ufrag []byte) (Token, error) {
 	if len(ufrag) != EncodedLen {
 		return Token{}, ErrLength
