@@ -148,8 +148,8 @@ func (s *Secrets) ids(cluster uint16) []uint8 {
 }
 
 // TokenKeyring returns static (nil: none) with every held cluster's token
-// masters added as derived IDs; the minting ID is the current ID of the
-// cluster listed first... of the lowest cluster (a relay does not mint).
+// masters added as derived IDs. Its minting ID is the lowest cluster's
+// current ID; relays, its users, verify and never mint.
 func (s *Secrets) TokenKeyring(static *token.Keyring) (*token.Keyring, error) {
 	masters := map[uint8]map[uint16][]byte{}
 	for c, ids := range s.by {
