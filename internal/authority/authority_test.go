@@ -307,3 +307,41 @@ func BenchmarkVerifyDerived(b *testing.B) {
 		}
 	}
 }
+
+// TestDerivedKeysDoNotAllocate: once a pod's key has verified one token
+// and one header, verifying and sealing under its derived keys allocates
+// nothing (relays' per-packet and per-check paths), and a forged header
+// neither allocates nor enters the cache.
+func TestDerivedKeysDoNotAllocate(t *testing.T) {
+	w := newWorld(t, 3)
+	podTok, podHop := podRings(t, issue(t, w, 3, 9))
+	s, err := podTok.Mint(3, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ufrag := []byte(s)
+	h := encap.Header{ToClient: true, Cluster: 3, Pod: 9, POP: 1,
+		Client: netip.MustParseAddrPort("198.51.100.7:5000"), Ingress: netip.MustParseAddrPort("10.1.0.1:7200")}
+	buf := make([]byte, 200)
+	hl, _ := h.Put(buf)
+	pkt := buf[:hl+100]
+	podHop.Seal(pkt, hl)
+	if _, err := w.tok.Verify(ufrag); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.hop.Verify(pkt, hl); err != nil {
+		t.Fatal(err)
+	}
+	forged := append([]byte(nil), pkt...)
+	forged[7] = 10 // names pod 10, sealed with pod 9's key
+	for what, f := range map[string]func(){
+		"token verify":  func() { _, _ = w.tok.Verify(ufrag) },
+		"header verify": func() { _ = w.hop.Verify(pkt, hl) },
+		"header seal":   func() { w.hop.Seal(pkt, hl) },
+		"forged header": func() { _ = w.hop.Verify(forged, hl) },
+	} {
+		if n := testing.AllocsPerRun(100, f); n != 0 {
+			t.Errorf("%s: %.0f allocs", what, n)
+		}
+	}
+}
