@@ -2,6 +2,7 @@ package authority
 
 import (
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -343,5 +344,62 @@ func TestDerivedKeysDoNotAllocate(t *testing.T) {
 		if n := testing.AllocsPerRun(100, f); n != 0 {
 			t.Errorf("%s: %.0f allocs", what, n)
 		}
+	}
+}
+
+// TestMigrationFromSharedKeys: during the migration (docs/operations.md)
+// a relay holds the shared keys (ID 1) and the authority (ID 2) in one
+// keyring: it verifies tokens and headers of pods on either, and seals
+// with the authority's ID, which a migrating pod (its own keys first, the
+// shared ones appended) verifies.
+func TestMigrationFromSharedKeys(t *testing.T) {
+	w := newWorld(t, 3) // authority under key ID 2
+	sharedTok := make([]byte, token.KeyLen)
+	sharedHop := make([]byte, encap.KeyLen)
+	_, _ = rand.Read(sharedTok)
+	_, _ = rand.Read(sharedHop)
+	legacyTok, err := token.NewKeyring(1, map[uint8][]byte{1: sharedTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacyHop, err := encap.NewKeyring(1, map[uint8][]byte{1: sharedHop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayTok, err := w.sec.TokenKeyring(legacyTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayHop, err := w.sec.HopKeyring(3, legacyHop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := issue(t, w, 3, 4)
+	k.Token = append(k.Token, "1:"+base64.StdEncoding.EncodeToString(sharedTok))
+	k.Hop = append(k.Hop, "3/1:"+base64.StdEncoding.EncodeToString(sharedHop))
+	podTok, podHop := podRings(t, k)
+	for name, kr := range map[string]*token.Keyring{"legacy pod": legacyTok, "migrating pod": podTok} {
+		s, err := kr.Mint(3, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := relayTok.Verify([]byte(s)); err != nil {
+			t.Errorf("%s's token at the migrating relay: %v", name, err)
+		}
+	}
+	h := encap.Header{Cluster: 3, Pod: 4, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:5000"), Ingress: netip.MustParseAddrPort("10.1.0.1:7200")}
+	buf := make([]byte, 200)
+	hl, _ := h.Put(buf)
+	pkt := buf[:hl+10]
+	relayHop.Seal(pkt, hl)
+	if pkt[2] != 2 {
+		t.Errorf("the relay seals with key ID %d, want the authority's 2", pkt[2])
+	}
+	if err := podHop.Verify(pkt, hl); err != nil {
+		t.Errorf("the migrating pod does not verify the relay's header: %v", err)
+	}
+	legacyHop.Seal(pkt, hl)
+	if err := relayHop.Verify(pkt, hl); err != nil {
+		t.Errorf("a legacy pod's header at the migrating relay: %v", err)
 	}
 }
