@@ -155,6 +155,9 @@ const EnvPodKeys = "RTCEDGE_POD_KEYS"
 // replace Token, HopKeys and the session API secret, and set Pod when it
 // is unset (Validate checks that they are this pod's).
 func (c *Config) UsePodKeys(k authority.PodKeys) error {
+	if len(k.Token) == 0 || len(k.Hop) == 0 || len(k.SessionAPI) == 0 {
+		return errors.New("pod_keys: token, hop and session_api keys are required")
+	}
 	id, _, err := token.ParseKeySpec(k.Token[0])
 	if err != nil {
 		return fmt.Errorf("pod_keys: %w", err)
