@@ -243,6 +243,30 @@ func BenchmarkDecide(b *testing.B) {
 			}
 		}
 	})
+	// The same with the deployment authority: the relay derives the
+	// header's pod's key (cached after the first datagram) and the pod
+	// sealed with its own.
+	sec := testAuthority(b, 5)
+	derived, err := sec.HopKeyring(5, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	podKeys, _ := sec.Pod(5, 1)
+	podHop, err := encap.ParseClusterKeys(podKeys.Hop)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pd := seal(b, podHop.For(5), h, string(make([]byte, 120)))
+	b.Run("authenticated-per-pod-key", func(b *testing.B) {
+		r.SetHopKeys(derived)
+		defer r.SetHopKeys(testHop)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, ok := r.decide(pd, len(pd), from); !ok {
+				b.Fatal("dropped")
+			}
+		}
+	})
 	b.Run("baseline-unauthenticated", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

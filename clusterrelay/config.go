@@ -41,9 +41,16 @@ type Config struct {
 	// Defaults: batches of 32 on an event loop.
 	udpio.Tuning `yaml:",inline"`
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
-	HopKeys       node.HopKeys `yaml:"hop_keys"`
-	ClusterGossip node.Gossip  `yaml:"cluster_gossip"`
-	GlobalGossip  node.Gossip  `yaml:"global_gossip"`
+	HopKeys node.HopKeys `yaml:"hop_keys"`
+	// Authority is this cluster's authority secret (prefer
+	// $RTCEDGE_AUTHORITY_KEYS): with it the relay derives every pod's hop
+	// key from the header's pod, admits to the cluster pool only members
+	// proven by it (pods by their own key, relays by the relay key), and
+	// presents each pod its own session API credential. HopKeys are then
+	// optional (a migration keeps both, docs/operations.md).
+	Authority     node.Authority `yaml:"authority"`
+	ClusterGossip node.Gossip    `yaml:"cluster_gossip"`
+	GlobalGossip  node.Gossip    `yaml:"global_gossip"`
 	// SessionAPISecret is the cluster's session API bearer secret, required
 	// from signaling and presented to the pods; empty: none.
 	SessionAPISecret string `yaml:"session_api_secret"`
@@ -69,6 +76,7 @@ func (c *Config) ApplyEnv() error {
 	c.ClusterGossip.ApplyEnv()
 	c.GlobalGossip.ApplyEnv()
 	c.HopKeys.ApplyEnv()
+	c.Authority.ApplyEnv()
 	return nil
 }
 
@@ -76,6 +84,25 @@ func (c *Config) ApplyEnv() error {
 func (c *Config) Defaults() {
 	c.Common.Defaults()
 	c.Tuning.Defaults()
+}
+
+// hopKeyring builds the relay's keyring from HopKeys and Authority (it is
+// also their validation).
+func (c *Config) hopKeyring() (*encap.Keyring, error) {
+	sec, err := c.Authority.Secrets()
+	if err != nil || sec == nil {
+		if err == nil {
+			return c.HopKeys.Keyring(c.Cluster)
+		}
+		return nil, err
+	}
+	var static *encap.Keyring
+	if c.HopKeys.Set() {
+		if static, err = c.HopKeys.Keyring(c.Cluster); err != nil {
+			return nil, err
+		}
+	}
+	return sec.HopKeyring(c.Cluster, static)
 }
 
 // Validate checks c after Defaults.
@@ -88,7 +115,7 @@ func (c *Config) Validate() error {
 		c.ClusterGossip.Validate("cluster_gossip"),
 		c.GlobalGossip.Validate("global_gossip"),
 	}
-	if _, err := c.HopKeys.Keyring(c.Cluster); err != nil {
+	if _, err := c.hopKeyring(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Cluster == 0 {

@@ -101,7 +101,8 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if _, data, err = node.DataSocket(s.Data, "", cfg.DataAdvertise, env.Logger); err != nil {
 		return nil, err
 	}
-	cfg.Hop, _ = cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
+	cfg.Hop, _ = cfg.hopKeyring() // checked by Validate
+	auth, _ := cfg.Authority.Secrets()
 	cfg.Pods, cfg.Logger, cfg.Registerer, n.cfg = n.dir, env.Logger, env.Registerer, cfg
 	if n.relay, err = New(cfg, s.Data); err != nil {
 		return nil, err
@@ -110,14 +111,32 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	n.life.Go("relay", n.relay.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
 		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
-			n.relay.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+			hop := k.For(cfg.Cluster) // nil (no key for us) is ignored
+			if auth != nil {
+				var err error
+				if hop, err = auth.HopKeyring(cfg.Cluster, hop); err != nil {
+					env.Logger.Error("reloaded hop keys clash with the authority's; keeping the keys in use", "err", err)
+					return
+				}
+			}
+			n.relay.SetHopKeys(hop)
 		})
 	})
 	podClient, err := cfg.APITLS.Client(env.HTTPClient)
 	if err != nil {
 		return nil, err
 	}
-	front := NewFront(FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger})
+	fc := FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger}
+	if auth != nil {
+		fc.PodSecret = func(pod uint16) string { return auth.SessionAPICredential(cfg.Cluster, pod) }
+		if cfg.ClusterGossip.Prove, err = auth.RelayProve(cfg.Cluster); err != nil {
+			return nil, err
+		}
+		if cfg.ClusterGossip.CheckMember, err = auth.CheckMember(cfg.Cluster); err != nil {
+			return nil, err
+		}
+	}
+	front := NewFront(fc)
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func (f *Front) toSessionPod(w http.ResponseWriter, r *http.Request, method stri
 		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 		return
 	}
-	status, hdr, resp, err := f.forward(r.Context(), method, api+sessionapi.SessionsPath+"/"+raw, body)
+	status, hdr, resp, err := f.forward(r.Context(), id.Pod, method, api+sessionapi.SessionsPath+"/"+raw, body)
 	switch {
 	case err != nil && !live:
 		// Gossip had dropped the pod and it does not answer: it is gone,

@@ -14,6 +14,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
 // The cluster's session API front. Signaling knows one session API per
@@ -49,6 +50,11 @@ type FrontConfig struct {
 	// requires it from signaling and presents it to the pods. Empty: no
 	// credentials either way (dev worlds and tests).
 	Secret string
+	// PodSecret, when set, is the credential presented to each pod in
+	// place of Secret: its own, derived by the deployment authority
+	// (internal/authority), so that no pod ever sees the cluster's secret
+	// or a credential another pod accepts.
+	PodSecret func(pod uint16) string
 }
 
 // Front serves the cluster's session API.
@@ -122,7 +128,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		if i > 0 {
 			f.placer.reserve(p.ID)
 		}
-		status, hdr, resp, err := f.forward(r.Context(), http.MethodPost, p.API+sessionsPath, body)
+		status, hdr, resp, err := f.forward(r.Context(), p.ID, http.MethodPost, p.API+sessionsPath, body)
 		if err != nil {
 			f.placer.done(p.ID, false)
 			f.log.Warn("pod session API failed", "pod", p.ID, "err", err)
@@ -138,6 +144,13 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 			f.placer.done(p.ID, false)
 			continue
 		}
+		if status == http.StatusCreated && !answersAs(resp, f.cfg.Cluster, p.ID) {
+			// A pod answers only in its own name: an answer naming
+			// another pod would send the call's later requests there.
+			f.log.Warn("pod answered in another pod's name; refused", "pod", p.ID)
+			f.placer.done(p.ID, false)
+			continue
+		}
 		f.placer.done(p.ID, status == http.StatusCreated)
 		copyResponse(w, status, hdr, resp)
 		return
@@ -149,7 +162,21 @@ func (f *Front) delete(w http.ResponseWriter, r *http.Request) {
 	f.toSessionPod(w, r, http.MethodDelete, nil)
 }
 
-func (f *Front) forward(ctx context.Context, method, url string, body []byte) (int, http.Header, []byte, error) {
+// answersAs reports whether a 201 body is a session of (cluster, pod):
+// its session ID names them (later requests are routed by it), and so do
+// its cluster and pod fields when present.
+func answersAs(body []byte, cluster, pod uint16) bool {
+	var cr sessionapi.CreateResponse
+	if json.Unmarshal(body, &cr) != nil || (cr.Cluster != 0 && cr.Cluster != cluster) || (cr.Pod != 0 && cr.Pod != pod) {
+		return false
+	}
+	id, err := sessionid.Parse(cr.ID)
+	return err == nil && id.Cluster == cluster && id.Pod == pod
+}
+
+// forward sends a request to pod at url with the credential the pod
+// accepts (FrontConfig.PodSecret, else Secret).
+func (f *Front) forward(ctx context.Context, pod uint16, method, url string, body []byte) (int, http.Header, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(url, "/"), bytes.NewReader(body))
@@ -159,7 +186,11 @@ func (f *Front) forward(ctx context.Context, method, url string, body []byte) (i
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	sessionapi.Authorize(req, f.cfg.Secret)
+	secret := f.cfg.Secret
+	if f.cfg.PodSecret != nil {
+		secret = f.cfg.PodSecret(pod)
+	}
+	sessionapi.Authorize(req, secret)
 	resp, err := f.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return 0, nil, nil, err

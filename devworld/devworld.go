@@ -36,13 +36,12 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/globalrelay"
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/config"
-	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
-	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/signaling"
 	"github.com/rtcedge/rtcedge/transceiver"
 )
@@ -190,10 +189,13 @@ type World struct {
 	SignalingPool *membership.Pool
 	Signaling     *signaling.Node
 
-	cfg        Config
-	log        *slog.Logger
-	keys       node.TokenKeys
-	hop        node.HopKeys            // one inter-tier key per cluster, as production has
+	cfg Config
+	log *slog.Logger
+	// auth holds the clusters' authority secrets (random per world), as
+	// production's relays do: relays get them, every pod only the keys
+	// issued for it (internal/authority).
+	auth       *authority.Secrets
+	authKeys   node.Authority
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
 	backend    string                  // the network backend's address, if any
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
@@ -320,9 +322,16 @@ func cmp(v, def int) int {
 func (w *World) start() error {
 	cfg := w.cfg
 	w.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	w.keys = node.TokenKeys{Keys: []string{"1:" + randomKey(token.KeyLen, base64.StdEncoding)}}
+	root := make([]byte, authority.KeyLen)
+	if _, err := rand.Read(root); err != nil {
+		return err
+	}
 	for _, spec := range cfg.Regions {
-		w.hop.Keys = append(w.hop.Keys, fmt.Sprintf("%d/1:%s", spec.Cluster, randomKey(encap.KeyLen, base64.StdEncoding)))
+		w.authKeys.Keys = append(w.authKeys.Keys, authority.Spec(spec.Cluster, 1, authority.ClusterSecret(root, spec.Cluster)))
+	}
+	var err error
+	if w.auth, err = w.authKeys.Secrets(); err != nil {
+		return err
 	}
 	if cfg.NetBackend {
 		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
@@ -409,9 +418,17 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	cfg := transceiver.Config{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
-		BackendAddr: w.backend, Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, clusterSeed),
+		BackendAddr: w.backend, Gossip: w.gossip(name, clusterSeed),
 		BackendURL: w.cfg.BackendURL, BackendProtocol: w.cfg.BackendProtocol, BackendRate: w.cfg.BackendRate,
-		SessionAPISecretSHA256: sessionapi.SecretHash(w.apiSecrets[spec.Cluster]), APITLS: w.apiTLS,
+		APITLS: w.apiTLS,
+	}
+	// The pod holds only what the issuer derives for it, as in production.
+	keys, err := w.auth.Pod(spec.Cluster, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.UsePodKeys(keys); err != nil {
+		return nil, err
 	}
 	env := w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id)))
 	b, err := cfg.NewBackend(os.Getenv, w.cfg.Logger, env.Registerer)
@@ -431,6 +448,18 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	return p, nil
 }
 
+// authOf is the authority config of cluster's relays: its secret only.
+func (w *World) authOf(cluster uint16) node.Authority {
+	prefix := strconv.Itoa(int(cluster)) + "/"
+	var a node.Authority
+	for _, k := range w.authKeys.Keys {
+		if strings.HasPrefix(k, prefix) {
+			a.Keys = append(a.Keys, k)
+		}
+	}
+	return a
+}
+
 func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) (*ClusterRelay, error) {
 	return w.startClusterRelayGen(spec, i, 1, clusterSeed, w.globalSeed)
 }
@@ -439,7 +468,7 @@ func (w *World) startClusterRelayGen(spec RegionSpec, i, gen int, clusterSeed, g
 	name := crName(spec, i, gen)
 	cfg := clusterrelay.Config{
 		Region: spec.Name, Cluster: spec.Cluster, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		HopKeys: w.hop, ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, globalSeed),
+		Authority: w.authOf(spec.Cluster), ClusterGossip: w.gossip(name, clusterSeed), GlobalGossip: w.gossip(name, globalSeed),
 		SessionAPISecret: w.apiSecrets[spec.Cluster],
 		APITLS:           sessionapi.TLS{Cert: w.apiTLS.Cert, Key: w.apiTLS.Key, CA: w.apiCA.CA},
 	}
@@ -480,7 +509,7 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	cfg := globalrelay.Config{
 		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1", TCPAddr: tcp.String(),
 		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
-		Token: w.keys, HopKeys: w.hop, Gossip: w.gossip(name, w.globalSeed), CacheStore: store,
+		Authority: w.authKeys, Gossip: w.gossip(name, w.globalSeed), CacheStore: store,
 	}
 	s, err := globalrelay.OpenSockets(cfg)
 	if err != nil {

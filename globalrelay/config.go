@@ -90,7 +90,14 @@ type Config struct {
 	// HopKeys are the inter-tier keys of every cluster this POP serves;
 	// prefer $RTCEDGE_HOP_KEYS.
 	HopKeys node.HopKeys `yaml:"hop_keys"`
-	Gossip  node.Gossip  `yaml:"gossip"` // the global pool
+	// Authority are the authority secrets of the clusters this POP serves
+	// (prefer $RTCEDGE_AUTHORITY_KEYS): with them the relay derives the
+	// token and hop key of the pod a token or header names, so no pod can
+	// speak for another, and seals route-cache entries with a key pods do
+	// not hold. Token and HopKeys are then optional (a migration keeps
+	// both, docs/operations.md).
+	Authority node.Authority `yaml:"authority"`
+	Gossip    node.Gossip    `yaml:"gossip"` // the global pool
 
 	// Not in the file: tuning that tests and benchmarks set.
 
@@ -166,6 +173,7 @@ func (c *Config) tcpAddr() (ap netip.AddrPort, ok bool, err error) {
 func (c *Config) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
 	c.HopKeys.ApplyEnv()
+	c.Authority.ApplyEnv()
 	if env := os.Getenv(EnvRedisURL); env != "" {
 		c.RedisURL = env
 	}
@@ -234,10 +242,10 @@ func (c *Config) Validate() error {
 		node.NotNegative("tcp.max_pending", c.TCP.MaxPending), node.NotNegative("tcp.write_queue", c.TCP.WriteQueue),
 		node.NotNegative("tcp.handshake_timeout", c.TCP.HandshakeTimeout), node.NotNegative("tcp.idle_timeout", c.TCP.IdleTimeout),
 		node.NotNegative("tcp.write_timeout", c.TCP.WriteTimeout))
-	if _, err := c.Token.Keyring(); err != nil {
+	if _, err := c.tokenKeyring(); err != nil {
 		errs = append(errs, err)
 	}
-	if hop, err := c.HopKeys.ClusterKeys(); err != nil {
+	if hop, err := c.clusterKeys(); err != nil {
 		errs = append(errs, err)
 	} else {
 		for _, cl := range c.Clusters {
@@ -253,6 +261,44 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("globalrelay config: %w", err)
 	}
 	return nil
+}
+
+// tokenKeyring builds the token keyring from Token and Authority (it is
+// also their validation).
+func (c *Config) tokenKeyring() (*token.Keyring, error) {
+	sec, err := c.Authority.Secrets()
+	if err != nil || sec == nil {
+		if err == nil {
+			return c.Token.Keyring()
+		}
+		return nil, err
+	}
+	var static *token.Keyring
+	if len(c.Token.Keys) > 0 {
+		if static, err = c.Token.Keyring(); err != nil {
+			return nil, err
+		}
+	}
+	return sec.TokenKeyring(static)
+}
+
+// clusterKeys builds the hop keys from HopKeys and Authority (it is also
+// their validation).
+func (c *Config) clusterKeys() (*encap.ClusterKeys, error) {
+	sec, err := c.Authority.Secrets()
+	if err != nil || sec == nil {
+		if err == nil {
+			return c.HopKeys.ClusterKeys()
+		}
+		return nil, err
+	}
+	var static *encap.ClusterKeys
+	if c.HopKeys.Set() {
+		if static, err = c.HopKeys.ClusterKeys(); err != nil {
+			return nil, err
+		}
+	}
+	return sec.ClusterKeys(static)
 }
 
 // internal parses InternalAddr: IP or IP:port.

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -126,8 +127,9 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.served, err = cfg.servedClusters(); err != nil {
 		return nil, err
 	}
-	cfg.Keys, _ = cfg.Token.Keyring()      // checked by Validate
-	cfg.Hop, _ = cfg.HopKeys.ClusterKeys() // checked by Validate
+	cfg.Keys, _ = cfg.tokenKeyring() // checked by Validate
+	cfg.Hop, _ = cfg.clusterKeys()   // checked by Validate
+	auth, _ := cfg.Authority.Secrets()
 	cfg.Directory, cfg.Logger, cfg.Registerer, cfg.Now = n.clusters, env.Logger, env.Registerer, env.Now
 	var cache routecache.Cache
 	ccfg := routecache.Config{Logger: env.Logger, Registerer: env.Registerer,
@@ -184,7 +186,16 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
 	n.life.Go("hop keys", func(ctx context.Context) error {
-		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, n.relay.SetHopKeys)
+		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
+			if auth != nil {
+				var err error
+				if k, err = auth.ClusterKeys(k); err != nil {
+					env.Logger.Error("reloaded hop keys clash with the authority's; keeping the keys in use", "err", err)
+					return
+				}
+			}
+			n.relay.SetHopKeys(k)
+		})
 	})
 	return n, nil
 }

@@ -399,18 +399,31 @@ func TestImageScheme(t *testing.T) {
 // gossip pool has its own key.
 func TestDataPlaneRolesGetHopKeys(t *testing.T) {
 	got := map[string][]string{} // role -> its secret keys
+	issuer := map[string]bool{}  // role -> has a key issuer
 	for _, dir := range []string{"modules/pop", "modules/region"} {
 		_, byName := roles(t, loadTree(t), dir)
 		for name, r := range byName {
 			for _, k := range r.ctx.Variables["var"].GetAttr("secret_keys").AsValueSlice() {
 				got[name] = append(got[name], k.AsString())
 			}
+			issuer[name] = !r.ctx.Variables["var"].GetAttr("key_issuer").IsNull()
 		}
 	}
-	for _, role := range []string{"globalrelay", "transceiver", "clusterrelay"} {
-		if !slices.Contains(got[role], "RTCEDGE_HOP_KEYS") {
-			t.Errorf("%s's secret_keys %q lack RTCEDGE_HOP_KEYS", role, got[role])
+	// Relays derive every pod's keys from the cluster authority secret; a
+	// transceiver gets only its own keys, from its init container, and
+	// neither the secret nor shared token or hop keys.
+	for _, role := range []string{"globalrelay", "clusterrelay"} {
+		if !slices.Contains(got[role], "RTCEDGE_AUTHORITY_KEYS") {
+			t.Errorf("%s's secret_keys %q lack RTCEDGE_AUTHORITY_KEYS", role, got[role])
 		}
+	}
+	for _, k := range []string{"RTCEDGE_AUTHORITY_KEYS", "RTCEDGE_TOKEN_KEYS", "RTCEDGE_HOP_KEYS"} {
+		if slices.Contains(got["transceiver"], k) {
+			t.Errorf("transceivers get %s: a pod must hold only its own keys", k)
+		}
+	}
+	if !issuer["transceiver"] {
+		t.Error("transceivers have no key issuer: they would start without keys")
 	}
 	// A pool's key per pool: a transceiver (the most exposed code) never
 	// holds the global pool's key.

@@ -41,8 +41,9 @@ const CreateTimeout = 5 * time.Second
 //	GET    /internal/v1/status          load and state
 //	GET    /livez, /readyz              liveness; readiness is 503 while draining
 //
-// With Config.SessionAPISecret (or its SHA256) set, all but /livez and /readyz need it as
-// a bearer token (401 otherwise).
+// With Config.PodKeys, all but /livez and /readyz need the pod's own
+// session API credential as a bearer token (401 otherwise); else
+// Config.SessionAPISecret (or its SHA256) when set.
 func (t *Transceiver) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+SessionsPath, t.handleCreate)
@@ -62,6 +63,9 @@ func (t *Transceiver) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	if t.cfg.PodKeys != nil {
+		return sessionapi.RequireAnySecret(t.cfg.PodKeys.SessionAPI, mux)
+	}
 	if t.cfg.SessionAPISecretSHA256 != "" {
 		return sessionapi.RequireSecretHash(t.cfg.SessionAPISecretSHA256, mux)
 	}

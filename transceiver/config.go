@@ -19,6 +19,7 @@ import (
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/backend/netbackend"
 	"github.com/rtcedge/rtcedge/backend/realtime"
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -88,6 +89,14 @@ type Config struct {
 	// APITLS serves the session API over TLS (cert, key); the front
 	// verifies it with the cluster CA.
 	APITLS sessionapi.TLS `yaml:"api_tls"`
+	// PodKeysFile is the file the pod's key issuer wrote (prefer
+	// $RTCEDGE_POD_KEYS; internal/authority, docs/operations.md): the
+	// pod's own token, hop, gossip-proof and session API keys and its
+	// cluster's relay keys, derived for this pod only. It replaces token,
+	// hop_keys and session_api_secret(_sha256), and sets pod when unset.
+	PodKeysFile string `yaml:"pod_keys"`
+	// PodKeys are the keys read from PodKeysFile (UsePodKeys sets them).
+	PodKeys *authority.PodKeys `yaml:"-"`
 
 	// ICE consent: after DisconnectedTimeout without a packet from the
 	// client the session is "disconnected" (it still recovers), after
@@ -123,7 +132,44 @@ type Config struct {
 func (c *Config) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
 	c.HopKeys.ApplyEnv()
-	return c.Token.ApplyEnv()
+	if err := c.Token.ApplyEnv(); err != nil {
+		return err
+	}
+	if env := os.Getenv(EnvPodKeys); env != "" {
+		c.PodKeysFile = env
+	}
+	if c.PodKeysFile == "" {
+		return nil
+	}
+	k, err := authority.ReadPodKeys(c.PodKeysFile)
+	if err != nil {
+		return err
+	}
+	return c.UsePodKeys(k)
+}
+
+// EnvPodKeys names the pod keys file (Config.PodKeysFile).
+const EnvPodKeys = "RTCEDGE_POD_KEYS"
+
+// UsePodKeys configures the pod with the keys its issuer gave it: they
+// replace Token, HopKeys and the session API secret, and set Pod when it
+// is unset (Validate checks that they are this pod's).
+func (c *Config) UsePodKeys(k authority.PodKeys) error {
+	if len(k.Token) == 0 || len(k.Hop) == 0 || len(k.SessionAPI) == 0 {
+		return errors.New("pod_keys: token, hop and session_api keys are required")
+	}
+	id, _, err := token.ParseKeySpec(k.Token[0])
+	if err != nil {
+		return fmt.Errorf("pod_keys: %w", err)
+	}
+	c.PodKeys = &k
+	c.Token = node.TokenKeys{Keys: k.Token, Current: &id}
+	c.HopKeys = node.HopKeys{Keys: k.Hop}
+	c.SessionAPISecret, c.SessionAPISecretSHA256 = "", ""
+	if c.Pod == 0 {
+		c.Pod = k.Pod
+	}
+	return nil
 }
 
 // Defaults fills c's unset fields; Keys and Hop are built from Token
@@ -170,6 +216,9 @@ func (c *Config) Validate() error {
 	if c.Keys == nil {
 		_, err := c.Token.Keyring()
 		errs = append(errs, err)
+	}
+	if k := c.PodKeys; k != nil && (k.Cluster != c.Cluster || k.Pod != c.Pod) {
+		errs = append(errs, fmt.Errorf("pod_keys are pod %d of cluster %d's, not pod %d of cluster %d's", k.Pod, k.Cluster, c.Pod, c.Cluster))
 	}
 	if c.Hop == nil {
 		_, err := c.HopKeys.Keyring(c.Cluster)

@@ -85,6 +85,16 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	n.life.Serve("session API", api, node.NewHTTPServer(n.tr.Handler(), env.Logger))
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	cfg.Gossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{}) // believed only within bounds
+	if k := cfg.PodKeys; k != nil {
+		// The pod proves its own metadata and believes only relays the
+		// authority's relay key proves (internal/authority).
+		if cfg.Gossip.Prove, err = k.Prove(); err != nil {
+			return nil, err
+		}
+		if cfg.Gossip.CheckMember, err = k.CheckMember(); err != nil {
+			return nil, err
+		}
+	}
 	if n.pool, err = n.life.JoinPool(cfg.Gossip, "cluster", "", false, membership.Meta{
 		Role: membership.RoleTransceiver, Region: cfg.Region, Cluster: cfg.Cluster, Pod: cfg.Pod,
 		Data: n.data, API: n.apiURL, Capacity: n.tr.cfg.MaxSessions,

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -32,6 +33,7 @@ type hopKey struct{ k0, k1 uint64 }
 type Keyring struct {
 	current uint8
 	keys    [MaxKeyID + 1]*hopKey
+	derived *masterSet // per-pod keys of one cluster (derived.go); nil: none
 }
 
 // NewKeyring returns a keyring holding keys, signing with key ID current.
@@ -97,19 +99,47 @@ func (key *hopKey) tag(pkt []byte, hl int) uint64 {
 // not allocate.
 func (k *Keyring) Seal(pkt []byte, hl int) {
 	pkt[offKeyID] = k.current
+	if k.isDerived(k.current) {
+		pod := binary.BigEndian.Uint16(pkt[6:8])
+		key, cached := k.derived.podKey(k.current, pod)
+		binary.BigEndian.PutUint64(pkt[hl-TagLen:hl], key.tag(pkt, hl))
+		if !cached {
+			k.derived.remember(k.current, pod, key)
+		}
+		return
+	}
 	binary.BigEndian.PutUint64(pkt[hl-TagLen:hl], k.keys[k.current].tag(pkt, hl))
 }
 
 // Verify authenticates the datagram pkt whose header Decode parsed as
 // pkt[:hl]: the key ID must be one this keyring holds (ErrUnknownKey) and
 // the tag must match (ErrMAC). A nil keyring holds no key. Verify does not
-// allocate.
+// allocate, except to cache a derived pod key the first time it verifies.
 func (k *Keyring) Verify(pkt []byte, hl int) error {
 	if k == nil || hl < MinLen || hl > len(pkt) {
 		return ErrUnknownKey
 	}
 	id := pkt[offKeyID]
-	if id > MaxKeyID || k.keys[id] == nil {
+	if id > MaxKeyID {
+		return ErrUnknownKey
+	}
+	if k.isDerived(id) {
+		// The key of the pod the header names, of this keyring's cluster
+		// only: a header verifies only in its own pod's name.
+		if binary.BigEndian.Uint16(pkt[4:6]) != k.derived.cluster {
+			return ErrUnknownKey
+		}
+		pod := binary.BigEndian.Uint16(pkt[6:8])
+		key, cached := k.derived.podKey(id, pod)
+		if !tagEqual(key.tag(pkt, hl), binary.BigEndian.Uint64(pkt[hl-TagLen:hl])) {
+			return ErrMAC
+		}
+		if !cached {
+			k.derived.remember(id, pod, key)
+		}
+		return nil
+	}
+	if k.keys[id] == nil {
 		return ErrUnknownKey
 	}
 	if !tagEqual(k.keys[id].tag(pkt, hl), binary.BigEndian.Uint64(pkt[hl-TagLen:hl])) {
@@ -190,20 +220,31 @@ func routeInput(client netip.AddrPort, cluster, pod uint16, token [6]byte, store
 // entry client → (cluster, pod, token), written at stored (unix seconds),
 // under the cluster's current key. The time is covered so that a reader
 // can refuse old entries replayed by whoever can write to the cache.
+// Under a derived key ID the tag is made with the cluster's route-cache
+// key, which relays hold and pods do not.
 func (k *Keyring) SealRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32) (keyID uint8, tag uint64) {
 	in := routeInput(client, cluster, pod, token, stored)
-	key := k.keys[k.current]
+	key := k.routeKey(k.current)
 	return k.current, sipHash24(key.k0, key.k1, in[:])
+}
+
+// routeKey is the key route-cache entries under key ID id are MAC'd
+// with: the route key of a derived ID, else the static hop key; nil: none.
+func (k *Keyring) routeKey(id uint8) *hopKey {
+	if k.isDerived(id) {
+		return k.derived.route[id]
+	}
+	return k.keys[id]
 }
 
 // VerifyRoute checks a route-cache entry's key ID and tag (ErrUnknownKey,
 // ErrMAC). A nil keyring holds no key. It does not allocate.
 func (k *Keyring) VerifyRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32, keyID uint8, tag uint64) error {
-	if k == nil || keyID > MaxKeyID || k.keys[keyID] == nil {
+	if k == nil || keyID > MaxKeyID || k.routeKey(keyID) == nil {
 		return ErrUnknownKey
 	}
 	in := routeInput(client, cluster, pod, token, stored)
-	key := k.keys[keyID]
+	key := k.routeKey(keyID)
 	if !tagEqual(sipHash24(key.k0, key.k1, in[:]), tag) {
 		return ErrMAC
 	}
@@ -214,4 +255,17 @@ func (k *Keyring) VerifyRoute(client netip.AddrPort, cluster, pod uint16, token 
 func tagEqual(a, b uint64) bool {
 	d := a ^ b
 	return subtle.ConstantTimeEq(int32(uint32(d>>32)|uint32(d)), 0) == 1
+}
+
+// Clusters lists the clusters c holds keyrings of, ascending.
+func (c *ClusterKeys) Clusters() []uint16 {
+	if c == nil {
+		return nil
+	}
+	out := make([]uint16, 0, len(c.m))
+	for id := range c.m {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -54,8 +54,17 @@ type Config struct {
 	// bounded capacity). A member it refuses is left out of Members and
 	// counted like undecodable meta, so nothing routes to it.
 	CheckMeta func(Meta) error
-	Fast      bool         // loopback timings, see the Fast* constants
-	Logger    *slog.Logger // nil means slog.Default()
+	// Prove, when set, makes the proof this node's metadata carries
+	// (Meta.Proof) from ProofInput of its name and encoded metadata; it
+	// runs on every metadata change.
+	Prove func(input []byte) []byte
+	// CheckMember, when set, vets every other member after CheckMeta: its
+	// proof against input (ProofInput of the gossiped bytes) and its
+	// metadata's addresses against its gossip address (m.Addr). A member
+	// it refuses is left out like one CheckMeta refuses.
+	CheckMember func(m Member, input []byte) error
+	Fast        bool         // loopback timings, see the Fast* constants
+	Logger      *slog.Logger // nil means slog.Default()
 }
 
 // validate checks cfg before anything is opened, so New fails without side

@@ -60,6 +60,12 @@ type Meta struct {
 	Load     int            // sessions / flows
 	Capacity int
 	Draining bool
+	// Proof authenticates the fields above and the member's name
+	// (Config.Prove makes it, Config.CheckMember checks it, see
+	// ProofInput); nil when the pool proves nothing. Encoded last, so
+	// decoders that predate it ignore it. Binary, held in a string so
+	// that Meta stays comparable.
+	Proof string
 }
 
 // MarshalBinary encodes m in the compact versioned form gossiped by the
@@ -98,6 +104,9 @@ func (m Meta) encode(leaving bool) ([]byte, error) {
 	b = appendString(b, m.API)
 	b = binary.AppendVarint(b, int64(m.Load))
 	b = binary.AppendVarint(b, int64(m.Capacity))
+	if len(m.Proof) > 0 {
+		b = appendString(b, m.Proof)
+	}
 	if len(b) > MetaMaxSize {
 		return nil, fmt.Errorf("encode meta: %d bytes, limit %d: %w", len(b), MetaMaxSize, ErrMetaTooLarge)
 	}
@@ -108,7 +117,7 @@ func (m Meta) encode(leaving bool) ([]byte, error) {
 // yields an error wrapping ErrMalformedMeta; it never panics on hostile
 // input.
 func (m *Meta) UnmarshalBinary(b []byte) error {
-	out, _, err := decodeMeta(b)
+	out, _, _, err := decodeMeta(b)
 	if err != nil {
 		return err
 	}
@@ -116,11 +125,12 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
-// decodeMeta decodes a Meta and the pool-internal leaving flag.
-func decodeMeta(b []byte) (Meta, bool, error) {
+// decodeMeta decodes a Meta, the pool-internal leaving flag, and how many
+// leading bytes of b the proof covers (all of b without a proof).
+func decodeMeta(b []byte) (Meta, bool, int, error) {
 	d := metaDecoder{b: b}
 	if v := d.byte(); d.err == nil && v != metaVersion {
-		return Meta{}, false, fmt.Errorf("decode meta: version %d: %w", v, ErrMalformedMeta)
+		return Meta{}, false, 0, fmt.Errorf("decode meta: version %d: %w", v, ErrMalformedMeta)
 	}
 	var out Meta
 	flags := d.byte()
@@ -148,10 +158,33 @@ func decodeMeta(b []byte) (Meta, bool, error) {
 	out.API = d.string()
 	out.Load = d.varint()
 	out.Capacity = d.varint()
-	if d.err != nil {
-		return Meta{}, false, d.err
+	signed := len(b) - len(d.b)
+	if d.err == nil && len(d.b) > 0 {
+		// A proof; bytes that do not parse as one are a later build's
+		// fields, ignored like any trailing bytes.
+		if n, k := binary.Uvarint(d.b); k > 0 && n <= uint64(len(d.b)-k) {
+			out.Proof = string(d.b[k : k+int(n)])
+		}
 	}
-	return out, flags&flagLeaving != 0, nil
+	if d.err != nil {
+		return Meta{}, false, 0, d.err
+	}
+	return out, flags&flagLeaving != 0, signed, nil
+}
+
+// proofDomain starts every proof input, so that no other message signed
+// with a member's key can pass for its metadata.
+const proofDomain = "rtcedge member meta v1\x00"
+
+// ProofInput is what a member's proof covers: a domain string, the
+// member's node name, and its encoded metadata up to the proof (signed).
+// A proof thus names the member it was made for, and the receiver checks
+// the gossiped bytes themselves, not a re-encoding of them.
+func ProofInput(name string, signed []byte) []byte {
+	b := make([]byte, 0, len(proofDomain)+binary.MaxVarintLen64+len(name)+len(signed))
+	b = append(b, proofDomain...)
+	b = appendString(b, name)
+	return append(b, signed...)
 }
 
 func appendString(b []byte, s string) []byte {

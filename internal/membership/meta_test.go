@@ -49,6 +49,15 @@ func TestMetaRoundTrip(t *testing.T) {
 			if err := got.UnmarshalBinary(append(b, 0xde, 0xad)); err != nil || got != tt.meta {
 				t.Fatalf("with trailing bytes: %+v, %v", got, err)
 			}
+			// A proof round-trips, trailing bytes after it too.
+			proved := tt.meta
+			proved.Proof = "\x02proof"
+			if b, err = proved.MarshalBinary(); err != nil {
+				t.Fatal(err)
+			}
+			if err := got.UnmarshalBinary(append(b, 0xde, 0xad)); err != nil || got != proved {
+				t.Fatalf("with a proof: %+v, %v", got, err)
+			}
 		})
 	}
 }

@@ -36,6 +36,8 @@ type Pool struct {
 	retention time.Duration // how long dead/left members stay in Members
 	updateTO  time.Duration // how long UpdateMeta waits for its broadcast
 	checkMeta func(Meta) error
+	prove     func([]byte) []byte
+	checkMbr  func(Member, []byte) error
 	keyring   *memberlist.Keyring // nil without a secret key; safe for concurrent use
 
 	// lifeMu serialises UpdateMeta, Leave and Close: meta changes are
@@ -75,7 +77,7 @@ func New(cfg Config, meta Meta) (*Pool, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("membership: new pool: %w", err)
 	}
-	raw, err := meta.MarshalBinary()
+	raw, err := encodeProved(meta, false, cfg.Name, cfg.Prove)
 	if err != nil {
 		return nil, fmt.Errorf("membership: new pool %q: %w", cfg.Name, err)
 	}
@@ -95,6 +97,8 @@ func New(cfg Config, meta Meta) (*Pool, error) {
 		metaRaw:   raw,
 		members:   make(map[string]*memberEntry),
 		checkMeta: cfg.CheckMeta,
+		prove:     cfg.Prove,
+		checkMbr:  cfg.CheckMember,
 		keyring:   mc.Keyring,
 	}
 	mc.Delegate = (*delegate)(p)
@@ -174,7 +178,7 @@ func (p *Pool) UpdateMeta(fn func(*Meta)) error {
 	// fn runs without mu so it may call LocalMeta or Members; lifeMu keeps
 	// concurrent UpdateMeta calls from losing each other's changes.
 	fn(&next)
-	raw, err := next.MarshalBinary()
+	raw, err := encodeProved(next, false, p.name, p.prove)
 	if err != nil {
 		return fmt.Errorf("membership: update meta: %w", err)
 	}
@@ -246,7 +250,7 @@ func (p *Pool) Leave(timeout time.Duration) error {
 	first := !p.leaving
 	if first {
 		p.leaving = true
-		p.metaRaw, _ = p.meta.encode(true)
+		p.metaRaw, _ = encodeProved(p.meta, true, p.name, p.prove)
 	}
 	p.mu.Unlock()
 	if first {
@@ -317,9 +321,16 @@ func (p *Pool) observeLocked(n *memberlist.Node, state State) {
 	} else {
 		e.gone = time.Time{}
 	}
-	m, leaving, err := decodeMeta(n.Meta)
+	m, leaving, signed, err := decodeMeta(n.Meta)
 	if err == nil && p.checkMeta != nil && n.Name != p.name {
 		if cerr := p.checkMeta(m); cerr != nil {
+			err = fmt.Errorf("%w: %w", ErrRefusedMeta, cerr)
+		}
+	}
+	if err == nil && p.checkMbr != nil && n.Name != p.name {
+		mb := e.member
+		mb.Meta = m
+		if cerr := p.checkMbr(mb, ProofInput(n.Name, n.Meta[:signed])); cerr != nil {
 			err = fmt.Errorf("%w: %w", ErrRefusedMeta, cerr)
 		}
 	}
@@ -337,6 +348,18 @@ func (p *Pool) observeLocked(n *memberlist.Node, state State) {
 	if state == StateDead && leaving {
 		e.member.State = StateLeft
 	}
+}
+
+// encodeProved encodes meta (with the leaving flag) for the node called
+// name, with the proof prove makes when prove is set.
+func encodeProved(meta Meta, leaving bool, name string, prove func([]byte) []byte) ([]byte, error) {
+	meta.Proof = ""
+	raw, err := meta.encode(leaving)
+	if err != nil || prove == nil {
+		return raw, err
+	}
+	meta.Proof = string(prove(ProofInput(name, raw)))
+	return meta.encode(leaving)
 }
 
 // delegate implements memberlist.Delegate: only NodeMeta matters here,

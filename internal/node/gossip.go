@@ -37,6 +37,11 @@ type Gossip struct {
 	// CheckMeta vets members' metadata (membership.Config.CheckMeta); set
 	// by the role from its catalogue, not from the file.
 	CheckMeta func(membership.Meta) error `yaml:"-"`
+	// Prove and CheckMember prove this node's metadata and check other
+	// members' (membership.Config); set by the role from its keys
+	// (internal/authority), not from the file.
+	Prove       func([]byte) []byte                   `yaml:"-"`
+	CheckMember func(membership.Member, []byte) error `yaml:"-"`
 }
 
 // ApplyEnv takes the key from $RTCEDGE_GOSSIP_KEY when the pool's own key
@@ -79,6 +84,7 @@ func (g *Gossip) config(what string) (c membership.Config, err error) {
 		c.Keys = append(c.Keys, b)
 	}
 	c.AllowInsecure, c.Fast, c.CheckMeta = g.Insecure, g.Fast, g.CheckMeta
+	c.Prove, c.CheckMember = g.Prove, g.CheckMember
 	return c, nil
 }
 

@@ -89,6 +89,9 @@ type HopKeys struct {
 	loaded []byte
 }
 
+// Set reports whether any hop key is configured.
+func (k *HopKeys) Set() bool { return len(k.Keys) > 0 || k.File != "" }
+
 // HopKeysReload is how often a node re-reads HopKeys.File.
 const HopKeysReload = 10 * time.Second
 

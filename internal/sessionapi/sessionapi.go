@@ -117,6 +117,26 @@ func RequireSecret(secret string, h http.Handler) http.Handler {
 	return RequireSecretHash(SecretHash(secret), h)
 }
 
+// RequireAnySecret is RequireSecret accepting any of secrets: a pod's own
+// credentials under every key ID its issuer gave it (internal/authority),
+// so a rotation never refuses the front. No secrets: every request but the
+// health probes is refused.
+func RequireAnySecret(secrets []string, h http.Handler) http.Handler {
+	want := make([][sha256.Size]byte, 0, len(secrets))
+	for _, s := range secrets {
+		if s != "" {
+			want = append(want, sha256.Sum256([]byte(s)))
+		}
+	}
+	return requireFunc(func(got [sha256.Size]byte) bool {
+		ok := 0
+		for _, w := range want {
+			ok |= subtle.ConstantTimeCompare(got[:], w[:])
+		}
+		return ok == 1
+	}, h)
+}
+
 // RequireSecretHash is RequireSecret for a server that holds only
 // SecretHash of the secret. An empty hash returns h unchanged; a malformed
 // one refuses every request.
@@ -128,14 +148,21 @@ func RequireSecretHash(hash string, h http.Handler) http.Handler {
 	if err != nil || len(want) != sha256.Size {
 		want = nil // refuses every request: a typo must not open the API
 	}
+	return requireFunc(func(got [sha256.Size]byte) bool {
+		return want != nil && subtle.ConstantTimeCompare(got[:], want) == 1
+	}, h)
+}
+
+// requireFunc wraps h so that every request but the health probes needs a
+// bearer token whose SHA-256 match accepts; others get 401.
+func requireFunc(match func([sha256.Size]byte) bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/livez" || r.URL.Path == "/readyz" {
 			h.ServeHTTP(w, r)
 			return
 		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		got := sha256.Sum256([]byte(tok))
-		if !ok || want == nil || subtle.ConstantTimeCompare(got[:], want) != 1 {
+		if !ok || !match(sha256.Sum256([]byte(tok))) {
 			apierr.Write(w, http.StatusUnauthorized, apierr.TypeAuthentication, "unauthorized",
 				"the session API needs the cluster's bearer secret", 0)
 			return

@@ -116,6 +116,7 @@ type macKey struct {
 type Keyring struct {
 	current uint8
 	keys    [maxKeyID + 1]*macKey
+	derived *tokenMasters // per-pod keys (derived.go); nil: none
 }
 
 // NewKeyring returns a keyring holding keys, minting with key ID current.
@@ -130,20 +131,25 @@ func NewKeyring(current uint8, keys map[uint8][]byte) (*Keyring, error) {
 		if len(key) != KeyLen {
 			return nil, fmt.Errorf("token: key ID %d is %d bytes, want %d", id, len(key), KeyLen)
 		}
-		m := new(macKey)
-		// KeyLen < blockSize, so the key is zero-padded, never hashed first.
-		copy(m.ipad[:], key)
-		copy(m.opad[:], key)
-		for i := range blockSize {
-			m.ipad[i] ^= 0x36
-			m.opad[i] ^= 0x5c
-		}
-		k.keys[id] = m
+		k.keys[id] = newMACKey(key)
 	}
 	if current > maxKeyID || k.keys[current] == nil {
 		return nil, fmt.Errorf("token: current key ID %d is not configured", current)
 	}
 	return k, nil
+}
+
+// newMACKey precomputes the pads of key (at most blockSize bytes).
+func newMACKey(key []byte) *macKey {
+	m := new(macKey)
+	// KeyLen < blockSize, so the key is zero-padded, never hashed first.
+	copy(m.ipad[:], key)
+	copy(m.opad[:], key)
+	for i := range blockSize {
+		m.ipad[i] ^= 0x36
+		m.opad[i] ^= 0x5c
+	}
+	return m
 }
 
 // ParseKeySpec parses a key given as "ID:BASE64" (standard base64, padding
@@ -176,18 +182,22 @@ func (k *Keyring) MintAt(cluster, pod uint16, now time.Time) (string, error) {
 // (including KeyID and Nonce); Mint is the normal way to make a token, this
 // exists for test vectors and tools.
 func (k *Keyring) Encode(t Token) (string, error) {
-	if t.KeyID > maxKeyID || k.keys[t.KeyID] == nil {
-		return "", fmt.Errorf("token: encode with key ID %d: %w", t.KeyID, ErrUnknownKey)
-	}
 	if t.Cluster == 0 {
 		return "", fmt.Errorf("token: encode: %w", ErrCluster)
+	}
+	key, cached := k.key(t.KeyID, t.Cluster, t.Pod)
+	if key == nil {
+		return "", fmt.Errorf("token: encode with key ID %d for cluster %d: %w", t.KeyID, t.Cluster, ErrUnknownKey)
+	}
+	if !cached && k.isDerived(t.KeyID) {
+		k.derived.remember(t.KeyID, t.Cluster, t.Pod, key)
 	}
 	var raw [RawLen]byte
 	raw[0] = Version<<4 | t.KeyID
 	binary.BigEndian.PutUint16(raw[1:3], t.Cluster)
 	binary.BigEndian.PutUint16(raw[3:5], t.Pod)
 	copy(raw[5:signedLen], t.Nonce[:])
-	mac := k.keys[t.KeyID].sum(&raw)
+	mac := key.sum(&raw)
 	copy(raw[signedLen:], mac[:macLen])
 	return base64.RawStdEncoding.EncodeToString(raw[:]), nil
 }
@@ -195,7 +205,9 @@ func (k *Keyring) Encode(t Token) (string, error) {
 // Verify decodes and authenticates a ufrag. It checks, in order: length,
 // alphabet, version, key ID, MAC, cluster ID; the first failure is returned
 // as the bare sentinel (ErrLength, ErrAlphabet, ErrVersion, ErrUnknownKey,
-// ErrMAC, ErrCluster). Verify does not allocate and does not retain ufrag.
+// ErrMAC, ErrCluster). Verify does not retain ufrag, and does not allocate
+// once the key it needs is known: a static key, or a derived pod key
+// cached by an earlier token of that pod (the first one allocates it).
 func (k *Keyring) Verify(ufrag []byte) (Token, error) {
 	if len(ufrag) != EncodedLen {
 		return Token{}, ErrLength
@@ -215,13 +227,18 @@ func (k *Keyring) Verify(ufrag []byte) (Token, error) {
 		return Token{}, ErrVersion
 	}
 	id := raw[0] & 0x0f
-	key := k.keys[id]
+	// Under a derived ID, the key of the cluster and pod the token names:
+	// a token verifies only in its own pod's name.
+	key, cached := k.key(id, binary.BigEndian.Uint16(raw[1:3]), binary.BigEndian.Uint16(raw[3:5]))
 	if key == nil {
 		return Token{}, ErrUnknownKey
 	}
 	mac := key.sum(&raw)
 	if subtle.ConstantTimeCompare(mac[:macLen], raw[signedLen:]) != 1 {
 		return Token{}, ErrMAC
+	}
+	if !cached && k.isDerived(id) {
+		k.derived.remember(id, binary.BigEndian.Uint16(raw[1:3]), binary.BigEndian.Uint16(raw[3:5]), key)
 	}
 	// Checked after the MAC so that "cluster" counts only tokens we minted
 	// ourselves (a bug), not random garbage.
@@ -235,6 +252,35 @@ func (k *Keyring) Verify(ufrag []byte) (Token, error) {
 	}
 	copy(t.Nonce[:], raw[5:signedLen])
 	return t, nil
+}
+
+// key returns the MAC key of key ID id for a token of (cluster, pod):
+// the static key, or the pod's derived key; nil when there is none.
+// cached is false when a derived key was computed just now.
+func (k *Keyring) key(id uint8, cluster, pod uint16) (m *macKey, cached bool) {
+	if id > maxKeyID {
+		return nil, false
+	}
+	if k.keys[id] != nil {
+		return k.keys[id], true
+	}
+	if k.isDerived(id) {
+		return k.derived.podKey(id, cluster, pod)
+	}
+	return nil, false
+}
+
+// hmac returns HMAC-SHA256 of a short message (at most 64 bytes) under
+// m, using stack arrays only.
+func (m *macKey) hmac(msg []byte) [sha256.Size]byte {
+	var inner [2 * blockSize]byte
+	n := copy(inner[:], m.ipad[:])
+	n += copy(inner[n:], msg)
+	ih := sha256.Sum256(inner[:n])
+	var outer [blockSize + sha256.Size]byte
+	copy(outer[:], m.opad[:])
+	copy(outer[blockSize:], ih[:])
+	return sha256.Sum256(outer[:])
 }
 
 // sum returns HMAC-SHA256 over the signed prefix of raw, using stack

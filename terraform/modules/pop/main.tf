@@ -82,7 +82,7 @@ module "globalrelay" {
   spread_over_nodes           = true
   termination_grace_seconds   = var.drain_timeout_seconds + 15
   secret_name                 = var.secret_name
-  secret_keys                 = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  secret_keys                 = ["RTCEDGE_AUTHORITY_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
   readiness_period_seconds    = 2
   readiness_failure_threshold = 1
   resources                   = var.resources

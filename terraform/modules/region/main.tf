@@ -156,18 +156,20 @@ resource "kubernetes_service_v1" "cluster_gossip" {
 # Secret keys: each role gets only its own. Each gossip pool has its own
 # key: transceivers, the most exposed code, hold only the cluster pool's.
 module "transceiver" {
-  source                      = "../workload"
-  name                        = "transceiver" # pod names transceiver-N give pod IDs N+1
-  namespace                   = local.namespace
-  labels                      = local.transceiver_labels
-  pod_labels                  = local.cluster_gossip_labels
-  image                       = var.image
-  config                      = local.transceiver_config
-  replicas                    = var.transceiver_replicas
-  service_name                = kubernetes_service_v1.cluster_gossip.metadata[0].name
-  termination_grace_seconds   = local.termination_grace_seconds
-  secret_name                 = var.secret_name
-  secret_keys                 = ["RTCEDGE_TOKEN_KEYS", "RTCEDGE_TOKEN_CURRENT", "RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  source                    = "../workload"
+  name                      = "transceiver" # pod names transceiver-N give pod IDs N+1
+  namespace                 = local.namespace
+  labels                    = local.transceiver_labels
+  pod_labels                = local.cluster_gossip_labels
+  image                     = var.image
+  config                    = local.transceiver_config
+  replicas                  = var.transceiver_replicas
+  service_name              = kubernetes_service_v1.cluster_gossip.metadata[0].name
+  termination_grace_seconds = local.termination_grace_seconds
+  secret_name               = var.secret_name
+  secret_keys               = ["RTCEDGE_CLUSTER_GOSSIP_KEY"]
+  # Token, hop, gossip-proof and session API keys: the pod's own only.
+  key_issuer                  = { cluster = var.cluster_id, secret_key = "RTCEDGE_AUTHORITY_KEYS" }
   readiness_failure_threshold = 2
   resources                   = var.transceiver_resources
   ports = [
@@ -192,7 +194,7 @@ module "clusterrelay" {
   replicas          = var.clusterrelay_replicas
   start_before_stop = true
   secret_name       = var.secret_name
-  secret_keys       = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_HOP_KEYS"]
+  secret_keys       = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_AUTHORITY_KEYS"]
   ports = [
     { name = "data", port = 7100, protocol = "UDP" },
     { name = "api", port = 8080, protocol = "TCP" },

@@ -41,7 +41,7 @@ variable "image" {
 }
 
 variable "secret_name" {
-  description = "Secret holding RTCEDGE_TOKEN_KEYS, RTCEDGE_TOKEN_CURRENT (optional), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_HOP_KEYS (this cluster's inter-tier keys, docs/wire.md), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
+  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (this cluster's authority secret, rtcedge keys cluster: relays and the pods' key-issuer init container read it, the transceiver container never; docs/operations.md), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
   type        = string
   default     = "rtcedge-secrets"
 }

@@ -80,6 +80,48 @@ resource "kubernetes_deployment_v1" "this" {
           }
         }
 
+        # The key issuer (docs/operations.md, "Deployment authority"): it
+        # holds the cluster's authority secret, writes only this pod's own
+        # keys (pod ID from the StatefulSet ordinal) into an in-memory
+        # volume, and exits; the role's container never sees the secret.
+        dynamic "init_container" {
+          for_each = var.key_issuer == null ? [] : [var.key_issuer]
+          content {
+            name  = "keys"
+            image = var.image
+            args  = ["keys", "pod", "-cluster", tostring(init_container.value.cluster), "-out", "/run/rtcedge-keys/pod.yaml"]
+
+            security_context {
+              run_as_non_root            = true
+              run_as_user                = 65532
+              run_as_group               = 65532
+              read_only_root_filesystem  = true
+              allow_privilege_escalation = false
+              capabilities {
+                drop = ["ALL"]
+              }
+              seccomp_profile {
+                type = "RuntimeDefault"
+              }
+            }
+
+            env {
+              name = "RTCEDGE_AUTHORITY_KEYS"
+              value_from {
+                secret_key_ref {
+                  name = var.secret_name
+                  key  = init_container.value.secret_key
+                }
+              }
+            }
+
+            volume_mount {
+              name       = "pod-keys"
+              mount_path = "/run/rtcedge-keys"
+            }
+          }
+        }
+
         container {
           name  = var.name
           image = var.image
@@ -122,6 +164,14 @@ resource "kubernetes_deployment_v1" "this" {
                   divisor  = "1"
                 }
               }
+            }
+          }
+
+          dynamic "env" {
+            for_each = var.key_issuer == null ? [] : ["RTCEDGE_POD_KEYS"]
+            content {
+              name  = env.value
+              value = "/run/rtcedge-keys/pod.yaml"
             }
           }
 
@@ -174,11 +224,31 @@ resource "kubernetes_deployment_v1" "this" {
           }
 
           dynamic "volume_mount" {
+            for_each = var.key_issuer == null ? [] : ["pod-keys"]
+            content {
+              name       = volume_mount.value
+              mount_path = "/run/rtcedge-keys"
+              read_only  = true
+            }
+          }
+
+          dynamic "volume_mount" {
             for_each = local.volumes
             content {
               name       = volume_mount.value.name
               mount_path = volume_mount.value.mount_path
               read_only  = true
+            }
+          }
+        }
+
+        dynamic "volume" {
+          for_each = var.key_issuer == null ? [] : ["pod-keys"]
+          content {
+            name = volume.value
+            empty_dir {
+              medium     = "Memory"
+              size_limit = "1Mi"
             }
           }
         }
@@ -247,6 +317,48 @@ resource "kubernetes_stateful_set_v1" "this" {
           }
         }
 
+        # The key issuer (docs/operations.md, "Deployment authority"): it
+        # holds the cluster's authority secret, writes only this pod's own
+        # keys (pod ID from the StatefulSet ordinal) into an in-memory
+        # volume, and exits; the role's container never sees the secret.
+        dynamic "init_container" {
+          for_each = var.key_issuer == null ? [] : [var.key_issuer]
+          content {
+            name  = "keys"
+            image = var.image
+            args  = ["keys", "pod", "-cluster", tostring(init_container.value.cluster), "-out", "/run/rtcedge-keys/pod.yaml"]
+
+            security_context {
+              run_as_non_root            = true
+              run_as_user                = 65532
+              run_as_group               = 65532
+              read_only_root_filesystem  = true
+              allow_privilege_escalation = false
+              capabilities {
+                drop = ["ALL"]
+              }
+              seccomp_profile {
+                type = "RuntimeDefault"
+              }
+            }
+
+            env {
+              name = "RTCEDGE_AUTHORITY_KEYS"
+              value_from {
+                secret_key_ref {
+                  name = var.secret_name
+                  key  = init_container.value.secret_key
+                }
+              }
+            }
+
+            volume_mount {
+              name       = "pod-keys"
+              mount_path = "/run/rtcedge-keys"
+            }
+          }
+        }
+
         container {
           name  = var.name
           image = var.image
@@ -289,6 +401,14 @@ resource "kubernetes_stateful_set_v1" "this" {
                   divisor  = "1"
                 }
               }
+            }
+          }
+
+          dynamic "env" {
+            for_each = var.key_issuer == null ? [] : ["RTCEDGE_POD_KEYS"]
+            content {
+              name  = env.value
+              value = "/run/rtcedge-keys/pod.yaml"
             }
           }
 
@@ -341,11 +461,31 @@ resource "kubernetes_stateful_set_v1" "this" {
           }
 
           dynamic "volume_mount" {
+            for_each = var.key_issuer == null ? [] : ["pod-keys"]
+            content {
+              name       = volume_mount.value
+              mount_path = "/run/rtcedge-keys"
+              read_only  = true
+            }
+          }
+
+          dynamic "volume_mount" {
             for_each = local.volumes
             content {
               name       = volume_mount.value.name
               mount_path = volume_mount.value.mount_path
               read_only  = true
+            }
+          }
+        }
+
+        dynamic "volume" {
+          for_each = var.key_issuer == null ? [] : ["pod-keys"]
+          content {
+            name = volume.value
+            empty_dir {
+              medium     = "Memory"
+              size_limit = "1Mi"
             }
           }
         }

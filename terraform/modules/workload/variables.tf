@@ -78,6 +78,15 @@ variable "secret_keys" {
   type        = list(string)
 }
 
+variable "key_issuer" {
+  description = "When set, an init container (rtcedge keys pod) derives the pod's own keys for cluster from secret_key of secret_name (the cluster's authority secret) into an in-memory volume, and the container gets RTCEDGE_POD_KEYS, never the secret (docs/operations.md, \"Deployment authority\"). null = none."
+  type = object({
+    cluster    = number
+    secret_key = string
+  })
+  default = null
+}
+
 variable "ports" {
   description = "The container's ports, in order."
   type = list(object({

@@ -1,0 +1,54 @@
+package node
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/rtcedge/rtcedge/internal/authority"
+)
+
+// EnvAuthorityKeys holds a relay's cluster authority secrets as
+// "CLUSTER/ID:BASE64[,...]" (internal/authority): a cluster relay needs
+// its own cluster's, a global relay every cluster's it serves. Pods never
+// get them.
+const EnvAuthorityKeys = "RTCEDGE_AUTHORITY_KEYS"
+
+// Authority configures a relay's cluster authority secrets, from which it
+// derives every pod's token, hop, member and session API keys on demand.
+// Unset: the relay uses the shared token and hop keys as before, and
+// cannot tell one pod from another (docs/operations.md).
+type Authority struct {
+	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_AUTHORITY_KEYS.
+	// Per cluster the first listed is current.
+	Keys []string `yaml:"keys"`
+	// File, when set, holds the specs instead (commas or newlines), e.g.
+	// a mounted Kubernetes Secret; read at start.
+	File string `yaml:"file"`
+}
+
+// ApplyEnv takes the keys from $RTCEDGE_AUTHORITY_KEYS when set.
+func (a *Authority) ApplyEnv() {
+	if env := os.Getenv(EnvAuthorityKeys); env != "" {
+		a.Keys = strings.Split(env, ",")
+	}
+}
+
+// Set reports whether any key is configured.
+func (a *Authority) Set() bool { return len(a.Keys) > 0 || a.File != "" }
+
+// Secrets parses the keys; nil, nil when none are configured.
+func (a *Authority) Secrets() (*authority.Secrets, error) {
+	if !a.Set() {
+		return nil, nil
+	}
+	specs := a.Keys
+	if a.File != "" {
+		b, err := os.ReadFile(a.File)
+		if err != nil {
+			return nil, fmt.Errorf("authority.file: %w", err)
+		}
+		specs = strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
+	}
+	return authority.Parse(specs)
+}
