@@ -266,6 +266,11 @@ var labelNames = []string{"node", "region", "pod", "replica", "pop", "gen"}
 // env is a node's environment: the world's logger and HTTP client, and the
 // world's registry with labels naming the node (kv: name, value pairs).
 func (w *World) env(name string, kv ...string) node.Env {
+	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(w.labels(name, kv...), w.Registry), HTTPClient: w.httpClient}
+}
+
+// labels are the labels naming a node (env).
+func (w *World) labels(name string, kv ...string) prometheus.Labels {
 	labels := prometheus.Labels{}
 	for _, l := range labelNames {
 		labels[l] = ""
@@ -274,7 +279,7 @@ func (w *World) env(name string, kv ...string) node.Env {
 	for i := 0; i+1 < len(kv); i += 2 {
 		labels[kv[i]] = kv[i+1]
 	}
-	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(labels, w.Registry), HTTPClient: w.httpClient}
+	return labels
 }
 
 // GossipKey returns the key the world's gossip is encrypted with (random
@@ -414,6 +419,10 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 		SessionAPISecretSHA256: sessionapi.SecretHash(w.apiSecrets[spec.Cluster]), APITLS: w.apiTLS,
 	}
 	env := w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id)))
+	// The turn metrics' pop label is the POP of a call's path, not a node's.
+	turn := w.labels(name, "region", spec.Name, "pod", strconv.Itoa(int(id)))
+	delete(turn, "pop")
+	cfg.TurnRegisterer = prometheus.WrapRegistererWith(turn, w.Registry)
 	b, err := cfg.NewBackend(os.Getenv, w.cfg.Logger, env.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)

@@ -59,7 +59,7 @@ const (
 	replyDropped   = "dropped"
 )
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "rtcedge_transceiver_" + name, Help: help})
 	}
@@ -112,8 +112,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.ended.WithLabelValues(r)
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
-		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths,
-		m.replyDelay, m.bargeinStop, m.replyAudio, m.bargeins}, m.net.Collectors()...)...); err != nil {
+		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths}, m.net.Collectors()...)...); err != nil {
+		return nil, err
+	}
+	if turnReg == nil {
+		turnReg = reg
+	}
+	if err := metric.Register(turnReg, "transceiver turn", m.replyDelay, m.bargeinStop, m.replyAudio, m.bargeins); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -100,7 +100,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transceiver config: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer, cfg.TurnRegisterer)
 	if err != nil {
 		return nil, err
 	}
