@@ -122,7 +122,7 @@ type Config struct {
 	// world, whose one registry labels every node with its own pop, gives
 	// pods one without that label.
 	TurnRegisterer prometheus.Registerer `yaml:"-"`
-	Now        func() time.Time      `yaml:"-"` // default time.Now
+	Now            func() time.Time      `yaml:"-"` // default time.Now
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
