@@ -100,6 +100,9 @@ type Config struct {
 	// NetBackend runs the echo backend as a network service (the
 	// netbackend protocol over loopback TCP) instead of in process.
 	NetBackend bool
+	// BackendAddr points every pod at a network backend run by the caller
+	// (host:port, the netbackend protocol) instead.
+	BackendAddr string
 	// BackendURL points every pod at a model server speaking the OpenAI
 	// Realtime protocol (transceiver.Config.BackendURL, the API key from
 	// $RTCEDGE_BACKEND_API_KEY), sent BackendProtocol at BackendRate.
@@ -336,6 +339,9 @@ func (w *World) start() error {
 		}
 		w.run(new(running), "backend", b) // the first node, so it stops last
 		w.backend = b.Addr()
+	}
+	if cfg.BackendAddr != "" {
+		w.backend = cfg.BackendAddr
 	}
 	if cfg.SessionAPITLS {
 		// The files are read while the nodes are built, then removed.

@@ -3,13 +3,16 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/backend/netbackend"
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
 	"github.com/rtcedge/rtcedge/devworld"
 	"github.com/rtcedge/rtcedge/internal/audiotest"
+	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
 // burstWorld is a dev world whose reference server answers a
@@ -148,4 +151,114 @@ func p99Gap(at []time.Time) time.Duration {
 	}
 	slices.Sort(gaps)
 	return gaps[len(gaps)*99/100]
+}
+
+// TestEdgeBargeInThroughRelays: a network backend (no VAD of its own) sends
+// a 10 s reply item at once; while it plays, the caller speaks. The
+// edge's detector clears the reply: it stops reaching the caller within
+// the detector's delay (3 frames, 60 ms) + 60 ms of the caller's first
+// voiced frame, the caller gets output_audio_buffer.cleared, and the
+// backend gets a cleared control frame whose audio_end_ms is within 40 ms
+// of what the caller received.
+func TestEdgeBargeInThroughRelays(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleared := make(chan netbackend.Control, 1)
+	sctx, scancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- netbackend.Serve(sctx, ln, testLogger(), func(_ context.Context, c *netbackend.Conn) {
+			reply := encode48k(t, audiotest.Tone(48000, 440, 0.3, 10*time.Second))
+			for {
+				typ, p, _, err := c.Read()
+				if err != nil {
+					return
+				}
+				switch typ {
+				case netbackend.FrameEvent: // the caller's response.create
+					_ = c.WriteControl(netbackend.Control{Type: netbackend.ControlItem, ResponseID: "resp_1", ItemID: "item_1"})
+					for _, f := range reply {
+						_ = c.WriteAudio(f, 20*time.Millisecond)
+					}
+					_ = c.WriteControl(netbackend.Control{Type: netbackend.ControlResponseDone, ResponseID: "resp_1"})
+				case netbackend.FrameControl:
+					if ctl, err := netbackend.ParseControl(p); err == nil && ctl.Type == netbackend.ControlCleared {
+						select {
+						case cleared <- ctl:
+						default:
+						}
+					}
+				}
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		scancel()
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	})
+	w := startWorld(t, devworld.Config{BackendAddr: ln.Addr().String()})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	call := dialVoice(ctx, t, w.SignalingURL)
+	call.send(t, map[string]any{"type": "response.create"})
+	call.await(t, 10*time.Second, "a second of reply", func(p [][]byte, _ []string) bool { return len(p) >= 50 })
+	talked := make(chan struct{})
+	start := time.Now() // the first voiced frame leaves now
+	go func() {
+		defer close(talked)
+		_ = call.talkFrames(audiotest.Tone(48000, 300, 0.3, 600*time.Millisecond))
+	}()
+	defer func() { <-talked }()
+	call.await(t, 10*time.Second, "output_audio_buffer.cleared", func(_ [][]byte, evs []string) bool {
+		return slices.Contains(evs, "output_audio_buffer.cleared")
+	})
+	var ctl netbackend.Control
+	select {
+	case ctl = <-cleared:
+	case <-ctx.Done():
+		t.Fatal("the backend got no cleared control frame")
+	}
+	time.Sleep(300 * time.Millisecond) // nothing more may come: the absence is the point
+	call.mu.Lock()
+	at := slices.Clone(call.arrivals)
+	evs := slices.Clone(call.events)
+	call.mu.Unlock()
+	last := at[len(at)-1]
+	receivedMs := int64(len(at) * 20)
+	t.Logf("caller received %d ms of reply, the last frame %v after it started speaking; backend told %+v; events %v",
+		receivedMs, last.Sub(start).Round(time.Millisecond), ctl, evs)
+	if last.Sub(start) > 120*time.Millisecond {
+		t.Errorf("reply audio reached the caller %v after it started speaking, want ≤ 60 ms + the detector's 60 ms", last.Sub(start))
+	}
+	if ctl.Source != "edge" || ctl.ItemID != "item_1" || ctl.AudioEndMs-receivedMs < -40 || ctl.AudioEndMs-receivedMs > 40 {
+		t.Errorf("backend told %+v, the caller received %d ms", ctl, receivedMs)
+	}
+	if v := metricSum(t, w.Registry, "rtcedge_bargeins_total", map[string]string{"source": "edge"}); v != 1 {
+		t.Errorf("rtcedge_bargeins_total{source=edge} = %v", v)
+	}
+}
+
+// encode48k encodes 48 kHz PCM into 20 ms Opus frames.
+func encode48k(t *testing.T, pcm []int16) [][]byte {
+	enc, err := opus.NewEncoder(48000)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	defer enc.Close()
+	var out [][]byte
+	buf := make([]byte, opus.MaxPacket)
+	for i := 0; i+960 <= len(pcm); i += 960 {
+		n, err := enc.Encode(pcm[i:i+960], buf)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		out = append(out, slices.Clone(buf[:n]))
+	}
+	return out
 }
