@@ -357,6 +357,13 @@ func TestRealtimeCallThroughRelays(t *testing.T) {
 			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_opened_total", nil); n != float64(calls) {
 				t.Errorf("realtime sessions opened = %v, want %d", n, calls)
 			}
+			// Every turn's reply delay, by the POP of the call's path.
+			if n := metricSum(t, w.Registry, "rtcedge_turn_reply_delay_seconds", nil); n != float64(calls) {
+				t.Errorf("rtcedge_turn_reply_delay_seconds observed %v turns, want %d", n, calls)
+			}
+			if n := metricSum(t, w.Registry, "rtcedge_turn_reply_delay_seconds", map[string]string{"pop": "0"}); n != 0 {
+				t.Errorf("%v turns counted with no POP", n)
+			}
 			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_failed_total", nil); n != 0 {
 				t.Errorf("realtime sessions failed = %v", n)
 			}
