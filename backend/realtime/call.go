@@ -68,6 +68,10 @@ type call struct {
 	cancelled string // the response cleared by a barge-in: its late deltas are dropped
 	curItem   string // the item the pod was last told of (BeginItem)
 	curResp   string
+	// noInterrupt: the session's turn detection has interrupt_response
+	// false (from session.created/updated): the caller's speech does not
+	// stop the reply. Set by the reader.
+	noInterrupt atomic.Bool
 
 	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
 	dec          *opus.Decoder
@@ -385,13 +389,48 @@ func (c *call) handle(data []byte) {
 		if c.play != nil {
 			c.play.EndResponse(ev.Response.ID)
 		}
+	case bytes.Equal(f.typ, evSessionCreated), bytes.Equal(f.typ, evSessionUpdated):
+		c.noInterrupt.Store(!interrupts(data))
 	case bytes.Equal(f.typ, evSpeechStarted):
-		c.bargeIn(backend.ClearBackend)
+		if !c.noInterrupt.Load() {
+			c.bargeIn(backend.ClearBackend)
+		}
 	case bytes.Equal(f.typ, evSpeechStopped):
 		if c.play != nil {
 			c.play.SpeechStopped()
 		}
 	}
+}
+
+// interrupts reports whether a session event's turn detection lets the
+// caller's speech interrupt a reply: interrupt_response is true unless set
+// to false (GA audio.input.turn_detection or beta turn_detection).
+func interrupts(data []byte) bool {
+	var ev struct {
+		Session struct {
+			TurnDetection *struct {
+				InterruptResponse *bool `json:"interrupt_response"`
+			} `json:"turn_detection"`
+			Audio struct {
+				Input struct {
+					TurnDetection *struct {
+						InterruptResponse *bool `json:"interrupt_response"`
+					} `json:"turn_detection"`
+				} `json:"input"`
+			} `json:"audio"`
+		} `json:"session"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return true
+	}
+	for _, td := range []*struct {
+		InterruptResponse *bool `json:"interrupt_response"`
+	}{ev.Session.TurnDetection, ev.Session.Audio.Input.TurnDetection} {
+		if td != nil && td.InterruptResponse != nil && !*td.InterruptResponse {
+			return false
+		}
+	}
+	return true
 }
 
 // ownEventPrefix starts the event_id of the events the connector makes

@@ -157,6 +157,8 @@ var (
 	evResponseDone    = []byte("response.done")
 	evResponseCreated = []byte("response.created")
 	evSpeechStarted   = []byte("input_audio_buffer.speech_started")
+	evSessionCreated  = []byte("session.created")
+	evSessionUpdated  = []byte("session.updated")
 	evSpeechStopped   = []byte("input_audio_buffer.speech_stopped")
 	evError           = []byte("error")
 )
