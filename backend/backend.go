@@ -70,3 +70,50 @@ type Ready interface {
 	Backend
 	Ready(ctx context.Context) error
 }
+
+// Player is implemented by the Sink a session gives its backend (the pod's
+// paced output, transceiver/pace): the pod sends the audio a backend
+// writes at real time, so it is the one that knows what the caller has
+// heard. A backend that uses it says which response item its audio belongs
+// to and when a response has no more, and it can stop the reply at once.
+// The pod sends output_audio_buffer.started, stopped and cleared to the
+// caller from these. Backends that never call it keep working: their audio
+// is paced as frames of no item, with no events.
+type Player interface {
+	// BeginItem makes the audio written from now on item itemID of
+	// response responseID.
+	BeginItem(responseID, itemID string)
+	// EndResponse says response responseID will write no more audio.
+	EndResponse(responseID string)
+	// SpeechStopped says the caller's turn ended (a backend's own VAD):
+	// the pod measures the reply delay from it.
+	SpeechStopped()
+	// Clear drops the queued reply audio now (a barge-in; source is
+	// ClearBackend or ClearClient) and reports the item that was playing
+	// and how much of it the caller was sent; ok is false when no reply
+	// was playing or queued.
+	Clear(source string) (itemID string, played time.Duration, ok bool)
+}
+
+// Barge-in sources: what made the pod clear a reply (the source label of
+// rtcedge_bargeins_total).
+const (
+	ClearBackend = "backend" // the backend's VAD heard the caller (speech_started)
+	ClearEdge    = "edge"    // the edge's VAD heard the caller (backends without VAD: Interrupter)
+	ClearClient  = "client"  // the caller sent output_audio_buffer.clear
+)
+
+// Interrupter is implemented by a Handler whose backend has no voice
+// activity detection of its own and wants the edge's (netbackend): while a
+// reply is playing and the edge hears the caller start speaking, the pod
+// clears the reply and tells the handler; the end of the caller's speech
+// is reported too.
+type Interrupter interface {
+	// Interrupted reports a barge-in the pod acted on: the reply's
+	// queued audio was dropped; itemID was playing and the caller was
+	// sent played of it (empty itemID: no item was playing).
+	Interrupted(source, itemID string, played time.Duration)
+	// SpeechStopped reports the end of the caller's speech by the edge's
+	// detector.
+	SpeechStopped()
+}

@@ -99,6 +99,9 @@ type Config struct {
 	// NetBackend runs the echo backend as a network service (the
 	// netbackend protocol over loopback TCP) instead of in process.
 	NetBackend bool
+	// BackendAddr points every pod at a network backend run by the caller
+	// (host:port, the netbackend protocol) instead.
+	BackendAddr string
 	// BackendURL points every pod at a model server speaking the OpenAI
 	// Realtime protocol (transceiver.Config.BackendURL, the API key from
 	// $RTCEDGE_BACKEND_API_KEY), sent BackendProtocol at BackendRate.
@@ -268,6 +271,11 @@ var labelNames = []string{"node", "region", "pod", "replica", "pop", "gen"}
 // env is a node's environment: the world's logger and HTTP client, and the
 // world's registry with labels naming the node (kv: name, value pairs).
 func (w *World) env(name string, kv ...string) node.Env {
+	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(w.labels(name, kv...), w.Registry), HTTPClient: w.httpClient}
+}
+
+// labels are the labels naming a node (env).
+func (w *World) labels(name string, kv ...string) prometheus.Labels {
 	labels := prometheus.Labels{}
 	for _, l := range labelNames {
 		labels[l] = ""
@@ -276,7 +284,7 @@ func (w *World) env(name string, kv ...string) node.Env {
 	for i := 0; i+1 < len(kv); i += 2 {
 		labels[kv[i]] = kv[i+1]
 	}
-	return node.Env{Logger: w.cfg.Logger, Registerer: prometheus.WrapRegistererWith(labels, w.Registry), HTTPClient: w.httpClient}
+	return labels
 }
 
 // GossipKey returns the key the world's gossip is encrypted with (random
@@ -340,6 +348,9 @@ func (w *World) start() error {
 		}
 		w.run(new(running), "backend", b) // the first node, so it stops last
 		w.backend = b.Addr()
+	}
+	if cfg.BackendAddr != "" {
+		w.backend = cfg.BackendAddr
 	}
 	if cfg.SessionAPITLS {
 		// The files are read while the nodes are built, then removed.
@@ -431,6 +442,10 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 		return nil, err
 	}
 	env := w.env(name, "region", spec.Name, "pod", strconv.Itoa(int(id)))
+	// The turn metrics' pop label is the POP of a call's path, not a node's.
+	turn := w.labels(name, "region", spec.Name, "pod", strconv.Itoa(int(id)))
+	delete(turn, "pop")
+	cfg.TurnRegisterer = prometheus.WrapRegistererWith(turn, w.Registry)
 	b, err := cfg.NewBackend(os.Getenv, w.cfg.Logger, env.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)

@@ -50,8 +50,11 @@ type voiceCall struct {
 	dc    *webrtc.DataChannel
 
 	mu       sync.Mutex
-	payloads [][]byte // guarded by mu: received Opus payloads, in arrival order
-	events   []string // guarded by mu: received event types, in order
+	payloads [][]byte    // guarded by mu: received Opus payloads, in arrival order
+	arrivals []time.Time // guarded by mu: when each payload arrived
+	events   []string    // guarded by mu: received event types, in order
+	eventAt  []time.Time // guarded by mu: when each event arrived
+	raw      [][]byte    // guarded by mu: the events as received
 	changed  chan struct{}
 	readers  sync.WaitGroup
 }
@@ -92,6 +95,8 @@ func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCal
 		_ = json.Unmarshal(m.Data, &ev)
 		c.mu.Lock()
 		c.events = append(c.events, ev.Type)
+		c.eventAt = append(c.eventAt, time.Now())
+		c.raw = append(c.raw, slices.Clone(m.Data))
 		c.mu.Unlock()
 		c.notify()
 	})
@@ -105,6 +110,7 @@ func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCal
 			}
 			c.mu.Lock()
 			c.payloads = append(c.payloads, slices.Clone(pkt.Payload))
+			c.arrivals = append(c.arrivals, time.Now())
 			c.mu.Unlock()
 			c.notify()
 		}
@@ -154,9 +160,16 @@ func (c *voiceCall) await(t *testing.T, d time.Duration, what string, cond func(
 // talk sends pcm (48 kHz mono) as 20 ms Opus frames paced at real time.
 func (c *voiceCall) talk(t *testing.T, pcm []int16) {
 	t.Helper()
+	if err := c.talkFrames(pcm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// talkFrames is talk for any goroutine: it returns the error.
+func (c *voiceCall) talkFrames(pcm []int16) error {
 	enc, err := opus.NewEncoder(48000)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer enc.Close()
 	frame := enc.FrameSamples()
@@ -166,13 +179,14 @@ func (c *voiceCall) talk(t *testing.T, pcm []int16) {
 	for i := 0; i+frame <= len(pcm); i += frame {
 		n, err := enc.Encode(pcm[i:i+frame], pkt)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if err := c.track.WriteSample(media.Sample{Data: pkt[:n], Duration: 20 * time.Millisecond}); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		<-tick.C
 	}
+	return nil
 }
 
 // heard decodes the audio received so far at rate.
@@ -342,6 +356,13 @@ func TestRealtimeCallThroughRelays(t *testing.T) {
 			}
 			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_opened_total", nil); n != float64(calls) {
 				t.Errorf("realtime sessions opened = %v, want %d", n, calls)
+			}
+			// Every turn's reply delay, by the POP of the call's path.
+			if n := metricSum(t, w.Registry, "rtcedge_turn_reply_delay_seconds", nil); n != float64(calls) {
+				t.Errorf("rtcedge_turn_reply_delay_seconds observed %v turns, want %d", n, calls)
+			}
+			if n := metricSum(t, w.Registry, "rtcedge_turn_reply_delay_seconds", map[string]string{"pop": "0"}); n != 0 {
+				t.Errorf("%v turns counted with no POP", n)
 			}
 			if n := metricSum(t, w.Registry, "rtcedge_realtime_sessions_failed_total", nil); n != 0 {
 				t.Errorf("realtime sessions failed = %v", n)

@@ -125,7 +125,13 @@ type Config struct {
 	Relays     *RelaySet             `yaml:"-"`
 	Logger     *slog.Logger          `yaml:"-"` // default slog.Default()
 	Registerer prometheus.Registerer `yaml:"-"` // nil: metrics are not registered
-	Now        func() time.Time      `yaml:"-"` // default time.Now
+	// TurnRegisterer receives the turn metrics (rtcedge_turn_*,
+	// rtcedge_reply_audio_seconds_total, rtcedge_bargeins_total), whose
+	// pop label is the POP of a call's path; default Registerer. The dev
+	// world, whose one registry labels every node with its own pop, gives
+	// pods one without that label.
+	TurnRegisterer prometheus.Registerer `yaml:"-"`
+	Now            func() time.Time      `yaml:"-"` // default time.Now
 }
 
 // ApplyEnv takes the secrets from the environment (config.Load calls it).

@@ -162,7 +162,7 @@ var _ interface{ BufferedAmount() uint64 } = (*datachannel.DataChannel)(nil)
 // once maxEventBacklog bytes wait, and counted; before that they go out.
 func TestSendEventBacklog(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := newMetrics(reg)
+	m, err := newMetrics(reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

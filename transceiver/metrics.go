@@ -3,6 +3,7 @@ package transceiver
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
@@ -42,9 +43,23 @@ type metrics struct {
 	addressChanges prometheus.Counter
 	iceRestarts    *prometheus.CounterVec
 	mediaPaths     *prometheus.CounterVec
+
+	// Turns (transceiver/pace, docs/backends.md "Paced output and
+	// barge-in"): pop is the POP of the session's selected path.
+	replyDelay  *prometheus.HistogramVec
+	bargeinStop *prometheus.HistogramVec
+	replyAudio  *prometheus.CounterVec
+	bargeins    *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// Reply audio states, the "state" label of rtcedge_reply_audio_seconds_total.
+const (
+	replyGenerated = "generated"
+	replySent      = "sent"
+	replyDropped   = "dropped"
+)
+
+func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "rtcedge_transceiver_" + name, Help: help})
 	}
@@ -68,6 +83,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		iceRestarts:    counterVec("ice_restarts_total", "ICE restarts asked for by PATCH of the session resource, by result.", "result"),
 		mediaPaths:     counterVec("media_paths_total", "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).", "path"),
 	}
+	m.replyDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rtcedge_turn_reply_delay_seconds",
+		Help:    "Time from the end of the caller's speech (the backend's speech_stopped, or the edge's VAD) to the first reply frame sent, by the POP of the call's path.",
+		Buckets: []float64{.05, .1, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10}}, []string{"pop"})
+	m.bargeinStop = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rtcedge_turn_bargein_stop_seconds",
+		Help:    "Time from a barge-in's onset to the last reply frame sent, by the POP of the call's path.",
+		Buckets: []float64{0, .005, .01, .02, .03, .04, .06, .08, .1, .15, .2, .5}}, []string{"pop"})
+	m.replyAudio = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_reply_audio_seconds_total",
+		Help: "Seconds of audio the backends wrote toward callers (generated), the pod sent at real time (sent), and dropped (a barge-in, a full queue)."}, []string{"state"})
+	m.bargeins = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_bargeins_total",
+		Help: "Replies cleared because the caller spoke over them, by what detected it: backend (its VAD's speech_started), edge (the pod's VAD), client (output_audio_buffer.clear)."}, []string{"source"})
+	for _, st := range []string{replyGenerated, replySent, replyDropped} {
+		m.replyAudio.WithLabelValues(st)
+	}
+	for _, src := range []string{backend.ClearBackend, backend.ClearEdge, backend.ClearClient} {
+		m.bargeins.WithLabelValues(src)
+	}
 	for _, p := range []string{"pod", "pion"} {
 		m.mediaPaths.WithLabelValues(p)
 	}
@@ -82,6 +113,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
 		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths}, m.net.Collectors()...)...); err != nil {
+		return nil, err
+	}
+	if turnReg == nil {
+		turnReg = reg
+	}
+	if err := metric.Register(turnReg, "transceiver turn", m.replyDelay, m.bargeinStop, m.replyAudio, m.bargeins); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -43,6 +43,9 @@ type Node struct {
 func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *Node, err error) {
 	env = env.WithDefaults()
 	cfg.Backend, cfg.Logger, cfg.Registerer, cfg.Now = backend, env.Logger, env.Registerer, env.Now
+	if cfg.TurnRegisterer == nil {
+		cfg.TurnRegisterer = env.Registerer
+	}
 	cfg.Relays = &RelaySet{}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/token"
+	"github.com/rtcedge/rtcedge/transceiver/pace"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
@@ -85,6 +86,14 @@ type session struct {
 	audioMu     sync.Mutex
 	audioClosed bool
 
+	// play paces the backend's audio to the caller (play.go); static
+	// after newSession. interrupter is the handler's, if it wants the
+	// edge's barge-in (static after the backend opened); vad is owned by
+	// the audio path (under audioMu).
+	play        *pace.Queue
+	interrupter backend.Interrupter
+	vad         pace.Detector
+
 	// The outgoing audio stream: one RTP packet per Opus frame, header
 	// state reused across frames.
 	outMu     sync.Mutex
@@ -138,6 +147,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		s.popByVIP[p.VIP] = p.ID
 	}
 	s.preferredPOP = req.POPs[0].ID
+	s.play = t.pacer.NewQueue(s)
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
@@ -219,6 +229,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", fmt.Errorf("open backend: %w", err)
 	}
+	s.interrupter, _ = s.handler.(backend.Interrupter)
 	answer, err := pc.CreateAnswer(nil)
 	if err != nil {
 		return s, "", fmt.Errorf("%w: create answer: %w", ErrBadOffer, err)
@@ -429,6 +440,9 @@ func (s *session) audio(p []byte, d time.Duration) {
 	s.audioMu.Lock()
 	defer s.audioMu.Unlock()
 	if !s.audioClosed {
+		if s.interrupter != nil {
+			s.edgeVAD(p)
+		}
 		s.handler.Audio(p, d)
 	}
 }
@@ -535,10 +549,20 @@ func (s *session) End(reason string) {
 	s.end(endBackend)
 }
 
-// WriteAudio implements backend.Sink. One frame is one RTP packet; the timestamp
-// advances by the frame's duration on the 48 kHz clock, and an empty frame
-// only advances it.
+// WriteAudio implements backend.Sink: the frame is queued and sent at real
+// time (play.go).
 func (s *session) WriteAudio(payload []byte, d time.Duration) error {
+	return s.play.Push(payload, d)
+}
+
+// SendFrame implements pace.Output. One frame is one RTP packet; the
+// timestamp advances by the frame's duration on the 48 kHz clock, and an
+// empty frame only advances it. Send failures are the session ending.
+func (s *session) SendFrame(payload []byte, d time.Duration) {
+	_ = s.writeRTP(payload, d)
+}
+
+func (s *session) writeRTP(payload []byte, d time.Duration) error {
 	s.outMu.Lock()
 	defer s.outMu.Unlock()
 	ticks := int64(d)*int64(opusCapability.ClockRate) + s.outTSFrac
@@ -630,6 +654,7 @@ func (s *session) teardown() {
 		if s.handler != nil {
 			_ = s.handler.Close()
 		}
+		s.play.Close()
 		_ = s.pc.GracefulClose()
 		// Closing the PeerConnection ends the SCTP association, which ends
 		// the events reader's read: no goroutine of the session outlives

@@ -29,6 +29,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/transceiver/pace"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
@@ -70,6 +71,9 @@ type Transceiver struct {
 	base      webrtc.SettingEngine
 	// byNonce finds a session by its routing token's nonce (podnet asks).
 	byNonce nonceIndex
+	// pacer sends every session's outgoing audio at real time (Run
+	// drives it).
+	pacer *pace.Scheduler
 
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
@@ -96,7 +100,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transceiver config: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer, cfg.TurnRegisterer)
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +134,11 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 
 		stateChanged: make(chan struct{}, 1),
 	}
+	t.pacer = pace.New(pace.Config{Counters: pace.Counters{
+		Generated: m.replyAudio.WithLabelValues(replyGenerated),
+		Sent:      m.replyAudio.WithLabelValues(replySent),
+		Dropped:   m.replyAudio.WithLabelValues(replyDropped),
+	}})
 	t.sock = podnet.NewSocket(conn, podnet.Config{Cluster: cfg.Cluster, Pod: cfg.Pod, HopKeys: cfg.Hop, Relays: cfg.Relays,
 		Sessions: &t.byNonce, Metrics: m.net, Now: cfg.Now})
 
@@ -171,9 +180,16 @@ func (t *Transceiver) Run(ctx context.Context) error {
 		defer close(reportsDone)
 		t.sock.Report(reportsStop)
 	}()
+	pacerDone, pacerStop := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(pacerDone)
+		t.pacer.Run(pacerStop)
+	}()
 	defer func() {
 		close(reportsStop)
+		close(pacerStop)
 		<-reportsDone
+		<-pacerDone
 	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()

@@ -1,6 +1,7 @@
 package netbackend
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -125,8 +126,65 @@ func (h *handler) Audio(payload []byte, d time.Duration) {
 	h.enqueue(FrameAudio, dur[:], payload)
 }
 
-// Event implements backend.Handler.
-func (h *handler) Event(data []byte) { h.enqueue(FrameEvent, data) }
+// Event implements backend.Handler. The caller's output_audio_buffer.clear
+// is the pod's to act on (it holds the output buffer): the backend gets a
+// cleared control frame instead.
+func (h *handler) Event(data []byte) {
+	if p, ok := h.out.(backend.Player); ok && bytes.Contains(data, clearEvent) {
+		var ev struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(data, &ev) == nil && ev.Type == "output_audio_buffer.clear" {
+			item, played, playing := p.Clear(backend.ClearClient)
+			if playing {
+				h.Interrupted(backend.ClearClient, item, played)
+			}
+			return
+		}
+	}
+	h.enqueue(FrameEvent, data)
+}
+
+var clearEvent = []byte("output_audio_buffer.clear")
+
+// Interrupted implements backend.Interrupter: the backend hears of the
+// barge-in the pod acted on, with the audio the caller was sent.
+func (h *handler) Interrupted(source, itemID string, played time.Duration) {
+	h.control(Control{Type: ControlCleared, Source: source, ItemID: itemID, AudioEndMs: played.Milliseconds()})
+}
+
+// SpeechStopped implements backend.Interrupter.
+func (h *handler) SpeechStopped() { h.control(Control{Type: ControlSpeechStopped}) }
+
+func (h *handler) control(c Control) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return
+	}
+	h.enqueue(FrameControl, b)
+}
+
+// onControl acts on a backend's control frame through the pod's Player;
+// with a Sink that is not one, control frames are ignored.
+func (h *handler) onControl(payload []byte) {
+	p, ok := h.out.(backend.Player)
+	var c Control
+	if !ok || json.Unmarshal(payload, &c) != nil {
+		return
+	}
+	switch c.Type {
+	case ControlItem:
+		p.BeginItem(c.ResponseID, c.ItemID)
+	case ControlResponseDone:
+		p.EndResponse(c.ResponseID)
+	case ControlSpeechStopped:
+		p.SpeechStopped()
+	case ControlClear:
+		if item, played, playing := p.Clear(backend.ClearBackend); playing {
+			h.Interrupted(backend.ClearBackend, item, played)
+		}
+	}
+}
 
 func (h *handler) writeLoop() {
 	defer h.wg.Done()
@@ -170,6 +228,8 @@ func (h *handler) readLoop() {
 			}
 		case FrameEvent:
 			_ = h.out.SendEvent(payload)
+		case FrameControl:
+			h.onControl(payload)
 		}
 	}
 }

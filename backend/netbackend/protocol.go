@@ -11,6 +11,9 @@
 //	0x01 hello  (pod → backend, first frame): JSON {"session","cluster","pod","config"}
 //	0x02 audio  payload = duration in microseconds (4 bytes, big-endian) | one Opus frame
 //	0x03 event  payload = one oai-events message (JSON text)
+//	0x04 control payload = JSON Control: the reply's items and ends
+//	            (backend → pod), barge-ins and the end of the caller's
+//	            speech (pod → backend); see docs/backend-protocol.md
 //
 // Closing the connection ends the session's backend half. Unknown frame
 // types are skipped, so either side can add types later.
@@ -26,9 +29,38 @@ import (
 
 // Frame types.
 const (
-	FrameHello byte = 0x01
-	FrameAudio byte = 0x02
-	FrameEvent byte = 0x03
+	FrameHello   byte = 0x01
+	FrameAudio   byte = 0x02
+	FrameEvent   byte = 0x03
+	FrameControl byte = 0x04
+)
+
+// Control is the payload of a control frame. Backend → pod: "item" (the
+// audio that follows is item ItemID of response ResponseID), "response_done"
+// (response ResponseID writes no more audio; the caller gets
+// output_audio_buffer.stopped once it has played), "speech_stopped" (the
+// backend's own VAD ended the caller's turn), "clear" (the backend's own
+// barge-in: the pod drops the queued reply and answers "cleared").
+// Pod → backend: "cleared" (the reply was cleared by Source: edge, client or
+// backend; ItemID was playing and the caller was sent AudioEndMs of it),
+// "speech_stopped" (the edge's VAD heard the caller's turn end). A backend
+// that sends no control frames gets its audio paced with no items, and
+// skips the pod's control frames as it skips any unknown type.
+type Control struct {
+	Type       string `json:"type"`
+	ResponseID string `json:"response_id,omitempty"`
+	ItemID     string `json:"item_id,omitempty"`
+	Source     string `json:"source,omitempty"`
+	AudioEndMs int64  `json:"audio_end_ms,omitempty"`
+}
+
+// Control types.
+const (
+	ControlItem          = "item"
+	ControlResponseDone  = "response_done"
+	ControlSpeechStopped = "speech_stopped"
+	ControlClear         = "clear"
+	ControlCleared       = "cleared"
 )
 
 // MaxPayload bounds one frame: an Opus frame or an event is far smaller;

@@ -21,7 +21,8 @@ type Conn struct {
 }
 
 // Read returns the next frame from the pod: FrameAudio (with the frame's
-// duration) or FrameEvent. The payload is only valid until the next Read.
+// duration), FrameEvent or FrameControl (ParseControl reads it). The
+// payload is only valid until the next Read.
 func (c *Conn) Read() (typ byte, payload []byte, d time.Duration, err error) {
 	for {
 		var p []byte
@@ -36,7 +37,7 @@ func (c *Conn) Read() (typ byte, payload []byte, d time.Duration, err error) {
 				continue
 			}
 			return typ, opus, time.Duration(us) * time.Microsecond, nil
-		case FrameEvent:
+		case FrameEvent, FrameControl:
 			return typ, p, 0, nil
 		}
 		// Unknown types are skipped.
@@ -48,6 +49,26 @@ func (c *Conn) WriteAudio(opus []byte, d time.Duration) error {
 	var dur [4]byte
 	binary.BigEndian.PutUint32(dur[:], uint32(d/time.Microsecond))
 	return c.write(FrameAudio, dur[:], opus)
+}
+
+// WriteControl sends a control frame to the pod: ControlItem before an
+// item's audio, ControlResponseDone after a response's last audio, and so
+// on (Control).
+func (c *Conn) WriteControl(ctl Control) error {
+	b, err := json.Marshal(ctl)
+	if err != nil {
+		return fmt.Errorf("netbackend: control: %w", err)
+	}
+	return c.write(FrameControl, b)
+}
+
+// ParseControl decodes a control frame's payload.
+func ParseControl(p []byte) (Control, error) {
+	var c Control
+	if err := json.Unmarshal(p, &c); err != nil {
+		return c, fmt.Errorf("netbackend: control frame: %w", err)
+	}
+	return c, nil
 }
 
 // WriteEvent sends one oai-events message toward the caller.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,8 @@ const (
 	readLimit = 16 << 20
 	// closeWait bounds the close handshake with the server.
 	closeWait = time.Second
+	// frameDur is the Opus frame toward the caller.
+	frameDur = 20 * time.Millisecond
 )
 
 var (
@@ -43,16 +46,32 @@ var (
 
 // call is one session's WebSocket: the media path (Audio) and the data
 // channel (Event) feed a bounded queue that one writer drains; one reader
-// hands server events to the caller and audio to the pacer; a pinger
+// hands server events to the caller and the reply audio, encoded to Opus
+// as it arrives, to the pod, which paces it (backend.Player); a pinger
 // watches for a stalled server.
 type call struct {
-	b     *Backend
-	out   backend.Sink
-	conn  *websocket.Conn
-	log   *slog.Logger
-	pacer *pacer
-	enc   *opus.Encoder  // the pacer's; closed with the call
-	cfg   map[string]any // the call's session config, static after Open
+	b    *Backend
+	out  backend.Sink
+	play backend.Player // out's, or nil: frames go out as they are encoded
+	conn *websocket.Conn
+	log  *slog.Logger
+	cfg  map[string]any // the call's session config, static after Open
+
+	// The reply path: owned by the reader, under omu (a barge-in from the
+	// data channel resets it).
+	omu       sync.Mutex
+	enc       *opus.Encoder // closed with the call
+	opcm      []int16       // reply audio not yet a whole frame
+	frame     []int16       // one frame, padded
+	pkt       []byte
+	active    string // the response in progress (response.created to response.done)
+	cancelled string // the response cleared by a barge-in: its late deltas are dropped
+	curItem   string // the item the pod was last told of (BeginItem)
+	curResp   string
+	// noInterrupt: the session's turn detection has interrupt_response
+	// false (from session.created/updated): the caller's speech does not
+	// stop the reply. Set by the reader.
+	noInterrupt atomic.Bool
 
 	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
 	dec          *opus.Decoder
@@ -104,7 +123,10 @@ func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *webso
 	c.raw = make([]byte, 0, 2*cap(c.batch))
 	c.bufSize = len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.pacer = newPacer(enc, out, b.m, b.cfg.MaxQueuedReply)
+	c.play, _ = out.(backend.Player)
+	c.frame = make([]int16, enc.FrameSamples())
+	c.opcm = make([]int16, 0, 2*enc.FrameSamples())
+	c.pkt = make([]byte, opus.MaxPacket)
 	return c
 }
 
@@ -131,7 +153,6 @@ func (c *call) sendSession(config []byte) error {
 }
 
 func (c *call) start() {
-	c.pacer.start()
 	c.wg.Add(3)
 	go c.writeLoop()
 	go c.readLoop()
@@ -215,7 +236,7 @@ func (c *call) Event(data []byte) {
 		c.b.m.dropped[dropAppendEvent].Inc() // audio comes by media only
 		return
 	case "output_audio_buffer.clear": // WebRTC-only: the edge holds the output buffer
-		c.pacer.clear()
+		c.bargeIn(backend.ClearClient)
 		return
 	case "session.update":
 		var err error
@@ -321,8 +342,9 @@ func (c *call) readMessage(r io.Reader) error {
 	}
 }
 
-// handle routes one server event: audio deltas to the pacer, the rest to
-// the caller as they came.
+// handle routes one server event: audio deltas to the pod as Opus frames,
+// the rest to the caller as they came; the events of a turn also drive the
+// pod's output (items, response ends, barge-in).
 func (c *call) handle(data []byte) {
 	var f fields
 	ok := scanEvent(data, &f)
@@ -330,24 +352,105 @@ func (c *call) handle(data []byte) {
 		ok = f.unescape(data)
 	}
 	if ok && isAudioDelta(f.typ) {
-		c.audioDelta(f.responseID, f.delta)
+		c.audioDelta(f.responseID, f.itemID, f.delta)
+		return
+	}
+	if ok && bytes.Equal(f.typ, evError) && ownError(data) {
+		c.b.m.dropped[dropOwnError].Inc() // the answer to the edge's own cancel or truncate
 		return
 	}
 	c.toCaller(data)
-	if ok && bytes.Equal(f.typ, evResponseDone) {
-		var done struct {
+	if !ok {
+		return
+	}
+	switch {
+	case bytes.Equal(f.typ, evResponseCreated), bytes.Equal(f.typ, evResponseDone):
+		var ev struct {
 			Response struct {
 				ID string `json:"id"`
 			} `json:"response"`
 		}
-		if json.Unmarshal(data, &done) == nil {
-			c.pacer.end([]byte(done.Response.ID))
+		if json.Unmarshal(data, &ev) != nil {
+			return
+		}
+		c.omu.Lock()
+		if bytes.Equal(f.typ, evResponseCreated) {
+			c.active = ev.Response.ID
+			c.omu.Unlock()
+			return
+		}
+		if c.active == ev.Response.ID {
+			c.active = ""
+		}
+		if c.cancelled != ev.Response.ID {
+			c.flushReplyLocked()
+		}
+		c.omu.Unlock()
+		if c.play != nil {
+			c.play.EndResponse(ev.Response.ID)
+		}
+	case bytes.Equal(f.typ, evSessionCreated), bytes.Equal(f.typ, evSessionUpdated):
+		c.noInterrupt.Store(!interrupts(data))
+	case bytes.Equal(f.typ, evSpeechStarted):
+		if !c.noInterrupt.Load() {
+			c.bargeIn(backend.ClearBackend)
+		}
+	case bytes.Equal(f.typ, evSpeechStopped):
+		if c.play != nil {
+			c.play.SpeechStopped()
 		}
 	}
 }
 
-// audioDelta decodes a delta's base64 PCM16LE and queues it for pacing.
-func (c *call) audioDelta(responseID, delta []byte) {
+// interrupts reports whether a session event's turn detection lets the
+// caller's speech interrupt a reply: interrupt_response is true unless set
+// to false (GA audio.input.turn_detection or beta turn_detection).
+func interrupts(data []byte) bool {
+	var ev struct {
+		Session struct {
+			TurnDetection *struct {
+				InterruptResponse *bool `json:"interrupt_response"`
+			} `json:"turn_detection"`
+			Audio struct {
+				Input struct {
+					TurnDetection *struct {
+						InterruptResponse *bool `json:"interrupt_response"`
+					} `json:"turn_detection"`
+				} `json:"input"`
+			} `json:"audio"`
+		} `json:"session"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return true
+	}
+	for _, td := range []*struct {
+		InterruptResponse *bool `json:"interrupt_response"`
+	}{ev.Session.TurnDetection, ev.Session.Audio.Input.TurnDetection} {
+		if td != nil && td.InterruptResponse != nil && !*td.InterruptResponse {
+			return false
+		}
+	}
+	return true
+}
+
+// ownEventPrefix starts the event_id of the events the connector makes
+// itself (a barge-in's cancel and truncate): the server's errors about
+// them (a response the server's VAD cancelled already) are not the
+// caller's business.
+const ownEventPrefix = "event_rtcedge_"
+
+func ownError(data []byte) bool {
+	var ev struct {
+		Error struct {
+			EventID string `json:"event_id"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(data, &ev) == nil && strings.HasPrefix(ev.Error.EventID, ownEventPrefix)
+}
+
+// audioDelta decodes a delta's base64 PCM16LE, encodes the whole frames it
+// completes and writes them to the pod, which paces them.
+func (c *call) audioDelta(responseID, itemID, delta []byte) {
 	need := base64.StdEncoding.DecodedLen(len(delta))
 	if cap(c.dbuf) < need {
 		c.dbuf = make([]byte, need)
@@ -361,7 +464,96 @@ func (c *call) audioDelta(responseID, delta []byte) {
 		c.dpcm = make([]int16, n/2)
 	}
 	pcm := c.dpcm[:opus.DecodePCM16LE(c.dbuf[:n], c.dpcm[:n/2])]
-	c.pacer.push(responseID, pcm)
+	c.omu.Lock()
+	defer c.omu.Unlock()
+	if c.cancelled != "" && c.cancelled == string(responseID) { // no allocation: compared in place
+		return // in flight when the caller barged in
+	}
+	if c.play != nil && (c.curItem != string(itemID) || c.curResp != string(responseID)) {
+		c.flushReplyLocked() // the previous item's tail
+		c.curItem, c.curResp = string(itemID), string(responseID)
+		c.play.BeginItem(c.curResp, c.curItem)
+	}
+	fs := len(c.frame)
+	for len(pcm) > 0 {
+		k := min(len(pcm), fs-len(c.opcm))
+		c.opcm = append(c.opcm, pcm[:k]...)
+		pcm = pcm[k:]
+		if len(c.opcm) == fs {
+			c.encodeLocked(c.opcm)
+			c.opcm = c.opcm[:0]
+		}
+	}
+}
+
+// flushReplyLocked sends the reply's last partial frame, padded with
+// silence; omu must be held.
+func (c *call) flushReplyLocked() {
+	if len(c.opcm) == 0 {
+		return
+	}
+	n := copy(c.frame, c.opcm)
+	clear(c.frame[n:])
+	c.opcm = c.opcm[:0]
+	c.encodeLocked(c.frame)
+}
+
+func (c *call) encodeLocked(pcm []int16) {
+	size, err := c.enc.Encode(pcm, c.pkt)
+	if err != nil {
+		c.b.m.dropped[dropEncode].Inc()
+		return
+	}
+	if c.out.WriteAudio(c.pkt[:size], frameDur) != nil {
+		c.b.m.dropped[dropSink].Inc()
+		return
+	}
+	c.b.m.audioFrom.Add(frameDur.Seconds())
+}
+
+// bargeIn stops the reply: the pod drops what it has queued (the caller
+// gets output_audio_buffer.cleared from it), the server gets
+// response.cancel for a response in progress and conversation.item.truncate
+// with the audio the caller was actually sent, and the cancelled
+// response's late deltas are dropped.
+func (c *call) bargeIn(source string) {
+	var itemID string
+	var played time.Duration
+	var playing bool
+	if c.play != nil {
+		itemID, played, playing = c.play.Clear(source)
+	}
+	c.omu.Lock()
+	resp := c.active
+	if resp == "" && playing {
+		resp = c.curResp // done generating, still playing
+	}
+	if resp != "" {
+		c.cancelled = resp
+	}
+	c.opcm = c.opcm[:0]
+	c.curItem, c.curResp = "", ""
+	active := c.active != ""
+	c.omu.Unlock()
+	if active {
+		c.toServer(fmt.Appendf(nil, `{"type":"response.cancel","event_id":"%scancel_%d","response_id":%q}`, ownEventPrefix, c.b.ids.Add(1), resp))
+	}
+	if playing && itemID != "" {
+		c.toServer(fmt.Appendf(nil, `{"type":"conversation.item.truncate","event_id":"%struncate_%d","item_id":%q,"content_index":0,"audio_end_ms":%d}`,
+			ownEventPrefix, c.b.ids.Add(1), itemID, played.Milliseconds()))
+	}
+}
+
+// toServer queues an event the connector makes.
+func (c *call) toServer(ev []byte) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return
+	}
+	if c.enqueueLocked(msg{b: ev}) {
+		c.b.m.eventsTo.Inc()
+	}
 }
 
 func (c *call) pingLoop() {
@@ -421,7 +613,6 @@ func (c *call) Close() error {
 		c.closed = true
 		close(c.queue)
 		c.mu.Unlock()
-		c.pacer.close()
 		done := make(chan struct{})
 		go func() {
 			_ = c.conn.Close(websocket.StatusNormalClosure, "call ended")
@@ -436,7 +627,9 @@ func (c *call) Close() error {
 		c.cancel()
 		c.wg.Wait()
 		c.dec.Close()
+		c.omu.Lock()
 		c.enc.Close()
+		c.omu.Unlock()
 	})
 	return nil
 }

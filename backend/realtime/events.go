@@ -9,8 +9,8 @@ import (
 // fields are the top-level string fields of a server event the connector
 // reads; they alias the event's bytes.
 type fields struct {
-	typ, delta, responseID []byte
-	escaped                bool // one of them holds a JSON escape: decode it with encoding/json
+	typ, delta, responseID, itemID []byte
+	escaped                        bool // one of them holds a JSON escape: decode it with encoding/json
 }
 
 // scanEvent reads the top-level string fields of a JSON object without
@@ -50,6 +50,8 @@ func scanEvent(data []byte, f *fields) bool {
 				dst = &f.delta
 			case "response_id":
 				dst = &f.responseID
+			case "item_id":
+				dst = &f.itemID
 			}
 			if dst != nil {
 				*dst = data[i+1 : end-1]
@@ -139,19 +141,26 @@ func (f *fields) unescape(data []byte) bool {
 		Type       string `json:"type"`
 		Delta      string `json:"delta"`
 		ResponseID string `json:"response_id"`
+		ItemID     string `json:"item_id"`
 	}
 	if json.Unmarshal(data, &v) != nil {
 		return false
 	}
-	f.typ, f.delta, f.responseID, f.escaped = []byte(v.Type), []byte(v.Delta), []byte(v.ResponseID), false
+	f.typ, f.delta, f.responseID, f.itemID, f.escaped = []byte(v.Type), []byte(v.Delta), []byte(v.ResponseID), []byte(v.ItemID), false
 	return true
 }
 
 // Server event names the connector acts on, GA and beta.
 var (
-	evAudioDelta     = []byte("response.output_audio.delta")
-	evAudioDeltaBeta = []byte("response.audio.delta")
-	evResponseDone   = []byte("response.done")
+	evAudioDelta      = []byte("response.output_audio.delta")
+	evAudioDeltaBeta  = []byte("response.audio.delta")
+	evResponseDone    = []byte("response.done")
+	evResponseCreated = []byte("response.created")
+	evSpeechStarted   = []byte("input_audio_buffer.speech_started")
+	evSessionCreated  = []byte("session.created")
+	evSessionUpdated  = []byte("session.updated")
+	evSpeechStopped   = []byte("input_audio_buffer.speech_stopped")
+	evError           = []byte("error")
 )
 
 func isAudioDelta(typ []byte) bool {

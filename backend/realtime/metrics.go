@@ -25,11 +25,11 @@ const (
 	dropDecode      = "decode"       // a caller's Opus frame did not decode
 	dropEncode      = "encode"       // a reply frame did not encode
 	dropBadDelta    = "bad_delta"    // an audio delta that was not base64 PCM16
-	dropPacerFull   = "pacer_full"   // reply audio beyond MaxQueuedReply
+	dropOwnError    = "own_error"    // the server's error about the edge's own cancel or truncate (not forwarded)
 	dropSink        = "sink"         // the caller's side refused a frame or event
 )
 
-var dropReasons = []string{dropQueueFull, dropAppendEvent, dropDecode, dropEncode, dropBadDelta, dropPacerFull, dropSink}
+var dropReasons = []string{dropQueueFull, dropAppendEvent, dropDecode, dropEncode, dropBadDelta, dropOwnError, dropSink}
 
 const (
 	toBackend = "to_backend"
@@ -54,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_realtime_events_total",
 		Help: "Realtime protocol events forwarded, by direction (to_backend, to_caller); audio deltas are not counted."}, []string{"direction"})
 	audio := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_realtime_audio_seconds_total",
-		Help: "Seconds of audio sent to the backend (to_backend) and paced out to callers (to_caller)."}, []string{"direction"})
+		Help: "Seconds of audio sent to the backend (to_backend) and encoded toward callers (to_caller; the pod paces it, rtcedge_reply_audio_seconds_total)."}, []string{"direction"})
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_realtime_dropped_total",
 		Help: "Frames and events the Realtime backend dropped, by reason."}, []string{"reason"})
 	m := &metrics{

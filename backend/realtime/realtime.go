@@ -10,8 +10,12 @@
 // and the caller's audio, decoded from Opus to PCM16 and sent as
 // input_audio_buffer.append every appendMs. Toward the caller it sends every
 // server event but the audio deltas on the data channel, and the deltas'
-// audio as 20 ms Opus frames paced at real time (pacer.go), with
-// output_audio_buffer.started/stopped around each response's audio.
+// audio as 20 ms Opus frames, which the pod paces at real time and frames
+// with output_audio_buffer.started/stopped (backend.Player,
+// transceiver/pace). On the server's input_audio_buffer.speech_started or
+// the caller's output_audio_buffer.clear it clears the pod's queue, cancels
+// the response in progress and truncates the item to what the caller was
+// sent.
 //
 // A server that refuses fails Open; one that closes or stops answering
 // pings ends the call with an error event on the data channel (no URL, no
@@ -70,9 +74,6 @@ type Config struct {
 	// StallTimeout ends a call whose server answers no ping for this
 	// long; pings go every StallTimeout/3. Default 10s.
 	StallTimeout time.Duration
-	// MaxQueuedReply bounds the reply audio a call holds before it is
-	// played (the server sends faster than real time); default 60s.
-	MaxQueuedReply time.Duration
 	// ClientSessionFields are the session fields a caller's session.update
 	// may set; others are refused with an error event unless they repeat
 	// the call's value. Default DefaultClientSessionFields.
@@ -112,9 +113,6 @@ func (c *Config) Validate() error {
 	}
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = 10 * time.Second
-	}
-	if c.MaxQueuedReply <= 0 {
-		c.MaxQueuedReply = 60 * time.Second
 	}
 	if len(c.ClientSessionFields) == 0 {
 		c.ClientSessionFields = DefaultClientSessionFields
@@ -192,7 +190,6 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 	c := newCall(b, info, out, conn, dec, enc)
 	if err := c.sendSession(info.Config); err != nil {
 		_ = conn.CloseNow()
-		c.pacer.close()
 		codecs()
 		return fail(ReasonSetup, err)
 	}

@@ -28,6 +28,9 @@
     stalledSeconds: 0,
     timings: {},
     events: [],
+    // turns: the pod's figures per turn (rtcedge.turn events): reply delay,
+    // barge-in stop time and the audio sent before it.
+    turns: [],
     iceRestarts: 0, // ICE restarts done by PATCH (see restartIce)
   };
   // The live RTCPeerConnection (kept after hang-up until the next call).
@@ -287,8 +290,20 @@
     }
   }
 
+  // noteTurn shows the pod's turn figures (docs/backends.md, "Paced output
+  // and barge-in").
+  function noteTurn(data) {
+    const v = JSON.parse(data);
+    rtcedge.turns.push(v);
+    if (typeof v.reply_delay_ms === 'number') setText('turn-reply', `${v.reply_delay_ms} ms`);
+    if (typeof v.bargein_stop_ms === 'number') {
+      setText('turn-bargein', `stopped in ${v.bargein_stop_ms} ms (${v.bargein_source}), after ${v.audio_end_ms} ms of reply`);
+    }
+  }
+
   function addEvent(dir, data) {
     const type = eventType(data);
+    if (dir === 'in' && type === 'rtcedge.turn') noteTurn(data);
     rtcedge.events.push({ dir, type, data, at: Date.now() });
     if (rtcedge.events.length > MAX_EVENTS) rtcedge.events.shift();
     if (dir === 'in') noteBackend(type, data);

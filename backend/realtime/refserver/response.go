@@ -8,7 +8,7 @@ import (
 )
 
 // startLocked starts a response: the parrot of the conversation's last
-// user audio, or a 1 s tone at ToneHz when there is none.
+// user audio, or a tone at ToneHz of Config.ToneMs when there is none.
 func (s *Session) startLocked() {
 	var audio []int16
 	for i := len(s.items) - 1; i >= 0; i-- {
@@ -18,7 +18,7 @@ func (s *Session) startLocked() {
 		}
 	}
 	if audio == nil {
-		audio = tone(ToneHz, s.h.cfg.Rate, s.h.cfg.Rate)
+		audio = tone(ToneHz, s.h.cfg.Rate, s.h.cfg.ToneMs*s.h.cfg.Rate/1000)
 	}
 	if limit := s.h.cfg.MaxReplyMs * s.h.cfg.Rate / 1000; len(audio) > limit {
 		audio = audio[:limit]
@@ -142,6 +142,9 @@ func (s *Session) respond(r *response, prev any) {
 			s.send(with("type", s.name("response.output_audio.delta"), "delta", base64.StdEncoding.EncodeToString(b)))
 			sent += n
 			s.mu.Lock()
+			if i := s.findLocked(r.itemID); i >= 0 { // a truncate may come before the response ends
+				s.items[i].pcm = r.audio[:sent]
+			}
 			s.st.Responses[r.rec].Samples = sent
 			s.notify()
 			s.mu.Unlock()

@@ -61,6 +61,9 @@ type Config struct {
 	Speed float64 `yaml:"speed"`
 	// DeltaMs is the audio in one delta event; default 100.
 	DeltaMs int `yaml:"delta_ms"`
+	// ToneMs is the length of the tone a response.create gets when the
+	// conversation holds no caller audio; default 1000.
+	ToneMs int `yaml:"tone_ms"`
 	// MaxReplyMs caps a reply's audio; default 30000.
 	MaxReplyMs int `yaml:"max_reply_ms"`
 	// RecordMs caps the input audio each session records in its State;
@@ -80,6 +83,9 @@ func (c *Config) defaults() error {
 	}
 	if c.DeltaMs <= 0 {
 		c.DeltaMs = 100
+	}
+	if c.ToneMs <= 0 {
+		c.ToneMs = 1000
 	}
 	if c.MaxReplyMs <= 0 {
 		c.MaxReplyMs = 30000

@@ -1,0 +1,221 @@
+// Package pace plays each call's outgoing audio to the caller at real time,
+// however fast its backend produces it: a Queue per call holds the Opus
+// frames the backend wrote, and a pod-wide Scheduler sends one frame per
+// call every 20 ms on a steady clock. Because the pod is what sends the
+// RTP, it is the one component that knows how much of each response item
+// the caller has been sent: a barge-in (Queue.Clear) drops what is queued
+// within one frame and reports how many milliseconds of the item went out.
+//
+// The Scheduler runs a few goroutines for the whole pod (one per shard), not
+// one per call: each shard keeps its queues on a timing wheel of slotDur
+// slots, so a pod of 1,600 calls wakes a handful of goroutines every few
+// milliseconds instead of 1,600 timers every 20 ms (docs/architecture.md,
+// "Paced output"; BenchmarkPacing).
+package pace
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// FrameDuration is the frame the scheduler sends per call per round.
+const FrameDuration = 20 * time.Millisecond
+
+// The wheel: a round of FrameDuration is nslots slots. A queue that has
+// audio again sends its first frame within one slot; after that it sends
+// on its slot every FrameDuration.
+const (
+	slotDur = 5 * time.Millisecond
+	nslots  = int(FrameDuration / slotDur)
+)
+
+// idleRounds is how many empty rounds a queue keeps its slot: a backend
+// that writes at real time with some jitter (echo, a streaming model) keeps
+// its phase instead of re-entering the wheel on every frame.
+const idleRounds = 5
+
+// DefaultMaxQueued bounds the audio one call holds (a backend that sends a
+// whole minute of reply at once); frames beyond it are dropped and counted.
+const DefaultMaxQueued = 60 * time.Second
+
+// ErrClosed is returned by Push after Close.
+var ErrClosed = errors.New("pace: queue closed")
+
+// Output is where a Queue's frames and its response events go: the
+// session. Its methods are called from a scheduler goroutine, one at a
+// time per queue, and must not block for long (they hold up the shard's
+// other calls).
+type Output interface {
+	// SendFrame sends one frame to the caller; payload is valid only
+	// during the call. An empty payload is a frame of silence that was not
+	// sent (it only advances the RTP clock).
+	SendFrame(payload []byte, d time.Duration)
+	// Started reports that the first frame of response responseID was
+	// sent. replyDelay is the time since the caller's speech ended
+	// (Queue.SpeechStopped), or negative when no end of speech is pending.
+	Started(responseID string, replyDelay time.Duration)
+	// Stopped reports that the last frame of the ended response
+	// responseID was sent.
+	Stopped(responseID string)
+}
+
+// Counter is the part of a Prometheus counter the scheduler adds to.
+type Counter interface{ Add(float64) }
+
+// Counters are the seconds of reply audio a scheduler's queues were
+// written (Generated), sent to callers (Sent) and dropped (Dropped: by a
+// clear, a full queue, or audio of a cleared item). Nil fields count nothing.
+type Counters struct {
+	Generated, Sent, Dropped Counter
+}
+
+type nopCounter struct{}
+
+func (nopCounter) Add(float64) {}
+
+// Scheduler sends the frames of every Queue it made. Run drives it; a
+// Scheduler that is not running only queues (up to each queue's bound).
+type Scheduler struct {
+	// Static after New.
+	shards []*shard
+	c      Counters
+	max    int // frames a queue holds
+	now    func() time.Time
+
+	next atomic.Uint32 // round-robin shard of the next queue
+}
+
+// Config configures a Scheduler.
+type Config struct {
+	// Shards is the number of scheduler goroutines; default 2. Each sends
+	// the frames of its share of the calls (SRTP and the socket write).
+	Shards int
+	// MaxQueued bounds the audio a queue holds; default DefaultMaxQueued.
+	MaxQueued time.Duration
+	Counters  Counters
+}
+
+// New returns a scheduler; nothing is sent until Run.
+func New(cfg Config) *Scheduler {
+	if cfg.Shards <= 0 {
+		cfg.Shards = 2
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = DefaultMaxQueued
+	}
+	for _, c := range []*Counter{&cfg.Counters.Generated, &cfg.Counters.Sent, &cfg.Counters.Dropped} {
+		if *c == nil {
+			*c = nopCounter{}
+		}
+	}
+	s := &Scheduler{c: cfg.Counters, max: int(cfg.MaxQueued / FrameDuration), now: time.Now}
+	for range cfg.Shards {
+		s.shards = append(s.shards, &shard{wake: make(chan struct{}, 1), now: s.now})
+	}
+	return s
+}
+
+// Run sends frames until stop is closed; it returns when every shard's
+// goroutine has ended.
+func (s *Scheduler) Run(stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	for _, sh := range s.shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sh.run(stop)
+		}()
+	}
+	wg.Wait()
+}
+
+// NewQueue returns an empty queue whose frames go to out.
+func (s *Scheduler) NewQueue(out Output) *Queue {
+	sh := s.shards[int(s.next.Add(1))%len(s.shards)]
+	return &Queue{sh: sh, out: out, c: s.c, max: s.max, now: s.now, ring: make([]frame, 8)}
+}
+
+// shard is one scheduler goroutine's wheel.
+type shard struct {
+	now  func() time.Time
+	wake chan struct{} // cap 1: a queue was added to an idle wheel
+
+	mu     sync.Mutex
+	slots  [nslots][]*Queue // guarded by mu, except slots[cur] while run sends it (add never touches it)
+	cur    int              // guarded by mu: the slot being sent or last sent
+	active int              // guarded by mu: queues on the wheel
+}
+
+// add puts q on the next slot: its first frame goes within slotDur.
+func (sh *shard) add(q *Queue) {
+	sh.mu.Lock()
+	i := (sh.cur + 1) % nslots
+	sh.slots[i] = append(sh.slots[i], q)
+	sh.active++
+	idle := sh.active == 1
+	sh.mu.Unlock()
+	if idle {
+		select {
+		case sh.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run sends one slot every slotDur while the wheel holds queues, on a clock
+// that does not drift (each deadline is the previous one plus slotDur), and
+// sleeps on wake when it holds none.
+func (sh *shard) run(stop <-chan struct{}) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var next time.Time
+	for {
+		sh.mu.Lock()
+		idle := sh.active == 0
+		sh.mu.Unlock()
+		if idle {
+			next = time.Time{}
+			select {
+			case <-sh.wake:
+				continue
+			case <-stop:
+				return
+			}
+		}
+		if now := sh.now(); next.IsZero() || now.Sub(next) > FrameDuration {
+			next = now // (re)start the clock: idle, or far behind
+		}
+		sh.tick()
+		next = next.Add(slotDur)
+		timer.Reset(time.Until(next))
+		select {
+		case <-timer.C:
+		case <-stop:
+			timer.Stop()
+			return
+		}
+	}
+}
+
+// tick advances the wheel one slot and sends that slot's queues one frame
+// each; queues that are done leave the wheel.
+func (sh *shard) tick() {
+	sh.mu.Lock()
+	sh.cur = (sh.cur + 1) % nslots
+	list := sh.slots[sh.cur]
+	sh.mu.Unlock()
+	now := sh.now()
+	kept := list[:0]
+	for _, q := range list {
+		if q.send(now) {
+			kept = append(kept, q)
+		}
+	}
+	clear(list[len(kept):]) // no stale pointers to ended calls
+	sh.mu.Lock()
+	sh.active -= len(list) - len(kept)
+	sh.slots[sh.cur] = kept
+	sh.mu.Unlock()
+}
