@@ -56,6 +56,7 @@ type Front struct {
 	cfg    FrontConfig
 	log    *slog.Logger
 	placer *placer
+	relays *sessionapi.Relays // sidebands (sideband.go); ended by Close
 }
 
 // NewFront returns the session API front.
@@ -71,7 +72,7 @@ func NewFront(cfg FrontConfig) *Front {
 		cfg.Now = time.Now
 	}
 	return &Front{cfg: cfg, log: cfg.Logger.With("component", "clusterapi", "cluster", cfg.Cluster),
-		placer: newPlacer(cfg.GossipLag, cfg.PlacementHold, cfg.Now)}
+		placer: newPlacer(cfg.GossipLag, cfg.PlacementHold, cfg.Now), relays: sessionapi.NewRelays()}
 }
 
 // ClusterStatus is the JSON body of GET /internal/v1/status on the front.
@@ -90,7 +91,8 @@ func (f *Front) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+sessionsPath, f.create)
 	mux.HandleFunc("DELETE "+sessionsPath+"/{id}", f.delete)
-	mux.HandleFunc("PATCH "+sessionsPath+"/{id}", f.restart) // ICE restart (restart.go)
+	mux.HandleFunc("PATCH "+sessionsPath+"/{id}", f.restart)         // ICE restart (restart.go)
+	mux.HandleFunc("GET "+sessionsPath+"/{id}/sideband", f.sideband) // WebSocket (sideband.go)
 	mux.HandleFunc("GET "+sessionapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		load, capacity, ready := f.cfg.Pods.Aggregate()
 		w.Header().Set("Content-Type", "application/json")

@@ -102,6 +102,12 @@ type session struct {
 
 	follow podnet.Follower // a path change waiting for the old address to go silent
 
+	// sendMu orders SendEvent: the caller's channel, the sidebands and
+	// the replay see the events in one order (sideband.go). Taken before
+	// mu.
+	sendMu sync.Mutex
+	sb     sidebands // guarded by sendMu
+
 	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu
 
 	forgotten    bool // forget ran: the session ended; guarded by t.mu
@@ -557,8 +563,18 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 	return err
 }
 
-// SendEvent implements backend.Sink.
+// SendEvent implements backend.Sink: the event goes to the caller's
+// events channel and to every sideband (sideband.go), in one order.
 func (s *session) SendEvent(data []byte) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	s.fanOut(data)
+	return s.toCaller(data)
+}
+
+// toCaller sends an event on the caller's events channel (held until it
+// opens); sendMu held.
+func (s *session) toCaller(data []byte) error {
 	s.mu.Lock()
 	ev := s.events
 	if ev == nil {
@@ -617,6 +633,7 @@ func (s *session) teardown() {
 			mp.Stop()
 		}
 		s.closeAudio()
+		s.closeSidebands(sbCloseEnded) // before the backend closes: no sideband event after it
 		if s.handler != nil {
 			_ = s.handler.Close()
 		}

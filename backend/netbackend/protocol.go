@@ -11,6 +11,10 @@
 //	0x01 hello  (pod → backend, first frame): JSON {"session","cluster","pod","config"}
 //	0x02 audio  payload = duration in microseconds (4 bytes, big-endian) | one Opus frame
 //	0x03 event  payload = one oai-events message (JSON text)
+//	0x04 server event (pod → backend) payload = one event from the call's
+//	     sideband (the app server's own connection, docs/sideband.md): trusted,
+//	     never seen by the caller; the backend's answers go out as 0x03 events
+//	     to the caller and the sidebands alike
 //
 // Closing the connection ends the session's backend half. Unknown frame
 // types are skipped, so either side can add types later.
@@ -29,6 +33,8 @@ const (
 	FrameHello byte = 0x01
 	FrameAudio byte = 0x02
 	FrameEvent byte = 0x03
+	// FrameServerEvent carries an event of the call's sideband.
+	FrameServerEvent byte = 0x04
 )
 
 // MaxPayload bounds one frame: an Opus frame or an event is far smaller;
