@@ -52,6 +52,9 @@ type voiceCall struct {
 	mu       sync.Mutex
 	payloads [][]byte // guarded by mu: received Opus payloads, in arrival order
 	events   []string // guarded by mu: received event types, in order
+	raw      [][]byte // guarded by mu: the received events as they came
+	// location is the call's URL (its last segment the call ID).
+	location string
 	changed  chan struct{}
 	readers  sync.WaitGroup
 }
@@ -59,6 +62,12 @@ type voiceCall struct {
 // dialVoice places a call through signaling and returns once it is
 // connected and its data channel open.
 func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCall {
+	t.Helper()
+	return dialVoiceAs(ctx, t, signalingURL, "")
+}
+
+// dialVoiceAs is dialVoice placing the call with a bearer credential.
+func dialVoiceAs(ctx context.Context, t *testing.T, signalingURL, bearer string) *voiceCall {
 	t.Helper()
 	se := webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
@@ -92,6 +101,7 @@ func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCal
 		_ = json.Unmarshal(m.Data, &ev)
 		c.mu.Lock()
 		c.events = append(c.events, ev.Type)
+		c.raw = append(c.raw, slices.Clone(m.Data))
 		c.mu.Unlock()
 		c.notify()
 	})
@@ -109,7 +119,8 @@ func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCal
 			c.notify()
 		}
 	})
-	_, answer := negotiate(ctx, t, pc, signalingURL)
+	res, answer := negotiateAs(ctx, t, pc, signalingURL, bearer)
+	c.location = res.Header.Get("Location")
 	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
 		t.Fatal(err)
 	}
