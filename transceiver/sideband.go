@@ -52,10 +52,10 @@ const (
 
 // Close reasons, the "reason" label of sideband_closes_total.
 const (
-	sbCloseSlow     = "slow"
-	sbCloseEnded    = "call_ended"
-	sbCloseApp      = "closed" // the app server closed it, or its connection failed
-	sbCloseTooMany  = "too_many"
+	sbCloseSlow    = "slow"
+	sbCloseEnded   = "call_ended"
+	sbCloseApp     = "closed" // the app server closed it, or its connection failed
+	sbCloseTooMany = "too_many"
 )
 
 var sbCloseReasons = []string{sbCloseSlow, sbCloseEnded, sbCloseApp, sbCloseTooMany}

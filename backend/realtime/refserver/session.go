@@ -35,7 +35,7 @@ type State struct {
 	// ToolOutputs are the function_call_output items created, in order.
 	ToolOutputs []ToolOutput
 	Errors      []string // codes of the error events sent
-	Closed                       bool     // the connection ended
+	Closed      bool     // the connection ended
 }
 
 // Response is one response the server generated.
