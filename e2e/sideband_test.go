@@ -347,3 +347,30 @@ func TestSidebandThroughRelays(t *testing.T) {
 		t.Errorf("pod counted %v sidebands closed with the call, want 1", n)
 	}
 }
+
+// TestSidebandDevWorld: in the dev world as `rtcedge dev` runs it (no API
+// keys: anonymous calls), an anonymous call's sideband attaches without a
+// credential, sees the call from session.created on and sets its
+// instructions at the server.
+func TestSidebandDevWorld(t *testing.T) {
+	srv := startRefServer(t, refserver.Config{})
+	w := startWorld(t, devworld.Config{BackendURL: srv.URL() + "?model=ref"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := dialVoice(ctx, t, w.SignalingURL)
+	sess, err := srv.NextSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, status, body := attachSideband(ctx, t, w.SignalingURL, path.Base(call.location), "")
+	if sb == nil {
+		t.Fatalf("anonymous attach in the dev world: %d %s", status, body)
+	}
+	sb.await(t, 10*time.Second, "session.created", func(evs [][]byte, _ error) bool {
+		return len(evs) > 0 && eventTypes(evs)[0] == "session.created"
+	})
+	sb.send(t, map[string]any{"type": "session.update", "session": map[string]any{"instructions": "dev rules"}})
+	if err := sess.Wait(ctx, func(st *refserver.State) bool { return st.Config["instructions"] == "dev rules" }); err != nil {
+		t.Fatal(err)
+	}
+}
