@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool)
 		readTimeouts:     metric.Counter("rtcedge_signaling_body_timeouts_total", "Requests whose body stalled past the read timeout (408)."),
 		secretsMinted:    metric.Counter("rtcedge_signaling_client_secrets_total", "Ephemeral client secrets minted."),
 		refusedEndpoints: metric.Counter("rtcedge_signaling_refused_endpoints_total", "Gossiped session API endpoints skipped because the catalogue does not allow them (host off session_api and session_api_nets)."),
-		sidebandAttaches: metric.CounterVec("rtcedge_signaling_sideband_attaches_total", "Sideband attaches (GET /v1/realtime?call_id=) that passed authentication, by result (attached, not_found, client_secret, cluster_unreachable, cluster_error, upgrade_failed).", "result"),
+		sidebandAttaches: metric.CounterVec("rtcedge_signaling_sideband_attaches_total", "Sideband attaches (GET /v1/realtime?call_id=) that passed authentication, by result (attached, not_found, client_secret, too_many, cluster_unreachable, cluster_error, upgrade_failed).", "result"),
 		sidebands:        metric.Gauge("rtcedge_signaling_sidebands", "Sideband WebSockets this replica relays now."),
 	}
 	for _, r := range attachResults {

@@ -34,9 +34,10 @@ const (
 	attachUnreachable = "cluster_unreachable"
 	attachError       = "cluster_error"
 	attachUpgrade     = "upgrade_failed"
+	attachTooMany     = "too_many"
 )
 
-var attachResults = []string{attachOK, attachNotFound, attachSecret, attachUnreachable, attachError, attachUpgrade}
+var attachResults = []string{attachOK, attachNotFound, attachSecret, attachTooMany, attachUnreachable, attachError, attachUpgrade}
 
 func (s *Server) handleSideband(w http.ResponseWriter, r *http.Request) {
 	_, cred, ok := s.precheck(w, r, false)
@@ -70,7 +71,7 @@ func (s *Server) handleSideband(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ClusterTimeout)
-	up, status, _, err := sessionapi.DialSideband(ctx, s.cfg.HTTPClient, s.sessionAPI(c)+sessionapi.SidebandPath(raw), s.cfg.SessionAPISecrets[c.ID])
+	up, status, body, err := sessionapi.DialSideband(ctx, s.cfg.HTTPClient, s.sessionAPI(c)+sessionapi.SidebandPath(raw), s.cfg.SessionAPISecrets[c.ID])
 	cancel()
 	switch status {
 	case http.StatusSwitchingProtocols:
@@ -83,8 +84,14 @@ func (s *Server) handleSideband(w http.ResponseWriter, r *http.Request) {
 		s.m.sidebandAttaches.WithLabelValues(attachNotFound).Inc()
 		sessionNotFound(w)
 		return
+	case http.StatusConflict:
+		// The call has as many sidebands as it takes: the owner may know.
+		s.m.sidebandAttaches.WithLabelValues(attachTooMany).Inc()
+		apierr.Write(w, http.StatusConflict, apierr.TypeInvalidRequest, "too_many_sidebands", "the call has as many sidebands as it takes", 0)
+		return
 	default:
 		s.m.sidebandAttaches.WithLabelValues(attachError).Inc()
+		s.log.Warn("sideband: the cluster refused", "cluster", c.ID, "status", status, "body", string(body))
 		clusterAnswered(w, status)
 		return
 	}

@@ -80,6 +80,8 @@ func AcceptSideband(w http.ResponseWriter, r *http.Request) (*websocket.Conn, er
 type Relays struct {
 	ctx    context.Context
 	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool // guarded by mu: no relay starts after Close
 	wg     sync.WaitGroup
 }
 
@@ -95,7 +97,15 @@ func NewRelays() *Relays {
 // closed are passed on to the other (a pod's "slow" or "call ended" reaches
 // the app server). Both connections are closed when it returns.
 func (rs *Relays) Relay(down, up *websocket.Conn) {
+	rs.mu.Lock()
+	if rs.closed {
+		rs.mu.Unlock()
+		_ = down.Close(websocket.StatusGoingAway, "the front is shutting down")
+		_ = up.CloseNow()
+		return
+	}
 	rs.wg.Add(1)
+	rs.mu.Unlock()
 	defer rs.wg.Done()
 	ctx, cancel := context.WithCancel(rs.ctx)
 	defer cancel()
@@ -148,6 +158,9 @@ func pump(ctx context.Context, from, to *websocket.Conn) error {
 // Close ends every relay (closing both sides as going away) and waits for
 // them.
 func (rs *Relays) Close() {
+	rs.mu.Lock()
+	rs.closed = true
+	rs.mu.Unlock()
 	rs.cancel()
 	rs.wg.Wait()
 }
