@@ -117,3 +117,14 @@ type Interrupter interface {
 	// detector.
 	SpeechStopped()
 }
+
+// ServerEvents is implemented by a Handler that takes events from the
+// call's sideband (docs/sideband.md): the app server's own connection to
+// the call, authenticated at signaling. They are trusted, as the events
+// of the app that placed the call: none of the caller's filters apply,
+// and none of them reaches the caller. ServerEvent is called from the
+// sideband's reader, concurrently with Event and other sidebands' calls,
+// and must not block for long; data is only valid during the call.
+type ServerEvents interface {
+	ServerEvent(data []byte)
+}

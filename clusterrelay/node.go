@@ -146,6 +146,7 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.Serve("session API", api, node.NewHTTPServer(front.Handler(), env.Logger))
+	n.life.OnClose(func() error { front.Close(); return nil }) // sideband relays, after the server
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	meta := membership.Meta{Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}
 	// Members are believed only within bounds (internal/metacheck).

@@ -25,26 +25,41 @@ func (f *Front) restart(w http.ResponseWriter, r *http.Request) {
 // names and copies the answer back; 404 when the ID names another cluster
 // or a pod that is gone (its sessions went with it).
 func (f *Front) toSessionPod(w http.ResponseWriter, r *http.Request, method string, body []byte) {
-	raw := r.PathValue("id")
-	id, err := sessionid.Parse(raw)
-	if err != nil || id.Cluster != f.cfg.Cluster {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+	raw, pod, api, live, ok := f.sessionPod(w, r)
+	if !ok {
 		return
 	}
-	api, live := f.placer.podAPI(f.cfg.Pods.PodInfos(), id.Pod)
-	if api == "" {
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
-		return
-	}
-	status, hdr, resp, err := f.forward(r.Context(), id.Pod, method, api+sessionapi.SessionsPath+"/"+raw, body)
+	status, hdr, resp, err := f.forward(r.Context(), pod, method, api+sessionapi.SessionsPath+"/"+raw, body)
 	switch {
 	case err != nil && !live:
 		// Gossip had dropped the pod and it does not answer: it is gone,
 		// and its sessions with it.
-		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+		sessionNotFound(w)
 	case err != nil:
 		apierr.Write(w, http.StatusBadGateway, apierr.TypeServer, "pod_unreachable", "the session's pod did not answer", 0)
 	default:
 		copyResponse(w, status, hdr, resp)
 	}
+}
+
+// sessionPod returns the session ID of the request's path, the pod it
+// names and that pod's session API (live: gossip lists the pod now), or
+// answers 404 for an ID of another cluster or of a pod that is gone.
+func (f *Front) sessionPod(w http.ResponseWriter, r *http.Request) (raw string, pod uint16, api string, live, ok bool) {
+	raw = r.PathValue("id")
+	id, err := sessionid.Parse(raw)
+	if err != nil || id.Cluster != f.cfg.Cluster {
+		sessionNotFound(w)
+		return "", 0, "", false, false
+	}
+	api, live = f.placer.podAPI(f.cfg.Pods.PodInfos(), id.Pod)
+	if api == "" {
+		sessionNotFound(w)
+		return "", 0, "", false, false
+	}
+	return raw, id.Pod, api, live, true
+}
+
+func sessionNotFound(w http.ResponseWriter) {
+	apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
 }

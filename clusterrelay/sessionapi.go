@@ -62,6 +62,7 @@ type Front struct {
 	cfg    FrontConfig
 	log    *slog.Logger
 	placer *placer
+	relays *sessionapi.Relays // sidebands (sideband.go); ended by Close
 }
 
 // NewFront returns the session API front.
@@ -77,7 +78,7 @@ func NewFront(cfg FrontConfig) *Front {
 		cfg.Now = time.Now
 	}
 	return &Front{cfg: cfg, log: cfg.Logger.With("component", "clusterapi", "cluster", cfg.Cluster),
-		placer: newPlacer(cfg.GossipLag, cfg.PlacementHold, cfg.Now)}
+		placer: newPlacer(cfg.GossipLag, cfg.PlacementHold, cfg.Now), relays: sessionapi.NewRelays()}
 }
 
 // ClusterStatus is the JSON body of GET /internal/v1/status on the front.
@@ -96,7 +97,8 @@ func (f *Front) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+sessionsPath, f.create)
 	mux.HandleFunc("DELETE "+sessionsPath+"/{id}", f.delete)
-	mux.HandleFunc("PATCH "+sessionsPath+"/{id}", f.restart) // ICE restart (restart.go)
+	mux.HandleFunc("PATCH "+sessionsPath+"/{id}", f.restart)         // ICE restart (restart.go)
+	mux.HandleFunc("GET "+sessionsPath+"/{id}/sideband", f.sideband) // WebSocket (sideband.go)
 	mux.HandleFunc("GET "+sessionapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		load, capacity, ready := f.cfg.Pods.Aggregate()
 		w.Header().Set("Content-Type", "application/json")
@@ -186,11 +188,7 @@ func (f *Front) forward(ctx context.Context, pod uint16, method, url string, bod
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	secret := f.cfg.Secret
-	if f.cfg.PodSecret != nil {
-		secret = f.cfg.PodSecret(pod)
-	}
-	sessionapi.Authorize(req, secret)
+	sessionapi.Authorize(req, f.podSecret(pod))
 	resp, err := f.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return 0, nil, nil, err
@@ -201,6 +199,15 @@ func (f *Front) forward(ctx context.Context, pod uint16, method, url string, bod
 		return 0, nil, nil, errors.Join(errors.New("read pod answer"), err)
 	}
 	return resp.StatusCode, resp.Header, data, nil
+}
+
+// podSecret is the credential the front presents to pod
+// (FrontConfig.PodSecret, else Secret).
+func (f *Front) podSecret(pod uint16) string {
+	if f.cfg.PodSecret != nil {
+		return f.cfg.PodSecret(pod)
+	}
+	return f.cfg.Secret
 }
 
 func copyResponse(w http.ResponseWriter, status int, hdr http.Header, body []byte) {

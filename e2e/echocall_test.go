@@ -204,6 +204,12 @@ func (c *echoCall) close() {
 // answer; any other status fails the test.
 func negotiate(ctx context.Context, t *testing.T, pc *webrtc.PeerConnection, signalingURL string) (*http.Response, string) {
 	t.Helper()
+	return negotiateAs(ctx, t, pc, signalingURL, "")
+}
+
+// negotiateAs is negotiate with a bearer credential (none when "").
+func negotiateAs(ctx context.Context, t *testing.T, pc *webrtc.PeerConnection, signalingURL, bearer string) (*http.Response, string) {
+	t.Helper()
 	offer, err := pc.CreateOffer(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -219,6 +225,9 @@ func negotiate(ctx context.Context, t *testing.T, pc *webrtc.PeerConnection, sig
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, signalingURL+"/v1/realtime/sdp", strings.NewReader(pc.LocalDescription().SDP))
 	req.Header.Set("Content-Type", "application/sdp")
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
 	tr := &http.Transport{Proxy: nil}
 	defer tr.CloseIdleConnections()
 	res, err := (&http.Client{Transport: tr}).Do(req)

@@ -55,6 +55,8 @@ type voiceCall struct {
 	events   []string    // guarded by mu: received event types, in order
 	eventAt  []time.Time // guarded by mu: when each event arrived
 	raw      [][]byte    // guarded by mu: the events as received
+	// location is the call's URL (its last segment the call ID).
+	location string
 	changed  chan struct{}
 	readers  sync.WaitGroup
 }
@@ -62,6 +64,12 @@ type voiceCall struct {
 // dialVoice places a call through signaling and returns once it is
 // connected and its data channel open.
 func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCall {
+	t.Helper()
+	return dialVoiceAs(ctx, t, signalingURL, "")
+}
+
+// dialVoiceAs is dialVoice placing the call with a bearer credential.
+func dialVoiceAs(ctx context.Context, t *testing.T, signalingURL, bearer string) *voiceCall {
 	t.Helper()
 	se := webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
@@ -115,7 +123,8 @@ func dialVoice(ctx context.Context, t *testing.T, signalingURL string) *voiceCal
 			c.notify()
 		}
 	})
-	_, answer := negotiate(ctx, t, pc, signalingURL)
+	res, answer := negotiateAs(ctx, t, pc, signalingURL, bearer)
+	c.location = res.Header.Get("Location")
 	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,11 @@ type APIKey struct {
 	// zero: Config.KeyRatePerSecond and KeyRateBurst.
 	RatePerSecond float64 `yaml:"rate_per_second"`
 	RateBurst     int     `yaml:"rate_burst"`
+	// SidebandTenant lets the key attach a sideband (GET
+	// /v1/realtime?call_id=) to every call of its tenant, not only to the
+	// calls it placed or whose client secret it minted: the operator's
+	// monitoring or control server. Default false.
+	SidebandTenant bool `yaml:"sideband_tenant"`
 }
 
 // DefaultTenant is the tenant of keys that name none (all of
@@ -80,6 +85,10 @@ type credential struct {
 	tenant string
 	key    int          // index into Server.keys, credAPIKey only
 	secret secretClaims // credSecret only
+	// owner is who owns the sideband of a call placed with this
+	// credential: the API key's fingerprint, the minting key's for a
+	// secret, anonymous's for none.
+	owner fingerprint
 }
 
 // authError is a refused credential: 401 with this code and message.
@@ -94,7 +103,7 @@ func (s *Server) credential(r *http.Request, allowExpired bool) (credential, *au
 	auth := r.Header.Get("Authorization")
 	if auth == "" {
 		if s.cfg.AllowAnonymous {
-			return credential{kind: credNone}, nil
+			return credential{kind: credNone, owner: s.calls.keyFingerprint("", true)}, nil
 		}
 		return credential{}, &authError{"missing_credentials", "an Authorization: Bearer header with an API key or client secret is required"}
 	}
@@ -113,7 +122,7 @@ func (s *Server) credential(r *http.Request, allowExpired bool) (credential, *au
 			}
 			return credential{}, &authError{code, "client secret rejected: " + err.Error()}
 		}
-		return credential{kind: credSecret, tenant: c.tenant, secret: c}, nil
+		return credential{kind: credSecret, tenant: c.tenant, secret: c, owner: c.owner}, nil
 	}
 	// Compare with every key, so the time taken says nothing about which
 	// (or whether one) matched.
@@ -126,7 +135,7 @@ func (s *Server) credential(r *http.Request, allowExpired bool) (credential, *au
 	if match < 0 {
 		return credential{}, &authError{"invalid_api_key", "the API key is not valid"}
 	}
-	return credential{kind: credAPIKey, tenant: s.keys[match].Tenant, key: match}, nil
+	return credential{kind: credAPIKey, tenant: s.keys[match].Tenant, key: match, owner: s.calls.keyFingerprint(tok, false)}, nil
 }
 
 // precheck locates the client, authenticates it and applies the rate

@@ -22,6 +22,10 @@ type metrics struct {
 	// refusedEndpoints counts gossiped session API endpoints the catalogue
 	// does not allow, skipped when placing a call.
 	refusedEndpoints prometheus.Counter
+	// sidebandAttaches counts GET /v1/realtime?call_id= by result
+	// (sideband.go); sidebands is how many this replica relays now.
+	sidebandAttaches *prometheus.CounterVec
+	sidebands        prometheus.Gauge
 }
 
 // newMetrics builds the metrics and sets every label value known up front
@@ -45,6 +49,11 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool)
 		readTimeouts:     metric.Counter("rtcedge_signaling_body_timeouts_total", "Requests whose body stalled past the read timeout (408)."),
 		secretsMinted:    metric.Counter("rtcedge_signaling_client_secrets_total", "Ephemeral client secrets minted."),
 		refusedEndpoints: metric.Counter("rtcedge_signaling_refused_endpoints_total", "Gossiped session API endpoints skipped because the catalogue does not allow them (host off session_api and session_api_nets)."),
+		sidebandAttaches: metric.CounterVec("rtcedge_signaling_sideband_attaches_total", "Sideband attaches (GET /v1/realtime?call_id=) that passed authentication, by result (attached, not_found, client_secret, too_many, cluster_unreachable, cluster_error, upgrade_failed).", "result"),
+		sidebands:        metric.Gauge("rtcedge_signaling_sidebands", "Sideband WebSockets this replica relays now."),
+	}
+	for _, r := range attachResults {
+		m.sidebandAttaches.WithLabelValues(r)
 	}
 	for _, res := range attemptResults {
 		m.attemptSeconds.WithLabelValues(res)
@@ -61,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool)
 		m.located.WithLabelValues(src)
 	}
 	all := []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
-		m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints}
+		m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints, m.sidebandAttaches, m.sidebands}
 	if auth != nil {
 		all = append(all, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rtcedge_signaling_gossip_authoritative",

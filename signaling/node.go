@@ -107,6 +107,7 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.srv, err = New(cfg); err != nil {
 		return nil, err
 	}
+	n.life.OnClose(func() error { n.srv.Close(); return nil }) // the sideband relays, after the HTTP server
 	n.cfg, n.url = cfg, "http://"+s.HTTP.Addr().String()
 	// The hardened server: header and body read timeouts, header cap.
 	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))

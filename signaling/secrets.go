@@ -26,10 +26,13 @@ import (
 // browser a credential that is good for a short time, for calls only, and
 // with the session configuration the server chose:
 //
-//	"ek_" + base64url(nonce (12 bytes) | AES-256-GCM(expiry unix seconds (8) | len(tenant) (1) | tenant | flags (1) | session))
+//	"ek_" + base64url(nonce (12 bytes) | AES-256-GCM(expiry unix seconds (8) | len(tenant) (1) | tenant | flags (1) [| owner (16)] | session))
 //
 // The session is the server's JSON object, deflated when that is shorter
-// (flags bit 0). The AEAD both authenticates the claims (a browser cannot
+// (flags bit 0). The owner (flags bit 1) is the fingerprint of the API key
+// that minted the secret (callMinter.fingerprint): a call placed with the
+// secret takes it as its sideband owner, so the app server's key, not the
+// browser's secret, attaches to the call (sideband.go). The AEAD both authenticates the claims (a browser cannot
 // change the model or instructions the server fixed) and hides them (the
 // instructions are the app's prompt, not the browser's business). The nonce
 // doubles as the secret's ID, which per-secret rate limits and hang-up
@@ -51,6 +54,7 @@ const (
 	secretIDLen    = 12
 	secretAAD      = "rtcedge client secret v2"
 	flagDeflated   = 1
+	flagOwner      = 2
 )
 
 // Sentinel errors of secret verification.
@@ -72,6 +76,10 @@ type secretClaims struct {
 	// session is the server's session configuration, canonical JSON, or
 	// nil when the server set none.
 	session json.RawMessage
+	// owner is the fingerprint of the credential that minted the secret
+	// (zero for a secret minted before secrets carried one: no key owns
+	// its calls' sideband).
+	owner fingerprint
 }
 
 type secretMinter struct {
@@ -101,7 +109,7 @@ func newSecretMinter(key []byte, now func() time.Time) (secretMinter, error) {
 // secret.
 var errSecretTooLarge = errors.New("session configuration too large for a client secret")
 
-func (m secretMinter) mint(ttl time.Duration, tenant string, session json.RawMessage) (string, time.Time, error) {
+func (m secretMinter) mint(ttl time.Duration, tenant string, owner fingerprint, session json.RawMessage) (string, time.Time, error) {
 	exp := m.now().Add(ttl).Truncate(time.Second)
 	if len(tenant) > maxTenantLen {
 		return "", time.Time{}, fmt.Errorf("tenant %q too long", tenant)
@@ -109,11 +117,12 @@ func (m secretMinter) mint(ttl time.Duration, tenant string, session json.RawMes
 	pt := binary.BigEndian.AppendUint64(make([]byte, 0, 16+len(tenant)+len(session)), uint64(exp.Unix()))
 	pt = append(pt, byte(len(tenant)))
 	pt = append(pt, tenant...)
-	flags, body := byte(0), []byte(session)
+	flags, body := byte(flagOwner), []byte(session)
 	if d, err := deflate(session); err == nil && len(d) < len(session) {
-		flags, body = flagDeflated, d
+		flags, body = flags|flagDeflated, d
 	}
 	pt = append(pt, flags)
+	pt = append(pt, owner[:]...)
 	pt = append(pt, body...)
 	nonce := make([]byte, secretIDLen, secretIDLen+len(pt)+m.aead.Overhead())
 	if _, err := rand.Read(nonce); err != nil {
@@ -151,6 +160,12 @@ func (m secretMinter) verify(s string, allowExpired bool) (secretClaims, error) 
 	}
 	c.tenant = string(pt[9 : 9+tl])
 	flags, body := pt[9+tl], pt[10+tl:]
+	if flags&flagOwner != 0 {
+		if len(body) < len(c.owner) {
+			return secretClaims{}, errSecretMalformed
+		}
+		body = body[copy(c.owner[:], body):]
+	}
 	if flags&flagDeflated != 0 {
 		if body, err = inflate(body); err != nil {
 			return secretClaims{}, errSecretMalformed
@@ -264,7 +279,7 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_session", err.Error(), "session")
 		return
 	}
-	val, exp, err := s.secrets.mint(ttl, cred.tenant, session)
+	val, exp, err := s.secrets.mint(ttl, cred.tenant, cred.owner, session)
 	switch {
 	case errors.Is(err, errSecretTooLarge):
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "session_too_large",

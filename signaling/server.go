@@ -21,6 +21,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/web"
 )
 
@@ -44,6 +45,8 @@ type Server struct {
 	calls  callMinter
 	keys   []APIKey // APIKeys and Keys with defaults applied
 	limits *limits
+
+	relays *sessionapi.Relays // the sidebands this replica relays (sideband.go); ended by Close
 
 	apiTurn  atomic.Uint32 // spreads requests over a cluster's live session API endpoints
 	draining atomic.Bool
@@ -69,11 +72,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:   cfg,
-		log:   cfg.Logger.With("component", "signaling"),
-		m:     m,
-		calls: newCallMinter(key),
-		keys:  cfg.apiKeys(),
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "signaling"),
+		m:      m,
+		calls:  newCallMinter(key),
+		keys:   cfg.apiKeys(),
+		relays: sessionapi.NewRelays(),
 	}
 	if s.secrets, err = newSecretMinter(key, cfg.Now); err != nil {
 		return nil, err
@@ -85,6 +89,10 @@ func New(cfg Config) (*Server, error) {
 
 // Handler returns the public HTTP API (and the demo page when configured).
 func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close ends the sideband relays (whose connections the HTTP server no
+// longer tracks once upgraded) and waits for them.
+func (s *Server) Close() { s.relays.Close() }
 
 // HTTPOption adjusts the http.Server built by NewHTTPServer.
 type HTTPOption func(*http.Server)
@@ -112,6 +120,7 @@ func (s *Server) routes() http.Handler {
 	handle := func(pattern, name string, r route) {
 		mux.Handle(pattern, s.instrument(name, r))
 	}
+	handle("/v1/realtime", "sideband", route{http.MethodGet: s.handleSideband})
 	handle("/v1/realtime/sdp", "sdp", route{http.MethodPost: s.handleSDP})
 	handle("/v1/realtime/calls", "calls", route{http.MethodPost: s.handleCalls})
 	handle("/v1/realtime/sessions/{id}", "session", route{http.MethodDelete: s.handleDelete, http.MethodPatch: s.handleRestart})
@@ -213,6 +222,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.status, r.wrote = code, true
 	r.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController (and the WebSocket upgrade of a
+// sideband) reach the connection.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	r.wrote = true

@@ -38,6 +38,7 @@ const CreateTimeout = 5 * time.Second
 //	POST   /internal/v1/sessions        create (201, 400, 503 + Retry-After when full or draining)
 //	DELETE /internal/v1/sessions/{id}   end (204, 404)
 //	PATCH  /internal/v1/sessions/{id}   ICE restart (200, 400, 404, 412)
+//	GET    /internal/v1/sessions/{id}/sideband   the call's sideband WebSocket (101, 404, 409)
 //	GET    /internal/v1/status          load and state
 //	GET    /livez, /readyz              liveness; readiness is 503 while draining
 //
@@ -48,7 +49,8 @@ func (t *Transceiver) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+SessionsPath, t.handleCreate)
 	mux.HandleFunc("DELETE "+SessionsPath+"/{id}", t.handleDelete)
-	mux.HandleFunc("PATCH "+SessionsPath+"/{id}", t.handleRestart) // ICE restart
+	mux.HandleFunc("PATCH "+SessionsPath+"/{id}", t.handleRestart)         // ICE restart
+	mux.HandleFunc("GET "+SessionsPath+"/{id}/sideband", t.handleSideband) // WebSocket (sideband.go)
 	mux.HandleFunc("GET "+StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, APIStatus{
 			Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Sessions: t.Sessions(),

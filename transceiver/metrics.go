@@ -50,6 +50,11 @@ type metrics struct {
 	bargeinStop *prometheus.HistogramVec
 	replyAudio  *prometheus.CounterVec
 	bargeins    *prometheus.CounterVec
+	// The sidebands (sideband.go).
+	sidebandAttaches *prometheus.CounterVec
+	sidebandCloses   *prometheus.CounterVec
+	sidebandEvents   *prometheus.CounterVec
+	sidebands        prometheus.Gauge
 }
 
 // Reply audio states, the "state" label of rtcedge_reply_audio_seconds_total.
@@ -99,6 +104,19 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	for _, src := range []string{backend.ClearBackend, backend.ClearEdge, backend.ClearClient} {
 		m.bargeins.WithLabelValues(src)
 	}
+	m.sidebandAttaches = counterVec("sideband_attaches_total", "Sideband WebSockets asked for at this pod, by result (attached, not_found, too_many, upgrade_failed).", "result")
+	m.sidebandCloses = counterVec("sideband_closes_total", "Sidebands closed, by reason: slow (its queue of events filled; the call went on), call_ended, closed (by the app server or its connection), too_many.", "reason")
+	m.sidebandEvents = counterVec("sideband_events_total", "Sideband events: to_sideband (the call's events written to a sideband), from_sideband (the app's events handed to the backend), dropped (binary messages).", "direction")
+	m.sidebands = metric.Gauge("rtcedge_transceiver_sidebands", "Sidebands attached to this pod's calls now.")
+	for _, r := range sbAttachResults {
+		m.sidebandAttaches.WithLabelValues(r)
+	}
+	for _, r := range sbCloseReasons {
+		m.sidebandCloses.WithLabelValues(r)
+	}
+	for _, d := range []string{"to_sideband", "from_sideband", "dropped"} {
+		m.sidebandEvents.WithLabelValues(d)
+	}
 	for _, p := range []string{"pod", "pion"} {
 		m.mediaPaths.WithLabelValues(p)
 	}
@@ -112,7 +130,8 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 		m.ended.WithLabelValues(r)
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
-		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths}, m.net.Collectors()...)...); err != nil {
+		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths,
+		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands}, m.net.Collectors()...)...); err != nil {
 		return nil, err
 	}
 	if turnReg == nil {

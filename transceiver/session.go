@@ -111,6 +111,12 @@ type session struct {
 
 	follow podnet.Follower // a path change waiting for the old address to go silent
 
+	// sendMu orders SendEvent: the caller's channel, the sidebands and
+	// the replay see the events in one order (sideband.go). Taken before
+	// mu.
+	sendMu sync.Mutex
+	sb     sidebands // guarded by sendMu
+
 	nonces [][6]byte // routing-token nonces of its server ufrags, guarded by t.byNonce.mu
 
 	// restartMu makes RestartICE's reading of the session's ICE state, its
@@ -591,8 +597,18 @@ func (s *session) writeRTP(payload []byte, d time.Duration) error {
 	return err
 }
 
-// SendEvent implements backend.Sink.
+// SendEvent implements backend.Sink: the event goes to the caller's
+// events channel and to every sideband (sideband.go), in one order.
 func (s *session) SendEvent(data []byte) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	s.fanOut(data)
+	return s.toCaller(data)
+}
+
+// toCaller sends an event on the caller's events channel (held until it
+// opens); sendMu held.
+func (s *session) toCaller(data []byte) error {
 	s.mu.Lock()
 	ev := s.events
 	if ev == nil {
@@ -651,6 +667,7 @@ func (s *session) teardown() {
 			mp.Stop()
 		}
 		s.closeAudio()
+		s.closeSidebands(sbCloseEnded) // before the backend closes: no sideband event after it
 		if s.handler != nil {
 			_ = s.handler.Close()
 		}

@@ -186,6 +186,13 @@ func (h *handler) onControl(payload []byte) {
 	}
 }
 
+// ServerEvent implements backend.ServerEvents: the sideband's event goes
+// to the backend as a FrameServerEvent, which a backend that predates it
+// skips. The pod never echoes it to the caller; the backend decides what
+// (if anything) to answer, and its answer reaches the caller and the
+// sidebands like every event it sends.
+func (h *handler) ServerEvent(data []byte) { h.enqueue(FrameServerEvent, data) }
+
 func (h *handler) writeLoop() {
 	defer h.wg.Done()
 	for frame := range h.queue {

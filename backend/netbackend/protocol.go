@@ -14,6 +14,10 @@
 //	0x04 control payload = JSON Control: the reply's items and ends
 //	            (backend → pod), barge-ins and the end of the caller's
 //	            speech (pod → backend); see docs/backend-protocol.md
+//	0x05 server event (pod → backend) payload = one event from the call's
+//	     sideband (the app server's own connection, docs/sideband.md): trusted,
+//	     never seen by the caller; the backend's answers go out as 0x03 events
+//	     to the caller and the sidebands alike
 //
 // Closing the connection ends the session's backend half. Unknown frame
 // types are skipped, so either side can add types later.
@@ -33,6 +37,8 @@ const (
 	FrameAudio   byte = 0x02
 	FrameEvent   byte = 0x03
 	FrameControl byte = 0x04
+	// FrameServerEvent carries an event of the call's sideband.
+	FrameServerEvent byte = 0x05
 )
 
 // Control is the payload of a control frame. Backend → pod: "item" (the

@@ -55,7 +55,6 @@ type call struct {
 	play backend.Player // out's, or nil: frames go out as they are encoded
 	conn *websocket.Conn
 	log  *slog.Logger
-	cfg  map[string]any // the call's session config, static after Open
 
 	// The reply path: owned by the reader, under omu (a barge-in from the
 	// data channel resets it).
@@ -72,6 +71,11 @@ type call struct {
 	// false (from session.created/updated): the caller's speech does not
 	// stop the reply. Set by the reader.
 	noInterrupt atomic.Bool
+	// cfg is the call's session config: the first session.update's, with
+	// the top-level fields of every sideband session.update since laid
+	// over it. Guarded by cfgMu after Open.
+	cfgMu sync.Mutex
+	cfg   map[string]any
 
 	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
 	dec          *opus.Decoder
@@ -262,6 +266,8 @@ func (c *call) Event(data []byte) {
 // the server with the audio formats forced. The error names the first
 // refused field as its param.
 func (c *call) clientSession(eventID string, s map[string]any) ([]byte, error) {
+	c.cfgMu.Lock()
+	defer c.cfgMu.Unlock()
 	for k, v := range s {
 		if c.b.allowed(k) {
 			continue
@@ -273,6 +279,54 @@ func (c *call) clientSession(eventID string, s map[string]any) ([]byte, error) {
 		return nil, errors.New("session." + k)
 	}
 	return sessionEvent(eventID, shapeSession(s, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+}
+
+// ServerEvent implements backend.ServerEvents: an event from the call's
+// sideband (the app server) goes to the server as it came, never to the
+// caller. A session.update passes unfiltered — the client secret's
+// allowance applies to the caller only — shaped for the server (audio
+// formats forced: the edge transcodes), and its fields become the call's
+// (so a caller's update that "repeats the call's value" repeats the
+// app's latest, not what the app replaced). output_audio_buffer.clear
+// clears the edge's buffer as the caller's does (output_audio_buffer.
+// cleared then goes to the caller and the sidebands: the caller's audio
+// stopped).
+func (c *call) ServerEvent(data []byte) {
+	var ev struct {
+		Type    string         `json:"type"`
+		EventID string         `json:"event_id"`
+		Session map[string]any `json:"session"`
+	}
+	_ = json.Unmarshal(data, &ev) // a malformed event goes to the server, which answers it
+	switch ev.Type {
+	case "output_audio_buffer.clear":
+		c.bargeIn(backend.ClearClient)
+		return
+	case "session.update":
+		if ev.Session != nil {
+			c.cfgMu.Lock()
+			for k, v := range ev.Session {
+				c.cfg[k] = v
+			}
+			c.cfgMu.Unlock()
+			var err error
+			if data, err = sessionEvent(ev.EventID, shapeSession(ev.Session, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate)); err != nil {
+				return
+			}
+			break
+		}
+		data = bytes.Clone(data)
+	default:
+		data = bytes.Clone(data)
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return
+	}
+	if c.enqueueLocked(msg{b: data}) {
+		c.b.m.eventsTo.Inc()
+	}
 }
 
 func (c *call) toCaller(ev []byte) {

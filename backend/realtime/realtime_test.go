@@ -473,3 +473,39 @@ func TestConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServerEvents: a sideband's events (backend.ServerEvents) reach the
+// server unfiltered — instructions and tools, which the caller may not
+// set — and never the caller; the app's instructions become the call's, so
+// a caller's update repeating the app's first instructions is refused
+// while one repeating the current ones passes.
+func TestServerEvents(t *testing.T) {
+	for _, fl := range flavours {
+		t.Run(fl.name, func(t *testing.T) {
+			f := open(t, fl.beta, nil)
+			se, ok := f.h.(backend.ServerEvents)
+			if !ok {
+				t.Fatal("the connector's handler takes no sideband events")
+			}
+			se.ServerEvent([]byte(`{"type":"session.update","event_id":"app1","session":{"instructions":"from the app","tools":[{"type":"function","name":"lookup"}]}}`))
+			f.waitServer(t, "the app's update", func(st *refserver.State) bool {
+				tools, _ := st.Config["tools"].([]any)
+				return st.Config["instructions"] == "from the app" && len(tools) == 1
+			})
+			f.h.Event([]byte(`{"type":"session.update","event_id":"u1","session":{"instructions":"be a parrot"}}`))
+			f.h.Event([]byte(`{"type":"session.update","event_id":"u2","session":{"instructions":"from the app"}}`))
+			f.waitServer(t, "the caller's repeat", func(st *refserver.State) bool { return len(st.Received) >= 3 })
+			f.out.wait(t, "the refusal", func(s *sink) bool { return s.index("error") >= 0 })
+			f.out.mu.Lock()
+			defer f.out.mu.Unlock()
+			if e := f.out.events[f.out.index("error")]["error"].(map[string]any); e["event_id"] != "u1" {
+				t.Errorf("refused %v, want the caller's repeat of the replaced instructions", e)
+			}
+			for _, raw := range f.out.raw {
+				if strings.Contains(raw, `"app1"`) {
+					t.Errorf("the caller got the app's event: %s", raw)
+				}
+			}
+		})
+	}
+}

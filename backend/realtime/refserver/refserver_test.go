@@ -419,3 +419,47 @@ func TestAuth(t *testing.T) {
 	}
 	_ = conn.CloseNow()
 }
+
+// TestToolCall: a session with tools answers a turn by calling its first
+// tool (function_call item, arguments delta and done); after the client
+// creates the function_call_output and asks for a response, the reply is
+// audio again, and the output is recorded.
+func TestToolCall(t *testing.T) {
+	srv := reftest.Start(t, refserver.Config{})
+	c := dial(t, srv, nil)
+	c.until("session.created")
+	c.send(map[string]any{"type": "session.update", "session": map[string]any{"type": "realtime",
+		"tools": []any{map[string]any{"type": "function", "name": "lookup", "parameters": map[string]any{"type": "object"}}}}})
+	c.until("session.updated")
+	c.send(map[string]any{"type": "response.create"})
+	evs := c.until("response.done")
+	var call map[string]any
+	for _, ev := range evs {
+		if ev["type"] == "response.function_call_arguments.done" {
+			call = ev
+		}
+	}
+	if call == nil || call["name"] != "lookup" || call["call_id"] == "" || call["arguments"] != `{"turn_ms":0}` {
+		t.Fatalf("no call of the tool: %v", types(evs))
+	}
+	for _, ev := range evs {
+		if ev["type"] == "response.output_audio.delta" {
+			t.Fatalf("a tool call with audio: %v", types(evs))
+		}
+	}
+	c.send(map[string]any{"type": "conversation.item.create", "item": map[string]any{"type": "function_call_output", "call_id": call["call_id"], "output": `{"ok":true}`}})
+	c.send(map[string]any{"type": "response.create"})
+	evs = c.until("response.done")
+	if !contains(types(evs), "response.output_audio.delta") {
+		t.Fatalf("after the tool's output, no audio reply: %v", types(evs))
+	}
+	sess := srv.Sessions()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := sess.Wait(ctx, func(st *refserver.State) bool {
+		return len(st.ToolOutputs) == 1 && st.ToolOutputs[0].CallID == call["call_id"] && st.ToolOutputs[0].Output == `{"ok":true}` &&
+			len(st.Responses) == 2 && st.Responses[0].ToolCall == "lookup" && st.Responses[1].ToolCall == ""
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

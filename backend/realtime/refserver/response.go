@@ -7,9 +7,18 @@ import (
 	"time"
 )
 
-// startLocked starts a response: the parrot of the conversation's last
-// user audio, or a tone at ToneHz of Config.ToneMs when there is none.
+// startLocked starts a response: a call of the session's first tool when
+// it has tools and the conversation does not end with a tool's output
+// (toolCall), else the parrot of the conversation's last user audio, or a
+// tone at ToneHz of Config.ToneMs when there is none.
 func (s *Session) startLocked() {
+	if name := s.toolLocked(); name != "" {
+		last := len(s.items) == 0 || s.items[len(s.items)-1].typ != "function_call_output"
+		if last {
+			s.startToolCallLocked(name)
+			return
+		}
+	}
 	var audio []int16
 	for i := len(s.items) - 1; i >= 0; i-- {
 		if it := s.items[i]; it.role == "user" && len(it.pcm) > 0 {
@@ -182,4 +191,71 @@ func (s *Session) respond(r *response, prev any) {
 	rec.Status, rec.Reason = status, reason
 	s.notify()
 	s.mu.Unlock()
+}
+
+// toolLocked is the name of the session's first function tool, or "".
+func (s *Session) toolLocked() string {
+	tools, _ := s.st.Config["tools"].([]any)
+	for _, t := range tools {
+		if m, ok := t.(map[string]any); ok {
+			if name, _ := m["name"].(string); name != "" {
+				return name
+			}
+		}
+	}
+	return ""
+}
+
+// startToolCallLocked starts a response that calls tool name (its
+// arguments: the duration of the last user turn), as a model does when
+// its instructions and tools say so: the client answers with a
+// function_call_output item and response.create.
+func (s *Session) startToolCallLocked(name string) {
+	ms := 0
+	for i := len(s.items) - 1; i >= 0; i-- {
+		if it := s.items[i]; it.role == "user" {
+			ms = len(it.pcm) * 1000 / s.h.cfg.Rate
+			break
+		}
+	}
+	r := &response{id: s.h.id("resp"), itemID: s.h.id("item"), done: make(chan struct{}), rec: len(s.st.Responses)}
+	s.active = r
+	s.st.Responses = append(s.st.Responses, Response{ID: r.id, ItemID: r.itemID, Status: "in_progress", ToolCall: name})
+	s.notify()
+	prev := s.lastIDLocked()
+	s.items = append(s.items, &item{id: r.itemID, typ: "function_call"})
+	callID := s.h.id("call")
+	args := fmt.Sprintf(`{"turn_ms":%d}`, ms)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		obj := func(status, arguments string) map[string]any {
+			return map[string]any{"id": r.itemID, "object": "realtime.item", "type": "function_call", "status": status,
+				"name": name, "call_id": callID, "arguments": arguments}
+		}
+		s.send(map[string]any{"type": "response.created", "response": s.responseObject(r, "in_progress", nil, []any{})})
+		s.send(map[string]any{"type": "response.output_item.added", "response_id": r.id, "output_index": 0, "item": obj("in_progress", "")})
+		s.sendItemAdded(prev, obj("in_progress", ""), false)
+		base := map[string]any{"response_id": r.id, "item_id": r.itemID, "output_index": 0, "call_id": callID}
+		delta := map[string]any{"type": "response.function_call_arguments.delta", "delta": args}
+		done := map[string]any{"type": "response.function_call_arguments.done", "arguments": args, "name": name}
+		for k, v := range base {
+			delta[k], done[k] = v, v
+		}
+		s.send(delta)
+		s.send(done)
+		final := obj("completed", args)
+		s.send(map[string]any{"type": "response.output_item.done", "response_id": r.id, "output_index": 0, "item": final})
+		if !s.h.cfg.Beta {
+			s.send(map[string]any{"type": "conversation.item.done", "previous_item_id": prev, "item": final})
+		}
+		s.send(map[string]any{"type": "response.done", "response": s.responseObject(r, "completed", nil, []any{final})})
+		s.mu.Lock()
+		if s.active == r {
+			s.active = nil
+		}
+		s.st.Responses[r.rec].Status = "completed"
+		s.notify()
+		s.mu.Unlock()
+	}()
 }

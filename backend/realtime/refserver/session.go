@@ -32,8 +32,10 @@ type State struct {
 	Commits                      int // input buffers committed (by the client or the VAD)
 	Responses                    []Response
 	Truncated                    []Truncation
-	Errors                       []string // codes of the error events sent
-	Closed                       bool     // the connection ended
+	// ToolOutputs are the function_call_output items created, in order.
+	ToolOutputs []ToolOutput
+	Errors      []string // codes of the error events sent
+	Closed      bool     // the connection ended
 }
 
 // Response is one response the server generated.
@@ -42,6 +44,12 @@ type Response struct {
 	Status     string // in_progress, completed or cancelled
 	Reason     string // for a cancelled one: client_cancelled or turn_detected
 	Samples    int    // reply audio sent, in samples at the server's rate
+	ToolCall   string // the tool a function-call response called ("" for audio)
+}
+
+// ToolOutput is one function_call_output item a client created.
+type ToolOutput struct {
+	CallID, Output string
 }
 
 // Truncation is one conversation.item.truncate the server applied.
@@ -76,6 +84,7 @@ type Session struct {
 
 type item struct {
 	id, role string
+	typ      string  // message, function_call or function_call_output
 	pcm      []int16 // a user item's audio, or an assistant item's audio sent
 }
 
@@ -174,7 +183,10 @@ type clientEvent struct {
 	ResponseID   string          `json:"response_id"`
 	Item         *struct {
 		ID      string `json:"id"`
+		Type    string `json:"type"`
 		Role    string `json:"role"`
+		CallID  string `json:"call_id"`
+		Output  string `json:"output"`
 		Content []struct {
 			Type  string `json:"type"`
 			Audio string `json:"audio"`
@@ -300,9 +312,19 @@ func (s *Session) itemCreate(ev clientEvent) {
 		s.sendError(ev.EventID, "invalid_request_error", "missing_required_parameter", "item", "Missing required parameter: 'item'.")
 		return
 	}
-	it := &item{id: ev.Item.ID, role: ev.Item.Role}
+	it := &item{id: ev.Item.ID, role: ev.Item.Role, typ: ev.Item.Type}
 	if it.id == "" {
 		it.id = s.h.id("item")
+	}
+	if it.typ == "function_call_output" {
+		if ev.Item.CallID == "" {
+			s.sendError(ev.EventID, "invalid_request_error", "missing_required_parameter", "item.call_id", "Missing required parameter: 'item.call_id'.")
+			return
+		}
+		s.mu.Lock()
+		s.st.ToolOutputs = append(s.st.ToolOutputs, ToolOutput{CallID: ev.Item.CallID, Output: ev.Item.Output})
+		s.notify()
+		s.mu.Unlock()
 	}
 	for _, c := range ev.Item.Content {
 		if c.Type == "input_audio" && c.Audio != "" {
