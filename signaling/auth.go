@@ -24,6 +24,10 @@ type APIKey struct {
 	// zero: Config.KeyRatePerSecond and KeyRateBurst.
 	RatePerSecond float64 `yaml:"rate_per_second"`
 	RateBurst     int     `yaml:"rate_burst"`
+	// Probe marks the key of `rtcedge probe`'s synthetic clients: it may
+	// post measured round trips (POST /v1/steering/samples) and read the
+	// steering table (GET /v1/steering); docs/steering.md.
+	Probe bool `yaml:"probe"`
 }
 
 // DefaultTenant is the tenant of keys that name none (all of

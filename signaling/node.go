@@ -107,6 +107,11 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.srv, err = New(cfg); err != nil {
 		return nil, err
 	}
+	if n.pool != nil {
+		// Samples from the pods (via the cluster relays) and from the
+		// other replicas' probes.
+		n.pool.SetHandler(n.srv.receiveSamples)
+	}
 	n.cfg, n.url = cfg, "http://"+s.HTTP.Addr().String()
 	// The hardened server: header and body read timeouts, header cap.
 	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
@@ -125,6 +130,7 @@ func (n *Node) joinGossip(cfg *Config) (err error) {
 	}
 	h := GossipHealth{Pool: n.pool, Check: check}
 	cfg.Health, cfg.POPUp, cfg.SessionAPIs, cfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
+	cfg.FanOut = h.FanOut
 	return nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pion/ice/v4"
 	"github.com/pion/stun/v4"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
@@ -230,14 +229,15 @@ const EarlySelectChecks = 1
 // objects that replace each other for one client address.
 type reach struct {
 	mu     sync.Mutex
-	sent   bool     // a probe went out
-	sentAt int64    // unix nanos when it went out
-	txID   [12]byte // its transaction ID
-	pwd    string   // the client's ICE password, to check the answer
-	held   [][]byte // DTLS/media waiting for the proof, oldest first
-	heldAt int64    // unix nanos when the oldest was held
-	lastTx [12]byte // transaction ID of the last authenticated check (Confirm)
-	follow Session  // the probe was started by this session's audio from the address (follow.go)
+	sent   bool                // a probe went out
+	sentAt int64               // unix nanos when it went out
+	txID   [12]byte            // its transaction ID
+	pwd    string              // the client's ICE password, to check the answer
+	held   [][]byte            // DTLS/media waiting for the proof, oldest first
+	heldAt int64               // unix nanos when the oldest was held
+	lastTx [12]byte            // transaction ID of the last authenticated check (Confirm)
+	onRTT  func(time.Duration) // the probe out measures the round trip (rtt.go)
+	follow Session             // the probe was started by this session's audio from the address (follow.go)
 }
 
 // Confirm marks the client's route through a POP as authenticated by Pion
@@ -314,14 +314,12 @@ func (c *popConn) sendProbe(r *route, user, pwd string, again time.Duration, fol
 		r.reach.mu.Unlock()
 		return false
 	}
-	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(user),
-		ice.AttrControlled(tieBreaker()), ice.PriorityAttr(1),
-		stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
+	msg, err := newProbe(user, pwd)
 	if err != nil {
 		r.reach.mu.Unlock()
 		return false
 	}
-	r.reach.sent, r.reach.sentAt, r.reach.txID, r.reach.pwd = true, now, msg.TransactionID, pwd
+	r.reach.sent, r.reach.sentAt, r.reach.txID, r.reach.pwd, r.reach.onRTT = true, now, msg.TransactionID, pwd, nil
 	if follow != nil {
 		r.reach.follow = follow
 	}
@@ -359,6 +357,9 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 	r.reach.mu.Unlock()
 	m := &stun.Message{Raw: append([]byte(nil), payload...)}
 	if m.Decode() != nil || stun.NewShortTermIntegrity(pwd).Check(m) != nil {
+		return true
+	}
+	if c.measured(r, [12]byte(payload[8:20])) && r.reachable.Load() {
 		return true
 	}
 	c.prove(r)
