@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,5 +171,45 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 		if got := placedAt(offerFrom(t, n, ipSingapore)); got != "fra/1/measured" {
 			t.Errorf("%s placed Singapore at %s, want fra/1/measured", n.Pool().Name(), got)
 		}
+	}
+}
+
+// TestSteeringPinsAndReadiness: a measured POP that is not up is never
+// chosen (the next best measured one is); an operator's pin wins over
+// measurement and distance, for its prefix only.
+func TestSteeringPinsAndReadiness(t *testing.T) {
+	var down atomic.Uint32
+	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
+		c.Keys = []signaling.APIKey{{Key: probeKey, Probe: true}}
+		c.Steering.Pins = []signaling.SteeringPin{{Prefix: "192.0.2.0/24", POPs: []string{"sin", "iad"}}}
+		c.POPUp = func(pop uint16) bool { return uint32(pop) != down.Load() }
+	}})
+	auth := http.Header{"Authorization": {"Bearer " + probeKey}}
+	for range 3 {
+		rec := w.do(t, http.MethodPost, "/v1/steering/samples", ipAshburn, "application/json",
+			`{"samples":[{"pop":"iad","rtt_ms":150},{"pop":"fra","rtt_ms":90},{"pop":"sin","rtt_ms":20}]}`, auth)
+		if rec.Code != http.StatusAccepted {
+			t.Fatalf("samples: %d %s", rec.Code, rec.Body)
+		}
+	}
+	place := func(ip string) (placement, string) {
+		rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", ip, "application/sdp", testsdp.Offer(t), nil)
+		res, body := recorded(rec)
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("offer from %s: %d %s", ip, res.StatusCode, body)
+		}
+		w.hangup(t, rec, nil)
+		return placementOf(res.Header), res.Header.Get(signaling.HeaderSteering)
+	}
+	if p, why := place(ipAshburn); p != (placement{"ap-southeast", "3", "sin", "fra"}) || why != "measured" {
+		t.Errorf("measured: %+v %s, want sin (20 ms) with fra (90 ms) as backup, cluster 3", p, why)
+	}
+	down.Store(3) // sin's relays gone
+	if p, why := place(ipAshburn); p.pop != "fra" || why != "measured" {
+		t.Errorf("sin down: %+v %s, want fra, the best measured POP that is up", p, why)
+	}
+	down.Store(0)
+	if p, why := place(ipFrankfurt); p != (placement{"ap-southeast", "3", "sin", "iad"}) || why != "override" {
+		t.Errorf("pinned prefix: %+v %s, want the pin's sin then iad", p, why)
 	}
 }
