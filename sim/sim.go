@@ -1,6 +1,6 @@
 // Package sim runs rtcedge as a simulated multi-region network: the real
-// binary, one process per role, two regions and two client sites, each on
-// its own loopback addresses, with user-space delay links (package netsim)
+// binary, one process per role, two regions and three client sites (one
+// whose GeoIP location lies), each on its own loopback addresses, with user-space delay links (package netsim)
 // standing in for the distance between them. Tests use it to check that
 // each client site is steered to its near region, to measure call setup in
 // units of the simulated round trip, and to inject faults (loss bursts,
@@ -98,7 +98,8 @@ type SiteSpec struct {
 }
 
 // Regions and Sites are the default topology: a European and an American
-// region, and a client site near each.
+// region, a client site near each, and a site near the American region
+// whose GeoIP location is European.
 var (
 	Regions = []RegionSpec{
 		{Name: "eu-central", City: "Frankfurt", Lat: 50.11, Lon: 8.68, Cluster: 1, POPCode: "fra", Net: 10},
