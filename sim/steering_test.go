@@ -37,7 +37,7 @@ func steerLyingSite(t *testing.T, w *sim.World, site *sim.Site, ref time.Duratio
 	region := w.Regions[site.NearRegion()].Spec.Name
 	var pops []string
 	var before, after []time.Duration
-	switched := -1
+	switched, otherCluster := -1, 0
 	for i := 0; i < steerCallLimit+steerAfter && (switched < 0 || i < switched+steerAfter); i++ {
 		r := mustCall(t, site, i)
 		pops = append(pops, r.POP)
@@ -46,8 +46,14 @@ func steerLyingSite(t *testing.T, w *sim.World, site *sim.Site, ref time.Duratio
 			switched = i
 		}
 		if switched >= 0 {
-			if r.POP != best.Name || r.Region != region {
-				t.Errorf("call %d from site %s placed on %s/%s after it had reached %s/%s", i, site.Spec.Name, r.Region, r.POP, region, best.Name)
+			if r.POP != best.Name {
+				t.Errorf("call %d from site %s placed on %s after it had reached %s", i, site.Spec.Name, r.POP, best.Name)
+			}
+			if r.Region != region {
+				// The POP's region's cluster comes first, within its
+				// allowance: one that gossip shows unusable for a moment,
+				// or that does not answer in time, passes the call on.
+				otherCluster++
 			}
 			after = append(after, rtt)
 		} else {
@@ -65,8 +71,12 @@ func steerLyingSite(t *testing.T, w *sim.World, site *sim.Site, ref time.Duratio
 	if float64(med) > 1.1*float64(ref) {
 		t.Errorf("site %s: median echo RTT %v once steered, over 110 %% of the best POP's %v", site.Spec.Name, med, ref)
 	}
-	res := fmt.Sprintf("GeoIP %s, links near %s: calls 1–%d on %v (echo RTT median %.1f ms); call %d and on %s, echo RTT median %.1f ms (best POP through a right-located site: %.1f ms, %+.1f %%)",
-		fmtPoint(site), region, switched, slices.Compact(slices.Clone(pops[:switched])), ms(median(before)), switched+1, best.Name, ms(med), ms(ref), 100*(float64(med)/float64(ref)-1))
+	if otherCluster > len(after)/2 {
+		t.Errorf("site %s: %d of %d calls on %s placed outside its region %s", site.Spec.Name, otherCluster, len(after), best.Name, region)
+	}
+	res := fmt.Sprintf("GeoIP %s, links near %s: calls 1–%d on %v (echo RTT median %.1f ms); call %d and on %s (%d of %d in %s's cluster), echo RTT median %.1f ms (best POP through a right-located site: %.1f ms, %+.1f %%)",
+		fmtPoint(site), region, switched, slices.Compact(slices.Clone(pops[:switched])), ms(median(before)), switched+1, best.Name,
+		len(after)-otherCluster, len(after), region, ms(med), ms(ref), 100*(float64(med)/float64(ref)-1))
 	t.Log(res)
 	return sim.Scenario{Name: "steering: GeoIP on the wrong continent", Action: fmt.Sprintf("site %s (%s) places calls", site.Spec.Name, site.Spec.City), Result: res}
 }
