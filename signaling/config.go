@@ -233,6 +233,9 @@ func (c *Config) validateServer() []error {
 		node.NotNegative("cluster timeout", c.ClusterTimeout),
 		node.NotNegative("max attempts", c.MaxAttempts),
 	}
+	steering := c.Steering.Config
+	steering.Defaults()
+	errs = append(errs, steering.Validate())
 	if c.ClientSecretTTL > 2*time.Hour {
 		errs = append(errs, fmt.Errorf("client_secret_ttl %v: at most 2h", c.ClientSecretTTL))
 	}

@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/node/nodetest"
@@ -211,5 +214,43 @@ func TestSteeringPinsAndReadiness(t *testing.T) {
 	down.Store(0)
 	if p, why := place(ipFrankfurt); p != (placement{"ap-southeast", "3", "sin", "iad"}) || why != "override" {
 		t.Errorf("pinned prefix: %+v %s, want the pin's sin then iad", p, why)
+	}
+}
+
+// TestSteeringConfigKeys: the steering section and a probe key load from
+// a config file as documented (docs/steering.md), and a bad value fails
+// validation.
+func TestSteeringConfigKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "signaling.yaml")
+	yaml := `listen_addr: 127.0.0.1:0
+catalogue: ../geo/testdata/catalogue.yaml
+keys: [{key: probe-key-0123456789abcdef, probe: true}]
+steering:
+  min_samples: 2
+  max_age: 5m
+  candidates: 3
+  explore_every: -1
+  max_entries: 1000
+  pins: [{prefix: 198.51.100.0/24, pops: [fra]}]
+`
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg signaling.Config
+	if err := config.Load(path, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := cfg.Steering
+	if !cfg.Keys[0].Probe || st.MinSamples != 2 || st.MaxAge != 5*time.Minute || st.Candidates != 3 || st.ExploreEvery != -1 ||
+		st.MaxEntries != 1000 || len(st.Pins) != 1 || st.Pins[0].POPs[0] != "fra" {
+		t.Fatalf("loaded %+v", cfg)
+	}
+	cfg.Steering.MinSamples = steer.Window + 1
+	if err := cfg.Validate(); err == nil {
+		t.Error("min_samples over the window validated")
 	}
 }
