@@ -57,7 +57,7 @@ test-allocs:
 # installed, and its report in bin/sim/ (see docs/simulation.md).
 sim:
 	RTCEDGE_SIM_CALLS=10 RTCEDGE_SIM_BROWSER=1 RTCEDGE_SIM_REPORT_DIR=$(CURDIR)/bin/sim \
-		$(GO) test -count=1 -v -timeout 5m -run TestSimulation ./sim/
+		$(GO) test -count=1 -v -timeout 10m -run TestSimulation ./sim/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 $(BENCH_PKGS)

@@ -159,6 +159,11 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.globalPool, err = n.life.JoinPool(cfg.GlobalGossip, "global", "@global", true, meta, env); err != nil {
 		return nil, err
 	}
+	fwd, err := NewSteerForwarder(n.clusterPool, n.globalPool, env.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	n.life.Go("steering samples", fwd.Run)
 	n.life.Go("follow pods", func(ctx context.Context) error {
 		FollowPods(ctx, n.clusterPool, cfg.Cluster, n.dir, env.Logger)
 		return nil

@@ -30,7 +30,8 @@ type delayLine struct {
 	deliver   func(p *packet) error
 	wake      chan struct{} // capacity 1: "the head changed"
 
-	loss atomic.Uint64 // math.Float64bits of the current loss ratio
+	loss  atomic.Uint64 // math.Float64bits of the current loss ratio
+	extra atomic.Int64  // nanoseconds added to every delay from now on (setExtra)
 
 	mu   sync.Mutex
 	draw drawer   // guarded by mu
@@ -51,6 +52,8 @@ func newDelayLine(cfg LinkConfig, salt uint64, partition *atomic.Bool, deliver f
 }
 
 func (d *delayLine) setLoss(p float64) { d.loss.Store(math.Float64bits(p)) }
+
+func (d *delayLine) setExtra(x time.Duration) { d.extra.Store(int64(x)) }
 
 func (d *delayLine) drop(r DropReason) { d.dropped[r].Add(1) }
 
@@ -77,7 +80,7 @@ func (d *delayLine) push(buf *[]byte, n int, f *udpFlow) {
 		putBuf(buf)
 		return
 	}
-	due := time.Since(d.epoch) + d.draw.delay(&d.cfg)
+	due := time.Since(d.epoch) + d.draw.delay(&d.cfg) + time.Duration(d.extra.Load())
 	d.seq++
 	d.heap = append(d.heap, packet{due: due, seq: d.seq, buf: buf, n: n, flow: f})
 	d.up(len(d.heap) - 1)

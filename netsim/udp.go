@@ -108,6 +108,14 @@ func (l *UDPLink) SetLoss(up, down float64) {
 	l.down.setLoss(down)
 }
 
+// SetExtraDelay degrades (or, with 0, heals) the path: every datagram that
+// arrives from now on waits extra more, each way, on top of the
+// configured delay. Datagrams already queued keep their due time.
+func (l *UDPLink) SetExtraDelay(extra time.Duration) {
+	l.up.setExtra(extra)
+	l.down.setExtra(extra)
+}
+
 // UDPStats is a snapshot of a UDPLink's counters.
 type UDPStats struct {
 	Up, Down DirectionStats

@@ -452,3 +452,27 @@ func TestUDPLinkClose(t *testing.T) {
 		t.Fatalf("run: %v", err)
 	}
 }
+
+// TestUDPLinkSetExtraDelay: a degraded path delays every datagram sent
+// after the change by the extra each way; healing (0) restores the
+// configured delay.
+func TestUDPLinkSetExtraDelay(t *testing.T) {
+	const base, extra = 5 * time.Millisecond, 30 * time.Millisecond
+	r := startReflector(t)
+	l := startUDPLink(t, addrOf(r.conn), netsim.LinkConfig{Delay: base}, netsim.LinkConfig{Delay: base})
+	c := newClient(t, l.Addr())
+	l.SetExtraDelay(extra)
+	for _, s := range c.sendAll(t, 20) {
+		if s.up < base+extra || s.down < base+extra {
+			t.Fatalf("degraded: datagram %d up %v down %v, want at least %v each way", s.seq, s.up, s.down, base+extra)
+		}
+	}
+	l.SetExtraDelay(0)
+	var ups []time.Duration
+	for _, s := range c.sendAll(t, 20) {
+		ups = append(ups, s.up)
+	}
+	if mean, _ := summarise(ups, base); mean >= extra {
+		t.Errorf("healed: mean up delay %v over the configured %v", mean+base, base)
+	}
+}

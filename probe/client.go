@@ -108,8 +108,9 @@ type Call struct {
 	Location string
 	// Answer is the SDP answer.
 	Answer string
-	// Region, Cluster, POP are the placement signaling reported.
-	Region, Cluster, POP string
+	// Region, Cluster, POP are the placement signaling reported;
+	// Steering why it chose the POP (X-Rtcedge-Steering).
+	Region, Cluster, POP, Steering string
 
 	start     time.Time
 	mu        sync.Mutex
@@ -325,6 +326,7 @@ func (c *Call) offerAnswer(ctx context.Context) (stage string, err error) {
 	}
 	c.Location = resp.Header.Get("Location")
 	c.Region, c.Cluster, c.POP = resp.Header.Get("X-Rtcedge-Region"), resp.Header.Get("X-Rtcedge-Cluster"), resp.Header.Get("X-Rtcedge-Pop")
+	c.Steering = resp.Header.Get("X-Rtcedge-Steering")
 	c.Answer = string(body)
 	if err := c.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: c.Answer}); err != nil {
 		return StageSignaling, fmt.Errorf("apply answer: %w", err)

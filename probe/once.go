@@ -12,6 +12,7 @@ type Report struct {
 	Region       string  `json:"region"`
 	Cluster      string  `json:"cluster"`
 	POP          string  `json:"pop"`
+	Steering     string  `json:"steering,omitempty"` // why signaling chose the POP
 	SignalingMs  float64 `json:"signaling_ms"`
 	ICEMs        float64 `json:"ice_connected_ms"`
 	DTLSMs       float64 `json:"dtls_connected_ms"`
@@ -81,7 +82,7 @@ func runCall(ctx context.Context, cfg Config, p plan) (callResult, error) {
 		return res, err
 	}
 	defer c.Close()
-	res.Report.Region, res.Report.Cluster, res.Report.POP = c.Region, c.Cluster, c.POP
+	res.Report.Region, res.Report.Cluster, res.Report.POP, res.Report.Steering = c.Region, c.Cluster, c.POP, c.Steering
 	if c.talker != nil {
 		return talkCall(ctx, c)
 	}
@@ -121,7 +122,7 @@ func runCall(ctx context.Context, cfg Config, p plan) (callResult, error) {
 	res.Timings = c.Timings()
 	st, tm := res.Audio, res.Timings
 	res.Report = Report{
-		Region: c.Region, Cluster: c.Cluster, POP: c.POP,
+		Region: c.Region, Cluster: c.Cluster, POP: c.POP, Steering: c.Steering,
 		SignalingMs: ms(tm.Signaling), ICEMs: ms(tm.ICEConnected), DTLSMs: ms(tm.DTLSConnected), FirstEchoMs: ms(tm.FirstEcho),
 		RTTP50Ms: ms(st.Percentile(50)), RTTP90Ms: ms(st.Percentile(90)), RTTP99Ms: ms(st.Percentile(99)),
 		JitterMs: ms(st.Jitter), Sent: st.Sent, Received: st.Received, LossRatio: st.LossRatio(),

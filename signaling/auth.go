@@ -29,6 +29,10 @@ type APIKey struct {
 	// calls it placed or whose client secret it minted: the operator's
 	// monitoring or control server. Default false.
 	SidebandTenant bool `yaml:"sideband_tenant"`
+	// Probe marks the key of `rtcedge probe`'s synthetic clients: it may
+	// post measured round trips (POST /v1/steering/samples) and read the
+	// steering table (GET /v1/steering); docs/steering.md.
+	Probe bool `yaml:"probe"`
 }
 
 // DefaultTenant is the tenant of keys that name none (all of

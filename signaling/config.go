@@ -108,6 +108,9 @@ type Config struct {
 	// default 5s.
 	DrainDelay time.Duration `yaml:"drain_delay"`
 	Gossip     node.Gossip   `yaml:"gossip"` // the global pool; empty bind = no gossip
+	// Steering tunes the choice of POPs by measured round trips and holds
+	// the operator's pins (docs/steering.md).
+	Steering SteeringConfig `yaml:"steering"`
 
 	// CatalogueData is the catalogue the Server places calls with; NewNode
 	// loads it from the Catalogue file when unset (the dev world sets its
@@ -130,6 +133,10 @@ type Config struct {
 	POPUp               func(pop uint16) bool         `yaml:"-"`
 	SessionAPIs         func(cluster uint16) []string `yaml:"-"`
 	GossipAuthoritative func() bool                   `yaml:"-"`
+	// FanOut passes a steering samples message to the other signaling
+	// replicas (probe samples taken here); nil: none. NewNode sets it
+	// from its pool.
+	FanOut func(msg []byte) `yaml:"-"`
 
 	MaxBody        int64         `yaml:"-"` // request body cap; default 64 KiB
 	ClusterTimeout time.Duration `yaml:"-"` // one cluster attempt; default 2s
@@ -226,6 +233,9 @@ func (c *Config) validateServer() []error {
 		node.NotNegative("cluster timeout", c.ClusterTimeout),
 		node.NotNegative("max attempts", c.MaxAttempts),
 	}
+	steering := c.Steering.Config
+	steering.Defaults()
+	errs = append(errs, steering.Validate())
 	if c.ClientSecretTTL > 2*time.Hour {
 		errs = append(errs, fmt.Errorf("client_secret_ttl %v: at most 2h", c.ClientSecretTTL))
 	}

@@ -106,3 +106,14 @@ func (g GossipHealth) vetted() []membership.Member {
 	}
 	return out
 }
+
+// FanOut sends msg to every other alive signaling member of the pool,
+// best effort.
+func (g GossipHealth) FanOut(msg []byte) {
+	self := g.Pool.Name()
+	for _, m := range g.vetted() {
+		if m.State == membership.StateAlive && m.Meta.Role == membership.RoleSignaling && m.Name != self {
+			_ = g.Pool.Send(m.Name, msg)
+		}
+	}
+}

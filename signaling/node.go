@@ -108,6 +108,11 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	n.life.OnClose(func() error { n.srv.Close(); return nil }) // the sideband relays, after the HTTP server
+	if n.pool != nil {
+		// Samples from the pods (via the cluster relays) and from the
+		// other replicas' probes.
+		n.pool.SetHandler(n.srv.receiveSamples)
+	}
 	n.cfg, n.url = cfg, "http://"+s.HTTP.Addr().String()
 	// The hardened server: header and body read timeouts, header cap.
 	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
@@ -126,6 +131,7 @@ func (n *Node) joinGossip(cfg *Config) (err error) {
 	}
 	h := GossipHealth{Pool: n.pool, Check: check}
 	cfg.Health, cfg.POPUp, cfg.SessionAPIs, cfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
+	cfg.FanOut = h.FanOut
 	return nil
 }
 

@@ -64,7 +64,11 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 	// The catalogue's steering overrides (per country/continent) win over
 	// distance; see geo.Catalogue.ChooseFor.
 	choice := s.cfg.CatalogueData.ChooseFor(loc, s.cfg.Health)
-	pops := s.cfg.CatalogueData.ChoosePOPsFor(loc, 2, s.cfg.POPUp)
+	// Then the POPs: pinned, the catalogue's overrides, measured round
+	// trips or distance (steering.go); a POP chosen otherwise than by
+	// distance brings its region's clusters to the front.
+	key := keyOf(loc)
+	pops, reason := s.choosePOPs(loc, key, &choice)
 	if len(choice.Clusters) == 0 || len(pops) == 0 {
 		s.m.noCapacity.Inc()
 		s.log.Warn("no usable cluster or POP", "clusters", len(choice.Clusters), "pops", len(pops), "client", loc.IP)
@@ -72,7 +76,7 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 			"no cluster can take a call right now", 2*time.Second)
 		return
 	}
-	req := sessionapi.CreateRequest{Offer: offer, Config: session}
+	req := sessionapi.CreateRequest{Offer: offer, Config: session, Steer: key.String()}
 	for _, p := range pops {
 		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP, TCPPort: p.TCPPort})
 	}
@@ -100,6 +104,8 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 			h.Set(HeaderRegion, cc.Region)
 			h.Set(HeaderCluster, cluster)
 			h.Set(HeaderPOP, pops[0].Name)
+			h.Set(HeaderSteering, reason)
+			s.steer.choices.WithLabelValues(reason).Inc()
 			if len(pops) > 1 {
 				h.Set(HeaderBackupPOP, pops[1].Name)
 			}
@@ -107,7 +113,7 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 			w.WriteHeader(http.StatusCreated)
 			_, _ = io.WriteString(w, res.Answer)
 			s.log.Debug("call placed", "session", res.ID, "cluster", cc.Cluster.ID, "attempt", i+1,
-				"elapsed", s.cfg.Now().Sub(start), "pop", pops[0].ID, "client", loc.IP, "located_by", loc.Source)
+				"elapsed", s.cfg.Now().Sub(start), "pop", pops[0].ID, "steering", reason, "client", loc.IP, "located_by", loc.Source)
 			return
 		case resultRejected:
 			// The pod judged the offer itself bad: another cluster would

@@ -48,6 +48,7 @@ type Server struct {
 
 	relays *sessionapi.Relays // the sidebands this replica relays (sideband.go); ended by Close
 
+	steer    *steering     // measured round trips (steering.go)
 	apiTurn  atomic.Uint32 // spreads requests over a cluster's live session API endpoints
 	draining atomic.Bool
 }
@@ -82,6 +83,10 @@ func New(cfg Config) (*Server, error) {
 	if s.secrets, err = newSecretMinter(key, cfg.Now); err != nil {
 		return nil, err
 	}
+	if s.steer, err = newSteering(cfg.Steering, cfg.CatalogueData, cfg.Now, cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("signaling config: %w", err)
+	}
+	s.steer.fanOut = cfg.FanOut
 	s.limits = newLimits(&s.cfg, s.keys)
 	s.handler = s.routes()
 	return s, nil
@@ -128,6 +133,8 @@ func (s *Server) routes() http.Handler {
 	handle("/v1/realtime/calls/{id}/hangup", "hangup", route{http.MethodPost: s.handleDelete})
 	handle("/v1/realtime/client_secrets", "client_secrets", route{http.MethodPost: s.handleClientSecret})
 	handle("/v1/regions", "regions", route{http.MethodGet: s.handleRegions})
+	handle("/v1/steering", "steering", route{http.MethodGet: s.handleSteeringView})
+	handle("/v1/steering/samples", "steering_samples", route{http.MethodPost: s.handleSamples})
 	handle("/livez", "livez", route{http.MethodGet: okHandler})
 	handle("/readyz", "readyz", route{http.MethodGet: s.readyz})
 	if s.cfg.DemoPage {

@@ -140,6 +140,9 @@ func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
 	}
 	var out []sim.Scenario
 	for _, site := range w.Sites {
+		if site.Spec.GeoWrong {
+			continue // its first calls go by distance to the wrong POP (steering-site-*)
+		}
 		near := w.Regions[site.NearRegion()]
 		hdr := map[string]string{}
 		for k, v := range site.Headers() {

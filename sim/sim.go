@@ -1,6 +1,6 @@
 // Package sim runs rtcedge as a simulated multi-region network: the real
-// binary, one process per role, two regions and two client sites, each on
-// its own loopback addresses, with user-space delay links (package netsim)
+// binary, one process per role, two regions and three client sites (one
+// whose GeoIP location lies), each on its own loopback addresses, with user-space delay links (package netsim)
 // standing in for the distance between them. Tests use it to check that
 // each client site is steered to its near region, to measure call setup in
 // units of the simulated round trip, and to inject faults (loss bursts,
@@ -89,12 +89,17 @@ type SiteSpec struct {
 	Name     string  // e.g. "a"; suffixes the POP names of this site's view
 	City     string  // where its clients are
 	Lat, Lon float64 // sent as CF-IPLatitude/CF-IPLongitude, as Cloudflare would
-	Near     int     // index of its near region in Regions
+	Near     int     // index of its near region in Regions: where its delay links say it is
 	Net      byte    // its links listen on 127.0.Net.x
+	// GeoWrong: Lat/Lon (its GeoIP location) lie on another continent
+	// than its near region; only measured round trips steer it right
+	// (docs/steering.md).
+	GeoWrong bool
 }
 
 // Regions and Sites are the default topology: a European and an American
-// region, and a client site near each.
+// region, a client site near each, and a site near the American region
+// whose GeoIP location is European.
 var (
 	Regions = []RegionSpec{
 		{Name: "eu-central", City: "Frankfurt", Lat: 50.11, Lon: 8.68, Cluster: 1, POPCode: "fra", Net: 10},
@@ -103,6 +108,9 @@ var (
 	Sites = []SiteSpec{
 		{Name: "a", City: "Paris", Lat: 48.86, Lon: 2.35, Near: 0, Net: 1},
 		{Name: "b", City: "New York", Lat: 40.71, Lon: -74.01, Near: 1, Net: 2},
+		// A carrier whose addresses GeoIP places at its Paris headquarters,
+		// whose clients are in Boston.
+		{Name: "c", City: "Boston (GeoIP: Paris)", Lat: 48.86, Lon: 2.35, Near: 1, Net: 3, GeoWrong: true},
 	}
 )
 
@@ -112,8 +120,10 @@ type Region struct {
 	Spec         RegionSpec
 	Transceiver  *proctest.Proc
 	ClusterRelay *proctest.Proc
+	// Signaling is the front of the first site near the region (each
+	// site has its own, Site.Front); SignalingURL is its own address (no
+	// delay), for checks.
 	Signaling    *proctest.Proc
-	// SignalingURL is the front's own address (no delay), for checks.
 	SignalingURL string
 	// SessionAPI is the cluster's session API (no delay).
 	SessionAPI string
@@ -151,6 +161,10 @@ type Site struct {
 	// signaling front (Near each way); SignalingURL names it.
 	Signaling    *netsim.TCPLink
 	SignalingURL string
+	// Front is the site's signaling front (in its near region, with the
+	// catalogue of the site's view of the POPs); FrontURL its own address.
+	Front    *proctest.Proc
+	FrontURL string
 	// POPs are this site's view of every region's POP, by region index.
 	POPs []*POP
 	// HTTPClient dials from the site's own address and keeps connections
@@ -196,7 +210,7 @@ func addr(net, host byte) netip.AddrPort {
 const (
 	hostTransceiver  = 1
 	hostClusterRelay = 2
-	hostSignaling    = 5
+	hostSignaling    = 5  // + site index: that site's front
 	hostRemoteAPI    = 9  // the region's link to the other region's session API
 	hostRelayBase    = 11 // + site index: that site's view of this region's POP
 	hostSiteSig      = 1  // the site's link to its signaling front
@@ -229,7 +243,7 @@ func Start(t testing.TB, cfg Config) *World {
 	// runs first: a clean exit on SIGTERM is part of what is tested.
 	t.Cleanup(func() { proctest.StopAll(t, stopLimit, s.procs...) })
 	for _, site := range w.Sites {
-		w.awaitConverged(t, w.Regions[site.Spec.Near])
+		w.awaitConverged(t, site.FrontURL)
 	}
 	return w
 }
@@ -325,18 +339,24 @@ func (s *starter) startSignaling(seed string) {
 		other := w.Regions[(ri+1)%len(w.Regions)]
 		r.RemoteAPI = s.tcpLink(addr(r.Spec.Net, hostRemoteAPI), strings.TrimPrefix(other.SessionAPI, "http://"), w.Config.Far, netsim.NewTCPLink)
 	}
-	for _, site := range w.Sites {
+	for si, site := range w.Sites {
 		r := w.Regions[site.Spec.Near]
-		cat := s.write("catalogue-"+r.Spec.Name+".yaml", w.catalogue(site, site.Spec.Near))
-		a := addr(r.Spec.Net, hostSignaling)
-		r.Signaling = s.start("signaling-"+r.Spec.Name, "signaling", fmt.Sprintf(
+		cat := s.write("catalogue-"+site.Spec.Name+".yaml", w.catalogue(site, site.Spec.Near))
+		a := addr(r.Spec.Net, byte(hostSignaling+si))
+		site.Front = s.start("signaling-"+site.Spec.Name, "signaling", fmt.Sprintf(
 			"listen_addr: %q\ndrain_delay: 200ms\ncatalogue: %q\ndemo_page: true\nallow_anonymous: true\ncloudflare_ranges: [\"127.0.0.0/8\"]\nrate_per_second: 100\nrate_burst: 100\n%s",
-			a, cat, gossip("gossip", "sig-"+r.Spec.Name, a.Addr(), seed)))
+			a, cat, gossip("gossip", "sig-"+site.Spec.Name, a.Addr(), seed)))
+		if r.Signaling == nil {
+			r.Signaling = site.Front
+		}
 	}
 	for _, site := range w.Sites {
 		r := w.Regions[site.Spec.Near]
-		r.SignalingURL = r.Signaling.WaitLog(t, "signaling up", startLimit)["url"]
-		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(r.SignalingURL, "http://"), w.Config.Near, netsim.NewTCPLink)
+		site.FrontURL = site.Front.WaitLog(t, "signaling up", startLimit)["url"]
+		if r.Signaling == site.Front {
+			r.SignalingURL = site.FrontURL
+		}
+		site.Signaling = s.tcpLink(addr(site.Spec.Net, hostSiteSig), strings.TrimPrefix(site.FrontURL, "http://"), w.Config.Near, netsim.NewTCPLink)
 		site.SignalingURL = "http://" + site.Signaling.Addr().String()
 		site.HTTPClient = siteClient(site.Spec.Net)
 		t.Cleanup(site.HTTPClient.CloseIdleConnections)
@@ -388,20 +408,20 @@ func (d *netDialer) dial(ctx context.Context, network, address string) (net.Conn
 // awaitConverged waits until the front sees every cluster known and
 // healthy and every POP up. Gossip offers no event to wait on from outside,
 // so this polls the front's regions API.
-func (w *World) awaitConverged(t testing.TB, r *Region) {
+func (w *World) awaitConverged(t testing.TB, url string) {
 	t.Helper()
 	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
 	defer client.CloseIdleConnections()
 	deadline := time.Now().Add(convergeLimit)
 	var last string
 	for {
-		ok, state := converged(client, r.SignalingURL)
+		ok, state := converged(client, url)
 		if ok {
 			return
 		}
 		last = state
 		if time.Now().After(deadline) {
-			t.Fatalf("sim: signaling %s did not converge within %v: %s", r.Spec.Name, convergeLimit, last)
+			t.Fatalf("sim: signaling %s did not converge within %v: %s", url, convergeLimit, last)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -105,6 +105,7 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 		return nil, err
 	}
 	n.life.Go("publish", func(ctx context.Context) error { n.tr.Publish(ctx, n.pool); return nil })
+	n.life.Go("rtt reports", func(ctx context.Context) error { n.tr.ReportRTT(ctx, n.pool); return nil })
 	n.life.Go("follow relays", func(ctx context.Context) error {
 		FollowRelays(ctx, n.pool, cfg.Cluster, n.relays)
 		return nil

@@ -20,6 +20,7 @@ import (
 	"github.com/pion/webrtc/v4"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/steer"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
@@ -73,6 +74,7 @@ type session struct {
 	selectedPOP  atomic.Uint32                  // POP of the selected candidate pair; 0 before one is selected
 	selectedPeer atomic.Pointer[netip.AddrPort] // the client address of the selected pair
 	selectedTCP  atomic.Bool                    // the selected pair is ICE-TCP
+	rtt          rttPaths                       // the POPs the client checked, for steering (rttreport.go)
 
 	// media is the session's own SRTP path once connected (podnet.Media);
 	// nil while media goes through Pion. Stored under outMu.
@@ -154,6 +156,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	}
 	s.preferredPOP = req.POPs[0].ID
 	s.play = t.pacer.NewQueue(s)
+	s.rtt.key, _ = steer.ParseKey(req.Steer) // a bad key measures nothing
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
@@ -333,6 +336,7 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	checks := 0
 	if client, ok := candidateAddr(remote); ok && pop != 0 {
 		checks = s.t.sock.Confirm(pop, client, s.ufrag, msg.TransactionID)
+		s.rtt.noteCheck(pop, client, msg)
 		// Before a pair is selected, probe only through the preferred
 		// POP (or a check that nominates): a full agent that gets a check
 		// on a succeeded pair may nominate that pair at once, and that
@@ -407,6 +411,7 @@ func (s *session) onState(st webrtc.PeerConnectionState) {
 			s.lastActivity.Store(now.UnixNano())
 			s.t.m.setupSeconds.Observe(now.Sub(s.created).Seconds())
 			s.startMedia()
+			s.measureRTT()
 			s.mu.Lock()
 			if s.connectTimer != nil {
 				s.connectTimer.Stop()

@@ -45,6 +45,9 @@ type CreateRequest struct {
 	POPs []POPAddr
 	// Config is passed to the backend as backend.SessionInfo.Config.
 	Config []byte
+	// Steer is the caller's steering key (steer.Key's text) under which
+	// the pod reports the round trips it measures; empty: none.
+	Steer string
 }
 
 // CreateResult is a created session.
@@ -87,6 +90,7 @@ type Transceiver struct {
 	closeOnce    sync.Once
 	runDone      chan struct{} // closed by Close to stop Run
 	stateChanged chan struct{} // wakes Publish (buffered 1)
+	rttOut       *rttReporter  // measured round trips waiting for ReportRTT
 }
 
 // New builds a transceiver over the pod's UDP socket. It takes ownership of
@@ -101,6 +105,10 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		return nil, fmt.Errorf("transceiver config: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer, cfg.TurnRegisterer)
+	if err != nil {
+		return nil, err
+	}
+	rttOut, err := newRTTReporter(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +141,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		runDone:   make(chan struct{}),
 
 		stateChanged: make(chan struct{}, 1),
+		rttOut:       rttOut,
 	}
 	t.pacer = pace.New(pace.Config{Counters: pace.Counters{
 		Generated: m.replyAudio.WithLabelValues(replyGenerated),

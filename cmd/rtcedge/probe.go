@@ -34,6 +34,7 @@ func runProbe(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error")
 	turns := fs.Int("turns", 0, "one-shot and continuous: talk instead of echo (docs/probe.md): this many turns, then a barge-in turn; measures each reply (works against the echo and the Realtime backends)")
 	speech := fs.Duration("speech", time.Second, "with -turns: how long each turn talks")
+	reportRTT := fs.Bool("report-rtt", false, "one-shot and continuous: post each call's echo round trip through its POP to signaling's steering table (the -token must be an API key with probe: true; docs/steering.md)")
 
 	interval := fs.Duration("interval", 0, "continuous mode: place a call every interval (e.g. 30s)")
 	count := fs.Int("count", 0, "continuous mode: stop after this many calls (0 = until interrupted)")
@@ -73,11 +74,16 @@ func runProbe(ctx context.Context, args []string) error {
 		return probeLoad(ctx, probe.LoadConfig{Call: call, Sessions: *sessions, Duration: *dur, Ramp: *ramp, SetupTimeout: *setupTimeout}, *asJSON, *htmlOut)
 	case *interval > 0:
 		return probeContinuous(ctx, probe.ContinuousConfig{Call: call, Interval: *interval, Hold: *dur, SetupTimeout: *setupTimeout, Iterations: *count},
-			*metricsAddr, *asJSON, log)
+			*metricsAddr, *asJSON, *reportRTT, log)
 	}
 	rep, err := probe.Once(ctx, call, *dur)
 	if err != nil {
 		return err
+	}
+	if *reportRTT {
+		if err := probe.ReportRTT(ctx, call, rep); err != nil {
+			return err
+		}
 	}
 	if *asJSON {
 		return writeJSON(os.Stdout, rep)
@@ -139,7 +145,7 @@ func probeLoad(ctx context.Context, cfg probe.LoadConfig, asJSON bool, htmlPath 
 
 // probeContinuous runs the prober until ctx ends, serving its metrics on
 // metricsAddr when set and printing one line (or JSON object) per call.
-func probeContinuous(ctx context.Context, cfg probe.ContinuousConfig, metricsAddr string, asJSON bool, log *slog.Logger) error {
+func probeContinuous(ctx context.Context, cfg probe.ContinuousConfig, metricsAddr string, asJSON, reportRTT bool, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := probe.NewMetrics(reg)
@@ -190,6 +196,16 @@ func probeContinuous(ctx context.Context, cfg probe.ContinuousConfig, metricsAdd
 		default:
 			fmt.Printf("%s  ok   %s/%s/%s  signaling %.1f ms  first echo %.1f ms  rtt p50 %.2f ms p99 %.2f ms  jitter %.2f ms  loss %.2f%%\n",
 				now, r.Region, r.POP, r.Cluster, r.SignalingMs, r.FirstEchoMs, r.RTTP50Ms, r.RTTP99Ms, r.JitterMs, 100*r.LossRatio)
+		}
+	}
+	if show := cfg.OnResult; reportRTT {
+		cfg.OnResult = func(r probe.Report, err error) {
+			show(r, err)
+			if err == nil {
+				if err := probe.ReportRTT(ctx, cfg.Call, r); err != nil {
+					log.Warn("round trip not reported", "err", err)
+				}
+			}
 		}
 	}
 	return probe.Continuous(ctx, cfg)

@@ -57,8 +57,9 @@ type Pool struct {
 	closed  bool
 	leaving bool // Leave was called: meta carries flagLeaving from now on
 
-	badMeta   atomic.Uint64 // member metadata that failed to decode
-	deaths    atomic.Uint64 // members declared dead, for alerts after they are forgotten
+	handler   atomic.Pointer[func([]byte)] // user messages (SetHandler)
+	badMeta   atomic.Uint64                // member metadata that failed to decode
+	deaths    atomic.Uint64                // members declared dead, for alerts after they are forgotten
 	closeOnce sync.Once
 }
 
@@ -362,8 +363,8 @@ func encodeProved(meta Meta, leaving bool, name string, prove func([]byte) []byt
 	return meta.encode(leaving)
 }
 
-// delegate implements memberlist.Delegate: only NodeMeta matters here,
-// the pool carries no user messages or state of its own.
+// delegate implements memberlist.Delegate: NodeMeta, and NotifyMsg for
+// the user messages of messages.go; the pool keeps no state of its own.
 type delegate Pool
 
 // NodeMeta returns the encoded local meta. It was size-checked when set.
@@ -377,8 +378,12 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	return slices.Clone(p.metaRaw)
 }
 
-// NotifyMsg is unused: the pool sends no user messages.
-func (d *delegate) NotifyMsg([]byte) {}
+// NotifyMsg hands a user message to the handler (SetHandler).
+func (d *delegate) NotifyMsg(msg []byte) {
+	if fn := (*Pool)(d).handler.Load(); fn != nil {
+		(*fn)(msg)
+	}
+}
 
 // GetBroadcasts is unused: the pool sends no user broadcasts.
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }

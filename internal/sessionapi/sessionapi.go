@@ -69,6 +69,10 @@ type CreateRequest struct {
 	// Config is the session configuration handed to the backend, a JSON
 	// object or absent.
 	Config json.RawMessage `json:"config,omitempty"`
+	// Steer is the caller's steering key (internal/steer.Key's text form):
+	// the pod reports the round trips it measures for the call under it
+	// (docs/steering.md). Empty: nothing is reported.
+	Steer string `json:"steer,omitempty"`
 }
 
 // CreateResponse is the JSON body of a 201 from POST SessionsPath.

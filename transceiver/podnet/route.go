@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pion/ice/v4"
 	"github.com/pion/stun/v4"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
@@ -299,6 +298,12 @@ type proof struct {
 	held   [][]byte                // DTLS/media waiting for the proof, oldest first
 	heldAt int64                   // unix nanos when the oldest was held
 	follow Session                 // the probe was started by this session's audio from the address (follow.go)
+	// A round-trip measurement (rtt.go): its request, when it went out,
+	// the password its answer is signed with, and who takes the figure.
+	rttTx  [12]byte
+	rttAt  int64
+	rttPwd string
+	onRTT  func(time.Duration)
 }
 
 // isProven reports whether the address is proven for the session of
@@ -456,9 +461,7 @@ func (c *popConn) sendProbe(r *route, ufrag, user, pwd string, again time.Durati
 		r.reach.mu.Unlock()
 		return false
 	}
-	msg, err := stun.Build(stun.TransactionID, stun.BindingRequest, stun.NewUsername(user),
-		ice.AttrControlled(tieBreaker()), ice.PriorityAttr(1),
-		stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
+	msg, err := newProbe(user, pwd)
 	if err != nil {
 		r.reach.mu.Unlock()
 		return false
@@ -510,6 +513,9 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 				p, pwd = q, sent.pwd
 			}
 		}
+		if q.onRTT != nil && q.rttTx == tx {
+			p, pwd = q, q.rttPwd
+		}
 	}
 	if p == nil {
 		r.reach.mu.Unlock()
@@ -519,6 +525,9 @@ func (c *popConn) answer(client netip.AddrPort, payload []byte) bool {
 	r.reach.mu.Unlock()
 	m := &stun.Message{Raw: append([]byte(nil), payload...)}
 	if m.Decode() != nil || stun.NewShortTermIntegrity(pwd).Check(m) != nil {
+		return true
+	}
+	if proven, isRTT := c.measured(r, p, tx); isRTT && proven {
 		return true
 	}
 	c.prove(r, ufrag)

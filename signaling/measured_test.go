@@ -1,0 +1,256 @@
+package signaling_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/config"
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/node/nodetest"
+	"github.com/rtcedge/rtcedge/internal/steer"
+	"github.com/rtcedge/rtcedge/internal/testsdp"
+	"github.com/rtcedge/rtcedge/signaling"
+)
+
+const probeKey = "probe-key-0123456789abcdef"
+
+// replica starts a signaling node over cat with gossip, joining seed.
+func replica(t *testing.T, name string, cat *geo.Catalogue, seed string) *signaling.Node {
+	t.Helper()
+	cfg := signaling.Config{ListenAddr: "127.0.0.1:0", CatalogueData: cat, GeoIPData: geo.DevGeoIPDB,
+		InternalProxies: []string{"127.0.0.0/8"}, AllowAnonymous: true, DrainDelay: time.Millisecond,
+		Keys:   []signaling.APIKey{{Key: probeKey, Probe: true}},
+		Gossip: nodetest.Gossip(name, seed)}
+	cfg.Steering.ExploreEvery = -1
+	s, err := signaling.OpenSockets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := signaling.NewNode(cfg, s, node.Env{Logger: nodetest.Quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodetest.Run(t, n)
+	return n
+}
+
+// offerFrom posts an offer to the node as from client (through an
+// internal proxy) and returns the placement headers; the call is hung up.
+func offerFrom(t *testing.T, n *signaling.Node, client string) http.Header {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, n.URL()+"/v1/realtime/sdp", strings.NewReader(testsdp.Offer(t)))
+	req.Header.Set("Content-Type", "application/sdp")
+	req.Header.Set("X-Forwarded-For", client)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("offer from %s: %d %s", client, res.StatusCode, body)
+	}
+	del, _ := http.NewRequest(http.MethodDelete, n.URL()+res.Header.Get("Location"), nil)
+	del.Header.Set("X-Forwarded-For", client)
+	if res, err := http.DefaultClient.Do(del); err == nil {
+		res.Body.Close()
+	}
+	return res.Header
+}
+
+func placedAt(h http.Header) string {
+	return h.Get(signaling.HeaderPOP) + "/" + h.Get(signaling.HeaderCluster) + "/" + h.Get(signaling.HeaderSteering)
+}
+
+// TestMeasuredSteeringAcrossReplicas: two signaling replicas in one
+// gossip pool. Round trips a probe posts to one replica steer the other's
+// offers from the same prefix too (the replica passes them on over
+// gossip); round trips a pod measured, sent over gossip as a cluster
+// relay passes them on, steer both. Until then both place by distance.
+func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
+	w := newWorld(t, worldConfig{}) // real pods for the three clusters
+	a := replica(t, "sig-a", w.cat, "")
+	b := replica(t, "sig-b", w.cat, a.Pool().LocalAddr().String())
+	relay := nodetest.Member(t, "relay", true, membership.Meta{Role: membership.RoleSignaling}, a.Pool().LocalAddr().String())
+	nodetest.Await(t, "the pool to converge", func() bool {
+		return len(a.Pool().Members()) == 3 && len(b.Pool().Members()) == 3 && len(relay.Members()) == 3
+	})
+	view := func(n *signaling.Node, client string) signaling.SteeringView {
+		req, _ := http.NewRequest(http.MethodGet, n.URL()+"/v1/steering", nil)
+		req.Header.Set("Authorization", "Bearer "+probeKey)
+		req.Header.Set("X-Forwarded-For", client)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var v signaling.SteeringView
+		if err := json.NewDecoder(res.Body).Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	samplesOf := func(n *signaling.Node, client, pop string) int {
+		for _, p := range view(n, client).POPs {
+			if p.POP == pop {
+				return p.Samples
+			}
+		}
+		return 0
+	}
+
+	// A Frankfurt caller goes to fra by distance at both.
+	for _, n := range []*signaling.Node{a, b} {
+		if got := placedAt(offerFrom(t, n, ipFrankfurt)); got != "fra/1/distance" {
+			t.Fatalf("before any sample: placed %s, want fra/1/distance", got)
+		}
+	}
+	// A probe in the same prefix measures iad far better (its network
+	// peers in Ashburn): posted to a, it steers b too.
+	post := `{"samples":[{"pop":"fra","rtt_ms":150},{"pop":"iad","rtt_ms":20}]}`
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodPost, a.URL()+"/v1/steering/samples", strings.NewReader(post))
+		req.Header.Set("Authorization", "Bearer "+probeKey)
+		req.Header.Set("X-Forwarded-For", ipFrankfurt)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusAccepted {
+			t.Fatalf("samples: %d", res.StatusCode)
+		}
+	}
+	nodetest.Await(t, "b to hold the probe's samples", func() bool { return samplesOf(b, ipFrankfurt, "iad") == 3 })
+	for _, n := range []*signaling.Node{a, b} {
+		if got := placedAt(offerFrom(t, n, ipFrankfurt)); got != "iad/2/measured" {
+			t.Errorf("%s placed %s, want iad/2/measured", n.Pool().Name(), got)
+		}
+	}
+	// Another address of the same /24 shares the measurement; another
+	// prefix does not.
+	if got := placedAt(offerFrom(t, b, "192.0.2.99")); got != "iad/2/measured" {
+		t.Errorf("same /24: %s", got)
+	}
+	if got := placedAt(offerFrom(t, b, ipAshburn)); got != "iad/2/distance" {
+		t.Errorf("other prefix: %s", got)
+	}
+	// Anything but a probe's key may not post samples.
+	req, _ := http.NewRequest(http.MethodPost, a.URL()+"/v1/steering/samples", strings.NewReader(post))
+	req.Header.Set("X-Forwarded-For", ipFrankfurt)
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != http.StatusForbidden {
+		t.Errorf("anonymous samples: %v %v", res.StatusCode, err)
+	} else {
+		res.Body.Close()
+	}
+
+	// A pod's samples for Singapore callers, as a cluster relay passes
+	// them on: sin is slow tonight, fra is best.
+	sgKey, err := steer.ParseKey(view(a, ipSingapore).Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var samples []steer.Sample
+	for range 3 {
+		samples = append(samples, steer.Sample{Key: sgKey, POP: 3, RTT: 300 * time.Millisecond}, steer.Sample{Key: sgKey, POP: 1, RTT: 90 * time.Millisecond})
+	}
+	msg, _ := steer.AppendMessage(nil, steer.SourcePod, samples)
+	for _, n := range []*signaling.Node{a, b} {
+		if err := relay.Send(n.Pool().Name(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []*signaling.Node{a, b} {
+		nodetest.Await(t, "the pod's samples", func() bool { return samplesOf(n, ipSingapore, "fra") == 3 })
+		if got := placedAt(offerFrom(t, n, ipSingapore)); got != "fra/1/measured" {
+			t.Errorf("%s placed Singapore at %s, want fra/1/measured", n.Pool().Name(), got)
+		}
+	}
+}
+
+// TestSteeringPinsAndReadiness: a measured POP that is not up is never
+// chosen (the next best measured one is); an operator's pin wins over
+// measurement and distance, for its prefix only.
+func TestSteeringPinsAndReadiness(t *testing.T) {
+	var down atomic.Uint32
+	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
+		c.Keys = []signaling.APIKey{{Key: probeKey, Probe: true}}
+		c.Steering.Pins = []signaling.SteeringPin{{Prefix: "192.0.2.0/24", POPs: []string{"sin", "iad"}}}
+		c.POPUp = func(pop uint16) bool { return uint32(pop) != down.Load() }
+	}})
+	auth := http.Header{"Authorization": {"Bearer " + probeKey}}
+	for range 3 {
+		rec := w.do(t, http.MethodPost, "/v1/steering/samples", ipAshburn, "application/json",
+			`{"samples":[{"pop":"iad","rtt_ms":150},{"pop":"fra","rtt_ms":90},{"pop":"sin","rtt_ms":20}]}`, auth)
+		if rec.Code != http.StatusAccepted {
+			t.Fatalf("samples: %d %s", rec.Code, rec.Body)
+		}
+	}
+	place := func(ip string) (placement, string) {
+		rec := w.do(t, http.MethodPost, "/v1/realtime/sdp", ip, "application/sdp", testsdp.Offer(t), nil)
+		res, body := recorded(rec)
+		if res.StatusCode != http.StatusCreated {
+			t.Fatalf("offer from %s: %d %s", ip, res.StatusCode, body)
+		}
+		w.hangup(t, rec, nil)
+		return placementOf(res.Header), res.Header.Get(signaling.HeaderSteering)
+	}
+	if p, why := place(ipAshburn); p != (placement{"ap-southeast", "3", "sin", "fra"}) || why != "measured" {
+		t.Errorf("measured: %+v %s, want sin (20 ms) with fra (90 ms) as backup, cluster 3", p, why)
+	}
+	down.Store(3) // sin's relays gone
+	if p, why := place(ipAshburn); p.pop != "fra" || why != "measured" {
+		t.Errorf("sin down: %+v %s, want fra, the best measured POP that is up", p, why)
+	}
+	down.Store(0)
+	if p, why := place(ipFrankfurt); p != (placement{"ap-southeast", "3", "sin", "iad"}) || why != "override" {
+		t.Errorf("pinned prefix: %+v %s, want the pin's sin then iad", p, why)
+	}
+}
+
+// TestSteeringConfigKeys: the steering section and a probe key load from
+// a config file as documented (docs/steering.md), and a bad value fails
+// validation.
+func TestSteeringConfigKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "signaling.yaml")
+	yaml := `listen_addr: 127.0.0.1:0
+catalogue: ../geo/testdata/catalogue.yaml
+keys: [{key: probe-key-0123456789abcdef, probe: true}]
+steering:
+  min_samples: 2
+  max_age: 5m
+  candidates: 3
+  explore_every: -1
+  max_entries: 1000
+  pins: [{prefix: 198.51.100.0/24, pops: [fra]}]
+`
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg signaling.Config
+	if err := config.Load(path, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := cfg.Steering
+	if !cfg.Keys[0].Probe || st.MinSamples != 2 || st.MaxAge != 5*time.Minute || st.Candidates != 3 || st.ExploreEvery != -1 ||
+		st.MaxEntries != 1000 || len(st.Pins) != 1 || st.Pins[0].POPs[0] != "fra" {
+		t.Fatalf("loaded %+v", cfg)
+	}
+	cfg.Steering.MinSamples = steer.Window + 1
+	if err := cfg.Validate(); err == nil {
+		t.Error("min_samples over the window validated")
+	}
+}
