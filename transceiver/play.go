@@ -61,13 +61,13 @@ func (s *session) SpeechStopped() { s.play.SpeechStopped(time.Now()) }
 // Clear implements backend.Player: a barge-in the backend saw (its VAD,
 // or the caller's output_audio_buffer.clear), whose onset is now.
 func (s *session) Clear(source string) (string, time.Duration, bool) {
-	c := s.clear(source, time.Now())
+	c := s.clearReply(source, time.Now())
 	return c.ItemID, c.Played, c.Active
 }
 
-// clear drops the queued reply and, if one was playing, tells the caller
+// clearReply drops the queued reply and, if one was playing, tells the caller
 // (output_audio_buffer.cleared) and counts the barge-in.
-func (s *session) clear(source string, onset time.Time) pace.Cleared {
+func (s *session) clearReply(source string, onset time.Time) pace.Cleared {
 	c := s.play.Clear()
 	if !c.Active {
 		return c
@@ -92,7 +92,7 @@ func (s *session) edgeVAD(p []byte) {
 		if !s.play.Playing() {
 			return
 		}
-		if c := s.clear(backend.ClearEdge, s.vad.Onset()); c.Active {
+		if c := s.clearReply(backend.ClearEdge, s.vad.Onset()); c.Active {
 			s.interrupter.Interrupted(backend.ClearEdge, c.ItemID, c.Played)
 		}
 	case pace.SpeechStopped:

@@ -380,7 +380,7 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 		s.follow.Defer(s.t.sock, msg, pop, from, silence-quiet+followMargin)
 		return false
 	}
-	s.follow.Clear()
+	s.follow.Disarm()
 	cause := podnet.CausePOP // counted when the selection changes (newSession)
 	if pop == cur {
 		cause = podnet.CauseAddress

@@ -109,8 +109,8 @@ func (f *Follower) retry() {
 	sock.m.followRetries.Inc()
 }
 
-// Clear forgets a pending change once the session has moved.
-func (f *Follower) Clear() {
+// Disarm forgets a pending change once the session has moved.
+func (f *Follower) Disarm() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.timer != nil {
