@@ -39,7 +39,7 @@ func BenchmarkFrame(b *testing.B) {
 			defer func() { c.pacer.close(); dec.Close(); enc.Close() }()
 
 			// One 20 ms caller frame (48 kHz tone) and one 20 ms delta.
-			e48, _ := opus.NewEncoder(48000)
+			e48, _ := opus.NewVoIPEncoder(48000)
 			defer e48.Close()
 			pcm48 := make([]int16, 960)
 			for i := range pcm48 {

@@ -151,7 +151,7 @@ func (f *fixture) waitServer(t *testing.T, what string, cond func(*refserver.Sta
 // twice real time (the queue toward the server holds 2.5 s).
 func talk(t *testing.T, h backend.Handler, pcm []int16) {
 	t.Helper()
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		t.Fatal(err)
 	}

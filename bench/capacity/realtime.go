@@ -57,7 +57,7 @@ func startBackend(ctx context.Context, backend string) (podConfig string, frames
 // and a parrot answers it (about 1.8 s of reply per 2 s: the turn with
 // its prefix padding and the silence that ended it).
 func TurnFrames() ([][]byte, error) {
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 // model's frame) and a concealed frame allocate nothing once the codecs
 // exist. (Without -race, which adds allocations of its own.)
 func TestNoAllocs(t *testing.T) {
-	enc48, _ := newPair(t, 48000, 24000)
+	enc48, _ := newCallerPair(t, 48000, 24000)
 	enc, dec := newPair(t, 24000, 24000)
 	tone48, tone24 := audiotest.Tone(48000, 440, 0.5, time.Second), audiotest.Tone(24000, 440, 0.5, time.Second)
 	pkt, out := make([]byte, MaxPacket), make([]byte, MaxPacket)
