@@ -18,10 +18,11 @@ func (discard) SendEvent([]byte) error                 { return nil }
 // BenchmarkFrame is the connector's cost per 20 ms of audio each way, with
 // no network: in, the caller's Opus frame decoded to PCM16 at 24 kHz,
 // batched, and base64'd into an append message (the writer's recycling
-// done inline); out, a 20 ms audio delta scanned, base64-decoded to PCM,
+// done inline); in-silence, the same for a frame the caller's encoder
+// marked inactive (sent as silence without decoding); out, a 20 ms audio delta scanned, base64-decoded to PCM,
 // queued, and encoded to an Opus frame by the pacer's step.
 func BenchmarkFrame(b *testing.B) {
-	for _, dir := range []string{"in", "out", "both"} {
+	for _, dir := range []string{"in", "in-silence", "out", "both"} {
 		b.Run(dir, func(b *testing.B) {
 			bk, err := New(Config{URL: "ws://127.0.0.1:1/v1/realtime"})
 			if err != nil {
@@ -51,6 +52,17 @@ func BenchmarkFrame(b *testing.B) {
 				b.Fatal(err)
 			}
 			pkt = pkt[:n]
+			if dir == "in-silence" {
+				for range 10 { // past the encoder's VAD hangover
+					if n, err = e48.Encode(make([]int16, 960), pkt[:cap(pkt)]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				pkt = pkt[:n]
+				if !opus.Inactive(pkt) {
+					b.Fatal("silence not inactive")
+				}
+			}
 			pcm24 := make([]int16, 480)
 			for i := range pcm24 {
 				pcm24[i] = int16(8000 * math.Sin(2*math.Pi*440*float64(i)/24000))
@@ -68,7 +80,7 @@ func BenchmarkFrame(b *testing.B) {
 					default:
 					}
 				}
-				if dir != "in" {
+				if dir == "out" || dir == "both" {
 					c.handle(delta)
 					if !c.pacer.step() {
 						b.Fatal("pacer sent nothing")

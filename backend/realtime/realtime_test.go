@@ -260,6 +260,11 @@ func TestCallRoundTrip(t *testing.T) {
 				if m["rtcedge_realtime_sessions_opened_total"] != 1 || m["rtcedge_realtime_audio_seconds_total,direction=to_caller"] < 0.95*float64(replySamples)/rate {
 					t.Errorf("metrics %v", m)
 				}
+				// The 800 ms of silence after the voice: all but the first
+				// few frames went to the server as silence, undecoded.
+				if m["rtcedge_realtime_silent_frames_total"] < 30 {
+					t.Errorf("%v caller frames sent as silence undecoded, want ≥ 30 of the 40 silent ones", m["rtcedge_realtime_silent_frames_total"])
+				}
 			})
 		}
 	}

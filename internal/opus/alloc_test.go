@@ -34,6 +34,9 @@ func TestNoAllocs(t *testing.T) {
 		if _, err := dec.Conceal(pcm[:fs]); err != nil {
 			t.Fatal(err)
 		}
+		if Inactive(pkt[:n]) {
+			t.Fatal("a tone frame read as inactive")
+		}
 		b = AppendPCM16LE(b[:0], pcm[:fs])
 		DecodePCM16LE(b, pcm)
 	}); a != 0 {

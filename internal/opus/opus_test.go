@@ -199,6 +199,140 @@ func TestEdgeEncoderMode(t *testing.T) {
 	}
 }
 
+// TestInactive: Inactive reads a browser's VAD flags. Speech frames (SILK
+// at 16 kHz, hybrid at 48 kHz) are active, the digital silence after them
+// inactive once the encoder's VAD has let go; the edge's CELT packets, DTX
+// packets, stereo and garbage are told apart. The silence-filled decode of
+// the call's path (quietHang frames decoded, then zeros) stays within the
+// noise floor of the full decode.
+func TestInactive(t *testing.T) {
+	for _, rate := range []int{48000, 16000} {
+		speech := audiotest.Speech(t, speechText, rate)
+		in := append(append([]int16(nil), speech...), make([]int16, rate)...) // then 1 s of silence
+		enc, err := NewVoIPEncoder(rate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer enc.Close()
+		pkt := make([]byte, MaxPacket)
+		fs := enc.FrameSamples()
+		var active, quietTail, tail int
+		voiced := 0
+		for i := 0; i+fs <= len(in); i += fs {
+			n, err := enc.Encode(in[i:i+fs], pkt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg := pkt[0] >> 3; rate == 16000 && cfg >= 12 || rate == 48000 && (cfg < 12 || cfg >= 16) {
+				t.Fatalf("%d Hz: TOC config %d: not the mode this test reads", rate, cfg)
+			}
+			inactive := Inactive(pkt[:n])
+			if i < len(speech) && audiotest.RMS(in[i:i+fs]) > 0.05 {
+				voiced++
+				if !inactive {
+					active++
+				}
+			}
+			if i >= len(speech)+rate/5 { // 200 ms into the silence
+				tail++
+				if inactive {
+					quietTail++
+				}
+			}
+		}
+		if active < voiced*98/100 {
+			t.Errorf("%d Hz: %d of %d loud speech frames active, want ≥ 98 %%", rate, active, voiced)
+		}
+		if quietTail != tail || tail == 0 {
+			t.Errorf("%d Hz: %d of the last %d silent frames inactive, want all", rate, quietTail, tail)
+		}
+	}
+	celt, _ := newPair(t, 24000, 24000)
+	pkt := make([]byte, MaxPacket)
+	n, err := celt.Encode(make([]int16, celt.FrameSamples()), pkt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		pkt  []byte
+		want bool
+	}{
+		{"CELT silence", pkt[:n], false},
+		{"empty", nil, false},
+		{"DTX (TOC only)", []byte{0x08}, true},
+		{"DTX (2 bytes)", []byte{0x08, 0x00}, true},
+		{"stereo SILK", []byte{0x0c, 0x00, 0x00, 0x00}, false},
+		{"two frames", []byte{0x09, 0x00, 0x00, 0x00}, false},
+		{"CELT-only, zero payload", []byte{0x80, 0x00, 0x00, 0x00}, false},
+		{"SILK, flags clear", []byte{0x08, 0x00, 0x00, 0x00}, true},
+		{"SILK, VAD set", []byte{0x08, 0xff, 0xff, 0xff}, false},
+	} {
+		if got := Inactive(c.pkt); got != c.want {
+			t.Errorf("Inactive(%s %x) = %v, want %v", c.name, c.pkt, got, c.want)
+		}
+	}
+}
+
+// TestSilenceFill: speech with a noise floor, as a microphone gives it, from
+// a browser's encoder, decoded as the connector does (after quietHang
+// inactive frames, zeros instead of a decode) keeps the full decode's
+// waveform: within 200 RMS (−44 dBFS) in every frame, and correlated 0.99.
+func TestSilenceFill(t *testing.T) {
+	const hang = 3 // backend/realtime's quietHang
+	s48 := audiotest.Speech(t, speechText, 48000)
+	in := make([]int16, len(s48))
+	for i := range in {
+		in[i] = s48[i] + int16(100*math.Sin(float64(i)*0.37)*math.Sin(float64(i)*0.0011)) // a low hum
+	}
+	enc, full := newCallerPair(t, 48000, 24000)
+	_, filled := newCallerPair(t, 48000, 24000)
+	pkt := make([]byte, MaxPacket)
+	a, b := make([]int16, 480), make([]int16, 480)
+	var fa, fb []int16
+	quiet, skipped := 0, 0
+	for i := 0; i+960 <= len(in); i += 960 {
+		n, err := enc.Encode(in[i:i+960], pkt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := full.Decode(pkt[:n], a); err != nil {
+			t.Fatal(err)
+		}
+		fa = append(fa, a...)
+		if Inactive(pkt[:n]) && quiet >= hang {
+			skipped++
+			fb = append(fb, make([]int16, 480)...)
+			continue
+		} else if Inactive(pkt[:n]) {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		if _, err := filled.Decode(pkt[:n], b); err != nil {
+			t.Fatal(err)
+		}
+		fb = append(fb, b...)
+	}
+	if skipped == 0 {
+		t.Fatal("no frame skipped: the pauses were not inactive")
+	}
+	for i := 0; i+480 <= len(fa); i += 480 {
+		var e float64
+		for j := i; j < i+480; j++ {
+			d := float64(fa[j]) - float64(fb[j])
+			e += d * d
+		}
+		if rms := math.Sqrt(e / 480); rms > 200 {
+			t.Errorf("frame %d: %.0f RMS from the full decode", i/480, rms)
+		}
+	}
+	if c := audiotest.Correlation(fa, fb); c < 0.99 {
+		t.Errorf("correlation with the full decode %.3f, want ≥ 0.99", c)
+	}
+	t.Logf("%d of %d frames filled with silence", skipped, len(fa)/480)
+}
+
 // TestLoss: a lost caller packet is concealed with a frame that carries on
 // the tone, and the next packet's in-band FEC (a browser's VoIP encoder
 // sends it) recovers it.
