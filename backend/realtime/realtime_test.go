@@ -184,6 +184,7 @@ func TestCallRoundTrip(t *testing.T) {
 		pcm  func(t *testing.T) []int16 // at 48 kHz
 	}{
 		{"tone440", func(t *testing.T) []int16 { return audiotest.Tone(48000, 440, 0.3, time.Second) }},
+		{"held", func(t *testing.T) []int16 { return audiotest.Tone(48000, 440, 0.05, 2500*time.Millisecond) }},
 		{"speech", func(t *testing.T) []int16 { return audiotest.Speech(t, "Hello, this is the edge speaking.", 48000) }},
 	}
 	for _, fl := range flavours {
@@ -217,6 +218,11 @@ func TestCallRoundTrip(t *testing.T) {
 				// ≥ 95 % of the duration sent (the last partial batch may wait).
 				if sent := int64(len(input)) / 2; received < sent*95/100 {
 					t.Errorf("server heard %d samples of %d", received, sent)
+				}
+				// Every voiced frame heard: a held tone too, which the
+				// caller's VAD calls inactive after about 1.4 s.
+				if v, w := audiotest.VoicedFrames(heard, rate/50, 0.01), audiotest.VoicedFrames(decimate(voice), rate/50, 0.01); v < w*95/100 {
+					t.Errorf("server heard %d voiced frames of %d", v, w)
 				}
 				want := audiotest.DominantFrequency(decimate(voice), rate)
 				if got := audiotest.DominantFrequency(heard, rate); math.Abs(got-want) > 0.05*want {

@@ -49,6 +49,9 @@ type RunConfig struct {
 	// Realtime server in this process, a ws:// URL names another; the
 	// callers then send real Opus turns (TurnFrames). Empty: the echo.
 	Backend string
+	// Conversation shapes a transcoding call's audio; zero:
+	// Conversations["turns"].
+	Conversation Conversation
 }
 
 // Step is what one session count measured.
@@ -110,7 +113,10 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if cfg.ProfileStep > 0 {
 		profile = cfg.ProfileDir
 	}
-	backendCfg, frames, stopBackend, err := startBackend(ctx, cfg.Backend)
+	if cfg.Conversation == (Conversation{}) {
+		cfg.Conversation = Conversations["turns"]
+	}
+	backendCfg, frames, stopBackend, err := startBackend(ctx, cfg.Backend, cfg.Conversation)
 	if err != nil {
 		return nil, err
 	}

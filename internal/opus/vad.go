@@ -6,7 +6,9 @@ package opus
 // DTX on), or a mono single-frame SILK or hybrid packet (what a browser
 // sends for voice) whose every SILK frame has its voice-activity flag
 // clear. CELT-only, stereo and multi-frame packets carry no such flag and
-// report false, as does anything malformed. It allocates nothing.
+// report false, as does anything malformed. It allocates nothing. The VAD
+// is the sender's and it calls a steady sound inactive after a while: see
+// Quiet.
 //
 // The flags are the first symbols of the packet's range-coded payload
 // (RFC 6716, 4.2.3), each coded with probability 1/2, so reading them needs
@@ -36,6 +38,25 @@ func Inactive(packet []byte) bool {
 		}
 	}
 	return true
+}
+
+// QuietLevel is the level (RMS, a fraction of full scale: −40 dBFS) under
+// which Quiet calls decoded audio quiet, the level under which the tests
+// count a frame as not voiced.
+const QuietLevel = 0.01
+
+// Quiet reports whether pcm's RMS is under QuietLevel. A frame Inactive
+// calls inactive may still be loud: libopus's VAD learns a steady sound
+// (a held tone, a hum) as background after about 0.8 s and flags it
+// inactive, so a caller that skips inactive frames checks that the ones it
+// decoded were quiet too. It allocates nothing.
+func Quiet(pcm []int16) bool {
+	var sum int64
+	for _, s := range pcm {
+		sum += int64(s) * int64(s)
+	}
+	const level = QuietLevel * 32768
+	return float64(sum) < level*level*float64(len(pcm))
 }
 
 // rangeDecoder is the start of RFC 6716's range decoder (libopus's
