@@ -18,11 +18,13 @@ func (discard) SendEvent([]byte) error                 { return nil }
 // BenchmarkFrame is the connector's cost per 20 ms of audio each way, with
 // no network: in, the caller's Opus frame decoded to PCM16 at 24 kHz,
 // batched, and base64'd into an append message (the writer's recycling
-// done inline); out, a 20 ms audio delta scanned, base64-decoded to PCM,
-// and encoded to an Opus frame written to the pod (whose pacing
-// transceiver/pace's BenchmarkPacing measures).
+// done inline); in-silence, the same for a frame the caller's encoder
+// marked inactive (sent as silence without decoding); out, a 20 ms audio
+// delta scanned, base64-decoded to PCM, and encoded to an Opus frame
+// written to the pod (whose pacing transceiver/pace's BenchmarkPacing
+// measures).
 func BenchmarkFrame(b *testing.B) {
-	for _, dir := range []string{"in", "out", "both"} {
+	for _, dir := range []string{"in", "in-silence", "out", "both"} {
 		b.Run(dir, func(b *testing.B) {
 			bk, err := New(Config{URL: "ws://127.0.0.1:1/v1/realtime"})
 			if err != nil {
@@ -40,7 +42,7 @@ func BenchmarkFrame(b *testing.B) {
 			defer func() { dec.Close(); enc.Close() }()
 
 			// One 20 ms caller frame (48 kHz tone) and one 20 ms delta.
-			e48, _ := opus.NewEncoder(48000)
+			e48, _ := opus.NewVoIPEncoder(48000)
 			defer e48.Close()
 			pcm48 := make([]int16, 960)
 			for i := range pcm48 {
@@ -52,6 +54,17 @@ func BenchmarkFrame(b *testing.B) {
 				b.Fatal(err)
 			}
 			pkt = pkt[:n]
+			if dir == "in-silence" {
+				for range 10 { // past the encoder's VAD hangover
+					if n, err = e48.Encode(make([]int16, 960), pkt[:cap(pkt)]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				pkt = pkt[:n]
+				if !opus.Inactive(pkt) {
+					b.Fatal("silence not inactive")
+				}
+			}
 			pcm24 := make([]int16, 480)
 			for i := range pcm24 {
 				pcm24[i] = int16(8000 * math.Sin(2*math.Pi*440*float64(i)/24000))
@@ -69,7 +82,7 @@ func BenchmarkFrame(b *testing.B) {
 					default:
 					}
 				}
-				if dir != "in" {
+				if dir == "out" || dir == "both" {
 					c.handle(delta)
 				}
 			}

@@ -37,6 +37,17 @@ const (
 	closeWait = time.Second
 	// frameDur is the Opus frame toward the caller.
 	frameDur = 20 * time.Millisecond
+	// quietHang is how many of the caller's inactive frames (opus.Inactive:
+	// its encoder's VAD heard no speech) are decoded, and must decode to
+	// quiet (opus.Quiet, under −40 dBFS), before the rest of the pause goes
+	// to the server as silence without decoding: the first frames of a
+	// pause carry the end of a word, the decoder stays in step with the
+	// encoder over a short pause, and a loud sound the VAD has learnt as
+	// background (a held tone) keeps being decoded. At 3 (60 ms) the
+	// silence-filled decode matches the full one within the noise floor
+	// (docs/codec.md); the decode it saves is most of a caller's CPU in
+	// the pauses.
+	quietHang = 3
 )
 
 var (
@@ -83,6 +94,7 @@ type call struct {
 	batch        []int16 // decoded audio not yet sent, < batchSamples
 	raw          []byte  // batch as PCM16LE
 	batchSamples int
+	quiet        int // inactive caller frames in a row that decoded quiet
 
 	queue chan msg    // toward the server; closed by Close under mu
 	free  chan []byte // the append buffers not in queue
@@ -164,23 +176,42 @@ func (c *call) start() {
 }
 
 // Audio implements backend.Handler: decode, batch, and queue an append
-// every appendMs. It never blocks: a full queue drops the batch (counted).
+// every appendMs. An inactive frame after quietHang inactive quiet ones is
+// not decoded: its duration goes as silence. It never blocks: a full queue
+// drops the batch (counted).
 func (c *call) Audio(payload []byte, d time.Duration) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.closed {
 		return
 	}
+	want := min(len(c.pcm), int(int64(c.b.cfg.Rate)*int64(d)/int64(time.Second)))
+	inactive := opus.Inactive(payload)
+	if inactive && c.quiet >= quietHang {
+		c.b.m.silent.Inc()
+		c.batch = append(c.batch, make([]int16, want)...) // appends zeros without allocating
+		c.flushFull()
+		return
+	}
 	n, err := c.dec.Decode(payload, c.pcm)
 	if err != nil {
 		c.b.m.dropped[dropDecode].Inc()
 		// Keep the server's clock: conceal the lost frame.
-		want := min(len(c.pcm), int(int64(c.b.cfg.Rate)*int64(d)/int64(time.Second)))
 		if n, err = c.dec.Conceal(c.pcm[:want]); err != nil {
 			return
 		}
 	}
+	if inactive && opus.Quiet(c.pcm[:n]) {
+		c.quiet++
+	} else {
+		c.quiet = 0
+	}
 	c.batch = append(c.batch, c.pcm[:n]...)
+	c.flushFull()
+}
+
+// flushFull flushes a full batch; mu.RLock must be held.
+func (c *call) flushFull() {
 	if len(c.batch) >= c.batchSamples {
 		c.flushLocked()
 	}

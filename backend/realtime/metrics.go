@@ -46,6 +46,7 @@ type metrics struct {
 	dropped              map[string]prometheus.Counter
 	openSeconds          prometheus.Histogram
 	rtt                  prometheus.Histogram
+	silent               prometheus.Counter // caller frames sent as silence undecoded
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -72,6 +73,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "rtcedge_realtime_rtt_seconds",
 			Help:    "Round-trip time of WebSocket pings to the Realtime backend.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		silent: prometheus.NewCounter(prometheus.CounterOpts{Name: "rtcedge_realtime_silent_frames_total",
+			Help: "Caller frames its encoder marked as no speech that went to the backend as silence without being decoded."}),
 	}
 	for _, r := range failReasons {
 		failed.WithLabelValues(r)
@@ -82,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.opened, failed, events, audio, dropped, m.openSeconds, m.rtt} {
+	for _, c := range []prometheus.Collector{m.opened, failed, events, audio, dropped, m.openSeconds, m.rtt, m.silent} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("realtime: register metrics: %w", err)
 		}

@@ -194,7 +194,7 @@ func (f *fixture) waitServer(t *testing.T, what string, cond func(*refserver.Sta
 // twice real time (the queue toward the server holds 2.5 s).
 func talk(t *testing.T, h backend.Handler, pcm []int16) {
 	t.Helper()
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,6 +227,7 @@ func TestCallRoundTrip(t *testing.T) {
 		pcm  func(t *testing.T) []int16 // at 48 kHz
 	}{
 		{"tone440", func(t *testing.T) []int16 { return audiotest.Tone(48000, 440, 0.3, time.Second) }},
+		{"held", func(t *testing.T) []int16 { return audiotest.Tone(48000, 440, 0.05, 2500*time.Millisecond) }},
 		{"speech", func(t *testing.T) []int16 { return audiotest.Speech(t, "Hello, this is the edge speaking.", 48000) }},
 	}
 	for _, fl := range flavours {
@@ -260,6 +261,11 @@ func TestCallRoundTrip(t *testing.T) {
 				// ≥ 95 % of the duration sent (the last partial batch may wait).
 				if sent := int64(len(input)) / 2; received < sent*95/100 {
 					t.Errorf("server heard %d samples of %d", received, sent)
+				}
+				// Every voiced frame heard: a held tone too, which the
+				// caller's VAD calls inactive after about 1.4 s.
+				if v, w := audiotest.VoicedFrames(heard, rate/50, 0.01), audiotest.VoicedFrames(decimate(voice), rate/50, 0.01); v < w*95/100 {
+					t.Errorf("server heard %d voiced frames of %d", v, w)
 				}
 				want := audiotest.DominantFrequency(decimate(voice), rate)
 				if got := audiotest.DominantFrequency(heard, rate); math.Abs(got-want) > 0.05*want {
@@ -308,6 +314,11 @@ func TestCallRoundTrip(t *testing.T) {
 				m := testmetrics.Take(t, f.reg)
 				if m["rtcedge_realtime_sessions_opened_total"] != 1 || m["rtcedge_realtime_audio_seconds_total,direction=to_caller"] < 0.95*float64(replySamples)/rate {
 					t.Errorf("metrics %v", m)
+				}
+				// The 800 ms of silence after the voice: all but the first
+				// few frames went to the server as silence, undecoded.
+				if m["rtcedge_realtime_silent_frames_total"] < 30 {
+					t.Errorf("%v caller frames sent as silence undecoded, want ≥ 30 of the 40 silent ones", m["rtcedge_realtime_silent_frames_total"])
 				}
 			})
 		}

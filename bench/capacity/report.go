@@ -60,6 +60,9 @@ type Report struct {
 		DataChannel bool          `json:"data_channel"`
 		PodConfig   string        `json:"pod_config,omitempty"`
 		Backend     string        `json:"backend,omitempty"`
+		// Conversation names the shape of a transcoding call's audio
+		// (capacity.Conversations).
+		Conversation string `json:"conversation,omitempty"`
 	} `json:"settings"`
 	Steps   []Step  `json:"steps"`
 	Summary Summary `json:"summary"`

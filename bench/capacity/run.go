@@ -49,6 +49,9 @@ type RunConfig struct {
 	// Realtime server in this process, a ws:// URL names another; the
 	// callers then send real Opus turns (TurnFrames). Empty: the echo.
 	Backend string
+	// Conversation shapes a transcoding call's audio; zero:
+	// Conversations["turns"].
+	Conversation Conversation
 }
 
 // Step is what one session count measured.
@@ -110,7 +113,10 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if cfg.ProfileStep > 0 {
 		profile = cfg.ProfileDir
 	}
-	backendCfg, frames, stopBackend, err := startBackend(ctx, cfg.Backend)
+	if cfg.Conversation == (Conversation{}) {
+		cfg.Conversation = Conversations["turns"]
+	}
+	backendCfg, frames, stopBackend, err := startBackend(ctx, cfg.Backend, cfg.Conversation)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +318,14 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int, 
 	if cfg.IdleWindow > 0 {
 		fleet.SetAudio(false)
 		defer fleet.SetAudio(true)
-		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+		quiet := 500 * time.Millisecond
+		if cfg.Backend != "" { // let the replies under way play out
+			quiet = time.Duration(cfg.Conversation.ReplyMs+1000) * time.Millisecond
+			if cfg.Conversation.ReplyMs == 0 {
+				quiet = time.Duration(cfg.Conversation.TalkMs+2000) * time.Millisecond
+			}
+		}
+		if err := sleepCtx(ctx, quiet); err != nil {
 			return st, err
 		}
 		a, err := pod.Stat()
@@ -370,6 +383,18 @@ type Summary struct {
 	CPUPerDatagram     float64 `json:"cpu_seconds_per_datagram"`
 	DatagramBase       float64 `json:"datagram_fit_base"`
 	ProjectedDatagrams int     `json:"projected_sessions_from_datagrams"`
+	// The same against each step's own baseline, where the idle window
+	// was measured: the sessions' cost with the audio off (per session,
+	// fitted over the held steps) plus the audio's, the pod's CPU above
+	// that baseline per datagram in (through the origin: no datagrams, no
+	// audio cost). Neither a starved load generator nor a busy machine
+	// biases it, since both parts come from the pod's own CPU time in the
+	// same step. Per session = idle + 50 × per datagram.
+	BaselineSteps       int     `json:"baseline_fit_steps"`
+	IdleCPUPerSession   float64 `json:"idle_cpu_per_session"`
+	AudioCPUPerDatagram float64 `json:"audio_cpu_seconds_per_datagram"`
+	BaselinePerSession  float64 `json:"baseline_cpu_per_session"`
+	ProjectedBaseline   int     `json:"projected_sessions_from_baseline"`
 }
 
 // Summarize fits cost = base + slope × sessions (least squares) over the
@@ -398,6 +423,26 @@ func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary
 		heap = append(heap, float64(st.PodHeap))
 	}
 	s.Steps = len(xs)
+	var bx, bidle, bpps, baudio []float64
+	for _, st := range steps {
+		if st.Loss <= maxLoss && st.PodIdleCPU >= 0 && st.PodPPSIn > 0 {
+			bx, bidle = append(bx, float64(st.Sessions)), append(bidle, st.PodIdleCPU)
+			bpps, baudio = append(bpps, st.PodPPSIn), append(baudio, st.PodCPU-st.PodIdleCPU)
+		}
+	}
+	if s.BaselineSteps = len(bx); len(bx) >= 2 {
+		s.IdleCPUPerSession, _ = fit(bx, bidle)
+		var sxy, sxx float64
+		for i := range bpps {
+			sxy += bpps[i] * baudio[i]
+			sxx += bpps[i] * bpps[i]
+		}
+		s.AudioCPUPerDatagram = sxy / sxx
+		s.BaselinePerSession = max(0, s.IdleCPUPerSession) + 50*s.AudioCPUPerDatagram
+		if s.BaselinePerSession > 0 {
+			s.ProjectedBaseline = int(float64(cores) * target / s.BaselinePerSession)
+		}
+	}
 	if s.DatagramSteps = len(pps); len(pps) >= 2 {
 		s.CPUPerDatagram, s.DatagramBase = fit(pps, dcpu)
 		if s.CPUPerDatagram > 0 {
@@ -448,6 +493,11 @@ func Table(steps []Step, sum Summary) string {
 		fmt.Fprintf(&b, "per datagram, over %d held steps whatever the load: %.1f µs of pod CPU (base %.1f %%); %.3f %% of a core per session at 50 pps; projected %d sessions on %d cores at %.0f %%\n",
 			sum.DatagramSteps, 1e6*sum.CPUPerDatagram, 100*sum.DatagramBase, 100*50*sum.CPUPerDatagram,
 			sum.ProjectedDatagrams, sum.Cores, 100*sum.Target)
+	}
+	if sum.BaselineSteps >= 2 {
+		fmt.Fprintf(&b, "against each step's audio-off baseline, over %d held steps whatever the load: %.3f %% of a core per session with the audio off, %.1f µs of pod CPU per datagram in above it; %.3f %% of a core per session at 50 pps; projected %d sessions on %d cores at %.0f %%\n",
+			sum.BaselineSteps, 100*sum.IdleCPUPerSession, 1e6*sum.AudioCPUPerDatagram, 100*sum.BaselinePerSession,
+			sum.ProjectedBaseline, sum.Cores, 100*sum.Target)
 	}
 	if sum.Steps < 2 {
 		b.WriteString("too few steps under the loss limit and the busy limit to fit a cost per session\n")

@@ -36,9 +36,36 @@ func TestSummarize(t *testing.T) {
 			if !near(s.CPUPerSession, tc.wantPerSession) {
 				t.Errorf("per session %v, want %v", s.CPUPerSession, tc.wantPerSession)
 			}
+			if s.BaselineSteps != 0 {
+				t.Errorf("baseline fit over %d steps without an idle window", s.BaselineSteps)
+			}
 			if !near(s.CPUPerDatagram, 20e-6) || !near(s.DatagramBase, 0.10) || s.ProjectedDatagrams != tc.wantProjectedDgrams {
 				t.Errorf("per datagram %v base %v projected %d; want 20e-6, 0.10, %d", s.CPUPerDatagram, s.DatagramBase, s.ProjectedDatagrams, tc.wantProjectedDgrams)
 			}
 		})
+	}
+}
+
+// TestSummarizeBaseline: with the idle window measured, the per-session
+// cost is the idle slope plus 50 datagrams' cost above the step's own
+// baseline, whatever the load generator managed to send.
+func TestSummarizeBaseline(t *testing.T) {
+	// 0.1 % of a core per session idle, 80 µs per datagram; the generator
+	// sends 50, 30 and 20 pps per session.
+	var steps []Step
+	for _, c := range []struct {
+		n   int
+		pps float64
+	}{{100, 50}, {200, 30}, {300, 20}} {
+		idle := 0.05 + 0.001*float64(c.n)
+		pps := c.pps * float64(c.n)
+		steps = append(steps, Step{Sessions: c.n, PodPPSIn: pps, PodIdleCPU: idle, PodCPU: idle + 80e-6*pps, BoxBusy: 2})
+	}
+	s := Summarize(steps, 0.005, 2, 0.8)
+	if s.BaselineSteps != 3 || math.Abs(s.IdleCPUPerSession-0.001) > 1e-9 || math.Abs(s.AudioCPUPerDatagram-80e-6) > 1e-12 {
+		t.Fatalf("baseline fit %d steps, idle %v, per datagram %v; want 3, 0.001, 80e-6", s.BaselineSteps, s.IdleCPUPerSession, s.AudioCPUPerDatagram)
+	}
+	if want := 0.001 + 50*80e-6; math.Abs(s.BaselinePerSession-want) > 1e-9 || s.ProjectedBaseline != 320 {
+		t.Errorf("per session %v projected %d, want %v and 320", s.BaselinePerSession, s.ProjectedBaseline, want)
 	}
 }

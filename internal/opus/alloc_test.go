@@ -13,7 +13,7 @@ import (
 // model's frame) and a concealed frame allocate nothing once the codecs
 // exist. (Without -race, which adds allocations of its own.)
 func TestNoAllocs(t *testing.T) {
-	enc48, _ := newPair(t, 48000, 24000)
+	enc48, _ := newCallerPair(t, 48000, 24000)
 	enc, dec := newPair(t, 24000, 24000)
 	tone48, tone24 := audiotest.Tone(48000, 440, 0.5, time.Second), audiotest.Tone(24000, 440, 0.5, time.Second)
 	pkt, out := make([]byte, MaxPacket), make([]byte, MaxPacket)
@@ -33,6 +33,9 @@ func TestNoAllocs(t *testing.T) {
 		}
 		if _, err := dec.Conceal(pcm[:fs]); err != nil {
 			t.Fatal(err)
+		}
+		if Inactive(pkt[:n]) {
+			t.Fatal("a tone frame read as inactive")
 		}
 		b = AppendPCM16LE(b[:0], pcm[:fs])
 		DecodePCM16LE(b, pcm)

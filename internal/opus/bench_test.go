@@ -23,11 +23,11 @@ func threadCPU() time.Duration {
 }
 
 // callerPackets is espeak-ng speech as a caller's browser sends it: 48 kHz
-// Opus in 20 ms packets (VOIP, 32 kb/s, as this package encodes).
+// Opus in 20 ms packets (NewVoIPEncoder: VOIP, 32 kb/s, FEC, complexity 9).
 func callerPackets(b *testing.B) [][]byte {
 	b.Helper()
 	s := audiotest.Speech(b, speechText, 48000)
-	enc, err := NewEncoder(48000)
+	enc, err := NewVoIPEncoder(48000)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -116,18 +116,30 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
-// BenchmarkEncode: 20 ms of 24 kHz speech to Opus at the complexities
-// docs/benchmarks.md compares (DefaultComplexity is NewEncoder's).
+// BenchmarkEncode: 20 ms of 24 kHz speech to Opus by the edge's encoder
+// (NewEncoder, CELT) at the complexities docs/benchmarks.md compares
+// (DefaultComplexity is NewEncoder's), and by a browser's (NewVoIPEncoder,
+// SILK/CELT hybrid) at complexity 1, the edge's encoder before it used CELT.
 func BenchmarkEncode(b *testing.B) {
 	speech := audiotest.Speech(b, speechText, 24000)
-	for _, c := range []int{0, 1, 3, 5, 8, 10} {
-		b.Run(fmt.Sprintf("complexity=%d", c), func(b *testing.B) {
-			enc, err := NewEncoder(24000)
+	type variant struct {
+		name   string
+		newEnc func(int) (*Encoder, error)
+		c      int
+	}
+	var vs []variant
+	for _, c := range []int{0, 1, 3, 5, 10} {
+		vs = append(vs, variant{fmt.Sprintf("edge/complexity=%d", c), NewEncoder, c})
+	}
+	vs = append(vs, variant{"voip/complexity=1", NewVoIPEncoder, 1})
+	for _, v := range vs {
+		b.Run(v.name, func(b *testing.B) {
+			enc, err := v.newEnc(24000)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer enc.Close()
-			if err := enc.SetComplexity(c); err != nil {
+			if err := enc.SetComplexity(v.c); err != nil {
 				b.Fatal(err)
 			}
 			out := make([]byte, MaxPacket)

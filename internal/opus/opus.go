@@ -28,12 +28,12 @@ import (
 )
 
 // DefaultComplexity is the complexity NewEncoder sets; Encoder.SetComplexity
-// changes it. Measured in docs/benchmarks.md ("Audio codec"): 0 and 1 cost
-// half of 2 to 5 and a quarter of 8 to 10 per frame, with the same waveform
-// correlation and level on speech and a spectral distance 0.7 dB above 5's.
-// The encoder is most of the transcoding's CPU, which bounds the calls a
-// pod carries.
-const DefaultComplexity = 1
+// changes it. Measured in docs/benchmarks.md ("Audio codec"): for NewEncoder's
+// CELT on 24 kHz speech, 0 costs two thirds of 1 to 3 and under half of 5 to
+// 10, with the waveform as close (correlation 0.98) and a spectral distance
+// within 0.25 dB of 10's. The codec is most of the transcoding's CPU, which
+// bounds the calls a pod carries.
+const DefaultComplexity = 0
 
 // MaxPacket is the largest Opus packet (RFC 6716, 3.2.1): an Encode
 // destination of this size is always large enough.

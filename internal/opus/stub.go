@@ -41,6 +41,9 @@ func NewEncoder(rate int) (*Encoder, error) {
 	return nil, ErrUnavailable
 }
 
+// NewVoIPEncoder returns ErrUnavailable: this build has no libopus.
+func NewVoIPEncoder(rate int) (*Encoder, error) { return NewEncoder(rate) }
+
 // Rate is the encoder's input rate.
 func (e *Encoder) Rate() int { return e.rate }
 

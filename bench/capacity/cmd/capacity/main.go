@@ -48,7 +48,12 @@ func run() error {
 	profStep := flag.Int("profile-step", 300, "with -profile: profile the first step of at least this many sessions")
 	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'dtls_role: server'")
 	backend := flag.String("backend", "", "transcode both ways: ref (the reference Realtime server, in this process) or a ws:// Realtime URL; empty: the echo")
+	convName := flag.String("conversation", "turns", "with -backend, the calls' audio: turns (caller talks 40 % of the time, the model 40 %) or continuous (caller 50 %, model 90 %)")
 	flag.Parse()
+	conv, ok := capacity.Conversations[*convName]
+	if !ok {
+		return fmt.Errorf("-conversation: want turns or continuous, got %q", *convName)
+	}
 
 	var steps []int
 	for _, s := range strings.Split(*stepsFlag, ",") {
@@ -88,17 +93,22 @@ func run() error {
 	rep := capacity.Report{Started: time.Now().UTC(), Before: capacity.ReadMachine()}
 	rep.Settings.Window, rep.Settings.IdleWindow, rep.Settings.DataChannel, rep.Settings.PodConfig = *window, *idle, *dc, *podCfg
 	rep.Settings.Backend = *backend
+	if *backend != "" {
+		rep.Settings.Conversation = *convName
+	}
 	fmt.Printf("transceiver capacity: %s, %d CPUs (%s), %s, load before %.2f %.2f %.2f\n",
 		rep.Started.Format("2006-01-02 15:04 UTC"), rep.Before.CPUs, rep.Before.CPUModel, rep.Before.GoVersion,
 		rep.Before.Load[0], rep.Before.Load[1], rep.Before.Load[2])
 	if *backend == "" {
 		fmt.Printf("50 pps x 80 B Opus-like audio each way per session, data channel %v, window %v, idle %v\n", *dc, *window, *idle)
 	} else {
-		fmt.Printf("50 pps of Opus turns (1 s 440 Hz, 1 s silence) per session, decoded and sent to the Realtime backend %s, its replies encoded back; loss = reply frames missed; data channel %v, window %v, idle %v\n", *backend, *dc, *window, *idle)
+		fmt.Printf("50 pps of Opus per session, conversation %q (caller talks %.0f %% of the time, the model %.0f %%: %d ms of 440 Hz, %d ms of silence, replies of at most %d ms), decoded and sent to the Realtime backend %s, its replies encoded back; loss = reply frames missed; data channel %v, window %v, idle %v\n",
+			*convName, 100*conv.CallerShare(), 100*conv.ModelShare(), conv.TalkMs, conv.SilenceMs, conv.ReplyMs, *backend, *dc, *window, *idle)
 	}
 	steps2, err := capacity.Run(ctx, capacity.RunConfig{
 		Bin: *bin, Dir: dir, Steps: steps, Settle: *settle, Window: *window, IdleWindow: *idle,
 		DataChannel: *dc, Progress: os.Stderr, ProfileDir: *profDir, ProfileStep: *profStep, PodConfig: *podCfg, Backend: *backend,
+		Conversation: conv,
 	})
 	rep.Steps = steps2
 	rep.Summary = capacity.Summarize(steps2, *maxLoss, *cores, *target)
