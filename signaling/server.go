@@ -189,7 +189,9 @@ func (s *Server) instrument(name string, r route) http.Handler {
 			rec.status = clientClosed
 		}
 		s.m.requests.WithLabelValues(name, strconv.Itoa(rec.status)).Inc()
-		s.m.seconds.WithLabelValues(name).Observe(s.cfg.Now().Sub(start).Seconds())
+		if rec.status != http.StatusSwitchingProtocols { // a sideband's lifetime is no request duration
+			s.m.seconds.WithLabelValues(name).Observe(s.cfg.Now().Sub(start).Seconds())
+		}
 	})
 }
 

@@ -47,7 +47,7 @@ const (
 	replayBytes  = 64 << 10
 	// sidebandCloseWait bounds the close handshake with a sideband, and
 	// how long a stopped sideband's blocked write may go on.
-	sidebandCloseWait = time.Second
+	sidebandCloseWait = sessionapi.CloseWait
 )
 
 // Close reasons, the "reason" label of sideband_closes_total.
@@ -258,7 +258,7 @@ func (t *Transceiver) handleSideband(w http.ResponseWriter, r *http.Request) {
 		}
 		t.m.sidebandAttaches.WithLabelValues(res).Inc()
 		t.m.sidebandCloses.WithLabelValues(reason).Inc()
-		closeWithin(conn, sessionapi.CloseCallEnded, reason)
+		sessionapi.CloseWithin(conn, sessionapi.CloseCallEnded, reason, sidebandCloseWait)
 		return
 	}
 	defer s.sb.wg.Done()
@@ -309,27 +309,9 @@ loop:
 	}
 	<-sb.stopped // set when the loop broke for any reason
 	s.detach(sb)
-	closeWithin(sb.conn, sb.code, sb.reason)
+	sessionapi.CloseWithin(sb.conn, sb.code, sb.reason, sidebandCloseWait)
 	sb.cancel()
 	<-read
 	sb.timer.Stop()
 	s.t.m.sidebandCloses.WithLabelValues(sb.reason).Inc()
-}
-
-// closeWithin closes conn with a close handshake bounded by
-// sidebandCloseWait, then at once.
-func closeWithin(conn *websocket.Conn, code websocket.StatusCode, reason string) {
-	done := make(chan struct{})
-	go func() {
-		_ = conn.Close(code, reason)
-		close(done)
-	}()
-	t := time.NewTimer(sidebandCloseWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		_ = conn.CloseNow()
-		<-done
-	}
 }

@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -107,8 +108,20 @@ func (rs *Relays) Relay(down, up *websocket.Conn) {
 	rs.wg.Add(1)
 	rs.mu.Unlock()
 	defer rs.wg.Done()
-	ctx, cancel := context.WithCancel(rs.ctx)
+	closeBoth := func(code websocket.StatusCode, reason string) {
+		// The side that closed first returns at once; the pumps end with
+		// the handshakes.
+		var closing sync.WaitGroup
+		for _, c := range []*websocket.Conn{down, up} {
+			closing.Go(func() { CloseWithin(c, code, reason, CloseWait) })
+		}
+		closing.Wait()
+	}
+	// Not rs.ctx: a cancelled read closes its connection without a
+	// status. The set's Close closes both ends as going away instead.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	stop := context.AfterFunc(rs.ctx, func() { closeBoth(websocket.StatusGoingAway, "the front is shutting down") })
 	ended := make(chan error, 2)
 	go func() { ended <- pump(ctx, up, down) }()
 	go func() { ended <- pump(ctx, down, up) }()
@@ -118,16 +131,11 @@ func (rs *Relays) Relay(down, up *websocket.Conn) {
 	if errors.As(first, &ce) && ce.Code != websocket.StatusNoStatusRcvd && ce.Code != websocket.StatusAbnormalClosure && ce.Code != websocket.StatusTLSHandshake {
 		code, reason = ce.Code, ce.Reason
 	}
-	if rs.ctx.Err() != nil {
+	if !stop() {
+		<-rs.ctx.Done() // the set's Close is closing both
 		code, reason = websocket.StatusGoingAway, "the front is shutting down"
 	}
-	// Close both (the side that closed first returns at once); the other
-	// pump ends with them.
-	var closing sync.WaitGroup
-	for _, c := range []*websocket.Conn{down, up} {
-		closing.Go(func() { _ = c.Close(code, reason) })
-	}
-	closing.Wait()
+	closeBoth(code, reason)
 	cancel()
 	<-ended
 	_ = down.CloseNow()
@@ -152,6 +160,28 @@ func pump(ctx context.Context, from, to *websocket.Conn) error {
 		if err := wr.Close(); err != nil {
 			return err
 		}
+	}
+}
+
+// CloseWait bounds a sideband's close handshake on every hop: a peer that
+// does not read gets its connection cut after it.
+const CloseWait = time.Second
+
+// CloseWithin closes conn with a close handshake bounded by d, then at
+// once.
+func CloseWithin(conn *websocket.Conn, code websocket.StatusCode, reason string, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		_ = conn.Close(code, reason)
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		_ = conn.CloseNow()
+		<-done
 	}
 }
 

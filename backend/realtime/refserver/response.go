@@ -181,8 +181,8 @@ func (s *Session) respond(r *response, prev any) {
 	if !s.h.cfg.Beta {
 		s.send(map[string]any{"type": "conversation.item.done", "previous_item_id": prev, "item": final})
 	}
-	s.send(map[string]any{"type": "response.done", "response": s.responseObject(r, status, details, []any{final})})
-
+	// Over before response.done says so: a response.create that answers
+	// it must find no active response.
 	s.mu.Lock()
 	if s.active == r {
 		s.active = nil
@@ -191,6 +191,7 @@ func (s *Session) respond(r *response, prev any) {
 	rec.Status, rec.Reason = status, reason
 	s.notify()
 	s.mu.Unlock()
+	s.send(map[string]any{"type": "response.done", "response": s.responseObject(r, status, details, []any{final})})
 }
 
 // toolLocked is the name of the session's first function tool, or "".
@@ -249,13 +250,13 @@ func (s *Session) startToolCallLocked(name string) {
 		if !s.h.cfg.Beta {
 			s.send(map[string]any{"type": "conversation.item.done", "previous_item_id": prev, "item": final})
 		}
-		s.send(map[string]any{"type": "response.done", "response": s.responseObject(r, "completed", nil, []any{final})})
-		s.mu.Lock()
+		s.mu.Lock() // over before response.done says so, as in respond
 		if s.active == r {
 			s.active = nil
 		}
 		s.st.Responses[r.rec].Status = "completed"
 		s.notify()
 		s.mu.Unlock()
+		s.send(map[string]any{"type": "response.done", "response": s.responseObject(r, "completed", nil, []any{final})})
 	}()
 }
