@@ -251,7 +251,7 @@ func TestEdgeBargeInThroughRelays(t *testing.T) {
 
 // encode48k encodes 48 kHz PCM into 20 ms Opus frames.
 func encode48k(t *testing.T, pcm []int16) [][]byte {
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		t.Error(err)
 		return nil

@@ -176,7 +176,7 @@ func (c *voiceCall) talk(t *testing.T, pcm []int16) {
 
 // talkFrames is talk for any goroutine: it returns the error.
 func (c *voiceCall) talkFrames(pcm []int16) error {
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		return err
 	}

@@ -139,7 +139,7 @@ func newTalker(cfg TalkConfig, frame time.Duration) (*talker, error) {
 	if frame != 20*time.Millisecond {
 		return nil, fmt.Errorf("probe: a talker sends 20 ms Opus frames, not %v", frame)
 	}
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		return nil, fmt.Errorf("probe: talker: %w", err)
 	}

@@ -3,23 +3,34 @@ package opus
 // Inactive reports whether packet is one the caller's encoder marked as
 // carrying no speech, read from its header bits without decoding it: a DTX
 // packet (2 bytes or fewer, which libopus's encoder makes in a pause with
-// DTX on), or a mono single-frame SILK or hybrid packet (what a browser
-// sends for voice) whose every SILK frame has its voice-activity flag
-// clear. CELT-only, stereo and multi-frame packets carry no such flag and
-// report false, as does anything malformed. It allocates nothing. The VAD
-// is the sender's and it calls a steady sound inactive after a while: see
-// Quiet.
-//
-// The flags are the first symbols of the packet's range-coded payload
-// (RFC 6716, 4.2.3), each coded with probability 1/2, so reading them needs
-// only the range decoder's start (4.1.1), written out here.
+// DTX on), or a packet whose SILK voice-activity flags are all clear
+// (VoiceActivity). Packets that carry no flags report false. It allocates
+// nothing. The VAD is the sender's and it calls a steady sound inactive
+// after a while: see Quiet.
 func Inactive(packet []byte) bool {
 	if len(packet) <= 2 {
 		return len(packet) > 0
 	}
+	voiced, ok := VoiceActivity(packet)
+	return ok && !voiced
+}
+
+// VoiceActivity reads the voice-activity flags the sender's SILK encoder
+// put in a mono single-frame SILK or hybrid packet (what a browser sends
+// for voice): voiced when any SILK frame's flag is set. ok is false for a
+// packet that carries none: CELT-only, stereo, multi-frame, DTX or
+// malformed. It allocates nothing.
+//
+// The flags are the first symbols of the packet's range-coded payload
+// (RFC 6716, 4.2.3), each coded with probability 1/2, so reading them needs
+// only the range decoder's start (4.1.1), written out here.
+func VoiceActivity(packet []byte) (voiced, ok bool) {
+	if len(packet) <= 2 {
+		return false, false
+	}
 	toc := packet[0]
 	if toc&0x04 != 0 || toc&0x03 != 0 { // stereo, or not one frame
-		return false
+		return false, false
 	}
 	config := toc >> 3
 	silkFrames := 1 // SILK frames in the Opus frame: 10 and 20 ms hold one
@@ -28,16 +39,16 @@ func Inactive(packet []byte) bool {
 		silkFrames = max(1, []int{10, 20, 40, 60}[config&3]/20)
 	case config < 16: // hybrid: 10 or 20 ms
 	default: // CELT-only
-		return false
+		return false, false
 	}
 	d := rangeDecoder{buf: packet[1:]}
 	d.init()
 	for range silkFrames {
-		if d.bit() { // voice activity
-			return false
+		if d.bit() {
+			return true, true
 		}
 	}
-	return true
+	return false, true
 }
 
 // QuietLevel is the level (RMS, a fraction of full scale: −40 dBFS) under

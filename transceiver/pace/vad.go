@@ -1,6 +1,10 @@
 package pace
 
-import "time"
+import (
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/opus"
+)
 
 // The edge's voice activity detector, for backends that have none of
 // their own (netbackend, echo): it reads the caller's Opus packets without
@@ -28,22 +32,15 @@ const (
 )
 
 // PacketVoiced reports whether one Opus packet carries voice, by its SILK
-// VAD bit or, for CELT-only packets, its size.
+// VAD flags (opus.VoiceActivity) or, for packets without them (CELT-only,
+// several frames), its size.
 func PacketVoiced(p []byte) bool {
 	if len(p) < 3 { // DTX, or nothing coded
 		return false
 	}
-	toc := p[0]
-	config := toc >> 3
-	if config >= 16 { // CELT-only
-		return len(p) > celtVoicedBytes
+	if voiced, ok := opus.VoiceActivity(p); ok {
+		return voiced
 	}
-	switch toc & 3 {
-	case 0, 1: // one frame, or two of equal size: the first starts at p[1]
-		return p[1]&0x80 != 0
-	}
-	// Code 2 and 3 packets (several frames of different sizes) are not
-	// what a voice client sends; fall back to size.
 	return len(p) > celtVoicedBytes
 }
 

@@ -13,7 +13,7 @@ import (
 // pod's encoder settings (VOIP, 32 kb/s, as a browser sends).
 func encode48(tb testing.TB, pcm []int16) [][]byte {
 	tb.Helper()
-	enc, err := opus.NewEncoder(48000)
+	enc, err := opus.NewVoIPEncoder(48000)
 	if err != nil {
 		tb.Fatal(err)
 	}
