@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -224,20 +223,13 @@ func voicedMs(pcm []int16, rate int) int {
 }
 
 // sameSpectrum checks got's dominant frequency against ref's (both at
-// rate): within 5 %. A voice whose two strongest harmonics are within 3 dB
-// of each other in ref has no stable dominant frequency (the codec, or a
-// concealed packet, may tip the tie), so for one the other harmonic passes
-// too; lsd, the mean log-spectral distance after aligning got with ref, is
-// returned for the log.
+// rate): audiotest.SameDominant; lsd, the mean log-spectral distance after
+// aligning got with ref, is returned for the log.
 func sameSpectrum(ref, got []int16, rate int) (wantHz, gotHz, lsd float64, ok bool) {
-	wantHz, gotHz = audiotest.DominantFrequency(ref, rate), audiotest.DominantFrequency(got, rate)
+	wantHz, gotHz, ok = audiotest.SameDominant(ref, got, rate)
 	got = aligned(ref, got, rate)
 	lsd = audiotest.SpectralDistance(ref, got, rate, rate/50)
-	if math.Abs(gotHz-wantHz) <= 0.05*wantHz {
-		return wantHz, gotHz, lsd, true
-	}
-	a, b := audiotest.Goertzel(ref, rate, wantHz), audiotest.Goertzel(ref, rate, gotHz)
-	return wantHz, gotHz, lsd, min(a, b) >= max(a, b)/2
+	return wantHz, gotHz, lsd, ok
 }
 
 // aligned returns got from where it lines up with ref. got may lack the

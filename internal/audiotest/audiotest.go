@@ -131,6 +131,20 @@ func DominantFrequency(pcm []int16, rate int) float64 {
 	return (float64(best) + off) * binHz
 }
 
+// SameDominant compares got's dominant frequency with ref's (both at
+// rate): ok when within 5 %. A voice whose two strongest harmonics are
+// within 3 dB of each other in ref has no stable dominant frequency (a
+// codec, or a concealed packet, may tip the tie), so for one the other
+// harmonic passes too.
+func SameDominant(ref, got []int16, rate int) (wantHz, gotHz float64, ok bool) {
+	wantHz, gotHz = DominantFrequency(ref, rate), DominantFrequency(got, rate)
+	if math.Abs(gotHz-wantHz) <= 0.05*wantHz {
+		return wantHz, gotHz, true
+	}
+	a, b := Goertzel(ref, rate, wantHz), Goertzel(ref, rate, gotHz)
+	return wantHz, gotHz, min(a, b) >= max(a, b)/2
+}
+
 // fft is an in-place radix-2 FFT; len(x) must be a power of two.
 func fft(x []complex128) {
 	n := len(x)
