@@ -282,14 +282,7 @@ func (c *call) Event(data []byte) {
 	default:
 		data = bytes.Clone(data)
 	}
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if c.closed {
-		return
-	}
-	if c.enqueueLocked(msg{b: data}) {
-		c.b.m.eventsTo.Inc()
-	}
+	c.sendEvent(data)
 }
 
 // clientSession filters a caller's session.update: only the fields the
@@ -310,6 +303,19 @@ func (c *call) clientSession(eventID string, s map[string]any) ([]byte, error) {
 		return nil, errors.New("session." + k)
 	}
 	return sessionEvent(eventID, shapeSession(s, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+}
+
+// sendEvent queues one event (data, owned by the call) for the server,
+// unless the call has closed.
+func (c *call) sendEvent(data []byte) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return
+	}
+	if c.enqueueLocked(msg{b: data}) {
+		c.b.m.eventsTo.Inc()
+	}
 }
 
 // ServerEvent implements backend.ServerEvents: an event from the call's
@@ -350,14 +356,7 @@ func (c *call) ServerEvent(data []byte) {
 	default:
 		data = bytes.Clone(data)
 	}
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if c.closed {
-		return
-	}
-	if c.enqueueLocked(msg{b: data}) {
-		c.b.m.eventsTo.Inc()
-	}
+	c.sendEvent(data)
 }
 
 func (c *call) toCaller(ev []byte) {
