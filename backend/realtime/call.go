@@ -258,14 +258,24 @@ func (c *call) enqueueLocked(m msg) bool {
 	}
 }
 
+// inEvent is what the connector reads of an event toward the server.
+type inEvent struct {
+	Type    string         `json:"type"`
+	EventID string         `json:"event_id"`
+	Session map[string]any `json:"session"`
+}
+
+// parseEvent reads data's type, event_id and session; a malformed event
+// reads as empty and goes to the server as it came, which answers it.
+func parseEvent(data []byte) inEvent {
+	var ev inEvent
+	_ = json.Unmarshal(data, &ev)
+	return ev
+}
+
 // Event implements backend.Handler: a caller's data-channel event.
 func (c *call) Event(data []byte) {
-	var ev struct {
-		Type    string         `json:"type"`
-		EventID string         `json:"event_id"`
-		Session map[string]any `json:"session"`
-	}
-	_ = json.Unmarshal(data, &ev) // a malformed event goes to the server, which answers it
+	ev := parseEvent(data)
 	switch ev.Type {
 	case "input_audio_buffer.append":
 		c.b.m.dropped[dropAppendEvent].Inc() // audio comes by media only
@@ -329,12 +339,7 @@ func (c *call) sendEvent(data []byte) {
 // cleared then goes to the caller and the sidebands: the caller's audio
 // stopped).
 func (c *call) ServerEvent(data []byte) {
-	var ev struct {
-		Type    string         `json:"type"`
-		EventID string         `json:"event_id"`
-		Session map[string]any `json:"session"`
-	}
-	_ = json.Unmarshal(data, &ev) // a malformed event goes to the server, which answers it
+	ev := parseEvent(data)
 	switch ev.Type {
 	case "output_audio_buffer.clear":
 		c.bargeIn(backend.ClearClient)
