@@ -31,10 +31,17 @@ const (
 	nslots  = int(FrameDuration / slotDur)
 )
 
-// idleRounds is how many empty rounds a queue keeps its slot: a backend
-// that writes at real time with some jitter (echo, a streaming model) keeps
-// its phase instead of re-entering the wheel on every frame.
-const idleRounds = 5
+// idleRounds is how many empty rounds a queue keeps its slot: one. A
+// queue found empty at its slot leaves the wheel, and its next frame
+// re-enters it on the next slot (within slotDur), so a backend that writes
+// at real time with some jitter (echo, a streaming model) has each frame
+// sent within 5 ms of its arrival. Keeping the slot for longer kept the
+// phase of the call's first frame: a frame that arrived just after its
+// slot waited a whole round, and from then on every frame did (a standing
+// backlog of one frame: echo RTT 42 ms instead of 23–28 in the
+// simulation). Frames still go out at most one per round while the queue
+// holds any.
+const idleRounds = 1
 
 // DefaultMaxQueued bounds the audio one call holds (a backend that sends a
 // whole minute of reply at once); frames beyond it are dropped and counted.
