@@ -292,7 +292,7 @@ func (c *call) Event(data []byte) {
 	default:
 		data = bytes.Clone(data)
 	}
-	c.sendEvent(data)
+	c.toServer(data)
 }
 
 // clientSession filters a caller's session.update: only the fields the
@@ -313,19 +313,6 @@ func (c *call) clientSession(eventID string, s map[string]any) ([]byte, error) {
 		return nil, errors.New("session." + k)
 	}
 	return sessionEvent(eventID, shapeSession(s, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
-}
-
-// sendEvent queues one event (data, owned by the call) for the server,
-// unless the call has closed.
-func (c *call) sendEvent(data []byte) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if c.closed {
-		return
-	}
-	if c.enqueueLocked(msg{b: data}) {
-		c.b.m.eventsTo.Inc()
-	}
 }
 
 // ServerEvent implements backend.ServerEvents: an event from the call's
@@ -361,7 +348,7 @@ func (c *call) ServerEvent(data []byte) {
 	default:
 		data = bytes.Clone(data)
 	}
-	c.sendEvent(data)
+	c.toServer(data)
 }
 
 func (c *call) toCaller(ev []byte) {
@@ -633,7 +620,9 @@ func (c *call) bargeIn(source string) {
 	}
 }
 
-// toServer queues an event the connector makes.
+// toServer queues one event for the server (the caller's, the
+// sideband's or one the connector makes; owned by the call from here),
+// unless the call has closed.
 func (c *call) toServer(ev []byte) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
