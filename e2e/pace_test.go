@@ -16,6 +16,21 @@ import (
 	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
+// burstCall starts a burstWorld, places a Pion call into it and waits for
+// its session.created; it returns the world, the call and the reference
+// server's side of the session.
+func burstCall(ctx context.Context, t *testing.T, toneMs int) (*devworld.World, *voiceCall, *refserver.Session) {
+	t.Helper()
+	w, srv := burstWorld(t, toneMs)
+	call := dialVoice(ctx, t, w.SignalingURL)
+	sess, err := srv.NextSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call.await(t, 10*time.Second, "session.created", func(_ [][]byte, evs []string) bool { return slices.Contains(evs, "session.created") })
+	return w, call, sess
+}
+
 // burstWorld is a dev world whose reference server answers a
 // response.create with a tone of toneMs sent 30 times faster than real
 // time (3 s of reply in 100 ms), and never answers a turn of its own.
@@ -43,15 +58,9 @@ var noAutoResponse = map[string]any{"type": "session.update", "session": map[str
 // inter-arrival of ≤ 30 ms, between output_audio_buffer.started and
 // stopped.
 func TestPacedReplyThroughRelays(t *testing.T) {
-	w, srv := burstWorld(t, 3000)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	call := dialVoice(ctx, t, w.SignalingURL)
-	sess, err := srv.NextSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	call.await(t, 10*time.Second, "session.created", func(_ [][]byte, evs []string) bool { return slices.Contains(evs, "session.created") })
+	w, call, sess := burstCall(ctx, t, 3000)
 	call.send(t, map[string]any{"type": "response.create"})
 	var sent time.Duration
 	if err := sess.Wait(ctx, func(s *refserver.State) bool {
@@ -107,15 +116,9 @@ func TestPacedReplyThroughRelays(t *testing.T) {
 // conversation.item.truncate with an audio_end_ms within 40 ms of what
 // the caller received.
 func TestBargeInThroughRelays(t *testing.T) {
-	w, srv := burstWorld(t, 10000)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	call := dialVoice(ctx, t, w.SignalingURL)
-	sess, err := srv.NextSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	call.await(t, 10*time.Second, "session.created", func(_ [][]byte, evs []string) bool { return slices.Contains(evs, "session.created") })
+	w, call, sess := burstCall(ctx, t, 10000)
 	call.send(t, noAutoResponse)
 	call.await(t, 10*time.Second, "session.updated", func(_ [][]byte, evs []string) bool { return slices.Contains(evs, "session.updated") })
 	call.send(t, map[string]any{"type": "response.create"})
