@@ -52,12 +52,13 @@ var dropLabels = [numDropReasons]string{"other", "wrong_cluster", "unknown_pod",
 // UDP socket.
 type Relay struct {
 	// Static after New.
-	cfg  Config
-	log  *slog.Logger
-	addr netip.AddrPort
-	io   *udpio.Runner // owns the socket
-	m    *metrics
-	keys atomic.Pointer[encap.Keyring]
+	cfg        Config
+	log        *slog.Logger
+	addr       netip.AddrPort
+	advertised netip.AddrPort // Config.Advertise, else addr: what probes name
+	io         *udpio.Runner  // owns the socket
+	m          *metrics
+	keys       atomic.Pointer[encap.Keyring]
 
 	// ingresses are the global relay internal sockets that have sent
 	// authenticated datagrams toward pods through this relay: the only
@@ -116,6 +117,10 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "clusterrelay", "cluster", cfg.Cluster), m: m,
 		addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
+	r.advertised = cfg.Advertise
+	if !r.advertised.IsValid() {
+		r.advertised = r.addr
+	}
 	r.keys.Store(cfg.Hop)
 	if r.io, err = udpio.NewRunner(cfg.Tuning, r.log, []udpio.Path{r.path(conn)}); err != nil {
 		return nil, fmt.Errorf("clusterrelay: %w", err)
@@ -168,9 +173,13 @@ func (r *Relay) Close() error {
 }
 
 // decide is the whole forwarding logic: parse the header, check it, pick the
-// destination. The datagram is forwarded unchanged, header included.
+// destination. The datagram is forwarded unchanged, header included. A
+// relay probe is answered instead (answerProbe).
 func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 	pkt := buf[:n]
+	if encap.IsProbe(pkt) {
+		return r.answerProbe(pkt, from)
+	}
 	h, hl, err := encap.Decode(pkt)
 	if err != nil {
 		r.m.encapDrops.Inc(encap.ReasonOf(err))
@@ -186,6 +195,25 @@ func (r *Relay) decide(buf []byte, n int, from netip.AddrPort) ([]byte, netip.Ad
 		return nil, netip.AddrPort{}, false
 	}
 	return r.route(pkt, h, hl, from)
+}
+
+// answerProbe answers a global relay's probe (docs/wire.md §5) in place,
+// to the address it came from: the only datagram this relay originates.
+// It is as long as the probe and made only for a probe whose tag verifies
+// from that source to this relay's advertised address, so a host without
+// the key gets nothing sent, and a captured probe replayed from another
+// source fails the tag: the answer goes only to the socket that sealed it.
+func (r *Relay) answerProbe(pkt []byte, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
+	if encap.ProbeCluster(pkt) != r.cfg.Cluster {
+		r.m.drops.Inc(dropWrongCluster)
+		return nil, netip.AddrPort{}, false
+	}
+	if err := r.keys.Load().AnswerProbe(pkt, from, r.advertised); err != nil {
+		r.m.encapDrops.Inc(encap.ReasonOf(err))
+		return nil, netip.AddrPort{}, false
+	}
+	r.m.probes.Inc()
+	return pkt, from, true
 }
 
 // route picks the destination of an authenticated datagram from its header
@@ -239,6 +267,7 @@ type metrics struct {
 	toPodBytes, toClientBytes prometheus.Counter
 	writeErrors               prometheus.Counter
 	bundles, bundledPackets   prometheus.Counter
+	probes                    prometheus.Counter
 	drops                     *udpio.Drops[dropReason]
 	encapDrops                *udpio.Drops[encap.Reason]
 }
@@ -250,14 +279,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	writeErrors := metric.Counter("rtcedge_clusterrelay_write_errors_total", "Failed sends.")
 	bundles := metric.Counter("rtcedge_clusterrelay_bundles_sent_total", "Bundles sent to pods and global relays (Config.Bundle).")
 	bundledPackets := metric.Counter("rtcedge_clusterrelay_bundled_packets_total", "Datagrams sent inside bundles.")
+	probes := metric.Counter("rtcedge_clusterrelay_probes_answered_total", "Relay probes of global relays answered (docs/wire.md section 5); forged ones count as encap drops.")
 	m := &metrics{
 		toPod: packets.WithLabelValues("to_pod"), toClient: packets.WithLabelValues("to_client"),
 		toPodBytes: bytes.WithLabelValues("to_pod"), toClientBytes: bytes.WithLabelValues("to_client"),
-		writeErrors: writeErrors, bundles: bundles, bundledPackets: bundledPackets,
+		writeErrors: writeErrors, bundles: bundles, bundledPackets: bundledPackets, probes: probes,
 		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
 		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
 	}
-	if err := metric.Register(reg, "clusterrelay", packets, bytes, drops, writeErrors, bundles, bundledPackets); err != nil {
+	if err := metric.Register(reg, "clusterrelay", packets, bytes, drops, writeErrors, bundles, bundledPackets, probes); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -350,3 +350,68 @@ func TestPodIDClaimedTwice(t *testing.T) {
 		t.Errorf("after the holder left, directory %+v, want the remaining claim", infos)
 	}
 }
+
+// TestProbeAnsweredOnlyWhenAuthentic: a global relay's probe, sealed from
+// its socket to this relay's advertised address, is answered to that
+// socket, as long as the probe and nothing more; a probe without the key,
+// under a retired key, for another cluster, replayed from another source,
+// meant for another relay, or an answer sent back as a probe gets nothing
+// sent anywhere and is counted.
+func TestProbeAnsweredOnlyWhenAuthentic(t *testing.T) {
+	ingress, stranger := listen(t), listen(t)
+	reg := prometheus.NewRegistry()
+	advertised := netip.MustParseAddrPort("127.0.0.1:7100") // what gossip announces, not the socket
+	r, err := New(Config{Cluster: 5, Pods: NewPods(nil), Hop: testHop, Advertise: advertised, Logger: quiet, Registerer: reg}, listen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	nonce := uint64(0)
+	probe := func(k *encap.Keyring, cluster uint16, from *net.UDPConn, to netip.AddrPort) []byte {
+		nonce++
+		return k.SealProbe(make([]byte, encap.ProbeLen), cluster, nonce, addrOf(from), to)
+	}
+	other, _ := encap.NewKeyring(2, map[uint8][]byte{2: bytes.Repeat([]byte{6}, encap.KeyLen)})
+	retired, _ := encap.NewKeyring(4, map[uint8][]byte{4: bytes.Repeat([]byte{5}, encap.KeyLen)})
+	answered := probe(testHop, 5, ingress, advertised)
+	if err := testHop.AnswerProbe(answered, addrOf(ingress), advertised); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		from   *net.UDPConn
+		pkt    []byte
+		reason string
+	}{
+		{"sealed without the key", stranger, probe(other, 5, stranger, advertised), "encap_mac"},
+		{"sealed with a retired key ID", stranger, probe(retired, 5, stranger, advertised), "encap_unknown_key"},
+		{"another cluster", ingress, probe(testHop, 6, ingress, advertised), dropLabels[dropWrongCluster]},
+		{"replayed from another source", stranger, probe(testHop, 5, ingress, advertised), "encap_mac"},
+		{"meant for another relay", ingress, probe(testHop, 5, ingress, r.Addr()), "encap_mac"},
+		{"an answer sent back as a probe", ingress, answered, "encap_reserved"},
+		{"truncated", ingress, probe(testHop, 5, ingress, advertised)[:encap.ProbeLen-1], "encap_short"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := drops(t, reg, tc.reason)
+			tc.from.WriteToUDPAddrPort(tc.pkt, r.Addr())
+			// A good probe from the same socket: its answer must be the
+			// first datagram there.
+			good := probe(testHop, 5, tc.from, advertised)
+			tc.from.WriteToUDPAddrPort(good, r.Addr())
+			got := read(t, tc.from)
+			if n, err := testHop.OpenProbeAnswer(got, addrOf(tc.from), advertised); err != nil || n != nonce {
+				t.Fatalf("first datagram back: %x (%v, nonce %d), want the answer to nonce %d", got, err, n, nonce)
+			}
+			if len(got) != len(good) {
+				t.Errorf("answer of %d bytes to a probe of %d", len(got), len(good))
+			}
+			if after := drops(t, reg, tc.reason); after != before+1 {
+				t.Errorf("drops{reason=%q} %v → %v, want +1", tc.reason, before, after)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,7 +67,11 @@ type Config struct {
 	// direction is forwarded only if its tag verifies, so a host without
 	// the key can make the relay send nothing. SetHopKeys replaces it
 	// without a restart.
-	Hop        *encap.Keyring        `yaml:"-"`
+	Hop *encap.Keyring `yaml:"-"`
+	// Advertise is the data address global relays send to (gossip's
+	// Data); relay probes name it (docs/wire.md §5). Zero: the socket's
+	// own address.
+	Advertise  netip.AddrPort        `yaml:"-"`
 	Logger     *slog.Logger          `yaml:"-"` // default slog.Default()
 	Registerer prometheus.Registerer `yaml:"-"` // nil: metrics are not registered
 }

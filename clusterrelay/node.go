@@ -103,7 +103,7 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	cfg.Hop, _ = cfg.hopKeyring() // checked by Validate
 	auth, _ := cfg.Authority.Secrets()
-	cfg.Pods, cfg.Logger, cfg.Registerer, n.cfg = n.dir, env.Logger, env.Registerer, cfg
+	cfg.Pods, cfg.Advertise, cfg.Logger, cfg.Registerer, n.cfg = n.dir, data, env.Logger, env.Registerer, cfg
 	if n.relay, err = New(cfg, s.Data); err != nil {
 		return nil, err
 	}

@@ -169,6 +169,30 @@ func TestPodSpeaksOnlyForItself(t *testing.T) {
 	if err := w.hop.VerifyRoute(client, 3, 11, [6]byte{1}, 100, eid, etag); err == nil {
 		t.Error("a route entry sealed with a pod's keys verified at the relay")
 	}
+
+	// Relay probes (docs/wire.md §5), sealed with the same relay-only key:
+	// a pod can neither make a cluster relay answer nor answer for one.
+	ingress, relay := netip.MustParseAddrPort("10.1.0.1:7200"), netip.MustParseAddrPort("10.2.0.1:7100")
+	probe := w.hop.SealProbe(make([]byte, encap.ProbeLen), 3, 42, ingress, relay)
+	if err := evilHop.AnswerProbe(append([]byte(nil), probe...), ingress, relay); err == nil {
+		t.Error("a pod answered a relay probe")
+	}
+	fp := evilHop.SealProbe(make([]byte, encap.ProbeLen), 3, 42, ingress, relay)
+	if err := w.hop.AnswerProbe(append([]byte(nil), fp...), ingress, relay); err == nil {
+		t.Error("a relay answered a probe sealed with a pod's keys")
+	}
+	if err := evilHop.AnswerProbe(fp, ingress, relay); err != nil { // the pod's own key, as an answer
+		t.Fatal(err)
+	}
+	if _, err := w.hop.OpenProbeAnswer(fp, ingress, relay); err == nil {
+		t.Error("a global relay accepted a probe answer sealed with a pod's keys")
+	}
+	if err := w.hop.AnswerProbe(probe, ingress, relay); err != nil {
+		t.Fatalf("the relay's own probe: %v", err)
+	}
+	if n, err := w.hop.OpenProbeAnswer(probe, ingress, relay); err != nil || n != 42 {
+		t.Fatalf("the relay's own answer: %v, %v", n, err)
+	}
 }
 
 // TestSessionAPICredentialIsPerPod: the front presents each pod its own

@@ -224,13 +224,15 @@ func routeInput(client netip.AddrPort, cluster, pod uint16, token [6]byte, store
 // key, which relays hold and pods do not.
 func (k *Keyring) SealRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32) (keyID uint8, tag uint64) {
 	in := routeInput(client, cluster, pod, token, stored)
-	key := k.routeKey(k.current)
+	key := k.relayKey(k.current)
 	return k.current, sipHash24(key.k0, key.k1, in[:])
 }
 
-// routeKey is the key route-cache entries under key ID id are MAC'd
-// with: the route key of a derived ID, else the static hop key; nil: none.
-func (k *Keyring) routeKey(id uint8) *hopKey {
+// relayKey is the key that route-cache entries and relay probes
+// (probe.go) under key ID id are MAC'd with: the route key of a derived
+// ID, which relays hold and pods do not, else the static hop key; nil:
+// none. The inputs' first bytes ('R', ProbeMagic) keep the two apart.
+func (k *Keyring) relayKey(id uint8) *hopKey {
 	if k.isDerived(id) {
 		return k.derived.route[id]
 	}
@@ -240,11 +242,11 @@ func (k *Keyring) routeKey(id uint8) *hopKey {
 // VerifyRoute checks a route-cache entry's key ID and tag (ErrUnknownKey,
 // ErrMAC). A nil keyring holds no key. It does not allocate.
 func (k *Keyring) VerifyRoute(client netip.AddrPort, cluster, pod uint16, token [6]byte, stored uint32, keyID uint8, tag uint64) error {
-	if k == nil || keyID > MaxKeyID || k.routeKey(keyID) == nil {
+	if k == nil || keyID > MaxKeyID || k.relayKey(keyID) == nil {
 		return ErrUnknownKey
 	}
 	in := routeInput(client, cluster, pod, token, stored)
-	key := k.routeKey(keyID)
+	key := k.relayKey(keyID)
 	if !tagEqual(sipHash24(key.k0, key.k1, in[:]), tag) {
 		return ErrMAC
 	}
