@@ -264,6 +264,10 @@ func (r *Relay) encapsulate(buf []byte, n int, f *flow, from, ingress netip.Addr
 // cluster's hop keys.
 func (r *Relay) toClient(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
 	pkt := buf[:n]
+	if encap.IsProbe(pkt) {
+		r.probeAnswer(pkt, from) // relayprobe.go
+		return nil, netip.AddrPort{}, false
+	}
 	h, hl, err := encap.Decode(pkt)
 	if err == nil {
 		err = r.hopKeys.Load().For(h.Cluster).Verify(pkt, hl)

@@ -57,13 +57,14 @@ const (
 	dropSSRCLive       // RTP from an unknown address with the SSRC of a live flow (ssrc.go)
 	dropUnconfirmed    // a reply for a flow restored from the return path before its client sent on it
 	dropRestoreLimit   // a return-path restore over the rate restores are limited to
+	dropProbeUnmatched // a relay probe answer for no probe of ours, or replayed (relayprobe.go)
 	numDropReasons
 )
 
 var dropLabels = [numDropReasons]string{"other", "unknown_flow", "no_cluster_relay", "table_full",
 	"wrong_direction", "wrong_pop", "flow_mismatch", "empty", "draining", "token_reuse", "oversize",
 	"not_from_cluster", "bad_source", "token_expired", "flow_busy", "no_hop_key", "ssrc_live",
-	"unconfirmed", "restore_limit"}
+	"unconfirmed", "restore_limit", "probe_unmatched"}
 
 // Worker is one socket pair of the relay: Public is bound to the POP's VIP
 // (with SO_REUSEPORT when there are several workers), Internal to an
@@ -94,7 +95,8 @@ type Relay struct {
 	// restores counts this second's return-path restores: the unix
 	// second in the high 32 bits, the count in the low (restoreBudget).
 	restores  atomic.Uint64
-	suspects  suspects // cluster relays avoided on data-plane evidence (relaychoice.go)
+	suspects  suspects    // cluster relays avoided on data-plane evidence (relaychoice.go)
+	probes    relayProbes // asked before a relay becomes suspect (relayprobe.go)
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
@@ -248,6 +250,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-tick.C:
 			now := r.cfg.Now()
 			r.now.Store(now.UnixNano())
+			r.judgeProbes(now.UnixNano())
 			r.m.flows.Set(float64(r.flows.len()))
 			if now.Sub(lastScan) >= scanEvery {
 				lastScan = now
@@ -299,7 +302,8 @@ type metrics struct {
 	bundles, bundledPackets                 prometheus.Counter
 	repicks                                 map[string]prometheus.Counter // by reason (relaychoice.go)
 	suspects                                prometheus.Gauge
-	suspicionsRefused                       prometheus.Counter // votes of enough sessions against a relay that still answers others
+	suspicionsRefused                       prometheus.Counter            // votes of enough sessions against a relay that still answers others
+	probes                                  map[string]prometheus.Counter // by result (relayprobe.go)
 	drops                                   *udpio.Drops[dropReason]
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
@@ -321,10 +325,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	bundles := metric.Counter("rtcedge_globalrelay_bundles_sent_total", "Bundles sent to cluster relays (Config.Bundle).")
 	bundledPackets := metric.Counter("rtcedge_globalrelay_bundled_packets_total", "Datagrams sent to cluster relays inside bundles.")
 	repicks := metric.CounterVec("rtcedge_globalrelay_relay_repicks_total", "Flows moved to another cluster relay of their cluster on data-plane evidence, by reason (silence: replies stopped; check: a check went unanswered; unanswered: never a reply through the relay; avoided: another flow's evidence).", "reason")
-	suspects := metric.Gauge("rtcedge_globalrelay_relay_suspects", "Cluster relays every flow avoids because flows of several sessions found them silent and they delivered to no flow since (until they answer or the avoidance ends).")
-	refused := metric.Counter("rtcedge_globalrelay_relay_suspicions_refused_total", "Votes of enough sessions against a cluster relay that were not acted on: the relay had delivered to other flows since the voters' evidence began.")
+	suspects := metric.Gauge("rtcedge_globalrelay_relay_suspects", "Cluster relays every flow avoids because flows of several sessions found them silent, they delivered to no flow since and left their probe unanswered (until they answer or the avoidance ends).")
+	refused := metric.Counter("rtcedge_globalrelay_relay_suspicions_refused_total", "Votes of enough sessions against a cluster relay that were not acted on: the relay had delivered to other flows since the voters' evidence began, or answered its probe.")
+	probes := metric.CounterVec("rtcedge_globalrelay_relay_probes_total", "Relay probes to cluster relays a vote stood against, by result (sent; answered: in time, the vote refused; unanswered: the relay made suspect; late: an answer after the wait, the suspicion ended).", "result")
 	m := &metrics{
-		repicks: map[string]prometheus.Counter{}, suspects: suspects, suspicionsRefused: refused,
+		repicks: map[string]prometheus.Counter{}, suspects: suspects, suspicionsRefused: refused, probes: map[string]prometheus.Counter{},
 		takeovers: takeovers, cacheRejected: cacheRejected,
 		flows: flows, flowsCreated: created, flowsExpired: expired, ssrcFollows: followed,
 		flowsRestoredReturn: restored.WithLabelValues("return_path"),
@@ -340,8 +345,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, reason := range []string{RepickSilence, RepickCheck, RepickAvoided, RepickUnanswered} {
 		m.repicks[reason] = repicks.WithLabelValues(reason)
 	}
+	for _, result := range []string{ProbeSent, ProbeAnswered, ProbeUnanswered, ProbeLate} {
+		m.probes[result] = probes.WithLabelValues(result)
+	}
 	if err := metric.Register(reg, "globalrelay", flows, created, expired, followed, restored, packets, bytes, drops, writeErrors,
-		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects, refused); err != nil {
+		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects, refused, probes); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -203,9 +203,10 @@ func FollowClusters(ctx context.Context, pool *membership.Pool, clusters *Cluste
 //     got no reply at all within CheckTimeout (or four times the flow's
 //     check round trip, if longer). A live transceiver answers every check,
 //     so this is evidence against the relay itself: once flows of several
-//     sessions found so and the relay has delivered to no flow since,
-//     every flow avoids it for AvoidFor (new calls included), unless every
-//     relay of its cluster is avoided (suspects.vote). The same holds for a flow that has sent through a relay
+//     sessions found so, the relay has delivered to no flow since, and it
+//     leaves a probe of ours unanswered (relayprobe.go), every flow avoids
+//     it for AvoidFor (new calls included), unless every relay of its
+//     cluster is avoided (suspects.vote). The same holds for a flow that has sent through a relay
 //     for a second and never had any reply (a flow restored after a
 //     restart sends media at once): a replica that restarted while a
 //     cluster relay was dying, and gossip still lists it, learns so from
@@ -362,7 +363,10 @@ type vote struct {
 // any flow since the latest voter's evidence began. A caller can leave its
 // own checks unanswered at will, with as many sessions as it likes, but it
 // cannot stop a live relay's datagrams to other calls; a dead relay sends
-// nothing to anyone, so real failover is judged as fast as before.
+// nothing to anyone, so real failover is judged as fast as before. Where
+// the voters' flows are the relay's only traffic that silence proves
+// nothing, so a vote that stands only sends the relay a probe
+// (relayprobe.go); its answer, or its absence, decides.
 const (
 	votesNeeded = 3
 	voteWindow  = 2 * time.Second
@@ -566,7 +570,9 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 			//
 			// And the relay must be silent toward every flow since the
 			// voters' evidence began (suspects.vote): several sessions
-			// can be one attacker's.
+			// can be one attacker's. And even then it must leave a
+			// probe of ours unanswered (relayprobe.go): those sessions
+			// may be the relay's only traffic.
 			strong := false
 			if reason == RepickCheck || reason == RepickUnanswered {
 				since := w.checkAt.Load()
@@ -578,9 +584,8 @@ func (r *Relay) relayFor(f *flow, client netip.AddrPort, now int64) (netip.AddrP
 					r.m.suspicionsRefused.Inc()
 				}
 			}
-			if strong && r.suspects.set(c.addr, until, now) {
-				r.m.suspects.Set(float64(r.suspects.count(now)))
-				r.log.Warn("cluster relay left a check unanswered; avoiding it", "relay", c.addr, "for", r.cfg.AvoidFor)
+			if strong {
+				r.probeRelay(c.addr, f.cluster, now)
 			}
 			w.avoidAlso(c.addr, until, now)
 			if r.triedAll(f, client, now) {

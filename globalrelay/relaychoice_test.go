@@ -1,10 +1,13 @@
 package globalrelay
 
 import (
+	"bytes"
+	"context"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 )
@@ -128,6 +131,29 @@ func (f *failoverUnit) suspects() int { return f.r.suspects.count(f.r.now.Load()
 
 func all(netip.AddrPort) bool { return true }
 
+// probeUnanswered is the wait for the probe a vote that stood sent to a
+// relay that does not answer (nothing listens at relay12): the relay is
+// not suspect before it ends, and the wait is at most CheckTimeout. It
+// advances the clock past it.
+func (f *failoverUnit) probeUnanswered() {
+	f.t.Helper()
+	if n := counter(f.t, f.reg, "rtcedge_globalrelay_relay_probes_total", "result", ProbeSent); n < 1 {
+		f.t.Fatalf("relay_probes_total{sent} = %v: no probe before the suspicion", n)
+	}
+	if n := f.suspects(); n != 0 {
+		f.t.Fatalf("%d relays suspect before their probe's wait ended", n)
+	}
+	wait := time.Duration(f.r.probeWait(0x12))
+	if wait < probeMinWait || wait > DefaultCheckTimeout {
+		f.t.Fatalf("probe wait %v, want %v–%v", wait, probeMinWait, DefaultCheckTimeout)
+	}
+	f.t.Logf("probe wait %v", wait)
+	f.at(f.offset + wait)
+	if n := counter(f.t, f.reg, "rtcedge_globalrelay_relay_probes_total", "result", ProbeUnanswered); n < 1 {
+		f.t.Errorf("relay_probes_total{unanswered} = %v, want the probe counted", n)
+	}
+}
+
 // TestSilentClusterRelayIsLeft: a flow whose cluster relay stops answering
 // (the client keeps sending) moves to the cluster's other relay within
 // SilenceAfter plus a clock tick, without any change in gossip; the other
@@ -217,6 +243,19 @@ func TestUnansweredCheckMakesRelaySuspect(t *testing.T) {
 		f.call(cl, t1, 200*time.Millisecond, all)
 	}
 	unanswered(t1+220*time.Millisecond, map[netip.AddrPort]uint16{b: 8, c: 9})
+	// A host that can reach the internal socket answers the probe in
+	// relay12's name without the key: counted, and no help.
+	forged, _ := encap.NewKeyring(1, map[uint8][]byte{1: make([]byte, encap.KeyLen)})
+	fake := forged.SealProbe(make([]byte, encap.ProbeLen), 0x12, 1, f.ingress, relay12)
+	if err := forged.AnswerProbe(fake, f.ingress, relay12); err != nil {
+		t.Fatal(err)
+	}
+	before := counter(t, f.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", "encap_mac")
+	f.r.toClient(fake, len(fake), relay12)
+	if n := counter(t, f.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", "encap_mac"); n != before+1 {
+		t.Errorf("a forged probe answer: drops{encap_mac} %v → %v, want +1", before, n)
+	}
+	f.probeUnanswered()
 	if n := f.suspects(); n != 1 {
 		t.Errorf("after three sessions' unanswered checks, suspects = %v, want 1", n)
 	}
@@ -319,6 +358,7 @@ func TestRestoredFlowLeavesDeadRelay(t *testing.T) {
 			t.Errorf("restored flow %v still on the dead relay", c)
 		}
 	}
+	f.probeUnanswered()
 	if n := f.suspects(); n != 1 {
 		t.Errorf("after three sessions' restored flows left it, %v relays suspect, want 1", n)
 	}
@@ -509,6 +549,7 @@ func TestRestoredFlowsLeaveDeadRelayByClusterRTT(t *testing.T) {
 			t.Errorf("restored flow %v still on the dead relay %v later", c, DefaultCheckTimeout)
 		}
 	}
+	f.probeUnanswered()
 	if n := f.suspects(); n != 1 {
 		t.Errorf("after three flows left it, %v relays suspect for everyone, want 1", n)
 	}
@@ -603,5 +644,150 @@ func TestSuspicionNeedsTheRelaySilent(t *testing.T) {
 	}
 	if to := f.forward(f.clientOf(relay12, prev), f.check(t, 0x12, 30, 0)); to != relay12 {
 		t.Errorf("a new flow was sent to %v, want the healthy relay its client hashes to", to)
+	}
+}
+
+// liveClusterRelay runs a real cluster relay of cluster 0x12 on loopback
+// (it answers relay probes; no pods) and returns its address.
+func liveClusterRelay(t *testing.T) (*clusterrelay.Relay, netip.AddrPort) {
+	t.Helper()
+	cr, err := clusterrelay.New(clusterrelay.Config{Cluster: 0x12, Pods: clusterrelay.NewPods(nil), Hop: testHop.For(0x12), Logger: quiet}, listen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cr.Run(context.Background()) }()
+	t.Cleanup(func() { cr.Close(); <-done })
+	return cr, cr.Addr()
+}
+
+// deliverProbeAnswer reads the next datagram on the unit's internal
+// socket (the unit runs no read loop), hands it to the return path as if
+// it came from relay, and returns it.
+func (f *failoverUnit) deliverProbeAnswer(relay netip.AddrPort) []byte {
+	f.t.Helper()
+	in := f.r.workers[0].Internal
+	_ = in.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, encap.MaxDatagram)
+	n, from, err := in.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		f.t.Fatalf("no answer from the cluster relay %v: %v", relay, err)
+	}
+	if from != relay {
+		f.t.Fatalf("datagram from %v, want the cluster relay %v", from, relay)
+	}
+	answer := bytes.Clone(buf[:n])
+	f.r.toClient(buf, n, from)
+	return answer
+}
+
+// attack opens, from at on, one call for each of pods from a fresh
+// client address whose flow hashes to relay (after prev), answered for
+// 200 ms; then each call's check goes unanswered and its next datagram,
+// CheckTimeout later, leaves relay. It returns the time of those
+// datagrams and the last client address used.
+func (f *failoverUnit) attack(relay, prev netip.AddrPort, at time.Duration, pods ...uint16) (time.Duration, netip.AddrPort) {
+	f.t.Helper()
+	clients := map[netip.AddrPort]uint16{}
+	for _, pod := range pods {
+		prev = f.clientOf(relay, prev)
+		clients[prev] = pod
+	}
+	for cl, pod := range clients {
+		f.at(at)
+		f.answer(cl, f.forward(cl, f.check(f.t, 0x12, pod, 0)))
+		f.call(cl, at, 200*time.Millisecond, all)
+	}
+	f.at(at + 220*time.Millisecond)
+	for cl, pod := range clients { // never answered: the pod drops them
+		if to := f.forward(cl, f.check(f.t, 0x12, pod, 0)); to != relay {
+			f.t.Fatalf("check went to %v, want %v", to, relay)
+		}
+	}
+	at += 220*time.Millisecond + DefaultCheckTimeout
+	f.at(at)
+	for cl := range clients {
+		if to := f.forward(cl, media); to == relay {
+			f.t.Fatalf("after an unanswered check the flow of %v still uses %v", cl, to)
+		}
+	}
+	return at, prev
+}
+
+// TestOwnSessionsAloneCannotMakeRelaySuspect: the attack
+// TestSuspicionNeedsTheRelaySilent leaves open. At a replica where one
+// attacker's three calls (three tokens it got through signaling) are a
+// healthy cluster relay's only traffic, their checks go unanswered (a
+// wrong MESSAGE-INTEGRITY, which only the pod can tell): three sessions'
+// evidence, and the relay has delivered to no other flow since, because
+// there is none. The relay must still not become suspect: before it does,
+// the global relay asks it with a relay probe, which the live relay
+// answers and no caller can forge or suppress. New calls keep going there.
+// The attack repeated sends no second probe within voteWindow, a replayed
+// answer counts for nothing, and once the relay really dies the next
+// vote's probe goes unanswered and it is suspect.
+func TestOwnSessionsAloneCannotMakeRelaySuspect(t *testing.T) {
+	f := newFailoverUnit(t)
+	cr, live := liveClusterRelay(t)
+	dir := f.r.cfg.Directory.(*Clusters)
+	dir.Set([]Replica{{Cluster: 0x12, Addr: live}, {Cluster: 0x12, Addr: relay12b}})
+	sent := func() float64 {
+		return counter(t, f.reg, "rtcedge_globalrelay_relay_probes_total", "result", ProbeSent)
+	}
+	at, prev := f.attack(live, netip.MustParseAddrPort("127.0.0.1:50000"), 0, 20, 21, 22)
+	if n := f.repicks(RepickCheck); n != 3 {
+		t.Errorf("repicks{check} = %v, want the attacker's 3 flows", n)
+	}
+	if n := f.suspects(); n != 0 {
+		t.Fatalf("three tokens of one attacker, the relay's only traffic, made %d healthy relays suspect for every flow, want 0", n)
+	}
+	// The live relay answers the probe; the wait for it ends.
+	answer := f.deliverProbeAnswer(live)
+	f.at(at + DefaultCheckTimeout)
+	if n := f.suspects(); n != 0 {
+		t.Errorf("%d relays suspect after the relay answered its probe, want 0", n)
+	}
+	if n := counter(t, f.reg, "rtcedge_globalrelay_relay_probes_total", "result", ProbeAnswered); n != 1 {
+		t.Errorf("relay_probes_total{answered} = %v, want 1", n)
+	}
+	prev = f.clientOf(live, prev)
+	if to := f.forward(prev, f.check(t, 0x12, 30, 0)); to != live {
+		t.Errorf("a new flow was sent to %v, want the healthy relay its client hashes to", to)
+	}
+	// The answer replayed (by a host that captured it) counts for nothing.
+	f.r.toClient(bytes.Clone(answer), len(answer), live)
+	if n := counter(t, f.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", "probe_unmatched"); n != 1 {
+		t.Errorf("drops{probe_unmatched} = %v after a replayed answer, want 1", n)
+	}
+
+	// The attack again at once, with three more tokens: the vote stands
+	// (nothing delivered since), but no second probe goes out within
+	// voteWindow, and the relay is not suspect.
+	refused := counter(t, f.reg, "rtcedge_globalrelay_relay_suspicions_refused_total", "", "")
+	at, prev = f.attack(live, prev, at+DefaultCheckTimeout, 23, 24, 25)
+	f.at(at + DefaultCheckTimeout)
+	if n := counter(t, f.reg, "rtcedge_globalrelay_relay_suspicions_refused_total", "", ""); n != refused {
+		t.Errorf("suspicions_refused_total %v → %v: the second vote did not stand, so it tests no rate limit", refused, n)
+	}
+	if n := sent(); n != 1 {
+		t.Errorf("relay_probes_total{sent} = %v after a second vote within %v, want 1", n, voteWindow)
+	}
+	if n := f.suspects(); n != 0 {
+		t.Errorf("the repeated attack made %d relays suspect, want 0", n)
+	}
+
+	// The relay dies. Three sessions' evidence after voteWindow: a new
+	// probe, unanswered, and the relay is suspect.
+	cr.Close()
+	at, _ = f.attack(live, prev, at+voteWindow, 26, 27, 28)
+	if n := sent(); n != 2 {
+		t.Fatalf("relay_probes_total{sent} = %v, want a second probe after %v", n, voteWindow)
+	}
+	if n := f.suspects(); n != 0 {
+		t.Fatalf("%d relays suspect before the probe's wait ended", n)
+	}
+	f.at(at + time.Duration(f.r.probeWait(0x12)))
+	if n := f.suspects(); n != 1 {
+		t.Errorf("the dead relay left its probe unanswered: %d relays suspect, want 1", n)
 	}
 }

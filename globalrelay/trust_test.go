@@ -64,6 +64,7 @@ func (u *unit) stamp() uint32 { return uint32(u.t0.Add(u.offset).Unix()) }
 func (u *unit) at(d time.Duration) {
 	u.offset = d
 	u.r.now.Store(u.t0.Add(d).UnixNano())
+	u.r.judgeProbes(u.t0.Add(d).UnixNano()) // what Run's clock tick does
 }
 
 // check returns a Binding Request with a token for (cluster, pod) minted at
