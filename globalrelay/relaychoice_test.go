@@ -10,6 +10,7 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // relay12b is a second cluster relay of cluster 0x12 in the failover tests.
@@ -789,5 +790,31 @@ func TestOwnSessionsAloneCannotMakeRelaySuspect(t *testing.T) {
 	f.at(at + time.Duration(f.r.probeWait(0x12)))
 	if n := f.suspects(); n != 1 {
 		t.Errorf("the dead relay left its probe unanswered: %d relays suspect, want 1", n)
+	}
+}
+
+// TestProbeRoundTripOnRunningRelays: a running global relay (its read
+// loops and clock tick, on both I/O paths) probes a running cluster
+// relay, whose answer comes back through the return path and counts as
+// answered; a probe to a socket that never answers is judged by the clock
+// tick and makes that relay suspect.
+func TestProbeRoundTripOnRunningRelays(t *testing.T) {
+	for _, loop := range []bool{false, true} {
+		t.Run(map[bool]string{false: "read-loops", true: "event-loop"}[loop], func(t *testing.T) {
+			_, live := liveClusterRelay(t)
+			r := newRig(t, Config{Tuning: udpio.Tuning{Batch: 32, EventLoop: &loop}})
+			dir := r.relay.cfg.Directory.(*Clusters)
+			dir.Set([]Replica{{Cluster: 0x12, Addr: live}, {Cluster: 0x12, Addr: addrOf(r.cluster)}})
+			r.relay.probeRelay(live, 0x12, r.relay.now.Load())
+			waitCounter(t, r.reg, "rtcedge_globalrelay_relay_probes_total", "result", ProbeAnswered, 1)
+			r.relay.probeRelay(addrOf(r.cluster), 0x12, r.relay.now.Load()) // reads nothing, answers nothing
+			waitCounter(t, r.reg, "rtcedge_globalrelay_relay_probes_total", "result", ProbeUnanswered, 1)
+			if u := r.relay.suspects.until(addrOf(r.cluster)); u == 0 {
+				t.Error("the relay that left its probe unanswered is not suspect")
+			}
+			if u := r.relay.suspects.until(live); u != 0 {
+				t.Error("the relay that answered is suspect")
+			}
+		})
 	}
 }
