@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/node/nodetest"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // TestNodeReadyAndDrain: a cluster relay node is not ready (and announces
@@ -32,6 +34,13 @@ func TestNodeReadyAndDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Metrics = metrics // the test's, in place of metrics_addr's
+	// As in production: the data socket on the wildcard address, the
+	// address others reach it at advertised.
+	s.Data.Close()
+	if s.Data, err = udpio.Listen(netip.MustParseAddrPort("0.0.0.0:0")); err != nil {
+		t.Fatal(err)
+	}
+	cfg.DataAdvertise = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), udpio.LocalAddrPort(s.Data).Port()).String()
 	n, err := NewNode(cfg, s, node.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -67,6 +76,26 @@ func TestNodeReadyAndDrain(t *testing.T) {
 		t.Fatalf("/readyz = %d with a ready pod", code)
 	}
 	nodetest.Await(t, "the node to announce itself usable", announced(false))
+
+	// A global relay's probe to the data address gossip announces is
+	// answered: probes name that address, which the node gives its relay.
+	var data netip.AddrPort
+	for _, m := range watcher.Members() {
+		if m.Meta.Role == membership.RoleClusterRelay {
+			data = m.Meta.Data
+		}
+	}
+	hop, err := cfg.HopKeys.Keyring(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr := listen(t)
+	if _, err := gr.WriteToUDPAddrPort(hop.SealProbe(make([]byte, encap.ProbeLen), 4, 77, addrOf(gr), data), data); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := hop.OpenProbeAnswer(read(t, gr), addrOf(gr), data); err != nil || n != 77 {
+		t.Errorf("probe to the announced data address %v: answer %v, %v", data, n, err)
+	}
 
 	go stop()
 	nodetest.Await(t, "the stopping node to announce draining", announced(true))
