@@ -117,7 +117,8 @@ type Config struct {
 	// detection (relaychoice.go): a flow leaves its cluster relay when
 	// replies stop for SilenceAfter (or 3× their usual interval) or a
 	// check goes unanswered for CheckTimeout (or 4× the flow's check
-	// round trip), and avoids it for AvoidFor. Defaults
+	// round trip), and avoids it for AvoidFor. CheckTimeout also bounds
+	// the wait for a relay probe's answer (relayprobe.go). Defaults
 	// DefaultSilenceAfter, DefaultCheckTimeout, DefaultAvoidFor.
 	SilenceAfter, CheckTimeout, AvoidFor time.Duration `yaml:"-"`
 	// CacheRefresh is how often a live flow is written to the cache again,
