@@ -99,7 +99,7 @@ func (r *Relay) probeRelay(relay netip.AddrPort, cluster uint16, now int64) {
 		p.m = map[netip.AddrPort]*relayProbe{}
 	}
 	if old := p.m[relay]; old != nil && !old.judged {
-		p.waiting.Add(-1) // replaced unjudged (a clock that went back)
+		p.waiting.Add(-1) // replaced before any clock tick judged it
 	}
 	p.m[relay] = pr
 	p.waiting.Add(1)
