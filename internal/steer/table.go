@@ -47,14 +47,6 @@ func ProbeReporter(key string) Reporter {
 // IsPod reports whether r is a pod's (its cluster is not 0).
 func (r Reporter) IsPod() bool { return r>>16 != 0 }
 
-// String is "cluster/pod" or "probe:hash".
-func (r Reporter) String() string {
-	if r.IsPod() {
-		return fmt.Sprintf("%d/%d", r>>16, r&0xffff)
-	}
-	return fmt.Sprintf("probe:%04x", uint32(r))
-}
-
 // MaxRTT is the largest round trip a sample may carry (the 100 µs unit
 // in 16 bits).
 const MaxRTT = 6553 * time.Millisecond
