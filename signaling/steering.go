@@ -21,8 +21,9 @@ import (
 // a steer.Table, fed by the samples the pods measure (passed on by the
 // cluster relays over the global gossip pool) and by `rtcedge probe`'s
 // synthetic clients (POST /v1/steering/samples with a probe key, passed
-// on by the replica that took them to the others), and consults it for
-// every offer.
+// on by the replica that took them to the others), each counted as its
+// reporter's (the pod the relay checked and stamped, or the probe's key:
+// one sample per reporter and POP), and consults it for every offer.
 
 // HeaderSteering says why the call's first POP was chosen: distance,
 // measured, explore or override.
