@@ -126,8 +126,14 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	fc := FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger}
+	fc := FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger, Now: env.Now}
+	steerCfg := SteerForwarderConfig{Cluster: cfg.Cluster, Now: env.Now,
+		Admitted: func(pod uint16) bool { _, ok := n.dir.PodAddr(pod); return ok }}
 	if auth != nil {
+		if fc.Steer, err = auth.SteerAuthority(cfg.Cluster); err != nil {
+			return nil, err
+		}
+		steerCfg.Authority = fc.Steer
 		fc.PodSecret = func(pod uint16) string { return auth.SessionAPICredential(cfg.Cluster, pod) }
 		if cfg.ClusterGossip.Prove, err = auth.RelayProve(cfg.Cluster); err != nil {
 			return nil, err
@@ -159,7 +165,7 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if n.globalPool, err = n.life.JoinPool(cfg.GlobalGossip, "global", "@global", true, meta, env); err != nil {
 		return nil, err
 	}
-	fwd, err := NewSteerForwarder(n.clusterPool, n.globalPool, env.Registerer)
+	fwd, err := NewSteerForwarder(n.clusterPool, n.globalPool, steerCfg, env.Registerer)
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,7 @@ func (f *Front) toSessionPod(w http.ResponseWriter, r *http.Request, method stri
 	if !ok {
 		return
 	}
-	status, hdr, resp, err := f.forward(r.Context(), pod, method, api+sessionapi.SessionsPath+"/"+raw, body)
+	status, hdr, resp, err := f.forward(r.Context(), pod, method, api+sessionapi.SessionsPath+"/"+raw, body, "")
 	switch {
 	case err != nil && !live:
 		// Gossip had dropped the pod and it does not answer: it is gone,

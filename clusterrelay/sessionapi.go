@@ -15,6 +15,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/internal/steer"
 )
 
 // The cluster's session API front. Signaling knows one session API per
@@ -55,6 +56,11 @@ type FrontConfig struct {
 	// (internal/authority), so that no pod ever sees the cluster's secret
 	// or a credential another pod accepts.
 	PodSecret func(pod uint16) string
+	// Steer, when set, mints each create's steering ticket for the pod it
+	// goes to (sessionapi.HeaderSteerTicket): the pod's round-trip
+	// reports are believed only for the callers' networks and POPs of
+	// the calls it was given (docs/steering.md).
+	Steer *steer.Authority
 }
 
 // Front serves the cluster's session API.
@@ -126,11 +132,18 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	steerKey, pops := f.steerOf(body)
 	for i, p := range f.placer.pick(f.cfg.Pods.PodInfos(), podAttempts) {
 		if i > 0 {
 			f.placer.reserve(p.ID)
 		}
-		status, hdr, resp, err := f.forward(r.Context(), p.ID, http.MethodPost, p.API+sessionsPath, body)
+		var ticket string
+		if steerKey.Valid() {
+			if t, err := f.cfg.Steer.Mint(p.ID, steerKey, pops, f.cfg.Now()); err == nil {
+				ticket = t.String()
+			}
+		}
+		status, hdr, resp, err := f.forward(r.Context(), p.ID, http.MethodPost, p.API+sessionsPath, body, ticket)
 		if err != nil {
 			f.placer.done(p.ID, false)
 			f.log.Warn("pod session API failed", "pod", p.ID, "err", err)
@@ -160,6 +173,32 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity", "no pod of this cluster can take a session", time.Second)
 }
 
+// steerOf is a create's steering key and POP IDs, when the front mints
+// tickets and the create has a key; else the zero key.
+func (f *Front) steerOf(body []byte) (steer.Key, []uint16) {
+	if f.cfg.Steer == nil {
+		return steer.Key{}, nil
+	}
+	var req struct {
+		Steer string `json:"steer"`
+		POPs  []struct {
+			ID uint16 `json:"id"`
+		} `json:"pops"`
+	}
+	if json.Unmarshal(body, &req) != nil || req.Steer == "" || len(req.POPs) > steer.MaxTicketPOPs {
+		return steer.Key{}, nil
+	}
+	k, err := steer.ParseKey(req.Steer)
+	if err != nil {
+		return steer.Key{}, nil
+	}
+	pops := make([]uint16, len(req.POPs))
+	for i, p := range req.POPs {
+		pops[i] = p.ID
+	}
+	return k, pops
+}
+
 func (f *Front) delete(w http.ResponseWriter, r *http.Request) {
 	f.toSessionPod(w, r, http.MethodDelete, nil)
 }
@@ -177,8 +216,9 @@ func answersAs(body []byte, cluster, pod uint16) bool {
 }
 
 // forward sends a request to pod at url with the credential the pod
-// accepts (FrontConfig.PodSecret, else Secret).
-func (f *Front) forward(ctx context.Context, pod uint16, method, url string, body []byte) (int, http.Header, []byte, error) {
+// accepts (FrontConfig.PodSecret, else Secret) and, for a create, its
+// steering ticket.
+func (f *Front) forward(ctx context.Context, pod uint16, method, url string, body []byte, ticket string) (int, http.Header, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(url, "/"), bytes.NewReader(body))
@@ -189,6 +229,9 @@ func (f *Front) forward(ctx context.Context, pod uint16, method, url string, bod
 		req.Header.Set("Content-Type", "application/json")
 	}
 	sessionapi.Authorize(req, f.podSecret(pod))
+	if ticket != "" {
+		req.Header.Set(sessionapi.HeaderSteerTicket, ticket)
+	}
 	resp, err := f.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return 0, nil, nil, err

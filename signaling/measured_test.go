@@ -23,6 +23,9 @@ import (
 
 const probeKey = "probe-key-0123456789abcdef"
 
+// probeKeys are three probes' keys: three reporters.
+var probeKeys = []signaling.APIKey{{Key: probeKey, Probe: true}, {Key: probeKey + "-2", Probe: true}, {Key: probeKey + "-3", Probe: true}}
+
 // replica starts a signaling node over cat with gossip, joining seed.
 func replica(t *testing.T, name string, cat *geo.Catalogue, seed string) *signaling.Node {
 	t.Helper()
@@ -72,10 +75,11 @@ func placedAt(h http.Header) string {
 }
 
 // TestMeasuredSteeringAcrossReplicas: two signaling replicas in one
-// gossip pool. Round trips a probe posts to one replica steer the other's
-// offers from the same prefix too (the replica passes them on over
-// gossip); round trips a pod measured, sent over gossip as a cluster
-// relay passes them on, steer both. Until then both place by distance.
+// gossip pool. Round trips a probe posts to one replica reach the other
+// (the replica passes them on over gossip), and round trips pods measured,
+// sent over gossip stamped as a cluster relay passes them on, reach both.
+// Each reporter counts once per POP: one probe key alone does not steer,
+// with two pods beside it the prefix is measured at both replicas.
 func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 	w := newWorld(t, worldConfig{}) // real pods for the three clusters
 	a := replica(t, "sig-a", w.cat, "")
@@ -107,6 +111,26 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 		}
 		return 0
 	}
+	// fromPods sends, as a cluster relay does, samples of pods 1..n of
+	// cluster 1 for client's key: each pod's the same rtts.
+	fromPods := func(client string, pods int, rtts ...steer.RTT) {
+		k, err := steer.ParseKey(view(a, client).Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var samples []steer.Sample
+		for _, x := range rtts {
+			samples = append(samples, steer.Sample{Key: k, POP: x.POP, RTT: x.RTT})
+		}
+		for pod := range uint16(pods) {
+			msg, _ := steer.AppendMessage(nil, steer.SourcePod, steer.PodReporter(1, 1+pod), samples)
+			for _, n := range []*signaling.Node{a, b} {
+				if err := relay.Send(n.Pool().Name(), msg); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
 
 	// A Frankfurt caller goes to fra by distance at both.
 	for _, n := range []*signaling.Node{a, b} {
@@ -115,7 +139,8 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 		}
 	}
 	// A probe in the same prefix measures iad far better (its network
-	// peers in Ashburn): posted to a, it steers b too.
+	// peers in Ashburn), three times: posted to a, b holds it too, as one
+	// reporter's, which steers nothing alone.
 	post := `{"samples":[{"pop":"fra","rtt_ms":150},{"pop":"iad","rtt_ms":20}]}`
 	for range 3 {
 		req, _ := http.NewRequest(http.MethodPost, a.URL()+"/v1/steering/samples", strings.NewReader(post))
@@ -130,8 +155,16 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 			t.Fatalf("samples: %d", res.StatusCode)
 		}
 	}
-	nodetest.Await(t, "b to hold the probe's samples", func() bool { return samplesOf(b, ipFrankfurt, "iad") == 3 })
+	nodetest.Await(t, "b to hold the probe's sample", func() bool { return samplesOf(b, ipFrankfurt, "iad") == 1 })
 	for _, n := range []*signaling.Node{a, b} {
+		if got := placedAt(offerFrom(t, n, ipFrankfurt)); got != "fra/1/distance" {
+			t.Errorf("%s placed %s on one probe key's samples, want fra/1/distance", n.Pool().Name(), got)
+		}
+	}
+	// Two pods measure the same: three reporters, measured at both.
+	fromPods(ipFrankfurt, 2, steer.RTT{POP: 1, RTT: 150 * time.Millisecond}, steer.RTT{POP: 2, RTT: 22 * time.Millisecond})
+	for _, n := range []*signaling.Node{a, b} {
+		nodetest.Await(t, "the pods' samples", func() bool { return samplesOf(n, ipFrankfurt, "iad") == 3 })
 		if got := placedAt(offerFrom(t, n, ipFrankfurt)); got != "iad/2/measured" {
 			t.Errorf("%s placed %s, want iad/2/measured", n.Pool().Name(), got)
 		}
@@ -153,24 +186,11 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 		res.Body.Close()
 	}
 
-	// A pod's samples for Singapore callers, as a cluster relay passes
-	// them on: sin is slow tonight, fra is best.
-	sgKey, err := steer.ParseKey(view(a, ipSingapore).Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var samples []steer.Sample
-	for range 3 {
-		samples = append(samples, steer.Sample{Key: sgKey, POP: 3, RTT: 300 * time.Millisecond}, steer.Sample{Key: sgKey, POP: 1, RTT: 90 * time.Millisecond})
-	}
-	msg, _ := steer.AppendMessage(nil, steer.SourcePod, samples)
+	// Three pods' samples for Singapore callers: sin is slow tonight, fra
+	// is best.
+	fromPods(ipSingapore, 3, steer.RTT{POP: 3, RTT: 300 * time.Millisecond}, steer.RTT{POP: 1, RTT: 90 * time.Millisecond})
 	for _, n := range []*signaling.Node{a, b} {
-		if err := relay.Send(n.Pool().Name(), msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, n := range []*signaling.Node{a, b} {
-		nodetest.Await(t, "the pod's samples", func() bool { return samplesOf(n, ipSingapore, "fra") == 3 })
+		nodetest.Await(t, "the pods' samples", func() bool { return samplesOf(n, ipSingapore, "fra") == 3 })
 		if got := placedAt(offerFrom(t, n, ipSingapore)); got != "fra/1/measured" {
 			t.Errorf("%s placed Singapore at %s, want fra/1/measured", n.Pool().Name(), got)
 		}
@@ -183,14 +203,14 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 func TestSteeringPinsAndReadiness(t *testing.T) {
 	var down atomic.Uint32
 	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
-		c.Keys = []signaling.APIKey{{Key: probeKey, Probe: true}}
+		c.Keys = probeKeys
 		c.Steering.Pins = []signaling.SteeringPin{{Prefix: "192.0.2.0/24", POPs: []string{"sin", "iad"}}}
 		c.POPUp = func(pop uint16) bool { return uint32(pop) != down.Load() }
 	}})
-	auth := http.Header{"Authorization": {"Bearer " + probeKey}}
-	for range 3 {
+	for _, k := range probeKeys { // three reporters
 		rec := w.do(t, http.MethodPost, "/v1/steering/samples", ipAshburn, "application/json",
-			`{"samples":[{"pop":"iad","rtt_ms":150},{"pop":"fra","rtt_ms":90},{"pop":"sin","rtt_ms":20}]}`, auth)
+			`{"samples":[{"pop":"iad","rtt_ms":150},{"pop":"fra","rtt_ms":90},{"pop":"sin","rtt_ms":20}]}`,
+			http.Header{"Authorization": {"Bearer " + k.Key}})
 		if rec.Code != http.StatusAccepted {
 			t.Fatalf("samples: %d %s", rec.Code, rec.Body)
 		}

@@ -21,8 +21,9 @@ import (
 // a steer.Table, fed by the samples the pods measure (passed on by the
 // cluster relays over the global gossip pool) and by `rtcedge probe`'s
 // synthetic clients (POST /v1/steering/samples with a probe key, passed
-// on by the replica that took them to the others), and consults it for
-// every offer.
+// on by the replica that took them to the others), each counted as its
+// reporter's (the pod the relay checked and stamped, or the probe's key:
+// one sample per reporter and POP), and consults it for every offer.
 
 // HeaderSteering says why the call's first POP was chosen: distance,
 // measured, explore or override.
@@ -199,13 +200,15 @@ func bool2int(b bool) int {
 }
 
 // receiveSamples takes a samples message from the gossip pool (runs on
-// its packet goroutine: no blocking). Samples from a pod count; a message
+// its packet goroutine: no blocking). Each counts as its reporter's: the
+// pod a cluster relay checked and stamped (pods are not in the global
+// pool), or the probe key another replica took them from. A message
 // naming a POP the catalogue does not have is refused whole.
 func (s *Server) receiveSamples(msg []byte) {
 	if len(msg) == 0 || msg[0] != steer.MsgKind {
 		return
 	}
-	src, samples, err := steer.ParseMessage(msg)
+	src, from, samples, err := steer.ParseMessage(msg)
 	if err == nil {
 		err = s.steer.known(samples)
 	}
@@ -213,7 +216,7 @@ func (s *Server) receiveSamples(msg []byte) {
 		s.steer.samples.WithLabelValues(src.String(), "invalid").Inc()
 		return
 	}
-	s.steer.add(src, samples)
+	s.steer.add(src, from, samples)
 }
 
 func (st *steering) known(samples []steer.Sample) error {
@@ -225,10 +228,10 @@ func (st *steering) known(samples []steer.Sample) error {
 	return nil
 }
 
-func (st *steering) add(src steer.Source, samples []steer.Sample) {
+func (st *steering) add(src steer.Source, from steer.Reporter, samples []steer.Sample) {
 	for _, x := range samples {
 		result := "accepted"
-		if st.table.Add(x) != nil {
+		if st.table.Add(x, from) != nil {
 			result = "invalid"
 		}
 		st.samples.WithLabelValues(src.String(), result).Inc()
@@ -251,8 +254,9 @@ type ProbeSample struct {
 const maxProbeSamples = 32
 
 // handleSamples takes a probe's samples: only an API key marked probe may
-// post them, and they count for the prefix and location the request comes
-// from, as an offer from the same place would be keyed.
+// post them, they count for the prefix and location the request comes
+// from, as an offer from the same place would be keyed, and all of one
+// key's count as one reporter's (its newest per POP).
 func (s *Server) handleSamples(w http.ResponseWriter, r *http.Request) {
 	loc, cred, ok := s.precheck(w, r, false)
 	if !ok {
@@ -286,9 +290,10 @@ func (s *Server) handleSamples(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_samples", "unknown POP or round trip out of range: "+err.Error(), 0)
 		return
 	}
-	s.steer.add(steer.SourceProbe, samples)
+	from := steer.ProbeReporter(s.keys[cred.key].Key)
+	s.steer.add(steer.SourceProbe, from, samples)
 	if s.steer.fanOut != nil {
-		msg, _ := steer.AppendMessage(nil, steer.SourceProbe, samples) // 32 samples fit
+		msg, _ := steer.AppendMessage(nil, steer.SourceProbe, from, samples) // 32 samples fit
 		s.steer.fanOut(msg)
 	}
 	w.Header().Set("Content-Type", "application/json")

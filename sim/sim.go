@@ -22,19 +22,20 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/authority"
+	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/proctest"
 	"github.com/rtcedge/rtcedge/internal/testlog"
 	"github.com/rtcedge/rtcedge/netsim"
@@ -114,11 +115,17 @@ var (
 	}
 )
 
-// Region is a running region: its pod, cluster relay and signaling front,
+// PodsPerRegion is how many transceiver pods each region's cluster has:
+// steering believes a POP measured for a caller network only with samples
+// from three distinct pods (or probes; docs/steering.md), and a site's
+// calls before steering land in one cluster.
+const PodsPerRegion = 3
+
+// Region is a running region: its pods, cluster relay and signaling front,
 // and the global relays of its POPs (one per site's view).
 type Region struct {
 	Spec         RegionSpec
-	Transceiver  *proctest.Proc
+	Pods         []*proctest.Proc // PodsPerRegion of them, pod IDs 1, 2, …
 	ClusterRelay *proctest.Proc
 	// Signaling is the front of the first site near the region (each
 	// site has its own, Site.Front); SignalingURL is its own address (no
@@ -208,7 +215,6 @@ func addr(net, host byte) netip.AddrPort {
 
 // Host numbers within a region's or a site's 127.0.Net.0/24.
 const (
-	hostTransceiver  = 1
 	hostClusterRelay = 2
 	hostSignaling    = 5  // + site index: that site's front
 	hostRemoteAPI    = 9  // the region's link to the other region's session API
@@ -217,6 +223,9 @@ const (
 	hostSitePOPBase  = 2  // + region index: the site's VIP of that region's POP
 	hostSiteClient   = 100
 )
+
+// hostPods are the host numbers of a region's pods.
+var hostPods = [PodsPerRegion]byte{1, 3, 4}
 
 // Start builds (once) and starts the whole topology and returns when every
 // process is up and gossip has converged: both signaling fronts see both
@@ -234,7 +243,8 @@ func Start(t testing.TB, cfg Config) *World {
 		cfg.Binary = proctest.Build(t, Package)
 	}
 	w := &World{Config: cfg}
-	s := &starter{t: t, w: w, dir: t.TempDir(), env: keysEnv(t)}
+	s := &starter{t: t, w: w, dir: t.TempDir()}
+	s.auth, s.env = authorityKeys(t)
 	t.Cleanup(s.stopLinks)
 	seed := s.startClusters()
 	s.startPOPs(seed)
@@ -248,40 +258,71 @@ func Start(t testing.TB, cfg Config) *World {
 	return w
 }
 
-// keysEnv is the environment every role reads its keys from: a token key,
-// and the inter-tier keys, one per cluster, in one list.
-func keysEnv(t testing.TB) []string {
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
-		t.Fatalf("sim: token key: %v", err)
+// authorityKeys issues the deployment authority's secrets of every
+// region's cluster from a fresh root (internal/authority): the relays
+// read them from the environment, each pod only its own keys from the
+// file podKeys writes, as in production (docs/operations.md).
+func authorityKeys(t testing.TB) (*authority.Secrets, []string) {
+	root := make([]byte, authority.KeyLen)
+	if _, err := rand.Read(root); err != nil {
+		t.Fatalf("sim: authority root: %v", err)
 	}
-	var hop []string
+	var specs []string
 	for _, spec := range Regions {
-		k := make([]byte, encap.KeyLen)
-		if _, err := rand.Read(k); err != nil {
-			t.Fatalf("sim: hop key: %v", err)
-		}
-		hop = append(hop, fmt.Sprintf("%d/1:%s", spec.Cluster, base64.StdEncoding.EncodeToString(k)))
+		specs = append(specs, authority.Spec(spec.Cluster, 1, authority.ClusterSecret(root, spec.Cluster)))
 	}
-	return []string{"RTCEDGE_TOKEN_KEYS=1:" + base64.StdEncoding.EncodeToString(key), "RTCEDGE_HOP_KEYS=" + strings.Join(hop, ",")}
+	sec, err := authority.Parse(specs)
+	if err != nil {
+		t.Fatalf("sim: authority: %v", err)
+	}
+	return sec, []string{node.EnvAuthorityKeys + "=" + strings.Join(specs, ",")}
 }
 
-// startClusters starts each region's pod, then its cluster relay, which
-// joins the pod's cluster pool; it returns the first cluster relay's global
-// gossip address, which seeds everyone's global pool.
+// podKeys writes the keys the authority issues pod of cluster and returns
+// the file's path.
+func (s *starter) podKeys(cluster, pod uint16) string {
+	k, err := s.auth.Pod(cluster, pod)
+	if err != nil {
+		s.t.Fatalf("sim: pod keys: %v", err)
+	}
+	path := filepath.Join(s.dir, fmt.Sprintf("pod-keys-%d-%d.yaml", cluster, pod))
+	if err := k.WriteFile(path); err != nil {
+		s.t.Fatalf("sim: %v", err)
+	}
+	return path
+}
+
+// startClusters starts each region's pods (the first seeds the others'
+// cluster pool), then its cluster relay, which joins the pods' cluster
+// pool; it returns the first cluster relay's global gossip address, which
+// seeds everyone's global pool.
 func (s *starter) startClusters() (seed string) {
 	t, w := s.t, s.w
 	for _, spec := range Regions {
 		w.Regions = append(w.Regions, &Region{Spec: spec})
 	}
-	for _, r := range w.Regions {
-		a := addr(r.Spec.Net, hostTransceiver)
-		r.Transceiver = s.start("transceiver-"+r.Spec.Name, "transceiver", fmt.Sprintf(
-			"region: %s\ncluster: %d\npod: 1\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 2s\n%s",
-			r.Spec.Name, r.Spec.Cluster, a, a, gossip("gossip", r.Spec.Name+"-pod-1", a.Addr(), "")))
+	startPod := func(r *Region, i int, join string) {
+		a := addr(r.Spec.Net, hostPods[i])
+		name := fmt.Sprintf("%s-pod-%d", r.Spec.Name, i+1)
+		r.Pods = append(r.Pods, s.start("transceiver-"+name, "transceiver", fmt.Sprintf(
+			"region: %s\ncluster: %d\npod: %d\npod_keys: %q\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 2s\n%s",
+			r.Spec.Name, r.Spec.Cluster, i+1, s.podKeys(r.Spec.Cluster, uint16(i+1)), a, a, gossip("gossip", name, a.Addr(), join))))
 	}
 	for _, r := range w.Regions {
-		podGossip := r.Transceiver.WaitLog(t, "transceiver up", startLimit)["gossip"]
+		startPod(r, 0, "")
+	}
+	podSeeds := map[*Region]string{}
+	for _, r := range w.Regions {
+		podSeeds[r] = r.Pods[0].WaitLog(t, "transceiver up", startLimit)["gossip"]
+		for i := 1; i < PodsPerRegion; i++ {
+			startPod(r, i, podSeeds[r])
+		}
+	}
+	for _, r := range w.Regions {
+		for _, p := range r.Pods[1:] {
+			p.WaitLog(t, "transceiver up", startLimit)
+		}
+		podGossip := podSeeds[r]
 		a := addr(r.Spec.Net, hostClusterRelay)
 		r.ClusterRelay = s.start("clusterrelay-"+r.Spec.Name, "clusterrelay", fmt.Sprintf(
 			"region: %s\ncluster: %d\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 1s\n%s%s",
@@ -469,6 +510,7 @@ type starter struct {
 	t     testing.TB
 	w     *World
 	dir   string
+	auth  *authority.Secrets
 	env   []string
 	procs []*proctest.Proc
 	links []func() // stop functions, in start order

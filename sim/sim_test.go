@@ -177,7 +177,13 @@ func midCallFaults(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 		recoverLimit = 10 * time.Second
 	)
 	near, backup := site.NearPOP(), site.POPs[1-site.NearRegion()]
-	tr := w.Regions[site.NearRegion()].Transceiver
+	pods := w.Regions[site.NearRegion()].Pods
+	switchCount := func() (n int) {
+		for _, p := range pods {
+			n += p.Count(switchMsg)
+		}
+		return n
+	}
 	call, hangup := dialEcho(t, site.CallConfig())
 	defer hangup()
 	received := func() int { return call.Stats().Received }
@@ -218,7 +224,7 @@ func midCallFaults(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 		Result: res})
 
 	// (2) Partition the near link: does the client move to the backup POP?
-	switches := tr.Count(switchMsg)
+	switches := switchCount()
 	b0 := backup.Link.Stats()
 	near.Link.SetPartitioned(true)
 	cutAt := time.Now()
@@ -243,7 +249,7 @@ func midCallFaults(t *testing.T, w *sim.World, site *sim.Site) []sim.Scenario {
 	}
 	gap, _ := call.Gaps()
 	backupUp := b1.Up.Forwarded - b0.Up.Forwarded
-	switched := tr.Count(switchMsg) - switches
+	switched := switchCount() - switches
 	var part string
 	if moved {
 		part = fmt.Sprintf("the client moved to backup %s during the partition (%d datagrams sent there, %d transceiver POP switches)", backup.Name, backupUp, switched)

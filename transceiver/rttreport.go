@@ -2,6 +2,7 @@ package transceiver
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/pion/stun/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/steer"
@@ -20,10 +22,12 @@ import (
 // authenticated check through each POP it advertises (nearest and
 // backup); once connected, it measures the client's round trip through
 // each of them with one Binding Request of its own
-// (podnet.Socket.MeasureRTT). The reporter batches the samples and sends
-// them, about once a second, to one cluster relay of the pod's cluster
-// pool, which passes them to every signaling replica (clusterrelay,
-// steerforward.go).
+// (podnet.Socket.MeasureRTT). The reporter batches the samples per call,
+// each call with the ticket the cluster's front gave it with the create,
+// and sends them, about once a second, as a report tagged with the pod's
+// own key (internal/steer, report.go) to one cluster relay of the pod's
+// cluster pool, which checks it and passes the samples to every signaling
+// replica as this pod's (clusterrelay, steerforward.go).
 
 // RTTReportInterval is how often the pod sends its batch of samples.
 const RTTReportInterval = time.Second
@@ -37,10 +41,12 @@ const maxPendingRTT = 512
 // there. Guarded by mu (written on the ICE agent's loop, read once
 // connected).
 type rttPaths struct {
-	key   steer.Key // invalid: signaling sent none, nothing is measured
-	mu    sync.Mutex
-	paths [maxPOPs]rttPath
-	n     int
+	key    steer.Key    // invalid: signaling sent none, nothing is measured
+	ticket steer.Ticket // the front's, for key and pops
+	pops   []uint16     // the POPs the call was offered, in order
+	mu     sync.Mutex
+	paths  [maxPOPs]rttPath
+	n      int
 }
 
 type rttPath struct {
@@ -86,46 +92,73 @@ func (s *session) measureRTT() {
 	for _, q := range paths[:n] {
 		pop := q.pop
 		s.t.sock.MeasureRTT(pop, q.client, s.ufrag, q.user, s.client.Pwd, func(rtt time.Duration) {
-			s.t.rttOut.add(steer.Sample{Key: p.key, POP: pop, RTT: rtt})
+			s.t.rttOut.add(p, steer.RTT{POP: pop, RTT: rtt})
 		})
 	}
 }
 
-// rttReporter batches samples for Report.
+// rttReporter batches samples for ReportRTT.
 type rttReporter struct {
+	keyID   uint8  // of key
+	key     []byte // the pod's report key; nil without pod keys: reports go untagged
 	mu      sync.Mutex
-	pending []steer.Sample
+	pending []pendingRTT
 	samples *prometheus.CounterVec // by result: sent, dropped (queue full), unsent (no relay, send failed)
 }
 
-func newRTTReporter(reg prometheus.Registerer) (*rttReporter, error) {
-	r := &rttReporter{samples: prometheus.NewCounterVec(prometheus.CounterOpts{
+// pendingRTT is one sample waiting, with the call that measured it.
+type pendingRTT struct {
+	call *rttPaths
+	rtt  steer.RTT
+}
+
+func newRTTReporter(keys *authority.PodKeys, reg prometheus.Registerer) (*rttReporter, error) {
+	r := &rttReporter{}
+	if keys != nil {
+		var err error
+		if r.keyID, r.key, err = keys.SteerReportKey(); err != nil {
+			return nil, fmt.Errorf("transceiver rtt: %w", err)
+		}
+	}
+	r.samples = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtcedge_transceiver_rtt_samples_total",
 		Help: "Round trips measured through POPs for steering, by result: sent to a cluster relay, dropped (queue full), unsent (no relay or the send failed).",
-	}, []string{"result"})}
+	}, []string{"result"})
 	if err := metric.Register(reg, "transceiver rtt", r.samples); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *rttReporter) add(s steer.Sample) {
+func (r *rttReporter) add(call *rttPaths, x steer.RTT) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.pending) >= maxPendingRTT {
 		r.samples.WithLabelValues("dropped").Inc()
 		return
 	}
-	r.pending = append(r.pending, s)
+	r.pending = append(r.pending, pendingRTT{call, x})
 }
 
-// take empties the queue.
-func (r *rttReporter) take() []steer.Sample {
+// take empties the queue: the samples per call, in the order of each
+// call's first.
+func (r *rttReporter) take() []steer.Call {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.pending
+	pending := r.pending
 	r.pending = nil
-	return out
+	r.mu.Unlock()
+	var calls []steer.Call
+	at := map[*rttPaths]int{}
+	for _, x := range pending {
+		i, ok := at[x.call]
+		if !ok {
+			i = len(calls)
+			at[x.call] = i
+			calls = append(calls, steer.Call{Key: x.call.key, Ticket: x.call.ticket, POPs: x.call.pops})
+		}
+		calls[i].RTTs = append(calls[i].RTTs, x.rtt)
+	}
+	return calls
 }
 
 // ReportRTT sends the measured round trips to a live cluster relay of
@@ -140,8 +173,8 @@ func (t *Transceiver) ReportRTT(ctx context.Context, pool *membership.Pool) {
 			return
 		case <-tick.C:
 		}
-		samples := t.rttOut.take()
-		if len(samples) == 0 {
+		calls := t.rttOut.take()
+		if len(calls) == 0 {
 			continue
 		}
 		var relays []string
@@ -150,8 +183,9 @@ func (t *Transceiver) ReportRTT(ctx context.Context, pool *membership.Pool) {
 				relays = append(relays, m.Name)
 			}
 		}
-		for len(samples) > 0 {
-			msg, n := steer.AppendMessage(nil, steer.SourcePod, samples)
+		r := t.rttOut
+		for len(calls) > 0 {
+			msg, n := steer.AppendReport(nil, t.cfg.Cluster, t.cfg.Pod, r.keyID, r.key, calls)
 			result := "unsent"
 			if len(relays) > 0 {
 				next++
@@ -159,8 +193,10 @@ func (t *Transceiver) ReportRTT(ctx context.Context, pool *membership.Pool) {
 					result = "sent"
 				}
 			}
-			t.rttOut.samples.WithLabelValues(result).Add(float64(n))
-			samples = samples[n:]
+			for _, c := range calls[:n] {
+				r.samples.WithLabelValues(result).Add(float64(len(c.RTTs)))
+			}
+			calls = calls[n:]
 		}
 	}
 }

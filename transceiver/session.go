@@ -157,6 +157,15 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	s.preferredPOP = req.POPs[0].ID
 	s.play = t.pacer.NewQueue(s)
 	s.rtt.key, _ = steer.ParseKey(req.Steer) // a bad key measures nothing
+	s.rtt.ticket, _ = steer.ParseTicket(req.SteerTicket)
+	if s.rtt.ticket == (steer.Ticket{}) && t.rttOut.key != nil {
+		// The relays would refuse the whole report this call's samples
+		// went in (a create that did not come through an authority's front).
+		s.rtt.key = steer.Key{}
+	}
+	for _, p := range req.POPs[:min(len(req.POPs), steer.MaxTicketPOPs)] {
+		s.rtt.pops = append(s.rtt.pops, p.ID)
+	}
 	se := t.base
 	se.SetICECredentials(ufrag, pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))

@@ -48,6 +48,10 @@ type CreateRequest struct {
 	// Steer is the caller's steering key (steer.Key's text) under which
 	// the pod reports the round trips it measures; empty: none.
 	Steer string
+	// SteerTicket is the front's ticket for this call on this pod
+	// (sessionapi.HeaderSteerTicket), sent with the call's round trips;
+	// without one (no deployment authority) they are sent untagged.
+	SteerTicket string
 }
 
 // CreateResult is a created session.
@@ -108,7 +112,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 	if err != nil {
 		return nil, err
 	}
-	rttOut, err := newRTTReporter(cfg.Registerer)
+	rttOut, err := newRTTReporter(cfg.PodKeys, cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,8 @@
 //	   ├─ relay key     → Ed25519 key pair   (cluster-pool proof of a relay;
 //	   │                                        pods get the public key)
 //	   ├─ member key of a pod                 (cluster-pool proof of a pod)
+//	   │  └─ steering report key (HMAC)       (tags the pod's round-trip reports)
+//	   ├─ steering ticket key                 (the front's tickets; relays only)
 //	   └─ session API credential of a pod     (what the front presents)
 //
 // A pod is issued (Secrets.Pod) only its own keys, so it can mint routing
@@ -28,6 +30,7 @@ package authority
 import (
 	"crypto/ed25519"
 	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
@@ -38,6 +41,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/keyspec"
+	"github.com/rtcedge/rtcedge/internal/steer"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
 
@@ -56,6 +60,8 @@ const (
 	labelRelay   = "rtcedge relay member v1"
 	labelMember  = "rtcedge pod member v1"
 	labelAPI     = "rtcedge pod session api v1"
+	labelTicket  = "rtcedge steer ticket key v1"
+	labelReport  = "rtcedge steer report v1"
 )
 
 // derive is HKDF-SHA256 of secret with info label || cluster || pod.
@@ -202,6 +208,40 @@ func (s *Secrets) relayKey(cluster uint16, id uint8) ed25519.PrivateKey {
 // memberKey is pod's gossip proof key under key ID id.
 func (s *Secrets) memberKey(cluster uint16, id uint8, pod uint16) []byte {
 	return derive(s.by[cluster][id], labelMember, cluster, pod, 32)
+}
+
+// reportKey is the key a pod tags its round-trip reports with: an HMAC of
+// its member key, so the pod's keys file needs nothing new.
+func reportKey(member []byte) []byte {
+	h := hmac.New(sha256.New, member)
+	h.Write([]byte(labelReport))
+	return h.Sum(nil)
+}
+
+// SteerAuthority is a cluster relay's keys for its pods' round-trip
+// reports: it mints tickets for the creates its front passes on and
+// checks the reports (internal/steer, report.go). Pods hold neither the
+// ticket keys nor another pod's report key.
+func (s *Secrets) SteerAuthority(cluster uint16) (*steer.Authority, error) {
+	if !s.Has(cluster) {
+		return nil, fmt.Errorf("authority: no key for cluster %d", cluster)
+	}
+	tickets := map[uint8][]byte{}
+	for id, sec := range s.by[cluster] {
+		tickets[id] = derive(sec, labelTicket, cluster, 0, 32)
+	}
+	cache := newKeyCache(func(id uint8, pod uint16) []byte { return reportKey(s.memberKey(cluster, id, pod)) })
+	return &steer.Authority{
+		Cluster:   cluster,
+		TicketID:  s.current[cluster],
+		TicketKey: func(id uint8) []byte { return tickets[id] },
+		ReportKey: func(id uint8, pod uint16) []byte {
+			if s.by[cluster][id] == nil {
+				return nil
+			}
+			return cache.get(id, pod)
+		},
+	}, nil
 }
 
 // SessionAPICredential is the bearer credential the front presents to

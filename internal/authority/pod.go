@@ -99,6 +99,16 @@ func (k PodKeys) relayKeys() ([]idKey, error) {
 	return parseIDKeys("relay", k.Relay, ed25519.PublicKeySize)
 }
 
+// SteerReportKey is the key ID and key the pod tags its round-trip
+// reports with (internal/steer, report.go): its current member key's.
+func (k PodKeys) SteerReportKey() (uint8, []byte, error) {
+	keys, err := k.memberKeys()
+	if err != nil {
+		return 0, nil, err
+	}
+	return keys[0].id, reportKey(keys[0].key), nil
+}
+
 // Proof layouts: key ID, then for a pod the first podTagLen bytes of
 // HMAC-SHA256(member key, input), for a relay an Ed25519 signature.
 const podTagLen = 16

@@ -75,6 +75,11 @@ type CreateRequest struct {
 	Steer string `json:"steer,omitempty"`
 }
 
+// HeaderSteerTicket carries, from the cluster's front to the pod it
+// places a create on, the call's steering ticket (internal/steer,
+// report.go): the pod reports the call's round trips with it.
+const HeaderSteerTicket = "X-Rtcedge-Steer-Ticket"
+
 // CreateResponse is the JSON body of a 201 from POST SessionsPath.
 type CreateResponse struct {
 	ID      string `json:"id"`

@@ -2,7 +2,12 @@
 // and the POPs, and chooses POPs by them (docs/steering.md). A Table is
 // owned by one signaling replica; every replica fills its own from the
 // same samples (the pods' and the probes', fanned out over the global
-// gossip pool), so they choose alike.
+// gossip pool), so they choose alike. Every sample is attributed to a
+// Reporter, and a reporter holds at most one sample per (key, POP): one
+// compromised pod or probe key cannot make a POP measured alone, nor own
+// a median beside honest reporters. The pods' reports to their cluster
+// relay, and the tickets that bind them to the calls the pod was given,
+// are in report.go.
 package steer
 
 import (
@@ -16,9 +21,31 @@ import (
 	"time"
 )
 
-// Window is how many samples a Table keeps per (key, POP): the newest
-// ones, of which those younger than Config.MaxAge count.
+// Window is how many samples a Table keeps per (key, POP): the newest of
+// each of up to Window reporters, of which those younger than
+// Config.MaxAge count.
 const Window = 8
+
+// Reporter names who measured a sample: a pod, as the cluster relay that
+// checked its report stamped it (PodReporter), or a probe's API key
+// (ProbeReporter). The table keeps one sample per reporter and pair.
+type Reporter uint32
+
+// PodReporter is the reporter of pod of cluster (cluster ≥ 1).
+func PodReporter(cluster, pod uint16) Reporter { return Reporter(cluster)<<16 | Reporter(pod) }
+
+// ProbeReporter is the reporter of the probe API key key: a 16-bit hash
+// of it, in cluster 0 (no pod's).
+func ProbeReporter(key string) Reporter {
+	h := uint32(2166136261) // FNV-1a
+	for i := range len(key) {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return Reporter(h>>16 ^ h&0xffff)
+}
+
+// IsPod reports whether r is a pod's (its cluster is not 0).
+func (r Reporter) IsPod() bool { return r>>16 != 0 }
 
 // MaxRTT is the largest round trip a sample may carry (the 100 µs unit
 // in 16 bits).
@@ -30,7 +57,9 @@ const rttUnit = 100 * time.Microsecond
 // Config tunes a Table. The zero value of each field takes its default.
 type Config struct {
 	// MinSamples is how many fresh samples a POP needs before its median
-	// counts (default 3).
+	// counts (default 3). Each is a distinct reporter's: with 3 or more,
+	// one reporter cannot move the median outside the range the others
+	// measured.
 	MinSamples int `yaml:"min_samples"`
 	// MaxAge is how long a sample counts (default 10 min, at most 12 h).
 	MaxAge time.Duration `yaml:"max_age"`
@@ -91,14 +120,15 @@ func (c *Config) Validate() error {
 // maxCandidates bounds Config.Candidates (the per-offer work).
 const maxCandidates = 8
 
-// entry is one (key, POP) pair's samples: 60 bytes.
+// entry is one (key, POP) pair's samples, one per reporter: 76 bytes.
 type entry struct {
 	key  Key    // 20 bytes
 	pop  uint16 // 0: the slot is free
 	n    uint8  // samples held, ≤ Window
-	next uint8  // ring position of the next sample
+	_    uint8
 	rtt  [Window]uint16
 	at   [Window]uint16 // table seconds, mod 2^16, of each sample
+	from [Window]uint16 // the reporter's tag (Table.tag) of each sample
 	last uint32         // table seconds of the newest sample
 }
 
@@ -146,7 +176,7 @@ func (t *Table) Evicted() uint64 { return t.evicted.Load() }
 
 // SlotBytes is the memory of one slot; the table holds MaxEntries·8/7 of
 // them.
-const SlotBytes = 60
+const SlotBytes = 76
 
 func (t *Table) secs(now time.Time) uint32 {
 	d := now.Sub(t.epoch)
@@ -189,8 +219,18 @@ func (t *Table) find(k Key, pop uint16) int {
 	}
 }
 
-// Add records one sample. A sample out of range is refused.
-func (t *Table) Add(s Sample) error {
+// tag is the 16 bits of a reporter a slot keeps, hashed with the table's
+// seed: two reporters that share a tag (1 in 65,536, unpredictable to
+// either) count as one.
+func (t *Table) tag(r Reporter) uint16 {
+	hi, lo := bits.Mul64(uint64(r)^t.seed, 0x9e3779b97f4a7c15)
+	return uint16((hi ^ lo) >> 48)
+}
+
+// Add records one sample that from measured: it replaces from's earlier
+// sample of the pair, else takes a free place, else the stalest one. A
+// sample out of range is refused.
+func (t *Table) Add(s Sample, from Reporter) error {
 	if err := s.check(); err != nil {
 		return err
 	}
@@ -212,10 +252,27 @@ func (t *Table) Add(s Sample) error {
 		t.slots[i] = entry{key: s.Key, pop: s.POP}
 		t.used++
 	}
-	e := &t.slots[i]
-	e.rtt[e.next], e.at[e.next] = rtt, uint16(now)
-	e.next = (e.next + 1) % Window
-	e.n = min(e.n+1, Window)
+	e, tag := &t.slots[i], t.tag(from)
+	j := -1
+	for x := range int(e.n) {
+		if e.from[x] == tag {
+			j = x
+			break
+		}
+	}
+	if j < 0 && e.n < Window {
+		j = int(e.n)
+		e.n++
+	}
+	if j < 0 {
+		j = 0
+		for x := 1; x < Window; x++ {
+			if uint16(now)-e.at[x] > uint16(now)-e.at[j] {
+				j = x
+			}
+		}
+	}
+	e.rtt[j], e.at[j], e.from[j] = rtt, uint16(now), tag
 	e.last = now
 	return nil
 }

@@ -1,6 +1,7 @@
 package steer
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func newTable(t testing.TB, cfg Config) (*Table, *clock) {
 	t.Helper()
+	nextPod = 0
 	c := &clock{t: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)}
 	cfg.Now = c.now
 	tb, err := New(cfg)
@@ -25,12 +27,17 @@ func newTable(t testing.TB, cfg Config) (*Table, *clock) {
 
 func key(s string) Key { return KeyFor(netip.MustParseAddr(s), true, 48.86, 2.35) }
 
+// nextPod is the pod add takes the next sample from: the pods of a
+// cluster of Window take calls in turn, as a front's placement spreads
+// them.
+var nextPod uint16
+
+// add records samples, each from the next pod of the cluster.
 func add(t testing.TB, tb *Table, k Key, pop uint16, ms ...float64) {
 	t.Helper()
 	for _, v := range ms {
-		if err := tb.Add(Sample{Key: k, POP: pop, RTT: time.Duration(v * float64(time.Millisecond))}); err != nil {
-			t.Fatal(err)
-		}
+		addFrom(t, tb, PodReporter(1, 1+nextPod%Window), k, pop, v)
+		nextPod++
 	}
 }
 
@@ -239,30 +246,43 @@ func TestBounded(t *testing.T) {
 
 func TestSamplesMessage(t *testing.T) {
 	in := []Sample{{key("198.51.100.1"), 1, 21 * time.Millisecond}, {key("2001:db8::1"), 2, 160 * time.Millisecond}}
-	b, n := AppendMessage(nil, SourcePod, in)
+	pod := PodReporter(3, 7)
+	b, n := AppendMessage(nil, SourcePod, pod, in)
 	if n != 2 {
 		t.Fatalf("took %d", n)
 	}
-	src, out, err := ParseMessage(b)
-	if err != nil || src != SourcePod || len(out) != 2 || out[0] != in[0] || out[1] != in[1] {
-		t.Fatalf("round trip: %v %v %+v", src, err, out)
+	src, from, out, err := ParseMessage(b)
+	if err != nil || src != SourcePod || from != pod || len(out) != 2 || out[0] != in[0] || out[1] != in[1] {
+		t.Fatalf("round trip: %v %v %v %+v", src, from, err, out)
 	}
 	for i := range b {
-		if _, _, err := ParseMessage(b[:i]); err == nil {
+		if _, _, _, err := ParseMessage(b[:i]); err == nil {
 			t.Fatalf("truncated at %d accepted", i)
 		}
+	}
+	// A pod's samples carry a pod reporter, a probe's a probe's.
+	if b, _ := AppendMessage(nil, SourcePod, ProbeReporter("k"), in); !errors.Is(parseErr(b), errMessage) {
+		t.Fatal("pod samples with a probe's reporter accepted")
+	}
+	if b, _ := AppendMessage(nil, SourceProbe, pod, in); !errors.Is(parseErr(b), errMessage) {
+		t.Fatal("probe samples with a pod's reporter accepted")
 	}
 	many := make([]Sample, 300)
 	for i := range many {
 		many[i] = in[1]
 	}
-	b, n = AppendMessage(nil, SourceProbe, many)
+	b, n = AppendMessage(nil, SourceProbe, ProbeReporter("probe"), many)
 	if len(b) > MaxMessage || n == 0 || n == 300 {
 		t.Fatalf("%d bytes, %d samples", len(b), n)
 	}
-	if _, out, err := ParseMessage(b); err != nil || len(out) != n {
+	if _, _, out, err := ParseMessage(b); err != nil || len(out) != n {
 		t.Fatalf("full message: %v, %d", err, len(out))
 	}
+}
+
+func parseErr(b []byte) error {
+	_, _, _, err := ParseMessage(b)
+	return err
 }
 
 // BenchmarkChoose is the per-offer cost of consulting the table: four
@@ -292,8 +312,55 @@ func BenchmarkAdd(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		s.Key = KeyFor(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), 1}), false, 0, 0)
-		if err := tb.Add(s); err != nil {
+		if err := tb.Add(s, PodReporter(1, uint16(i))); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// addFrom records samples that one reporter sent.
+func addFrom(t testing.TB, tb *Table, from Reporter, k Key, pop uint16, ms ...float64) {
+	t.Helper()
+	for _, v := range ms {
+		if err := tb.Add(Sample{Key: k, POP: pop, RTT: time.Duration(v * float64(time.Millisecond))}, from); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOneReporterCannotOwnAPrefix: a compromised pod (one reporter)
+// floods a prefix with samples that make the far POP look near and the
+// near one far. Alone it makes nothing measured; beside three honest
+// pods each medians stays within what the honest ones measured, so the
+// near POP keeps the calls.
+func TestOneReporterCannotOwnAPrefix(t *testing.T) {
+	tb, _ := newTable(t, Config{ExploreEvery: -1})
+	k := key("198.51.100.1")
+	cands := []uint16{1, 2} // 1 is near: 20 ms; 2 is far: 160 ms
+	attacker := PodReporter(1, 99)
+	flood := func() {
+		for range 3 * Window {
+			addFrom(t, tb, attacker, k, 2, 1)
+			addFrom(t, tb, attacker, k, 1, 6000)
+		}
+	}
+	flood()
+	if c := tb.Choose(k, cands); c.Reason != ByDistance {
+		t.Fatalf("one reporter's flood alone: %+v, want distance (nothing measured)", c)
+	}
+	for pod := uint16(1); pod <= 3; pod++ {
+		addFrom(t, tb, PodReporter(2, pod), k, 1, 20)
+		addFrom(t, tb, PodReporter(2, pod), k, 2, 160)
+	}
+	flood()
+	c := tb.Choose(k, cands)
+	if c.Reason != ByMeasure || cands[c.First] != 1 {
+		t.Fatalf("three honest pods and a flood: %+v, want POP 1 measured first", c)
+	}
+	if st := tb.Lookup(k, 1); st.Median != 20*time.Millisecond || st.Fresh != 4 {
+		t.Errorf("near POP: %+v, want the honest 20 ms from 4 reporters", st)
+	}
+	if st := tb.Lookup(k, 2); st.Median != 160*time.Millisecond || st.Fresh != 4 {
+		t.Errorf("far POP: %+v, want the honest 160 ms from 4 reporters", st)
 	}
 }

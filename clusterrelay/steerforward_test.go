@@ -1,0 +1,131 @@
+package clusterrelay
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/membership"
+	"github.com/rtcedge/rtcedge/internal/node/nodetest"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/internal/steer"
+	"github.com/rtcedge/rtcedge/internal/testmetrics"
+)
+
+// TestSteerReportsOnlyForTheirPodsCalls: the front gives each create a
+// ticket for the pod it goes to, that caller's key and those POPs; the
+// forwarder passes a report on, stamped with its pod, only from an
+// admitted pod under its own key and for its own calls. A compromised pod
+// of the cluster (pod 8, holding its own issued keys) can report neither
+// for a network that was never placed on it, nor through a POP its call
+// was not offered, nor with pod 7's ticket, nor as pod 7; a pod gossip
+// has not admitted is refused even with valid keys.
+func TestSteerReportsOnlyForTheirPodsCalls(t *testing.T) {
+	sec := testAuthority(t, 3)
+	auth, err := sec.SteerAuthority(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+
+	// The front places a create with a steering key on pod 7.
+	tickets := make(chan string, 1)
+	pod7 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tickets <- r.Header.Get(sessionapi.HeaderSteerTicket)
+		id, _ := sessionid.New(3, 7)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"` + id.String() + `","answer":"v=0","cluster":3,"pod":7}`))
+	}))
+	defer pod7.Close()
+	dir := NewDirectory()
+	dir.SetPods([]PodInfo{{ID: 7, API: pod7.URL, Capacity: 10}, {ID: 8, Capacity: 10, Draining: true}})
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	front := httptest.NewServer(NewFront(FrontConfig{Cluster: 3, Pods: dir, HTTPClient: client, Logger: quiet, Steer: auth, Now: clock}).Handler())
+	defer front.Close()
+	k, err := steer.ParseKey("198.51.100.0/24@48,2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := client.Post(front.URL+sessionapi.SessionsPath, "application/json",
+		strings.NewReader(`{"offer":"v=0","pops":[{"id":1,"vip":"127.0.0.1:1"},{"id":2,"vip":"127.0.0.1:2"}],"steer":"`+k.String()+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	ticket, err := steer.ParseTicket(<-tickets)
+	if err != nil {
+		t.Fatalf("pod 7's create: %v", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	from := nodetest.Member(t, "cr", false, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3}, "")
+	to := nodetest.Member(t, "cr-global", true, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3}, "")
+	f, err := NewSteerForwarder(from, to, SteerForwarderConfig{Cluster: 3, Authority: auth, Now: clock,
+		Admitted: func(pod uint16) bool { _, ok := dir.PodAddr(pod); return ok }}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(pod, signer uint16, c steer.Call) []byte {
+		keys, err := sec.Pod(3, signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, key, err := keys.SteerReportKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := steer.AppendReport(nil, 3, pod, id, key, []steer.Call{c})
+		return b
+	}
+	honest := steer.Call{Key: k, Ticket: ticket, POPs: []uint16{1, 2}, RTTs: []steer.RTT{{POP: 1, RTT: 20 * time.Millisecond}, {POP: 2, RTT: 160 * time.Millisecond}}}
+
+	f.receive(report(7, 7, honest))
+	select {
+	case msg := <-f.queue:
+		src, who, samples, err := steer.ParseMessage(msg)
+		if err != nil || src != steer.SourcePod || who != steer.PodReporter(3, 7) || len(samples) != 2 || samples[1].RTT != 160*time.Millisecond {
+			t.Fatalf("forwarded %v %v %+v %v, want pod 3/7's 2 samples", src, who, samples, err)
+		}
+	default:
+		t.Fatal("pod 7's report was not forwarded")
+	}
+
+	otherNet := honest
+	otherNet.Key, _ = steer.ParseKey("203.0.113.0/24@40,-74")
+	farPOP := honest
+	farPOP.RTTs = []steer.RTT{{POP: 9, RTT: time.Millisecond}}
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"pod 7, a network never placed on it", report(7, 7, otherNet)},
+		{"pod 7, through a POP its call was not offered", report(7, 7, farPOP)},
+		{"pod 8 with pod 7's ticket", report(8, 8, honest)},
+		{"pod 8 as pod 7", report(7, 8, honest)},
+		{"pod 9, not admitted, its own keys", report(9, 9, honest)},
+	} {
+		f.receive(tc.msg)
+		if len(f.queue) != 0 {
+			t.Errorf("%s: forwarded", tc.name)
+			<-f.queue
+		}
+	}
+	now = now.Add(steer.TicketMaxAge + time.Second)
+	f.receive(report(7, 7, honest))
+	if len(f.queue) != 0 {
+		t.Error("a report with a ticket older than TicketMaxAge: forwarded")
+	}
+	f.receive([]byte("S garbage"))
+	m := testmetrics.Take(t, reg)
+	if r, i := m["rtcedge_clusterrelay_rtt_messages_total,result=refused"], m["rtcedge_clusterrelay_rtt_messages_total,result=invalid"]; r != 6 || i != 1 {
+		t.Errorf("refused %v, invalid %v; want 6 and 1", r, i)
+	}
+}
