@@ -110,6 +110,9 @@ type Fleet struct {
 	// Underruns counts frames a client had none queued for when it was
 	// due (the filler fell behind): sent late, not lost.
 	Underruns atomic.Int64
+	// failed counts the calls whose connection failed (ICE: the pod stopped
+	// answering) rather than closed.
+	failed atomic.Int64
 	// decrypting counts the clients whose replies reached Pion (a track
 	// came up): the sampled ones only.
 	decrypting atomic.Int64
@@ -192,15 +195,15 @@ type client struct {
 	dead atomic.Bool
 }
 
-// Lost returns how many calls failed or closed after they were up.
-func (f *Fleet) Lost() int {
-	n := 0
+// Lost returns how many calls failed or closed after they were up, and
+// how many of them failed (the rest were closed).
+func (f *Fleet) Lost() (lost, failed int) {
 	for _, c := range f.snapshot() {
 		if c.dead.Load() {
-			n++
+			lost++
 		}
 	}
-	return n
+	return lost, int(f.failed.Load())
 }
 
 // Size returns the number of clients added so far.
@@ -266,7 +269,9 @@ func (f *Fleet) Add(ctx context.Context) error {
 				markReady()
 			}
 		case webrtc.PeerConnectionStateFailed, webrtc.PeerConnectionStateClosed:
-			c.dead.Store(true)
+			if !c.dead.Swap(true) && s == webrtc.PeerConnectionStateFailed {
+				f.failed.Add(1)
+			}
 			failOnce.Do(func() { close(failed) })
 		}
 	})

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,7 +42,8 @@ type RunConfig struct {
 	// Progress, when set, gets one line per event worth telling.
 	Progress io.Writer
 	// ProfileDir and ProfileStep, when both set, profile the pod (CPU over
-	// the measurement window, then heap and allocations) at the first step
+	// the measurement window, then heap and allocations) and the load
+	// generator (CPU over the window, generator.pprof) at the first step
 	// of at least ProfileStep sessions; the files land in ProfileDir.
 	ProfileDir  string
 	ProfileStep int
@@ -54,6 +58,12 @@ type RunConfig struct {
 	// Conversations["turns"].
 	Conversation Conversation
 }
+
+// The pod's session ends and refusals, by reason.
+const (
+	metricEnded    = "rtcedge_transceiver_sessions_ended_total"
+	metricRejected = "rtcedge_transceiver_sessions_rejected_total"
+)
 
 // Step is what one session count measured.
 type Step struct {
@@ -73,6 +83,9 @@ type Step struct {
 	Underruns int64 `json:"underruns"`
 	Skipped   int64 `json:"skipped_slots"`
 	Lost      int   `json:"lost_calls"`
+	// Ended is the pod's sessions ended and refused from the start of the
+	// step to the end of its window, by reason (its metrics).
+	Ended map[string]float64 `json:"pod_ended,omitempty"`
 	// With a Realtime backend: SeqLoss is the reply frames missed by the
 	// sequence numbers of those received (Loss); PacedLoss the frames
 	// received against what the pod's metrics say it paced out (noisier:
@@ -271,6 +284,10 @@ func takeSnapshot(ctx context.Context, pod *Pod, ref *RefServer) (snapshot, erro
 
 func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet *Fleet, n int, profile bool) (Step, error) {
 	st := Step{PodIdleCPU: -1}
+	m0, err := pod.Scrape(ctx)
+	if err != nil {
+		return st, err
+	}
 	fmt.Fprintf(cfg.Progress, "step %d: setting up %d calls\n", n, n-fleet.Size())
 	t0 := time.Now()
 	fails, err := grow(ctx, cfg, fleet, n)
@@ -298,8 +315,17 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 	if err != nil {
 		return st, err
 	}
+	var genProf *os.File
 	if profile {
 		if err := pod.StartProfile(); err != nil {
+			return st, err
+		}
+		// The load generator's own profile over the same window.
+		if genProf, err = os.Create(filepath.Join(cfg.ProfileDir, "generator.pprof")); err != nil {
+			return st, err
+		}
+		defer genProf.Close()
+		if err := pprof.StartCPUProfile(genProf); err != nil {
 			return st, err
 		}
 	}
@@ -311,14 +337,31 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 		return st, err
 	}
 	if profile {
+		pprof.StopCPUProfile()
 		if err := pod.StopProfile(ctx); err != nil {
 			return st, err
 		}
 		fmt.Fprintf(cfg.Progress, "step %d: pod profiles in %s\n", n, cfg.ProfileDir)
 	}
+	st.Ended = map[string]float64{}
+	for k, v := range b.metrics {
+		if strings.HasPrefix(k, metricEnded+"{") || strings.HasPrefix(k, metricRejected+"{") {
+			if d := v - m0[k]; d > 0 {
+				st.Ended[k] = d
+			}
+		}
+	}
+	if len(st.Ended) > 0 {
+		fmt.Fprintf(cfg.Progress, "step %d: the pod ended or refused calls since the step began: %v\n", n, st.Ended)
+	}
 	st.Underruns = fleet.Underruns.Load() - underruns
 	st.Skipped = fleet.Skipped.Load() - skipped
-	st.Lost = fleet.Lost()
+	var failed int
+	st.Lost, failed = fleet.Lost()
+	if st.Lost > 0 {
+		fmt.Fprintf(cfg.Progress, "step %d: %d calls lost so far (%d failed, the rest closed); the link dropped %d datagrams to full client queues or unknown clients\n",
+			n, st.Lost, failed, fleet.cfg.Link.Dropped.Load())
+	}
 	// Let the reader finish the datagrams already queued.
 	if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 		return st, err
