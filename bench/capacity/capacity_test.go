@@ -100,18 +100,27 @@ func fleetEchoes(t *testing.T, tune func(*transceiver.Config)) {
 			t.Fatalf("add client: %v", err)
 		}
 	}
+	// Replies count by arrival in the window, sends by departure: keep
+	// the window open until the audio has stopped and every echo is in.
+	w := fleet.OpenWindow(time.Hour)
 	fleet.SetAudio(true)
-	w := fleet.OpenWindow(500 * time.Millisecond)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for w.sent.Load() < 30 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d packets sent in 10 s", w.sent.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fleet.SetAudio(false)
 	for {
 		sent, recv, _ := w.Loss()
+		if recv >= sent {
+			break
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("echo: %d of %d packets back", recv, sent)
 		}
-		if sent >= 30 && recv >= sent {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 	p50, p99 := fleet.RTT()
 	t.Logf("3 clients: rtt p50 %v p99 %v", p50, p99)
@@ -159,12 +168,12 @@ func TestFleetCountsReplies(t *testing.T) {
 	fleet.SetAudio(true)
 	wait := func(w *Window, enough func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(10 * time.Second)
 		for !enough() {
 			if time.Now().After(deadline) {
 				sent, recv, _ := w.Loss()
 				exp, _ := w.SeqLoss()
-				t.Fatalf("after 5 s: %d sent, %d received, %d expected", sent, recv, exp)
+				t.Fatalf("after 10 s: %d sent, %d received, %d expected", sent, recv, exp)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
