@@ -72,7 +72,7 @@ func (c Conversation) ModelShare() float64 {
 // backend it returns the pod's config lines and the callers' audio
 // (TurnFrames); ref is the reference server's process when it started
 // one (stop it with Stop).
-func startBackend(ctx context.Context, bin, backend string, conv Conversation) (podConfig string, frames [][]byte, ref *RefServer, err error) {
+func startBackend(ctx context.Context, bin, backend string, conv Conversation, profileDir string) (podConfig string, frames [][]byte, ref *RefServer, err error) {
 	if backend == "" {
 		return "", nil, nil, nil
 	}
@@ -81,7 +81,7 @@ func startBackend(ctx context.Context, bin, backend string, conv Conversation) (
 	}
 	url := backend
 	if backend == "ref" {
-		if ref, err = StartRefServer(ctx, bin, conv); err != nil {
+		if ref, err = StartRefServer(ctx, bin, conv, profileDir); err != nil {
 			return "", nil, nil, err
 		}
 		url = ref.URL
@@ -92,20 +92,28 @@ func startBackend(ctx context.Context, bin, backend string, conv Conversation) (
 // RefServer is the reference Realtime server running as its own process
 // (`rtcedge realtime-ref`).
 type RefServer struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	URL  string // what the pod's backend_url names
+	cmd        *exec.Cmd
+	done       chan struct{}
+	profileDir string
+	URL        string // what the pod's backend_url names
 }
 
 // StartRefServer starts `bin realtime-ref` on a loopback port with the
-// replies capped for conv, and waits for the URL it prints.
-func StartRefServer(ctx context.Context, bin string, conv Conversation) (*RefServer, error) {
+// replies capped for conv, and waits for the URL it prints. With
+// profileDir set, StartProfile and StopProfile profile it there.
+func StartRefServer(ctx context.Context, bin string, conv Conversation, profileDir string) (*RefServer, error) {
 	args := []string{"realtime-ref", "-addr", "127.0.0.1:0", "-record-ms", "1000", "-log-level", "warn"}
 	if conv.ReplyMs > 0 {
 		args = append(args, "-max-reply-ms", strconv.Itoa(conv.ReplyMs))
 	}
-	r := &RefServer{cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	r := &RefServer{cmd: exec.Command(bin, args...), done: make(chan struct{}), profileDir: profileDir}
 	r.cmd.Stderr = os.Stderr
+	if profileDir != "" {
+		if err := os.MkdirAll(profileDir, 0o755); err != nil {
+			return nil, err
+		}
+		r.cmd.Env = append(os.Environ(), "RTCEDGE_PROFILE_DIR="+profileDir)
+	}
 	out, err := r.cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -145,6 +153,19 @@ func StartRefServer(ctx context.Context, bin string, conv Conversation) (*RefSer
 
 // Stat reads the reference server's /proc entries.
 func (r *RefServer) Stat() (ProcStat, error) { return readProcStat(r.cmd.Process.Pid) }
+
+// StartProfile starts a CPU profile of the server (SIGUSR1).
+func (r *RefServer) StartProfile() error {
+	if r.profileDir == "" {
+		return errors.New("capacity: realtime-ref started without a profile directory")
+	}
+	return r.cmd.Process.Signal(syscall.SIGUSR1)
+}
+
+// StopProfile stops it and waits for the server's profiles.
+func (r *RefServer) StopProfile(ctx context.Context) error {
+	return stopProfile(ctx, r.cmd.Process, r.profileDir)
+}
 
 // Stop ends the reference server (SIGTERM, then SIGKILL after 5 s).
 func (r *RefServer) Stop() {

@@ -42,8 +42,9 @@ type RunConfig struct {
 	// Progress, when set, gets one line per event worth telling.
 	Progress io.Writer
 	// ProfileDir and ProfileStep, when both set, profile the pod (CPU over
-	// the measurement window, then heap and allocations) and the load
-	// generator (CPU over the window, generator.pprof) at the first step
+	// the measurement window, then heap and allocations), the reference
+	// server (the same, in ProfileDir/ref) and the load generator (CPU
+	// over the window, generator.pprof) at the first step
 	// of at least ProfileStep sessions; the files land in ProfileDir.
 	ProfileDir  string
 	ProfileStep int
@@ -153,7 +154,11 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if cfg.Conversation == (Conversation{}) {
 		cfg.Conversation = Conversations["turns"]
 	}
-	backendCfg, frames, ref, err := startBackend(ctx, cfg.Bin, cfg.Backend, cfg.Conversation)
+	refProfile := ""
+	if profile != "" {
+		refProfile = filepath.Join(profile, "ref")
+	}
+	backendCfg, frames, ref, err := startBackend(ctx, cfg.Bin, cfg.Backend, cfg.Conversation, refProfile)
 	if err != nil {
 		return nil, err
 	}
@@ -320,6 +325,11 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 		if err := pod.StartProfile(); err != nil {
 			return st, err
 		}
+		if ref != nil {
+			if err := ref.StartProfile(); err != nil {
+				return st, err
+			}
+		}
 		// The load generator's own profile over the same window.
 		if genProf, err = os.Create(filepath.Join(cfg.ProfileDir, "generator.pprof")); err != nil {
 			return st, err
@@ -340,6 +350,11 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 		pprof.StopCPUProfile()
 		if err := pod.StopProfile(ctx); err != nil {
 			return st, err
+		}
+		if ref != nil {
+			if err := ref.StopProfile(ctx); err != nil {
+				return st, err
+			}
 		}
 		fmt.Fprintf(cfg.Progress, "step %d: pod profiles in %s\n", n, cfg.ProfileDir)
 	}
