@@ -72,7 +72,9 @@ soak:
 
 # Transceiver capacity (docs/benchmarks.md): the pod as its own process under
 # a stepped load of 50 pps voice sessions; a few minutes, prints a table.
-# CAPACITY_FLAGS adds flags, e.g. -steps 300 -profile bin/capacity-prof.
+# CAPACITY_FLAGS adds flags, e.g. -steps 300 -profile bin/capacity-prof;
+# -backend ref runs the reference Realtime server as a third process, and the
+# table shows the CPU of the pod, the load generator and the server apart.
 bench-capacity: build
 	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN) -json bin/bench-capacity.json $(CAPACITY_FLAGS)
 

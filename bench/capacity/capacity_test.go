@@ -100,19 +100,100 @@ func fleetEchoes(t *testing.T, tune func(*transceiver.Config)) {
 			t.Fatalf("add client: %v", err)
 		}
 	}
+	// Replies count by arrival in the window, sends by departure: keep
+	// the window open until the audio has stopped and every echo is in.
+	w := fleet.OpenWindow(time.Hour)
 	fleet.SetAudio(true)
-	w := fleet.OpenWindow(500 * time.Millisecond)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for w.sent.Load() < 30 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d packets sent in 10 s", w.sent.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fleet.SetAudio(false)
 	for {
 		sent, recv, _ := w.Loss()
+		if recv >= sent {
+			break
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("echo: %d of %d packets back", recv, sent)
 		}
-		if sent >= 30 && recv >= sent {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 	p50, p99 := fleet.RTT()
 	t.Logf("3 clients: rtt p50 %v p99 %v", p50, p99)
+}
+
+// TestFleetCountsReplies checks the load generator's replay and counting:
+// the audio Pion made ahead (Prepare) is sent from the queues at real
+// time, the echo is counted from its ciphertext, and only the sampled
+// client's replies reach Pion to be decrypted. A tap that drops every
+// fifth reply must show as 20 % loss by sequence numbers.
+func TestFleetCountsReplies(t *testing.T) {
+	conn, api := startPod(t, nil)
+	link, err := NewLink(LinkConfig{Pod: conn.LocalAddr().(*net.UDPAddr).AddrPort(), Cluster: 1, PodID: 1, POP: 1, HopKeys: testHop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	fleet, err := NewFleet(FleetConfig{Link: link, API: api, POP: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const clients = 4
+	for range clients {
+		if err := fleet.Add(ctx); err != nil {
+			t.Fatalf("add client: %v", err)
+		}
+	}
+	fleet.Prepare(time.Second)
+	if q := fleet.Queued(); q != clients*51 {
+		t.Fatalf("%d packets queued after Prepare(1s), want %d", q, clients*51)
+	}
+	// The last client loses every fifth reply before it is counted.
+	last := fleet.snapshot()[clients-1]
+	count := *last.conn.tap.Load()
+	n := 0
+	last.conn.setTap(func(b []byte) bool {
+		if n++; n%5 == 0 {
+			return false
+		}
+		return count(b)
+	})
+	fleet.SetAudio(true)
+	wait := func(w *Window, enough func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !enough() {
+			if time.Now().After(deadline) {
+				sent, recv, _ := w.Loss()
+				exp, _ := w.SeqLoss()
+				t.Fatalf("after 10 s: %d sent, %d received, %d expected", sent, recv, exp)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	w := fleet.OpenWindow(time.Second)
+	wait(w, func() bool {
+		exp, _ := w.SeqLoss()
+		return time.Now().After(fleet.start.Add(time.Duration(w.to))) && exp > 150
+	})
+	exp, seqLoss := w.SeqLoss()
+	sent, recv, loss := w.Loss()
+	t.Logf("%d sent, %d received, %d expected: loss %.1f %%, by sequence numbers %.1f %%", sent, recv, exp, 100*loss, 100*seqLoss)
+	// One client of four loses a fifth: 5 %.
+	if seqLoss < 0.03 || seqLoss > 0.07 {
+		t.Errorf("loss by sequence numbers %.1f %%, want about 5 %%", 100*seqLoss)
+	}
+	if d := fleet.decrypting.Load(); d != 1 {
+		t.Errorf("%d clients' replies reached Pion, want 1 (the sampled one)", d)
+	}
+	if u := fleet.Underruns.Load(); u != 0 {
+		t.Errorf("%d underruns with a second queued", u)
+	}
 }

@@ -8,11 +8,15 @@
 // own made-up address; all of them share one real UDP socket that sends
 // encapsulated datagrams (WIRE.md section 2) straight to the pod socket and
 // demultiplexes the replies by the client address in their header. There is
-// no relay hop and one system call per datagram each way.
+// no relay hop. Pion sets the calls up and keeps their ICE running, but the
+// audio is made ahead and replayed, a sendmmsg per 1 ms slot, and the
+// replies are read a recvmmsg at a time and counted from their ciphertext
+// (Fleet).
 //
 // The stepped measurement (Run) drives a transceiver running in a process of
-// its own, so that its CPU time and memory can be read apart from the load
-// generator's; cmd/capacity is the command `make bench-capacity` runs.
+// its own, and the reference Realtime server in another, so that the CPU
+// time and memory of each can be read apart from the load generator's;
+// cmd/capacity is the command `make bench-capacity` runs.
 package capacity
 
 import (
@@ -26,6 +30,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
 // maxDatagram bounds one client datagram, as the pod does.
@@ -34,6 +39,10 @@ const maxDatagram = 1500
 // clientQueueLen bounds the datagrams waiting for one client's ICE mux; a
 // full queue drops (counted) rather than stalling the shared reader.
 const clientQueueLen = 256
+
+// linkBatch is how many datagrams one recvmmsg or sendmmsg of the link
+// moves.
+const linkBatch = 64
 
 // firstClientPort is the port of the first virtual client address. The
 // addresses are never bound: they exist only in encapsulation headers.
@@ -62,13 +71,22 @@ type Link struct {
 	addr netip.AddrPort // conn's local address: the ingress, and the POP VIP clients send to
 	vip  *net.UDPAddr
 
+	batch *udpio.BatchConn // the reader's recvmmsg and sendBatch's sendmmsg
+
 	mu      sync.Mutex
 	clients []*clientConn // index = port - firstClientPort; guarded by mu
 	closed  bool          // guarded by mu
+	// snap is clients as of the last NewConn, for the reader, which looks
+	// a client up per datagram without taking mu.
+	snap atomic.Pointer[[]*clientConn]
+
+	sendMu sync.Mutex // serializes sendBatch (one sendmmsg at a time)
 
 	// Counters, for reports.
 	Dropped atomic.Int64 // replies for unknown clients or to full queues
-	done    chan struct{}
+	// SendErrors counts replayed datagrams the kernel refused.
+	SendErrors atomic.Int64
+	done       chan struct{}
 
 	recOn     atomic.Bool // fast-path copy of recording
 	recMu     sync.Mutex
@@ -110,9 +128,7 @@ func (l *Link) record(pkt []byte, payloadOff int) bool {
 	if !l.recording {
 		return false
 	}
-	// RTP per RFC 7983 and RFC 5761: first byte 128..191, and a payload
-	// type outside the RTCP range 64..95.
-	if b := pkt[payloadOff:]; len(b) > 1 && b[0] >= 128 && b[0] <= 191 && (b[1]&0x7f < 64 || b[1]&0x7f > 95) {
+	if isRTP(pkt[payloadOff:]) {
 		l.recorded = append(l.recorded, append([]byte(nil), pkt...))
 	}
 	return true
@@ -135,7 +151,8 @@ func NewLink(cfg LinkConfig) (*Link, error) {
 	_ = conn.SetReadBuffer(4 << 20)
 	_ = conn.SetWriteBuffer(4 << 20)
 	addr := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	l := &Link{cfg: cfg, conn: conn, addr: addr, vip: net.UDPAddrFromAddrPort(addr), done: make(chan struct{})}
+	l := &Link{cfg: cfg, conn: conn, addr: addr, vip: net.UDPAddrFromAddrPort(addr), done: make(chan struct{}),
+		batch: udpio.NewBatchConn(conn, linkBatch)}
 	go l.readLoop()
 	return l, nil
 }
@@ -183,43 +200,94 @@ func (l *Link) NewConn() (net.PacketConn, error) {
 	}
 	c.hdrLen = n
 	l.clients = append(l.clients, c)
+	snap := l.clients
+	l.snap.Store(&snap)
 	return c, nil
 }
 
-// readLoop hands every reply from the pod to its client conn.
+// readLoop hands every reply from the pod to its client conn, a batch
+// per recvmmsg; the RTP of a client with a tap goes to the tap instead
+// (and on to the conn only when the tap says so).
 func (l *Link) readLoop() {
 	defer close(l.done)
-	for {
-		buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
-		n, _, err := l.conn.ReadFromUDPAddrPort(buf[:])
+	ms := make([]udpio.Msg, linkBatch)
+	for i := range ms {
+		ms[i].Buf = make([]byte, maxDatagram+encap.MaxLen+1)
+	}
+	_ = l.batch.ReadLoop(ms, func(n int) bool {
+		snap := l.snap.Load()
+		for i := range n {
+			l.deliver(ms[i].Buf[:ms[i].N], snap)
+		}
+		return true
+	})
+}
+
+// deliver takes one datagram from the pod: to the client's tap (RTP), or
+// copied to the client's queue for its ICE mux.
+func (l *Link) deliver(b []byte, snap *[]*clientConn) {
+	if len(b) > maxDatagram+encap.MaxLen {
+		l.Dropped.Add(1)
+		return
+	}
+	h, hl, err := encap.Decode(b)
+	if err != nil || !h.ToClient || snap == nil {
+		l.Dropped.Add(1)
+		return
+	}
+	i := int(h.Client.Port()) - firstClientPort
+	cs := *snap
+	if i < 0 || i >= len(cs) || cs[i].self != h.Client {
+		l.Dropped.Add(1)
+		return
+	}
+	c := cs[i]
+	if tap := c.tap.Load(); tap != nil {
+		if p := b[hl:]; isRTP(p) {
+			if !(*tap)(p) {
+				return
+			}
+		} else if isRTCP(p) {
+			return // the pod's reports: nothing here reads them
+		}
+	}
+	buf := bufPool.Get().(*[maxDatagram + encap.MaxLen]byte)
+	n := copy(buf[:], b)
+	select {
+	case c.in <- datagram{buf: buf, off: hl, n: n}:
+	default:
+		bufPool.Put(buf)
+		l.Dropped.Add(1)
+	}
+}
+
+// isRTP and isRTCP tell media from the rest (RFC 7983: first byte
+// 128..191; RFC 5761: RTCP packet types 192..223 in the second byte,
+// payload types 64..95 are never RTP).
+func isRTP(b []byte) bool {
+	return len(b) >= 12 && b[0] >= 128 && b[0] <= 191 && (b[1]&0x7f < 64 || b[1]&0x7f > 95)
+}
+
+func isRTCP(b []byte) bool {
+	return len(b) >= 8 && b[0] >= 128 && b[0] <= 191 && b[1] >= 192 && b[1] <= 223
+}
+
+// sendBatch sends ms (datagrams the clients' queues hold, each already
+// sealed for the pod) with as few sendmmsg calls as it takes; a datagram
+// the kernel refuses is counted in SendErrors and skipped.
+func (l *Link) sendBatch(ms []udpio.Msg) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	for len(ms) > 0 {
+		n, err := l.batch.WriteBatch(ms)
 		if err != nil {
-			bufPool.Put(buf)
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			l.SendErrors.Add(1)
+			n++
 		}
-		h, hl, err := encap.Decode(buf[:n])
-		if err != nil || !h.ToClient {
-			bufPool.Put(buf)
-			l.Dropped.Add(1)
-			continue
-		}
-		i := int(h.Client.Port()) - firstClientPort
-		l.mu.Lock()
-		var c *clientConn
-		if i >= 0 && i < len(l.clients) && l.clients[i].self == h.Client {
-			c = l.clients[i]
-		}
-		l.mu.Unlock()
-		if c == nil {
-			bufPool.Put(buf)
-			l.Dropped.Add(1)
-			continue
-		}
-		select {
-		case c.in <- datagram{buf: buf, off: hl, n: n}:
-		default:
-			bufPool.Put(buf)
-			l.Dropped.Add(1)
-		}
+		ms = ms[min(n, len(ms)):]
 	}
 }
 
@@ -242,6 +310,59 @@ type clientConn struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 	deadline  atomic.Pointer[time.Time]
+
+	// queue, when set, takes the client's RTP (sealed, ready for the pod)
+	// instead of the socket: a Fleet replays it at real time. tap, when
+	// set, takes the RTP the pod sends the client (see Tap).
+	queue atomic.Pointer[packetQueue]
+	tap   atomic.Pointer[Tap]
+}
+
+// Tap is given each RTP datagram (still SRTP, ciphertext) the pod sends a
+// client, on the Link's reader goroutine, which must not be held up; it
+// must not keep b. It returns true to pass the datagram on to the
+// client's Pion stack too (to decrypt it), false to drop it there.
+type Tap func(b []byte) (pass bool)
+
+// setTap makes t see the client's RTP from the pod; see Tap.
+func (c *clientConn) setTap(t Tap) { c.tap.Store(&t) }
+
+// packetQueue holds a client's RTP datagrams, sealed and ready to send,
+// in the order Pion made them (their SRTP indexes rise): made ahead of
+// time by the Fleet's filler, sent at real time by its sender.
+type packetQueue struct {
+	mu   sync.Mutex
+	pkts [][]byte // guarded by mu; pkts[head:] wait
+	head int      // guarded by mu
+}
+
+func (q *packetQueue) push(b []byte) {
+	q.mu.Lock()
+	if q.head > 0 && q.head == len(q.pkts) {
+		clear(q.pkts)
+		q.pkts, q.head = q.pkts[:0], 0
+	}
+	q.pkts = append(q.pkts, b)
+	q.mu.Unlock()
+}
+
+// pop returns the oldest datagram, or nil when none waits.
+func (q *packetQueue) pop() []byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == len(q.pkts) {
+		return nil
+	}
+	b := q.pkts[q.head]
+	q.pkts[q.head] = nil
+	q.head++
+	return b
+}
+
+func (q *packetQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pkts) - q.head
 }
 
 // ReadFromAddrPort implements ice's allocation-free reader interface.
@@ -294,6 +415,10 @@ func (c *clientConn) WriteToAddrPort(b []byte, _ netip.AddrPort) (int, error) {
 	copy(buf[c.hdrLen:], b)
 	c.link.cfg.HopKeys.Seal(buf[:c.hdrLen+len(b)], c.hdrLen)
 	if c.link.record(buf[:c.hdrLen+len(b)], c.hdrLen) {
+		return len(b), nil
+	}
+	if q := c.queue.Load(); q != nil && isRTP(b) {
+		q.push(append([]byte(nil), buf[:c.hdrLen+len(b)]...))
 		return len(b), nil
 	}
 	if _, err := c.link.conn.WriteToUDPAddrPort(buf[:c.hdrLen+len(b)], c.link.cfg.Pod); err != nil {

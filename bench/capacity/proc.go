@@ -198,9 +198,16 @@ func (p *Pod) StartProfile() error {
 // StopProfile stops the CPU profile and has the pod write its heap and
 // allocation profiles; it waits until they are written.
 func (p *Pod) StopProfile(ctx context.Context) error {
-	last := filepath.Join(p.profileDir, "allocs.pprof")
+	return stopProfile(ctx, p.cmd.Process, p.profileDir)
+}
+
+// stopProfile sends SIGUSR2 to a process started with RTCEDGE_PROFILE_DIR
+// set to dir (cmd/rtcedge/profile.go) and waits until it has written its
+// last profile there.
+func stopProfile(ctx context.Context, proc *os.Process, dir string) error {
+	last := filepath.Join(dir, "allocs.pprof")
 	_ = os.Remove(last)
-	if err := p.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+	if err := proc.Signal(syscall.SIGUSR2); err != nil {
 		return err
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -213,7 +220,7 @@ func (p *Pod) StopProfile(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pod profiles not written: %w", ctx.Err())
+			return fmt.Errorf("profiles not written in %s: %w", dir, ctx.Err())
 		case <-tick.C:
 		}
 	}

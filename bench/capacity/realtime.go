@@ -1,13 +1,18 @@
 package capacity
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"io"
-	"log/slog"
-	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
-	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
 	"github.com/rtcedge/rtcedge/internal/audiotest"
 	"github.com/rtcedge/rtcedge/internal/opus"
 )
@@ -15,8 +20,11 @@ import (
 // Metrics of a transcoding run (the pod's rtcedge_realtime_* series).
 const (
 	metricToBackend = `rtcedge_realtime_audio_seconds_total{direction="to_backend"}`
-	metricToCaller  = `rtcedge_realtime_audio_seconds_total{direction="to_caller"}`
-	metricRTDropped = "rtcedge_realtime_dropped_total"
+	// What the pod paced out to the callers and dropped (barge-in, full
+	// queue) of the backends' replies.
+	metricReplySent    = `rtcedge_reply_audio_seconds_total{state="sent"}`
+	metricReplyDropped = `rtcedge_reply_audio_seconds_total{state="dropped"}`
+	metricRTDropped    = "rtcedge_realtime_dropped_total"
 )
 
 // Conversation is the shape of every transcoding call's audio: the caller
@@ -57,36 +65,117 @@ func (c Conversation) ModelShare() float64 {
 }
 
 // startBackend prepares RunConfig.Backend: "" is the pod's echo; "ref" a
-// reference Realtime server in this process on a loopback port (replies
-// sent as fast as they go, capped at conv.ReplyMs, 1 s of each session's
-// input recorded); anything else a Realtime server's URL. For a Realtime
+// reference Realtime server (`bin realtime-ref`, its own process, so that
+// its CPU time is read apart from the load generator's and the pod's) on
+// a loopback port, replies capped at conv.ReplyMs, 1 s of each session's
+// input recorded; anything else a Realtime server's URL. For a Realtime
 // backend it returns the pod's config lines and the callers' audio
-// (TurnFrames); stop ends what it started.
-func startBackend(ctx context.Context, backend string, conv Conversation) (podConfig string, frames [][]byte, stop func(), err error) {
-	stop = func() {}
+// (TurnFrames); ref is the reference server's process when it started
+// one (stop it with Stop).
+func startBackend(ctx context.Context, bin, backend string, conv Conversation, profileDir string) (podConfig string, frames [][]byte, ref *RefServer, err error) {
 	if backend == "" {
-		return "", nil, stop, nil
+		return "", nil, nil, nil
 	}
 	if frames, err = TurnFrames(conv); err != nil {
-		return "", nil, stop, err
+		return "", nil, nil, err
 	}
 	url := backend
 	if backend == "ref" {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", nil, stop, err
+		if ref, err = StartRefServer(ctx, bin, conv, profileDir); err != nil {
+			return "", nil, nil, err
 		}
-		srv, err := refserver.New(refserver.Config{RecordMs: 1000, MaxReplyMs: conv.ReplyMs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, ln)
-		if err != nil {
-			ln.Close()
-			return "", nil, stop, err
-		}
-		done := make(chan struct{})
-		go func() { defer close(done); _ = srv.Run(ctx) }()
-		stop = func() { _ = srv.Close(); <-done }
-		url = srv.URL() + "?model=capacity"
+		url = ref.URL
 	}
-	return "backend_url: " + url + "\n", frames, stop, nil
+	return "backend_url: " + url + "\n", frames, ref, nil
+}
+
+// RefServer is the reference Realtime server running as its own process
+// (`rtcedge realtime-ref`).
+type RefServer struct {
+	cmd        *exec.Cmd
+	done       chan struct{}
+	profileDir string
+	URL        string // what the pod's backend_url names
+}
+
+// StartRefServer starts `bin realtime-ref` on a loopback port with the
+// replies capped for conv, and waits for the URL it prints. With
+// profileDir set, StartProfile and StopProfile profile it there.
+func StartRefServer(ctx context.Context, bin string, conv Conversation, profileDir string) (*RefServer, error) {
+	args := []string{"realtime-ref", "-addr", "127.0.0.1:0", "-record-ms", "1000", "-log-level", "warn"}
+	if conv.ReplyMs > 0 {
+		args = append(args, "-max-reply-ms", strconv.Itoa(conv.ReplyMs))
+	}
+	r := &RefServer{cmd: exec.Command(bin, args...), done: make(chan struct{}), profileDir: profileDir}
+	r.cmd.Stderr = os.Stderr
+	if profileDir != "" {
+		if err := os.MkdirAll(profileDir, 0o755); err != nil {
+			return nil, err
+		}
+		r.cmd.Env = append(os.Environ(), "RTCEDGE_PROFILE_DIR="+profileDir)
+	}
+	out, err := r.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start realtime-ref: %w", err)
+	}
+	up := make(chan string, 1)
+	go func() {
+		defer close(r.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			// "Realtime reference server at ws://HOST:PORT/v1/realtime?model=ref (GA, 24000 Hz)"
+			if _, rest, ok := strings.Cut(sc.Text(), " server at "); ok {
+				u, _, _ := strings.Cut(rest, " ")
+				select {
+				case up <- u:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+		_ = r.cmd.Wait()
+	}()
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	select {
+	case r.URL = <-up:
+		return r, nil
+	case <-r.done:
+		return nil, errors.New("capacity: realtime-ref exited before it was up")
+	case <-ctx.Done():
+		r.Stop()
+		return nil, fmt.Errorf("realtime-ref not up: %w", ctx.Err())
+	}
+}
+
+// Stat reads the reference server's /proc entries.
+func (r *RefServer) Stat() (ProcStat, error) { return readProcStat(r.cmd.Process.Pid) }
+
+// StartProfile starts a CPU profile of the server (SIGUSR1).
+func (r *RefServer) StartProfile() error {
+	if r.profileDir == "" {
+		return errors.New("capacity: realtime-ref started without a profile directory")
+	}
+	return r.cmd.Process.Signal(syscall.SIGUSR1)
+}
+
+// StopProfile stops it and waits for the server's profiles.
+func (r *RefServer) StopProfile(ctx context.Context) error {
+	return stopProfile(ctx, r.cmd.Process, r.profileDir)
+}
+
+// Stop ends the reference server (SIGTERM, then SIGKILL after 5 s).
+func (r *RefServer) Stop() {
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
 }
 
 // TurnFrames is a caller's turn as 20 ms Opus frames at 48 kHz, encoded as

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,31 +42,58 @@ type RunConfig struct {
 	// Progress, when set, gets one line per event worth telling.
 	Progress io.Writer
 	// ProfileDir and ProfileStep, when both set, profile the pod (CPU over
-	// the measurement window, then heap and allocations) at the first step
+	// the measurement window, then heap and allocations), the reference
+	// server (the same, in ProfileDir/ref) and the load generator (CPU
+	// over the window, generator.pprof) at the first step
 	// of at least ProfileStep sessions; the files land in ProfileDir.
 	ProfileDir  string
 	ProfileStep int
 	// PodConfig is appended to the pod's YAML config (e.g. "dtls_role: server").
 	PodConfig string
 	// Backend makes the pod transcode both ways: "ref" runs the reference
-	// Realtime server in this process, a ws:// URL names another; the
-	// callers then send real Opus turns (TurnFrames). Empty: the echo.
+	// Realtime server (`Bin realtime-ref`, its own process), a ws:// URL
+	// names another; the callers then send real Opus turns (TurnFrames).
+	// Empty: the echo.
 	Backend string
 	// Conversation shapes a transcoding call's audio; zero:
 	// Conversations["turns"].
 	Conversation Conversation
 }
 
+// The pod's session ends and refusals, by reason.
+const (
+	metricEnded    = "rtcedge_transceiver_sessions_ended_total"
+	metricRejected = "rtcedge_transceiver_sessions_rejected_total"
+)
+
 // Step is what one session count measured.
 type Step struct {
-	Sessions      int           `json:"sessions"`
-	SetupFailures int           `json:"setup_failures"`
-	SetupSecs     float64       `json:"setup_seconds"` // time to add this step's sessions
-	Sent          int64         `json:"sent"`
-	Echoed        int64         `json:"echoed"`
-	Loss          float64       `json:"loss"` // ratio, 0..1
-	RTTP50        time.Duration `json:"rtt_p50_ns"`
-	RTTP99        time.Duration `json:"rtt_p99_ns"`
+	Sessions      int     `json:"sessions"`
+	SetupFailures int     `json:"setup_failures"`
+	SetupSecs     float64 `json:"setup_seconds"` // time to add this step's sessions
+	Sent          int64   `json:"sent"`
+	Echoed        int64   `json:"echoed"`
+	Loss          float64 `json:"loss"` // ratio, 0..1
+	// SentRatio is the callers' frames sent in the window over 50 a
+	// second per session: 1 when the load generator kept up.
+	SentRatio float64 `json:"sent_ratio"`
+	// Underruns are frames the load generator had not made in time
+	// (sent late) during the window; Skipped the 1 ms slots its sender
+	// skipped (a second behind); Lost the calls that failed after they
+	// were up, so far.
+	Underruns int64 `json:"underruns"`
+	Skipped   int64 `json:"skipped_slots"`
+	Lost      int   `json:"lost_calls"`
+	// Ended is the pod's sessions ended and refused from the start of the
+	// step to the end of its window, by reason (its metrics).
+	Ended map[string]float64 `json:"pod_ended,omitempty"`
+	// With a Realtime backend: SeqLoss is the reply frames missed by the
+	// sequence numbers of those received (Loss); PacedLoss the frames
+	// received against what the pod's metrics say it paced out (noisier:
+	// the scrapes and the window span slightly different times).
+	PacedLoss float64       `json:"paced_loss,omitempty"`
+	RTTP50    time.Duration `json:"rtt_p50_ns"`
+	RTTP99    time.Duration `json:"rtt_p99_ns"`
 
 	PodCPU     float64 `json:"pod_cpu"`        // share of one core, audio on
 	PodIdleCPU float64 `json:"pod_idle_cpu"`   // share of one core, audio off (-1: not measured)
@@ -79,12 +109,20 @@ type Step struct {
 	// connector's drops during the window.
 	ToBackend    float64 `json:"to_backend,omitempty"`
 	ToCaller     float64 `json:"to_caller,omitempty"`
+	ReplyDropped float64 `json:"reply_dropped,omitempty"` // s/s per session the pod dropped (barge-in, full queue)
 	BackendDrops float64 `json:"backend_drops,omitempty"`
 	Rcvbuf       int64   `json:"rcvbuf_errors"` // UDP receive-buffer overflows on the machine during the window
 
-	GenCPU  float64 `json:"gen_cpu"`  // load generator's share of one core
-	BoxBusy float64 `json:"box_busy"` // whole machine, cores busy (2.0 = both cores)
-	Load1   float64 `json:"load1"`    // /proc/loadavg at the end of the window
+	GenCPU float64 `json:"gen_cpu"` // load generator's share of one core over the window
+	// GenMakeCPU is the load generator's CPU per packet it had Pion make
+	// (encrypt) ahead of the window (Fleet.Prepare, the thread's CPU
+	// time), seconds per packet; × 50 is what encryption adds per session
+	// to GenCPU in steady state. PrepSecs is how long Prepare took.
+	GenMakeCPU float64 `json:"gen_make_cpu_seconds_per_packet"`
+	PrepSecs   float64 `json:"prepare_seconds"`
+	RefCPU     float64 `json:"ref_cpu"`  // reference server's share of one core (-backend ref)
+	BoxBusy    float64 `json:"box_busy"` // whole machine, cores busy (2.0 = both cores)
+	Load1      float64 `json:"load1"`    // /proc/loadavg at the end of the window
 }
 
 // Run starts a pod, holds each step's session count with 50 pps voice
@@ -116,11 +154,17 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if cfg.Conversation == (Conversation{}) {
 		cfg.Conversation = Conversations["turns"]
 	}
-	backendCfg, frames, stopBackend, err := startBackend(ctx, cfg.Backend, cfg.Conversation)
+	refProfile := ""
+	if profile != "" {
+		refProfile = filepath.Join(profile, "ref")
+	}
+	backendCfg, frames, ref, err := startBackend(ctx, cfg.Bin, cfg.Backend, cfg.Conversation, refProfile)
 	if err != nil {
 		return nil, err
 	}
-	defer stopBackend()
+	if ref != nil {
+		defer ref.Stop()
+	}
 	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100, PodOptions{ProfileDir: profile, Extra: backendCfg + cfg.PodConfig})
 	if err != nil {
 		return nil, err
@@ -145,7 +189,7 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	for _, n := range cfg.Steps {
 		prof := profile != "" && !profiled && n >= cfg.ProfileStep
 		profiled = profiled || prof
-		st, err := runStep(ctx, cfg, pod, fleet, n, prof)
+		st, err := runStep(ctx, cfg, pod, ref, fleet, n, prof)
 		if err != nil {
 			return steps, err
 		}
@@ -214,18 +258,24 @@ type snapshot struct {
 	at      time.Time
 	pod     ProcStat
 	gen     ProcStat
+	ref     ProcStat
 	box     MachineStat
 	metrics map[string]float64
 	rcvbuf  int64
 }
 
-func takeSnapshot(ctx context.Context, pod *Pod) (snapshot, error) {
+func takeSnapshot(ctx context.Context, pod *Pod, ref *RefServer) (snapshot, error) {
 	var s snapshot
 	var err error
 	s.at = time.Now()
 	s.rcvbuf = UDPRcvbufErrors()
 	if s.pod, err = pod.Stat(); err != nil {
 		return s, err
+	}
+	if ref != nil {
+		if s.ref, err = ref.Stat(); err != nil {
+			return s, err
+		}
 	}
 	if s.gen, err = SelfStat(); err != nil {
 		return s, err
@@ -237,8 +287,12 @@ func takeSnapshot(ctx context.Context, pod *Pod) (snapshot, error) {
 	return s, err
 }
 
-func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int, profile bool) (Step, error) {
+func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet *Fleet, n int, profile bool) (Step, error) {
 	st := Step{PodIdleCPU: -1}
+	m0, err := pod.Scrape(ctx)
+	if err != nil {
+		return st, err
+	}
 	fmt.Fprintf(cfg.Progress, "step %d: setting up %d calls\n", n, n-fleet.Size())
 	t0 := time.Now()
 	fails, err := grow(ctx, cfg, fleet, n)
@@ -252,55 +306,106 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, fleet *Fleet, n int, 
 		return st, err
 	}
 
+	// Have Pion encrypt the window's audio now (and a second or two
+	// more), so that none is made during it.
+	tp := time.Now()
+	made, makeCPU := fleet.Prepare(cfg.Window + 2*time.Second)
+	st.PrepSecs = time.Since(tp).Seconds()
+	if made > 0 {
+		st.GenMakeCPU = makeCPU.Seconds() / float64(made)
+	}
+	underruns, skipped := fleet.Underruns.Load(), fleet.Skipped.Load()
 	w := fleet.OpenWindow(cfg.Window)
-	a, err := takeSnapshot(ctx, pod)
+	a, err := takeSnapshot(ctx, pod, ref)
 	if err != nil {
 		return st, err
 	}
+	var genProf *os.File
 	if profile {
 		if err := pod.StartProfile(); err != nil {
+			return st, err
+		}
+		if ref != nil {
+			if err := ref.StartProfile(); err != nil {
+				return st, err
+			}
+		}
+		// The load generator's own profile over the same window.
+		if genProf, err = os.Create(filepath.Join(cfg.ProfileDir, "generator.pprof")); err != nil {
+			return st, err
+		}
+		defer genProf.Close()
+		if err := pprof.StartCPUProfile(genProf); err != nil {
 			return st, err
 		}
 	}
 	if err := sleepCtx(ctx, cfg.Window); err != nil {
 		return st, err
 	}
-	b, err := takeSnapshot(ctx, pod)
+	b, err := takeSnapshot(ctx, pod, ref)
 	if err != nil {
 		return st, err
 	}
 	if profile {
+		pprof.StopCPUProfile()
 		if err := pod.StopProfile(ctx); err != nil {
 			return st, err
 		}
+		if ref != nil {
+			if err := ref.StopProfile(ctx); err != nil {
+				return st, err
+			}
+		}
 		fmt.Fprintf(cfg.Progress, "step %d: pod profiles in %s\n", n, cfg.ProfileDir)
 	}
-	// Echoes of the window's last packets may still be on their way: give
-	// them the probe's one second.
-	if err := sleepCtx(ctx, time.Second); err != nil {
+	st.Ended = map[string]float64{}
+	for k, v := range b.metrics {
+		if strings.HasPrefix(k, metricEnded+"{") || strings.HasPrefix(k, metricRejected+"{") {
+			if d := v - m0[k]; d > 0 {
+				st.Ended[k] = d
+			}
+		}
+	}
+	if len(st.Ended) > 0 {
+		fmt.Fprintf(cfg.Progress, "step %d: the pod ended or refused calls since the step began: %v\n", n, st.Ended)
+	}
+	st.Underruns = fleet.Underruns.Load() - underruns
+	st.Skipped = fleet.Skipped.Load() - skipped
+	var failed int
+	st.Lost, failed = fleet.Lost()
+	if st.Lost > 0 {
+		fmt.Fprintf(cfg.Progress, "step %d: %d calls lost so far (%d failed, the rest closed); the link dropped %d datagrams to full client queues or unknown clients\n",
+			n, st.Lost, failed, fleet.cfg.Link.Dropped.Load())
+	}
+	// Let the reader finish the datagrams already queued.
+	if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
 		return st, err
 	}
 	st.Sent, st.Echoed, st.Loss = w.Loss()
+	st.SentRatio = float64(st.Sent) / (50 * cfg.Window.Seconds() * float64(max(1, st.Sessions)))
 	if cfg.Backend != "" {
 		// The reply is not an echo: loss is what the callers missed of
 		// the frames the pod paced out to them.
 		perSession := func(m string) float64 {
 			return (b.metrics[m] - a.metrics[m]) / b.at.Sub(a.at).Seconds() / float64(max(1, st.Sessions))
 		}
-		st.ToBackend, st.ToCaller = perSession(metricToBackend), perSession(metricToCaller)
+		st.ToBackend, st.ToCaller = perSession(metricToBackend), perSession(metricReplySent)
+		st.ReplyDropped = perSession(metricReplyDropped)
 		st.BackendDrops = b.metrics[metricRTDropped] - a.metrics[metricRTDropped]
 		// As rates: the window and the two scrapes span slightly
 		// different times.
 		if paced := st.ToCaller * float64(st.Sessions) * 50; paced > 0 {
-			st.Loss = math.Max(0, 1-float64(st.Echoed)/cfg.Window.Seconds()/paced)
+			st.PacedLoss = math.Max(0, 1-float64(st.Echoed)/cfg.Window.Seconds()/paced)
 		}
-		fmt.Fprintf(cfg.Progress, "step %d: per session %.3f s/s of audio to the server, %.3f s/s of reply to the caller; %.0f connector drops\n",
-			st.Sessions, st.ToBackend, st.ToCaller, st.BackendDrops)
+		_, st.Loss = w.SeqLoss()
+		fmt.Fprintf(cfg.Progress, "step %d: per session %.3f s/s of audio to the server, %.3f s/s of reply sent to the caller (%.3f dropped); %.0f connector drops; reply loss %.3f %% by sequence numbers, %.3f %% against the pod's count\n",
+			st.Sessions, st.ToBackend, st.ToCaller, st.ReplyDropped, st.BackendDrops, 100*st.Loss, 100*st.PacedLoss)
 	}
 	st.RTTP50, st.RTTP99 = fleet.RTT()
 	secs := b.at.Sub(a.at).Seconds()
 	st.PodCPU = (b.pod.CPU - a.pod.CPU).Seconds() / secs
 	st.GenCPU = (b.gen.CPU - a.gen.CPU).Seconds() / secs
+	st.RefCPU = (b.ref.CPU - a.ref.CPU).Seconds() / secs
 	if dt := b.box.Total - a.box.Total; dt > 0 {
 		// Total counts every core's time, so busy/total is a share of the
 		// machine; scale by the wall time to get cores.
@@ -350,16 +455,20 @@ func (s Step) line() string {
 	if s.PodIdleCPU >= 0 {
 		idle = fmt.Sprintf("%4.0f", 100*s.PodIdleCPU)
 	}
-	return fmt.Sprintf("%5d  %6.3f  %6.2f %7.2f  %5.0f %5s  %6.1f %6.1f  %7.0f %7.0f %5.0f %6d  %5.0f  %4.2f  %4.1f  %4d",
-		s.Sessions, 100*s.Loss, ms(s.RTTP50), ms(s.RTTP99), 100*s.PodCPU, idle,
+	return fmt.Sprintf("%5d  %6.3f %5.1f  %6.2f %7.2f  %5.0f %5s  %6.1f %6.1f  %7.0f %7.0f %5.0f %6d  %5.0f %4.0f %5d %4d  %4.2f  %4.1f  %4d",
+		s.Sessions, 100*s.Loss, 100*s.SentRatio, ms(s.RTTP50), ms(s.RTTP99), 100*s.PodCPU, idle,
 		float64(s.PodRSS)/(1<<20), float64(s.PodHeap)/(1<<20), s.PodPPSIn, s.PodPPSOut, s.PodDrops, s.Rcvbuf,
-		100*s.GenCPU, s.BoxBusy, s.Load1, s.SetupFailures)
+		100*s.GenCPU, 100*s.RefCPU, s.Underruns, s.Lost, s.BoxBusy, s.Load1, s.SetupFailures)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // tableHeader names the columns of Step.line.
-const tableHeader = "  ses  loss%  rtt50ms rtt99ms  pod%  idle%  rssMB heapMB   pps-in pps-out drops rcvbuf  gen%  box  load  fail"
+const tableHeader = "  ses  loss%  sent%  rtt50ms rtt99ms  pod%  idle%  rssMB heapMB   pps-in pps-out drops rcvbuf  gen%  ref% under lost  box  load  fail"
+
+// minSentRatio is the share of the callers' frames the load generator must
+// send in a window for its step to count as held at full rate.
+const minSentRatio = 0.98
 
 // Summary is the per-session cost fitted over the steps.
 type Summary struct {
@@ -374,6 +483,17 @@ type Summary struct {
 	Target          float64 `json:"target"`             // share of those cores the projection allows
 	MaxHeldSessions int     `json:"max_held_sessions"`  // the largest step held under MaxLoss on this machine
 	MaxLoss         float64 `json:"max_loss"`
+	// MaxFullRate is the largest step held under MaxLoss with the load
+	// generator sending at full rate (minSentRatio) and no setup failure.
+	MaxFullRate int `json:"max_full_rate_sessions"`
+	// The load generator's and the reference server's CPU per session
+	// (share of one core) at the largest step held at full rate (else the
+	// largest held), their CPU over its sessions; GenMake is what the
+	// encryption made ahead of the window adds per session (50 ×
+	// GenMakeCPU).
+	GenPerSession     float64 `json:"gen_cpu_per_session"`
+	GenMakePerSession float64 `json:"gen_make_cpu_per_session"`
+	RefPerSession     float64 `json:"ref_cpu_per_session"`
 	// The same from the pod's CPU against the datagrams it took in, over
 	// every held step whatever the machine's load: a starved load
 	// generator sends less, and the pod's cost per datagram stays
@@ -406,11 +526,17 @@ type Summary struct {
 func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary {
 	s := Summary{Cores: cores, Target: target, MaxLoss: maxLoss}
 	var xs, cpu, idle, rss, heap, pps, dcpu []float64
-	for _, st := range steps {
+	var costStep, fullStep *Step
+	for i, st := range steps {
 		if st.Loss > maxLoss {
 			continue
 		}
 		s.MaxHeldSessions = max(s.MaxHeldSessions, st.Sessions)
+		costStep = &steps[i]
+		if st.SentRatio >= minSentRatio && st.SetupFailures == 0 && st.Lost == 0 {
+			s.MaxFullRate = max(s.MaxFullRate, st.Sessions)
+			fullStep = &steps[i]
+		}
 		pps = append(pps, st.PodPPSIn)
 		dcpu = append(dcpu, st.PodCPU)
 		if st.BoxBusy > target*float64(cores) {
@@ -423,6 +549,14 @@ func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary
 		heap = append(heap, float64(st.PodHeap))
 	}
 	s.Steps = len(xs)
+	if fullStep != nil {
+		costStep = fullStep
+	}
+	if costStep != nil && costStep.Sessions > 0 {
+		n := float64(costStep.Sessions)
+		s.GenPerSession, s.RefPerSession = costStep.GenCPU/n, costStep.RefCPU/n
+		s.GenMakePerSession = 50 * costStep.GenMakeCPU
+	}
 	var bx, bidle, bpps, baudio []float64
 	for _, st := range steps {
 		if st.Loss <= maxLoss && st.PodIdleCPU >= 0 && st.PodPPSIn > 0 {
@@ -498,6 +632,12 @@ func Table(steps []Step, sum Summary) string {
 		fmt.Fprintf(&b, "against each step's audio-off baseline, over %d held steps whatever the load: %.3f %% of a core per session with the audio off, %.1f µs of pod CPU per datagram in above it; %.3f %% of a core per session at 50 pps; projected %d sessions on %d cores at %.0f %%\n",
 			sum.BaselineSteps, 100*sum.IdleCPUPerSession, 1e6*sum.AudioCPUPerDatagram, 100*sum.BaselinePerSession,
 			sum.ProjectedBaseline, sum.Cores, 100*sum.Target)
+	}
+	fmt.Fprintf(&b, "held with loss <= %.1f%%: up to %d sessions; at full rate (>= %.0f %% of the frames sent) with no setup failure: up to %d\n",
+		100*sum.MaxLoss, sum.MaxHeldSessions, 100*minSentRatio, sum.MaxFullRate)
+	if sum.GenPerSession != 0 || sum.RefPerSession != 0 {
+		fmt.Fprintf(&b, "per session beside the pod, at the largest step held (at full rate if any): load generator %.3f %% of a core in the window (+ %.3f %% encrypting ahead), reference server %.3f %%\n",
+			100*sum.GenPerSession, 100*sum.GenMakePerSession, 100*sum.RefPerSession)
 	}
 	if sum.Steps < 2 {
 		b.WriteString("too few steps under the loss limit and the busy limit to fit a cost per session\n")

@@ -69,3 +69,23 @@ func TestSummarizeBaseline(t *testing.T) {
 		t.Errorf("per session %v projected %d, want %v and 320", s.BaselinePerSession, s.ProjectedBaseline, want)
 	}
 }
+
+// TestSummarizeFullRate: a step counts as held at full rate only when the
+// load generator sent its frames, set every call up and lost none; the
+// generator's and the reference server's cost per session come from the
+// largest such step.
+func TestSummarizeFullRate(t *testing.T) {
+	steps := []Step{
+		{Sessions: 100, SentRatio: 1, GenCPU: 0.1, RefCPU: 0.2, GenMakeCPU: 2e-6, PodIdleCPU: -1},
+		{Sessions: 200, SentRatio: 0.99, GenCPU: 0.3, RefCPU: 0.5, GenMakeCPU: 2e-6, PodIdleCPU: -1},
+		{Sessions: 300, SentRatio: 0.6, GenCPU: 0.3, RefCPU: 0.5, PodIdleCPU: -1},
+		{Sessions: 400, SentRatio: 1, Lost: 3, PodIdleCPU: -1},
+	}
+	s := Summarize(steps, 0.005, 2, 0.8)
+	if s.MaxHeldSessions != 400 || s.MaxFullRate != 200 {
+		t.Errorf("held %d, at full rate %d; want 400 and 200", s.MaxHeldSessions, s.MaxFullRate)
+	}
+	if math.Abs(s.GenPerSession-0.0015) > 1e-12 || math.Abs(s.RefPerSession-0.0025) > 1e-12 || math.Abs(s.GenMakePerSession-1e-4) > 1e-12 {
+		t.Errorf("per session: generator %v (+%v), reference server %v; want 0.0015 (+1e-4), 0.0025", s.GenPerSession, s.GenMakePerSession, s.RefPerSession)
+	}
+}

@@ -47,7 +47,7 @@ func run() error {
 	profDir := flag.String("profile", "", "write the pod's CPU, heap and allocation profiles (pprof) into this directory")
 	profStep := flag.Int("profile-step", 300, "with -profile: profile the first step of at least this many sessions")
 	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'dtls_role: server'")
-	backend := flag.String("backend", "", "transcode both ways: ref (the reference Realtime server, in this process) or a ws:// Realtime URL; empty: the echo")
+	backend := flag.String("backend", "", "transcode both ways: ref (the reference Realtime server: rtcedge realtime-ref, its own process) or a ws:// Realtime URL; empty: the echo")
 	convName := flag.String("conversation", "turns", "with -backend, the calls' audio: turns (caller talks 40 % of the time, the model 40 %) or continuous (caller 50 %, model 90 %)")
 	flag.Parse()
 	conv, ok := capacity.Conversations[*convName]
