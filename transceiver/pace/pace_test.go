@@ -245,3 +245,58 @@ type nopOutput struct{}
 func (nopOutput) SendFrame([]byte, time.Duration) {}
 func (nopOutput) Started(string, time.Duration)   {}
 func (nopOutput) Stopped(string)                  {}
+
+// corkCounter is a Batcher that counts its depth; corkedOutput records
+// whether each frame was sent while corked.
+type corkCounter struct {
+	mu           sync.Mutex
+	depth, corks int
+	sentUncorked int
+	sentCorked   int
+}
+
+func (c *corkCounter) Cork() {
+	c.mu.Lock()
+	c.depth++
+	c.corks++
+	c.mu.Unlock()
+}
+
+func (c *corkCounter) Uncork() {
+	c.mu.Lock()
+	c.depth--
+	c.mu.Unlock()
+}
+
+type corkedOutput struct {
+	nopOutput
+	c *corkCounter
+}
+
+func (o corkedOutput) SendFrame([]byte, time.Duration) {
+	o.c.mu.Lock()
+	if o.c.depth > 0 {
+		o.c.sentCorked++
+	} else {
+		o.c.sentUncorked++
+	}
+	o.c.mu.Unlock()
+}
+
+// TestSlotIsCorked: the frames of every call due in one slot are sent
+// between one Cork and Uncork of Config.Batch (the pod socket then sends
+// them in one sendmmsg).
+func TestSlotIsCorked(t *testing.T) {
+	c := &corkCounter{}
+	s := New(Config{Shards: 1, Batch: c})
+	const calls = 10
+	for range calls {
+		q := s.NewQueue(corkedOutput{c: c})
+		_ = q.Push([]byte{1}, FrameDuration) // all on the next slot
+	}
+	s.shards[0].tick()
+	if c.sentCorked != calls || c.sentUncorked != 0 || c.corks != 1 || c.depth != 0 {
+		t.Errorf("%d frames sent corked, %d uncorked, %d corks, depth %d after the slot; want %d, 0, 1, 0",
+			c.sentCorked, c.sentUncorked, c.corks, c.depth, calls)
+	}
+}
