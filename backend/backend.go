@@ -95,6 +95,24 @@ type Player interface {
 	Clear(source string) (itemID string, played time.Duration, ok bool)
 }
 
+// FrameEncoder encodes one frame a backend wrote raw (RawWriter) into the
+// payload the caller is sent, appended to dst. The pod calls it when it
+// sends the frame, one frame at a time per session, in the order written,
+// possibly after the backend's handler was closed (it then fails).
+type FrameEncoder interface {
+	EncodeFrame(dst, frame []byte) ([]byte, error)
+}
+
+// RawWriter is implemented by the Sink a session gives its backend (the
+// pod's paced output): a backend that transcodes writes each frame of its
+// reply before encoding, with the encoder that makes it a frame for the
+// caller, and the pod encodes it only when it sends it. Audio a barge-in
+// clears (Player.Clear) is then never encoded, and the encoder's state
+// follows exactly what the caller's decoder was sent.
+type RawWriter interface {
+	WriteRaw(frame []byte, duration time.Duration, enc FrameEncoder) error
+}
+
 // Barge-in sources: what made the pod clear a reply (the source label of
 // rtcedge_bargeins_total).
 const (

@@ -566,6 +566,18 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 	return s.play.Push(payload, d)
 }
 
+// The session is the Sink every backend gets, with the pod's paced output.
+var (
+	_ backend.Player    = (*session)(nil)
+	_ backend.RawWriter = (*session)(nil)
+)
+
+// WriteRaw implements backend.RawWriter: the frame is queued and encoded
+// by enc when it is sent (play.go).
+func (s *session) WriteRaw(frame []byte, d time.Duration, enc backend.FrameEncoder) error {
+	return s.play.PushRaw(frame, d, enc)
+}
+
 // SendFrame implements pace.Output. One frame is one RTP packet; the
 // timestamp advances by the frame's duration on the 48 kHz clock, and an
 // empty frame only advances it. Send failures are the session ending.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,23 +58,24 @@ var (
 
 // call is one session's WebSocket: the media path (Audio) and the data
 // channel (Event) feed a bounded queue that one writer drains; one reader
-// hands server events to the caller and the reply audio, encoded to Opus
-// as it arrives, to the pod, which paces it (backend.Player); a pinger
-// watches for a stalled server.
+// hands server events to the caller and the reply audio to the pod in
+// 20 ms frames, which the pod paces (backend.Player) and encodes to Opus
+// as it sends them (backend.RawWriter); a pinger watches for a stalled
+// server.
 type call struct {
-	b    *Backend
-	out  backend.Sink
-	play backend.Player // out's, or nil: frames go out as they are encoded
-	conn *websocket.Conn
-	log  *slog.Logger
+	b      *Backend
+	out    backend.Sink
+	play   backend.Player    // out's, or nil: frames go out as they are encoded
+	rawOut backend.RawWriter // out's, or nil: the reader encodes each frame
+	conn   *websocket.Conn
+	log    *slog.Logger
+	enc    *replyEncoder // closed with the call
 
 	// The reply path: owned by the reader, under omu (a barge-in from the
 	// data channel resets it).
 	omu       sync.Mutex
-	enc       *opus.Encoder // closed with the call
-	opcm      []int16       // reply audio not yet a whole frame
-	frame     []int16       // one frame, padded
-	pkt       []byte
+	opcm      []byte // reply audio (PCM16LE) not yet a whole frame; cap: one frame
+	pkt       []byte // an encoded frame, without RawWriter
 	active    string // the response in progress (response.created to response.done)
 	cancelled string // the response cleared by a barge-in: its late deltas are dropped
 	curItem   string // the item the pod was last told of (BeginItem)
@@ -108,7 +110,6 @@ type call struct {
 	// Owned by the reader.
 	rbuf []byte
 	dbuf []byte
-	dpcm []int16
 
 	mu        sync.RWMutex // guards sends on queue against its close, and dec
 	closed    bool         // guarded by mu
@@ -128,7 +129,7 @@ type msg struct {
 
 func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
 	rate := b.cfg.Rate
-	c := &call{b: b, out: out, conn: conn, dec: dec, enc: enc,
+	c := &call{b: b, out: out, conn: conn, dec: dec, enc: newReplyEncoder(enc, b.m),
 		log:          b.log.With("session", info.ID),
 		pcm:          make([]int16, rate*120/1000), // the longest Opus packet
 		batchSamples: rate * appendMs / 1000,
@@ -140,10 +141,55 @@ func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *webso
 	c.bufSize = len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.play, _ = out.(backend.Player)
-	c.frame = make([]int16, enc.FrameSamples())
-	c.opcm = make([]int16, 0, 2*enc.FrameSamples())
-	c.pkt = make([]byte, opus.MaxPacket)
+	c.rawOut, _ = out.(backend.RawWriter)
+	c.opcm = make([]byte, 0, 2*enc.FrameSamples())
 	return c
+}
+
+// replyEncoder is a call's Opus encoder toward the caller, a
+// backend.FrameEncoder: the pod's pacer calls it as it sends each frame
+// (PCM16LE in), and the call closes it. mu orders the two.
+type replyEncoder struct {
+	m   *metrics
+	mu  sync.Mutex
+	enc *opus.Encoder // nil after close
+	pcm []int16       // one frame
+}
+
+func newReplyEncoder(enc *opus.Encoder, m *metrics) *replyEncoder {
+	return &replyEncoder{m: m, enc: enc, pcm: make([]int16, enc.FrameSamples())}
+}
+
+// EncodeFrame implements backend.FrameEncoder: one frame of PCM16LE at the
+// backend's rate to an Opus packet appended to dst. A failure is counted.
+func (e *replyEncoder) EncodeFrame(dst, frame []byte) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.enc == nil {
+		return dst, opus.ErrClosed
+	}
+	if len(frame) != 2*len(e.pcm) {
+		e.m.dropped[dropEncode].Inc()
+		return dst, opus.ErrBadArg
+	}
+	opus.DecodePCM16LE(frame, e.pcm)
+	n := len(dst)
+	dst = slices.Grow(dst, opus.MaxPacket)
+	size, err := e.enc.Encode(e.pcm, dst[n:n+opus.MaxPacket])
+	if err != nil {
+		e.m.dropped[dropEncode].Inc()
+		return dst[:n], err
+	}
+	return dst[:n+size], nil
+}
+
+func (e *replyEncoder) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.enc != nil {
+		e.enc.Close()
+		e.enc = nil
+	}
 }
 
 // sendSession sends the first session.update: the call's config shaped for
@@ -524,8 +570,9 @@ func ownError(data []byte) bool {
 	return json.Unmarshal(data, &ev) == nil && strings.HasPrefix(ev.Error.EventID, ownEventPrefix)
 }
 
-// audioDelta decodes a delta's base64 PCM16LE, encodes the whole frames it
-// completes and writes them to the pod, which paces them.
+// audioDelta decodes a delta's base64 PCM16LE and writes the whole frames
+// it completes to the pod, which paces them and encodes each as it sends
+// it (or encodes them first, without backend.RawWriter).
 func (c *call) audioDelta(responseID, itemID, delta []byte) {
 	need := base64.StdEncoding.DecodedLen(len(delta))
 	if cap(c.dbuf) < need {
@@ -536,10 +583,7 @@ func (c *call) audioDelta(responseID, itemID, delta []byte) {
 		c.b.m.dropped[dropBadDelta].Inc()
 		return
 	}
-	if cap(c.dpcm) < n/2 {
-		c.dpcm = make([]int16, n/2)
-	}
-	pcm := c.dpcm[:opus.DecodePCM16LE(c.dbuf[:n], c.dpcm[:n/2])]
+	pcm := c.dbuf[:n]
 	c.omu.Lock()
 	defer c.omu.Unlock()
 	if c.cancelled != "" && c.cancelled == string(responseID) { // no allocation: compared in place
@@ -550,13 +594,13 @@ func (c *call) audioDelta(responseID, itemID, delta []byte) {
 		c.curItem, c.curResp = string(itemID), string(responseID)
 		c.play.BeginItem(c.curResp, c.curItem)
 	}
-	fs := len(c.frame)
+	fs := cap(c.opcm)
 	for len(pcm) > 0 {
 		k := min(len(pcm), fs-len(c.opcm))
 		c.opcm = append(c.opcm, pcm[:k]...)
 		pcm = pcm[k:]
 		if len(c.opcm) == fs {
-			c.encodeLocked(c.opcm)
+			c.writeFrameLocked(c.opcm)
 			c.opcm = c.opcm[:0]
 		}
 	}
@@ -568,19 +612,26 @@ func (c *call) flushReplyLocked() {
 	if len(c.opcm) == 0 {
 		return
 	}
-	n := copy(c.frame, c.opcm)
-	clear(c.frame[n:])
+	n := len(c.opcm)
+	c.opcm = c.opcm[:cap(c.opcm)]
+	clear(c.opcm[n:])
+	c.writeFrameLocked(c.opcm)
 	c.opcm = c.opcm[:0]
-	c.encodeLocked(c.frame)
 }
 
-func (c *call) encodeLocked(pcm []int16) {
-	size, err := c.enc.Encode(pcm, c.pkt)
-	if err != nil {
-		c.b.m.dropped[dropEncode].Inc()
-		return
+// writeFrameLocked writes one frame of PCM16LE to the pod: raw, for the pod
+// to encode when it sends it, or encoded here. omu must be held.
+func (c *call) writeFrameLocked(frame []byte) {
+	var err error
+	if c.rawOut != nil {
+		err = c.rawOut.WriteRaw(frame, frameDur, c.enc)
+	} else {
+		if c.pkt, err = c.enc.EncodeFrame(c.pkt[:0], frame); err != nil {
+			return // counted
+		}
+		err = c.out.WriteAudio(c.pkt, frameDur)
 	}
-	if c.out.WriteAudio(c.pkt[:size], frameDur) != nil {
+	if err != nil {
 		c.b.m.dropped[dropSink].Inc()
 		return
 	}
@@ -705,9 +756,8 @@ func (c *call) Close() error {
 		c.cancel()
 		c.wg.Wait()
 		c.dec.Close()
-		c.omu.Lock()
-		c.enc.Close()
-		c.omu.Unlock()
+		c.enc.close() // the pod's pacer may still hold frames: they fail to encode
+
 	})
 	return nil
 }

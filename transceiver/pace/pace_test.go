@@ -225,6 +225,17 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, frame); n != 0 {
 		t.Errorf("%v allocations per frame", n)
 	}
+	enc := &countingEncoder{}
+	raw := func() {
+		_ = q.PushRaw(payload, FrameDuration, enc)
+		q.send(now)
+	}
+	for range 100 {
+		raw()
+	}
+	if n := testing.AllocsPerRun(1000, raw); n != 0 {
+		t.Errorf("%v allocations per raw frame", n)
+	}
 	bargeIn := func() {
 		for range 5 {
 			_ = q.Push(payload, FrameDuration)
@@ -298,5 +309,47 @@ func TestSlotIsCorked(t *testing.T) {
 	if c.sentCorked != calls || c.sentUncorked != 0 || c.corks != 1 || c.depth != 0 {
 		t.Errorf("%d frames sent corked, %d uncorked, %d corks, depth %d after the slot; want %d, 0, 1, 0",
 			c.sentCorked, c.sentUncorked, c.corks, c.depth, calls)
+	}
+}
+
+// countingEncoder "encodes" a frame by prefixing 'e'; it counts its calls.
+type countingEncoder struct{ n int }
+
+func (e *countingEncoder) EncodeFrame(dst, frame []byte) ([]byte, error) {
+	e.n++
+	return append(append(dst, 'e'), frame...), nil
+}
+
+// payloadRecorder keeps the payloads it was sent.
+type payloadRecorder struct {
+	nopOutput
+	got *[]string
+}
+
+func (o payloadRecorder) SendFrame(p []byte, _ time.Duration) { *o.got = append(*o.got, string(p)) }
+
+// TestRawFramesEncodedAtSend: a frame pushed raw is encoded when it is
+// sent, so the frames a barge-in clears are never encoded.
+func TestRawFramesEncodedAtSend(t *testing.T) {
+	s := New(Config{Shards: 1})
+	var got []string
+	q := s.NewQueue(payloadRecorder{got: &got})
+	enc := &countingEncoder{}
+	q.BeginItem("resp_1", "item_1")
+	for i := range 10 {
+		if err := q.PushRaw([]byte{'0' + byte(i)}, FrameDuration, enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	for range 3 {
+		q.send(now)
+	}
+	if c := q.Clear(); c.Dropped != 7*FrameDuration {
+		t.Errorf("clear dropped %v, want 7 frames", c.Dropped)
+	}
+	q.send(now)
+	if enc.n != 3 || !slices.Equal(got, []string{"e0", "e1", "e2"}) {
+		t.Errorf("%d encodes, sent %q; want 3 encodes of the 3 frames sent", enc.n, got)
 	}
 }
