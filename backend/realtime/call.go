@@ -23,11 +23,19 @@ import (
 )
 
 const (
-	// appendMs is the caller audio in one input_audio_buffer.append. 40 ms
-	// (two Opus frames) adds at most 20 ms to what the server has heard,
-	// against 100 ms for bigger batches, at 25 messages a second per call:
-	// the JSON and base64 of a message cost less than decoding its audio.
-	appendMs = 40
+	// appendMs is the caller audio in one input_audio_buffer.append near a
+	// change in the caller's voice activity (opus.Inactive): 40 ms (two
+	// Opus frames) adds at most 20 ms to what the server has heard, at 25
+	// messages a second per call. A change itself is sent at once. Once
+	// the activity has held for promptMs, steadyAppendMs batches the rest
+	// of the stretch: the server's VAD decides on the audio around a
+	// change (speech starting; the silence_duration_ms after it ends,
+	// 200–500 ms on the servers docs/backends.md names), and a message
+	// costs a WebSocket write, most of the connector's cost after the
+	// codec (docs/benchmarks.md, "Transcoding capacity").
+	appendMs       = 40
+	steadyAppendMs = 100
+	promptMs       = 1000
 	// queueLen bounds the messages waiting for the server (about 2.5 s of
 	// appends); maxQueuedBytes bounds their bytes, as events may be big.
 	queueLen       = 64
@@ -91,12 +99,15 @@ type call struct {
 	cfg   map[string]any
 
 	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
-	dec          *opus.Decoder
-	pcm          []int16 // decoded frame
-	batch        []int16 // decoded audio not yet sent, < batchSamples
-	raw          []byte  // batch as PCM16LE
-	batchSamples int
-	quiet        int // inactive caller frames in a row that decoded quiet
+	dec           *opus.Decoder
+	pcm           []int16       // decoded frame
+	batch         []int16       // decoded audio not yet sent
+	raw           []byte        // batch as PCM16LE
+	batchSamples  int           // appendMs of samples
+	steadySamples int           // steadyAppendMs of samples
+	quiet         int           // inactive caller frames in a row that decoded quiet
+	inactive      bool          // the last frame's opus.Inactive
+	held          time.Duration // how long inactive has held, up to promptMs
 
 	queue chan msg    // toward the server; closed by Close under mu
 	free  chan []byte // the append buffers not in queue
@@ -130,13 +141,14 @@ type msg struct {
 func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
 	rate := b.cfg.Rate
 	c := &call{b: b, out: out, conn: conn, dec: dec, enc: newReplyEncoder(enc, b.m),
-		log:          b.log.With("session", info.ID),
-		pcm:          make([]int16, rate*120/1000), // the longest Opus packet
-		batchSamples: rate * appendMs / 1000,
-		queue:        make(chan msg, queueLen),
-		free:         make(chan []byte, queueLen),
+		log:           b.log.With("session", info.ID),
+		pcm:           make([]int16, rate*120/1000), // the longest Opus packet
+		batchSamples:  rate * appendMs / 1000,
+		steadySamples: rate * steadyAppendMs / 1000,
+		queue:         make(chan msg, queueLen),
+		free:          make(chan []byte, queueLen),
 	}
-	c.batch = make([]int16, 0, c.batchSamples+len(c.pcm))
+	c.batch = make([]int16, 0, c.steadySamples+len(c.pcm))
 	c.raw = make([]byte, 0, 2*cap(c.batch))
 	c.bufSize = len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -222,9 +234,10 @@ func (c *call) start() {
 }
 
 // Audio implements backend.Handler: decode, batch, and queue an append
-// every appendMs. An inactive frame after quietHang inactive quiet ones is
-// not decoded: its duration goes as silence. It never blocks: a full queue
-// drops the batch (counted).
+// every appendMs, or steadyAppendMs once the caller's voice activity has
+// held for promptMs; a change of activity goes at once. An inactive frame
+// after quietHang inactive quiet ones is not decoded: its duration goes as
+// silence. It never blocks: a full queue drops the batch (counted).
 func (c *call) Audio(payload []byte, d time.Duration) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -233,10 +246,16 @@ func (c *call) Audio(payload []byte, d time.Duration) {
 	}
 	want := min(len(c.pcm), int(int64(c.b.cfg.Rate)*int64(d)/int64(time.Second)))
 	inactive := opus.Inactive(payload)
+	changed := inactive != c.inactive
+	if changed {
+		c.inactive, c.held = inactive, 0
+	} else if c.held < promptMs*time.Millisecond {
+		c.held += d
+	}
 	if inactive && c.quiet >= quietHang {
 		c.b.m.silent.Inc()
 		c.batch = append(c.batch, make([]int16, want)...) // appends zeros without allocating
-		c.flushFull()
+		c.flushFull(changed)
 		return
 	}
 	n, err := c.dec.Decode(payload, c.pcm)
@@ -253,12 +272,17 @@ func (c *call) Audio(payload []byte, d time.Duration) {
 		c.quiet = 0
 	}
 	c.batch = append(c.batch, c.pcm[:n]...)
-	c.flushFull()
+	c.flushFull(changed)
 }
 
-// flushFull flushes a full batch; mu.RLock must be held.
-func (c *call) flushFull() {
-	if len(c.batch) >= c.batchSamples {
+// flushFull flushes the batch if it is full or the caller's voice activity
+// just changed; mu.RLock must be held.
+func (c *call) flushFull(changed bool) {
+	limit := c.batchSamples
+	if c.held >= promptMs*time.Millisecond {
+		limit = c.steadySamples
+	}
+	if changed || len(c.batch) >= limit {
 		c.flushLocked()
 	}
 }
