@@ -95,6 +95,17 @@ type Player interface {
 	Clear(source string) (itemID string, played time.Duration, ok bool)
 }
 
+// InputRater is implemented by a Backend that decodes the caller's audio to
+// PCM at a rate below Opus's 48 kHz (the Realtime connector): the pod's
+// answer asks the caller's encoder to code no audio above what that rate
+// keeps (maxplaybackrate, RFC 7587 section 6.1). A browser then codes
+// super-wideband instead of fullband for a 24 kHz backend (wideband, SILK
+// only, for 16 kHz), which the backend could not hear anyway and which costs
+// the pod's decoder less (docs/codec.md).
+type InputRater interface {
+	InputRate() int
+}
+
 // FrameEncoder encodes one frame a backend wrote raw (RawWriter) into the
 // payload the caller is sent, appended to dst. The pod calls it when it
 // sends the frame, one frame at a time per session, in the order written,

@@ -257,6 +257,9 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", err
 	}
+	if r, ok := t.cfg.Backend.(backend.InputRater); ok {
+		out = limitOpusRate(out, r.InputRate())
+	}
 	return s, out, nil
 }
 
