@@ -95,6 +95,17 @@ type Player interface {
 	Clear(source string) (itemID string, played time.Duration, ok bool)
 }
 
+// StartAwaiter is implemented by the pod's Player: AwaitStart returns once
+// the first frame of response responseID has been sent to the caller, or
+// none of its audio is queued, waiting at most a few frames. A backend
+// that forwards its server's response.done calls it first, so the caller
+// sees output_audio_buffer.started before response.done (as OpenAI's
+// WebRTC endpoint sends them) even when the whole response arrived faster
+// than the pod's next 5 ms slot.
+type StartAwaiter interface {
+	AwaitStart(responseID string)
+}
+
 // InputRater is implemented by a Backend that decodes the caller's audio to
 // PCM at a rate below Opus's 48 kHz (the Realtime connector): the pod's
 // answer asks the caller's encoder to code no audio above what that rate

@@ -571,8 +571,9 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 
 // The session is the Sink every backend gets, with the pod's paced output.
 var (
-	_ backend.Player    = (*session)(nil)
-	_ backend.RawWriter = (*session)(nil)
+	_ backend.Player       = (*session)(nil)
+	_ backend.RawWriter    = (*session)(nil)
+	_ backend.StartAwaiter = (*session)(nil)
 )
 
 // WriteRaw implements backend.RawWriter: the frame is queued and encoded

@@ -73,8 +73,9 @@ var (
 type call struct {
 	b      *Backend
 	out    backend.Sink
-	play   backend.Player    // out's, or nil: frames go out as they are encoded
-	rawOut backend.RawWriter // out's, or nil: the reader encodes each frame
+	play   backend.Player       // out's, or nil: frames go out as they are encoded
+	rawOut backend.RawWriter    // out's, or nil: the reader encodes each frame
+	await  backend.StartAwaiter // out's, or nil
 	conn   *websocket.Conn
 	log    *slog.Logger
 	enc    *replyEncoder // closed with the call
@@ -154,6 +155,7 @@ func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *webso
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.play, _ = out.(backend.Player)
 	c.rawOut, _ = out.(backend.RawWriter)
+	c.await, _ = out.(backend.StartAwaiter)
 	c.opcm = make([]byte, 0, 2*enc.FrameSamples())
 	return c
 }
@@ -505,35 +507,39 @@ func (c *call) handle(data []byte) {
 		c.b.m.dropped[dropOwnError].Inc() // the answer to the edge's own cancel or truncate
 		return
 	}
+	// response.done goes to the caller after the pod started playing the
+	// response (output_audio_buffer.started), as from OpenAI: the reply's
+	// last partial frame is written first, then the pod is waited for.
+	var done string
+	if ok && bytes.Equal(f.typ, evResponseDone) {
+		if done = responseID(data); done != "" {
+			c.omu.Lock()
+			if c.active == done {
+				c.active = ""
+			}
+			if c.cancelled != done {
+				c.flushReplyLocked()
+			}
+			c.omu.Unlock()
+			if c.await != nil {
+				c.await.AwaitStart(done)
+			}
+		}
+	}
 	c.toCaller(data)
 	if !ok {
 		return
 	}
 	switch {
-	case bytes.Equal(f.typ, evResponseCreated), bytes.Equal(f.typ, evResponseDone):
-		var ev struct {
-			Response struct {
-				ID string `json:"id"`
-			} `json:"response"`
-		}
-		if json.Unmarshal(data, &ev) != nil {
-			return
-		}
-		c.omu.Lock()
-		if bytes.Equal(f.typ, evResponseCreated) {
-			c.active = ev.Response.ID
+	case bytes.Equal(f.typ, evResponseCreated):
+		if id := responseID(data); id != "" {
+			c.omu.Lock()
+			c.active = id
 			c.omu.Unlock()
-			return
 		}
-		if c.active == ev.Response.ID {
-			c.active = ""
-		}
-		if c.cancelled != ev.Response.ID {
-			c.flushReplyLocked()
-		}
-		c.omu.Unlock()
-		if c.play != nil {
-			c.play.EndResponse(ev.Response.ID)
+	case bytes.Equal(f.typ, evResponseDone):
+		if done != "" && c.play != nil {
+			c.play.EndResponse(done)
 		}
 	case bytes.Equal(f.typ, evSessionCreated), bytes.Equal(f.typ, evSessionUpdated):
 		c.noInterrupt.Store(!interrupts(data))
@@ -546,6 +552,19 @@ func (c *call) handle(data []byte) {
 			c.play.SpeechStopped()
 		}
 	}
+}
+
+// responseID is the response.id of a response event, "" if it has none.
+func responseID(data []byte) string {
+	var ev struct {
+		Response struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return ""
+	}
+	return ev.Response.ID
 }
 
 // interrupts reports whether a session event's turn detection lets the

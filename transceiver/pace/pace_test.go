@@ -353,3 +353,36 @@ func TestRawFramesEncodedAtSend(t *testing.T) {
 		t.Errorf("%d encodes, sent %q; want 3 encodes of the 3 frames sent", enc.n, got)
 	}
 }
+
+// TestAwaitStart: AwaitStart returns at once for a response with no audio
+// queued, waits while its first frame is unsent and returns when it is
+// sent, and gives up after its bound.
+func TestAwaitStart(t *testing.T) {
+	s := New(Config{Shards: 1})
+	q := s.NewQueue(nopOutput{})
+	start := time.Now()
+	q.AwaitStart("resp_1", time.Minute) // nothing queued
+	q.BeginItem("resp_1", "item_1")
+	_ = q.Push([]byte{1}, FrameDuration)
+	_ = q.Push([]byte{2}, FrameDuration)
+	q.AwaitStart("resp_1", 10*time.Millisecond) // never sent: the bound
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		q.AwaitStart("resp_1", time.Minute)
+	}()
+	select {
+	case <-done:
+		t.Fatal("AwaitStart returned before the response's first frame was sent")
+	case <-time.After(20 * time.Millisecond):
+	}
+	q.send(time.Now())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("AwaitStart still waiting after the first frame was sent")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+}

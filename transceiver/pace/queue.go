@@ -30,7 +30,8 @@ type Queue struct {
 	sendBuf   []byte // the frame being sent; swapped with a ring buffer, never copied
 	encBuf    []byte // sendBuf encoded (PushRaw); the scheduler's only
 
-	lastStarted string    // the last response whose start was reported
+	startWait   chan struct{} // closed when an item starts, is cleared or the queue closes (AwaitStart)
+	lastStarted string        // the last response whose start was reported
 	lastStopped string    // the last response whose stop was reported
 	stoppedAt   time.Time // the caller's speech ended (SpeechStopped); zero: none pending
 	lastReply   time.Time // when the last frame of an item was sent
@@ -209,6 +210,7 @@ func (q *Queue) send(now time.Time) bool {
 		q.lastReply = now
 		if !it.started {
 			it.started = true
+			q.wakeStartLocked()
 			if it.responseID != q.lastStarted {
 				started, q.lastStarted = it.responseID, it.responseID
 				if !q.stoppedAt.IsZero() {
@@ -235,6 +237,49 @@ func (q *Queue) send(now time.Time) bool {
 		q.out.Stopped(stopped)
 	}
 	return true
+}
+
+// AwaitStart returns once no frame of response responseID waits to be the
+// response's first one sent (it started, was cleared, or has no audio
+// queued), or after max.
+func (q *Queue) AwaitStart(responseID string, max time.Duration) {
+	var timer *time.Timer
+	for {
+		q.mu.Lock()
+		waiting := false
+		for _, it := range q.items {
+			if it.responseID == responseID && it.queued > 0 && !it.started {
+				waiting = true
+				break
+			}
+		}
+		if !waiting || q.closed {
+			q.mu.Unlock()
+			break
+		}
+		if q.startWait == nil {
+			q.startWait = make(chan struct{})
+		}
+		ch := q.startWait
+		q.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(max)
+			defer timer.Stop()
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return
+		}
+	}
+}
+
+// wakeStartLocked releases AwaitStart's waiters; mu held.
+func (q *Queue) wakeStartLocked() {
+	if q.startWait != nil {
+		close(q.startWait)
+		q.startWait = nil
+	}
 }
 
 // Playing reports whether a response item is playing or queued: what
@@ -298,6 +343,7 @@ func (q *Queue) Clear() Cleared {
 		q.lastStopped = c.ResponseID
 	}
 	c.LastReply = q.lastReply
+	q.wakeStartLocked()
 	q.mu.Unlock()
 	if c.Dropped > 0 {
 		q.c.Dropped.Add(c.Dropped.Seconds())
@@ -311,5 +357,6 @@ func (q *Queue) Close() {
 	q.mu.Lock()
 	q.closed = true
 	q.ring, q.n, q.head, q.items, q.cur, q.sendBuf = nil, 0, 0, nil, nil, nil
+	q.wakeStartLocked()
 	q.mu.Unlock()
 }
