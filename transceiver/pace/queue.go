@@ -32,9 +32,9 @@ type Queue struct {
 
 	startWait   chan struct{} // closed when an item starts, is cleared or the queue closes (AwaitStart)
 	lastStarted string        // the last response whose start was reported
-	lastStopped string    // the last response whose stop was reported
-	stoppedAt   time.Time // the caller's speech ended (SpeechStopped); zero: none pending
-	lastReply   time.Time // when the last frame of an item was sent
+	lastStopped string        // the last response whose stop was reported
+	stoppedAt   time.Time     // the caller's speech ended (SpeechStopped); zero: none pending
+	lastReply   time.Time     // when the last frame of an item was sent
 }
 
 type frame struct {
