@@ -95,6 +95,46 @@ type Player interface {
 	Clear(source string) (itemID string, played time.Duration, ok bool)
 }
 
+// StartAwaiter is implemented by the pod's Player: AwaitStart returns once
+// the first frame of response responseID has been sent to the caller, or
+// none of its audio is queued, waiting at most a few frames. A backend
+// that forwards its server's response.done calls it first, so the caller
+// sees output_audio_buffer.started before response.done (as OpenAI's
+// WebRTC endpoint sends them) even when the whole response arrived faster
+// than the pod's next 5 ms slot.
+type StartAwaiter interface {
+	AwaitStart(responseID string)
+}
+
+// InputRater is implemented by a Backend that decodes the caller's audio to
+// PCM at a rate below Opus's 48 kHz (the Realtime connector): the pod's
+// answer asks the caller's encoder to code no audio above what that rate
+// keeps (maxplaybackrate, RFC 7587 section 6.1). A browser then codes
+// super-wideband instead of fullband for a 24 kHz backend (wideband, SILK
+// only, for 16 kHz), which the backend could not hear anyway and which costs
+// the pod's decoder less (docs/codec.md).
+type InputRater interface {
+	InputRate() int
+}
+
+// FrameEncoder encodes one frame a backend wrote raw (RawWriter) into the
+// payload the caller is sent, appended to dst. The pod calls it when it
+// sends the frame, one frame at a time per session, in the order written,
+// possibly after the backend's handler was closed (it then fails).
+type FrameEncoder interface {
+	EncodeFrame(dst, frame []byte) ([]byte, error)
+}
+
+// RawWriter is implemented by the Sink a session gives its backend (the
+// pod's paced output): a backend that transcodes writes each frame of its
+// reply before encoding, with the encoder that makes it a frame for the
+// caller, and the pod encodes it only when it sends it. Audio a barge-in
+// clears (Player.Clear) is then never encoded, and the encoder's state
+// follows exactly what the caller's decoder was sent.
+type RawWriter interface {
+	WriteRaw(frame []byte, duration time.Duration, enc FrameEncoder) error
+}
+
 // Barge-in sources: what made the pod clear a reply (the source label of
 // rtcedge_bargeins_total).
 const (

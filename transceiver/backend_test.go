@@ -41,6 +41,9 @@ func TestNewBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if r, ok := b.(backend.InputRater); !ok || r.InputRate() != 24000 {
+		t.Errorf("backend_url: %T: no input rate of 24000 for the answer", b)
+	}
 	r, ok := b.(backend.Ready)
 	if !ok {
 		t.Fatalf("backend_url: %T has no Ready", b)

@@ -294,6 +294,14 @@ func (c *Config) NewBackend(getenv func(string) string, log *slog.Logger, reg pr
 	return dialReady{b, net.JoinHostPort(u.Hostname(), port)}, nil
 }
 
+// InputRate implements backend.InputRater with the connector's rate.
+func (d dialReady) InputRate() int {
+	if r, ok := d.Backend.(backend.InputRater); ok {
+		return r.InputRate()
+	}
+	return 0
+}
+
 // dialReady is a backend that is ready while addr accepts TCP connections.
 type dialReady struct {
 	backend.Backend

@@ -55,6 +55,10 @@ func (s *session) BeginItem(responseID, itemID string) { s.play.BeginItem(respon
 // EndResponse implements backend.Player.
 func (s *session) EndResponse(responseID string) { s.play.EndResponse(responseID) }
 
+// AwaitStart implements backend.StartAwaiter: at most two rounds of the
+// scheduler, so a late wheel delays the backend's reader only that long.
+func (s *session) AwaitStart(responseID string) { s.play.AwaitStart(responseID, 2*pace.FrameDuration) }
+
 // SpeechStopped implements backend.Player.
 func (s *session) SpeechStopped() { s.play.SpeechStopped(time.Now()) }
 

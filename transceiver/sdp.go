@@ -113,6 +113,55 @@ func shapeAnswer(sdp string, pops []POPAddr) (string, error) {
 	return strings.Join(lines, "\r\n"), nil
 }
 
+// limitOpusRate sets maxplaybackrate=rate (RFC 7587 section 6.1) on every
+// Opus payload type of an answer, when rate is below Opus's 48 kHz: the
+// caller's encoder then codes no audio above what a backend that decodes
+// at rate keeps (backend.InputRater). libwebrtc maps it to the encoder's
+// maximum bandwidth: super-wideband (12 kHz of audio) up to 24 kHz,
+// wideband (8 kHz, SILK only) up to 16 kHz.
+func limitOpusRate(sdp string, rate int) string {
+	if rate <= 0 || rate >= 48000 {
+		return sdp
+	}
+	lines := strings.Split(sdp, "\r\n")
+	opusPT := map[string]bool{}
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(l, "a=rtpmap:"); ok {
+			if pt, codec, ok := strings.Cut(v, " "); ok && strings.HasPrefix(strings.ToLower(codec), "opus/") {
+				opusPT[pt] = true
+			}
+		}
+	}
+	param := "maxplaybackrate=" + strconv.Itoa(rate)
+	out := make([]string, 0, len(lines)+len(opusPT))
+	withFmtp := map[string]bool{}
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(l, "a=fmtp:"); ok {
+			if pt, params, _ := strings.Cut(v, " "); opusPT[pt] {
+				kept := []string{}
+				for p := range strings.SplitSeq(params, ";") {
+					if p = strings.TrimSpace(p); p != "" && !strings.HasPrefix(strings.ToLower(p), "maxplaybackrate=") {
+						kept = append(kept, p)
+					}
+				}
+				l = "a=fmtp:" + pt + " " + strings.Join(append(kept, param), ";")
+				withFmtp[pt] = true
+			}
+		}
+		out = append(out, l)
+	}
+	// An Opus payload type without an fmtp line gets one after its rtpmap.
+	for i := 0; i < len(out); i++ {
+		if v, ok := strings.CutPrefix(out[i], "a=rtpmap:"); ok {
+			if pt, _, _ := strings.Cut(v, " "); opusPT[pt] && !withFmtp[pt] {
+				out = append(out[:i+1], append([]string{"a=fmtp:" + pt + " " + param}, out[i+1:]...)...)
+				withFmtp[pt] = true
+			}
+		}
+	}
+	return strings.Join(out, "\r\n")
+}
+
 // maxClientUfrag bounds the client ufrag the pod accepts, in an offer or
 // an ICE restart (RFC 8839 allows 256 characters): it goes into the
 // USERNAME of every probe the pod sends the client's addresses, and a

@@ -266,6 +266,9 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return s, "", err
 	}
+	if r, ok := t.cfg.Backend.(backend.InputRater); ok {
+		out = limitOpusRate(out, r.InputRate())
+	}
 	return s, out, nil
 }
 
@@ -573,6 +576,19 @@ func (s *session) End(reason string) {
 // time (play.go).
 func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 	return s.play.Push(payload, d)
+}
+
+// The session is the Sink every backend gets, with the pod's paced output.
+var (
+	_ backend.Player       = (*session)(nil)
+	_ backend.RawWriter    = (*session)(nil)
+	_ backend.StartAwaiter = (*session)(nil)
+)
+
+// WriteRaw implements backend.RawWriter: the frame is queued and encoded
+// by enc when it is sent (play.go).
+func (s *session) WriteRaw(frame []byte, d time.Duration, enc backend.FrameEncoder) error {
+	return s.play.PushRaw(frame, d, enc)
 }
 
 // SendFrame implements pace.Output. One frame is one RTP packet; the

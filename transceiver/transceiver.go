@@ -147,13 +147,13 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		stateChanged: make(chan struct{}, 1),
 		rttOut:       rttOut,
 	}
+	t.sock = podnet.NewSocket(conn, podnet.Config{Cluster: cfg.Cluster, Pod: cfg.Pod, HopKeys: cfg.Hop, Relays: cfg.Relays,
+		Sessions: &t.byNonce, Metrics: m.net, Now: cfg.Now})
 	t.pacer = pace.New(pace.Config{Counters: pace.Counters{
 		Generated: m.replyAudio.WithLabelValues(replyGenerated),
 		Sent:      m.replyAudio.WithLabelValues(replySent),
 		Dropped:   m.replyAudio.WithLabelValues(replyDropped),
-	}})
-	t.sock = podnet.NewSocket(conn, podnet.Config{Cluster: cfg.Cluster, Pod: cfg.Pod, HopKeys: cfg.Hop, Relays: cfg.Relays,
-		Sessions: &t.byNonce, Metrics: m.net, Now: cfg.Now})
+	}, Batch: t.sock})
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}
 	se.SetLite(true)

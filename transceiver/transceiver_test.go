@@ -456,3 +456,56 @@ func TestUnknownRelayDropped(t *testing.T) {
 		t.Error("an empty relay set (gossip not joined yet) must trust everyone")
 	}
 }
+
+// TestLimitOpusRate: every Opus payload type of an answer gets
+// maxplaybackrate (replacing one it had; an fmtp line made for one without),
+// other codecs and a 48 kHz backend change nothing.
+func TestLimitOpusRate(t *testing.T) {
+	sdp := "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 109 0\r\n" +
+		"a=rtpmap:111 opus/48000/2\r\na=fmtp:111 minptime=10;maxplaybackrate=48000;useinbandfec=1\r\n" +
+		"a=rtpmap:109 OPUS/48000/2\r\n" +
+		"a=rtpmap:0 PCMU/8000\r\na=fmtp:0 x=1\r\n"
+	out := limitOpusRate(sdp, 24000)
+	for _, want := range []string{
+		"a=fmtp:111 minptime=10;useinbandfec=1;maxplaybackrate=24000\r\n",
+		"a=rtpmap:109 OPUS/48000/2\r\na=fmtp:109 maxplaybackrate=24000\r\n",
+		"a=fmtp:0 x=1\r\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("limited answer lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "maxplaybackrate") != 2 {
+		t.Errorf("limited answer:\n%s", out)
+	}
+	if limitOpusRate(sdp, 48000) != sdp {
+		t.Error("a 48 kHz backend changed the answer")
+	}
+}
+
+// rateBackend is the echo of a backend that decodes at 16 kHz.
+type rateBackend struct{ loopBackend }
+
+func (rateBackend) InputRate() int { return 16000 }
+
+// TestAnswerLimitsOpusRate: a backend that decodes below 48 kHz
+// (backend.InputRater) has the answer ask for no audio above its rate; the
+// echo's answer asks nothing.
+func TestAnswerLimitsOpusRate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    backend.Backend
+		want bool
+	}{{"16 kHz", rateBackend{}, true}, {"echo", loopBackend{}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPod(t, Config{Backend: tc.b})
+			res, err := p.t.CreateSession(context.Background(), CreateRequest{Offer: testsdp.Offer(t), POPs: []POPAddr{popA}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(res.Answer, ";maxplaybackrate=16000"); got != tc.want {
+				t.Errorf("answer asks for maxplaybackrate=16000: %v, want %v:\n%s", got, tc.want, res.Answer)
+			}
+		})
+	}
+}

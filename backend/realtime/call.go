@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,11 +23,19 @@ import (
 )
 
 const (
-	// appendMs is the caller audio in one input_audio_buffer.append. 40 ms
-	// (two Opus frames) adds at most 20 ms to what the server has heard,
-	// against 100 ms for bigger batches, at 25 messages a second per call:
-	// the JSON and base64 of a message cost less than decoding its audio.
-	appendMs = 40
+	// appendMs is the caller audio in one input_audio_buffer.append near a
+	// change in the caller's voice activity (opus.Inactive): 40 ms (two
+	// Opus frames) adds at most 20 ms to what the server has heard, at 25
+	// messages a second per call. A change itself is sent at once. Once
+	// the activity has held for promptMs, steadyAppendMs batches the rest
+	// of the stretch: the server's VAD decides on the audio around a
+	// change (speech starting; the silence_duration_ms after it ends,
+	// 200–500 ms on the servers docs/backends.md names), and a message
+	// costs a WebSocket write, most of the connector's cost after the
+	// codec (docs/benchmarks.md, "Transcoding capacity").
+	appendMs       = 40
+	steadyAppendMs = 100
+	promptMs       = 1000
 	// queueLen bounds the messages waiting for the server (about 2.5 s of
 	// appends); maxQueuedBytes bounds their bytes, as events may be big.
 	queueLen       = 64
@@ -57,23 +66,25 @@ var (
 
 // call is one session's WebSocket: the media path (Audio) and the data
 // channel (Event) feed a bounded queue that one writer drains; one reader
-// hands server events to the caller and the reply audio, encoded to Opus
-// as it arrives, to the pod, which paces it (backend.Player); a pinger
-// watches for a stalled server.
+// hands server events to the caller and the reply audio to the pod in
+// 20 ms frames, which the pod paces (backend.Player) and encodes to Opus
+// as it sends them (backend.RawWriter); a pinger watches for a stalled
+// server.
 type call struct {
-	b    *Backend
-	out  backend.Sink
-	play backend.Player // out's, or nil: frames go out as they are encoded
-	conn *websocket.Conn
-	log  *slog.Logger
+	b      *Backend
+	out    backend.Sink
+	play   backend.Player       // out's, or nil: frames go out as they are encoded
+	rawOut backend.RawWriter    // out's, or nil: the reader encodes each frame
+	await  backend.StartAwaiter // out's, or nil
+	conn   *websocket.Conn
+	log    *slog.Logger
+	enc    *replyEncoder // closed with the call
 
 	// The reply path: owned by the reader, under omu (a barge-in from the
 	// data channel resets it).
 	omu       sync.Mutex
-	enc       *opus.Encoder // closed with the call
-	opcm      []int16       // reply audio not yet a whole frame
-	frame     []int16       // one frame, padded
-	pkt       []byte
+	opcm      []byte // reply audio (PCM16LE) not yet a whole frame; cap: one frame
+	pkt       []byte // an encoded frame, without RawWriter
 	active    string // the response in progress (response.created to response.done)
 	cancelled string // the response cleared by a barge-in: its late deltas are dropped
 	curItem   string // the item the pod was last told of (BeginItem)
@@ -89,12 +100,15 @@ type call struct {
 	cfg   map[string]any
 
 	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
-	dec          *opus.Decoder
-	pcm          []int16 // decoded frame
-	batch        []int16 // decoded audio not yet sent, < batchSamples
-	raw          []byte  // batch as PCM16LE
-	batchSamples int
-	quiet        int // inactive caller frames in a row that decoded quiet
+	dec           *opus.Decoder
+	pcm           []int16       // decoded frame
+	batch         []int16       // decoded audio not yet sent
+	raw           []byte        // batch as PCM16LE
+	batchSamples  int           // appendMs of samples
+	steadySamples int           // steadyAppendMs of samples
+	quiet         int           // inactive caller frames in a row that decoded quiet
+	inactive      bool          // the last frame's opus.Inactive
+	held          time.Duration // how long inactive has held, up to promptMs
 
 	queue chan msg    // toward the server; closed by Close under mu
 	free  chan []byte // the append buffers not in queue
@@ -108,7 +122,6 @@ type call struct {
 	// Owned by the reader.
 	rbuf []byte
 	dbuf []byte
-	dpcm []int16
 
 	mu        sync.RWMutex // guards sends on queue against its close, and dec
 	closed    bool         // guarded by mu
@@ -128,22 +141,69 @@ type msg struct {
 
 func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
 	rate := b.cfg.Rate
-	c := &call{b: b, out: out, conn: conn, dec: dec, enc: enc,
-		log:          b.log.With("session", info.ID),
-		pcm:          make([]int16, rate*120/1000), // the longest Opus packet
-		batchSamples: rate * appendMs / 1000,
-		queue:        make(chan msg, queueLen),
-		free:         make(chan []byte, queueLen),
+	c := &call{b: b, out: out, conn: conn, dec: dec, enc: newReplyEncoder(enc, b.m),
+		log:           b.log.With("session", info.ID),
+		pcm:           make([]int16, rate*120/1000), // the longest Opus packet
+		batchSamples:  rate * appendMs / 1000,
+		steadySamples: rate * steadyAppendMs / 1000,
+		queue:         make(chan msg, queueLen),
+		free:          make(chan []byte, queueLen),
 	}
-	c.batch = make([]int16, 0, c.batchSamples+len(c.pcm))
+	c.batch = make([]int16, 0, c.steadySamples+len(c.pcm))
 	c.raw = make([]byte, 0, 2*cap(c.batch))
 	c.bufSize = len(appendPrefix) + base64.StdEncoding.EncodedLen(cap(c.raw)) + len(appendSuffix)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.play, _ = out.(backend.Player)
-	c.frame = make([]int16, enc.FrameSamples())
-	c.opcm = make([]int16, 0, 2*enc.FrameSamples())
-	c.pkt = make([]byte, opus.MaxPacket)
+	c.rawOut, _ = out.(backend.RawWriter)
+	c.await, _ = out.(backend.StartAwaiter)
+	c.opcm = make([]byte, 0, 2*enc.FrameSamples())
 	return c
+}
+
+// replyEncoder is a call's Opus encoder toward the caller, a
+// backend.FrameEncoder: the pod's pacer calls it as it sends each frame
+// (PCM16LE in), and the call closes it. mu orders the two.
+type replyEncoder struct {
+	m   *metrics
+	mu  sync.Mutex
+	enc *opus.Encoder // nil after close
+	pcm []int16       // one frame
+}
+
+func newReplyEncoder(enc *opus.Encoder, m *metrics) *replyEncoder {
+	return &replyEncoder{m: m, enc: enc, pcm: make([]int16, enc.FrameSamples())}
+}
+
+// EncodeFrame implements backend.FrameEncoder: one frame of PCM16LE at the
+// backend's rate to an Opus packet appended to dst. A failure is counted.
+func (e *replyEncoder) EncodeFrame(dst, frame []byte) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.enc == nil {
+		return dst, opus.ErrClosed
+	}
+	if len(frame) != 2*len(e.pcm) {
+		e.m.dropped[dropEncode].Inc()
+		return dst, opus.ErrBadArg
+	}
+	opus.DecodePCM16LE(frame, e.pcm)
+	n := len(dst)
+	dst = slices.Grow(dst, opus.MaxPacket)
+	size, err := e.enc.Encode(e.pcm, dst[n:n+opus.MaxPacket])
+	if err != nil {
+		e.m.dropped[dropEncode].Inc()
+		return dst[:n], err
+	}
+	return dst[:n+size], nil
+}
+
+func (e *replyEncoder) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.enc != nil {
+		e.enc.Close()
+		e.enc = nil
+	}
 }
 
 // sendSession sends the first session.update: the call's config shaped for
@@ -176,9 +236,10 @@ func (c *call) start() {
 }
 
 // Audio implements backend.Handler: decode, batch, and queue an append
-// every appendMs. An inactive frame after quietHang inactive quiet ones is
-// not decoded: its duration goes as silence. It never blocks: a full queue
-// drops the batch (counted).
+// every appendMs, or steadyAppendMs once the caller's voice activity has
+// held for promptMs; a change of activity goes at once. An inactive frame
+// after quietHang inactive quiet ones is not decoded: its duration goes as
+// silence. It never blocks: a full queue drops the batch (counted).
 func (c *call) Audio(payload []byte, d time.Duration) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -187,10 +248,16 @@ func (c *call) Audio(payload []byte, d time.Duration) {
 	}
 	want := min(len(c.pcm), int(int64(c.b.cfg.Rate)*int64(d)/int64(time.Second)))
 	inactive := opus.Inactive(payload)
+	changed := inactive != c.inactive
+	if changed {
+		c.inactive, c.held = inactive, 0
+	} else if c.held < promptMs*time.Millisecond {
+		c.held += d
+	}
 	if inactive && c.quiet >= quietHang {
 		c.b.m.silent.Inc()
 		c.batch = append(c.batch, make([]int16, want)...) // appends zeros without allocating
-		c.flushFull()
+		c.flushFull(changed)
 		return
 	}
 	n, err := c.dec.Decode(payload, c.pcm)
@@ -207,12 +274,17 @@ func (c *call) Audio(payload []byte, d time.Duration) {
 		c.quiet = 0
 	}
 	c.batch = append(c.batch, c.pcm[:n]...)
-	c.flushFull()
+	c.flushFull(changed)
 }
 
-// flushFull flushes a full batch; mu.RLock must be held.
-func (c *call) flushFull() {
-	if len(c.batch) >= c.batchSamples {
+// flushFull flushes the batch if it is full or the caller's voice activity
+// just changed; mu.RLock must be held.
+func (c *call) flushFull(changed bool) {
+	limit := c.batchSamples
+	if c.held >= promptMs*time.Millisecond {
+		limit = c.steadySamples
+	}
+	if changed || len(c.batch) >= limit {
 		c.flushLocked()
 	}
 }
@@ -435,35 +507,39 @@ func (c *call) handle(data []byte) {
 		c.b.m.dropped[dropOwnError].Inc() // the answer to the edge's own cancel or truncate
 		return
 	}
+	// response.done goes to the caller after the pod started playing the
+	// response (output_audio_buffer.started), as from OpenAI: the reply's
+	// last partial frame is written first, then the pod is waited for.
+	var done string
+	if ok && bytes.Equal(f.typ, evResponseDone) {
+		if done = responseID(data); done != "" {
+			c.omu.Lock()
+			if c.active == done {
+				c.active = ""
+			}
+			if c.cancelled != done {
+				c.flushReplyLocked()
+			}
+			c.omu.Unlock()
+			if c.await != nil {
+				c.await.AwaitStart(done)
+			}
+		}
+	}
 	c.toCaller(data)
 	if !ok {
 		return
 	}
 	switch {
-	case bytes.Equal(f.typ, evResponseCreated), bytes.Equal(f.typ, evResponseDone):
-		var ev struct {
-			Response struct {
-				ID string `json:"id"`
-			} `json:"response"`
-		}
-		if json.Unmarshal(data, &ev) != nil {
-			return
-		}
-		c.omu.Lock()
-		if bytes.Equal(f.typ, evResponseCreated) {
-			c.active = ev.Response.ID
+	case bytes.Equal(f.typ, evResponseCreated):
+		if id := responseID(data); id != "" {
+			c.omu.Lock()
+			c.active = id
 			c.omu.Unlock()
-			return
 		}
-		if c.active == ev.Response.ID {
-			c.active = ""
-		}
-		if c.cancelled != ev.Response.ID {
-			c.flushReplyLocked()
-		}
-		c.omu.Unlock()
-		if c.play != nil {
-			c.play.EndResponse(ev.Response.ID)
+	case bytes.Equal(f.typ, evResponseDone):
+		if done != "" && c.play != nil {
+			c.play.EndResponse(done)
 		}
 	case bytes.Equal(f.typ, evSessionCreated), bytes.Equal(f.typ, evSessionUpdated):
 		c.noInterrupt.Store(!interrupts(data))
@@ -476,6 +552,19 @@ func (c *call) handle(data []byte) {
 			c.play.SpeechStopped()
 		}
 	}
+}
+
+// responseID is the response.id of a response event, "" if it has none.
+func responseID(data []byte) string {
+	var ev struct {
+		Response struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return ""
+	}
+	return ev.Response.ID
 }
 
 // interrupts reports whether a session event's turn detection lets the
@@ -524,8 +613,9 @@ func ownError(data []byte) bool {
 	return json.Unmarshal(data, &ev) == nil && strings.HasPrefix(ev.Error.EventID, ownEventPrefix)
 }
 
-// audioDelta decodes a delta's base64 PCM16LE, encodes the whole frames it
-// completes and writes them to the pod, which paces them.
+// audioDelta decodes a delta's base64 PCM16LE and writes the whole frames
+// it completes to the pod, which paces them and encodes each as it sends
+// it (or encodes them first, without backend.RawWriter).
 func (c *call) audioDelta(responseID, itemID, delta []byte) {
 	need := base64.StdEncoding.DecodedLen(len(delta))
 	if cap(c.dbuf) < need {
@@ -536,10 +626,7 @@ func (c *call) audioDelta(responseID, itemID, delta []byte) {
 		c.b.m.dropped[dropBadDelta].Inc()
 		return
 	}
-	if cap(c.dpcm) < n/2 {
-		c.dpcm = make([]int16, n/2)
-	}
-	pcm := c.dpcm[:opus.DecodePCM16LE(c.dbuf[:n], c.dpcm[:n/2])]
+	pcm := c.dbuf[:n]
 	c.omu.Lock()
 	defer c.omu.Unlock()
 	if c.cancelled != "" && c.cancelled == string(responseID) { // no allocation: compared in place
@@ -550,13 +637,13 @@ func (c *call) audioDelta(responseID, itemID, delta []byte) {
 		c.curItem, c.curResp = string(itemID), string(responseID)
 		c.play.BeginItem(c.curResp, c.curItem)
 	}
-	fs := len(c.frame)
+	fs := cap(c.opcm)
 	for len(pcm) > 0 {
 		k := min(len(pcm), fs-len(c.opcm))
 		c.opcm = append(c.opcm, pcm[:k]...)
 		pcm = pcm[k:]
 		if len(c.opcm) == fs {
-			c.encodeLocked(c.opcm)
+			c.writeFrameLocked(c.opcm)
 			c.opcm = c.opcm[:0]
 		}
 	}
@@ -568,19 +655,26 @@ func (c *call) flushReplyLocked() {
 	if len(c.opcm) == 0 {
 		return
 	}
-	n := copy(c.frame, c.opcm)
-	clear(c.frame[n:])
+	n := len(c.opcm)
+	c.opcm = c.opcm[:cap(c.opcm)]
+	clear(c.opcm[n:])
+	c.writeFrameLocked(c.opcm)
 	c.opcm = c.opcm[:0]
-	c.encodeLocked(c.frame)
 }
 
-func (c *call) encodeLocked(pcm []int16) {
-	size, err := c.enc.Encode(pcm, c.pkt)
-	if err != nil {
-		c.b.m.dropped[dropEncode].Inc()
-		return
+// writeFrameLocked writes one frame of PCM16LE to the pod: raw, for the pod
+// to encode when it sends it, or encoded here. omu must be held.
+func (c *call) writeFrameLocked(frame []byte) {
+	var err error
+	if c.rawOut != nil {
+		err = c.rawOut.WriteRaw(frame, frameDur, c.enc)
+	} else {
+		if c.pkt, err = c.enc.EncodeFrame(c.pkt[:0], frame); err != nil {
+			return // counted
+		}
+		err = c.out.WriteAudio(c.pkt, frameDur)
 	}
-	if c.out.WriteAudio(c.pkt[:size], frameDur) != nil {
+	if err != nil {
 		c.b.m.dropped[dropSink].Inc()
 		return
 	}
@@ -705,9 +799,8 @@ func (c *call) Close() error {
 		c.cancel()
 		c.wg.Wait()
 		c.dec.Close()
-		c.omu.Lock()
-		c.enc.Close()
-		c.omu.Unlock()
+		c.enc.close() // the pod's pacer may still hold frames: they fail to encode
+
 	})
 	return nil
 }

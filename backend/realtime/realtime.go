@@ -200,6 +200,9 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 }
 
 // allowed reports whether a caller's session.update may set field.
+// InputRate implements backend.InputRater: the server's PCM rate.
+func (b *Backend) InputRate() int { return b.cfg.Rate }
+
 func (b *Backend) allowed(field string) bool {
 	return slices.Contains(b.cfg.ClientSessionFields, field)
 }

@@ -3,6 +3,7 @@ package realtime_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"net"
 	"slices"
@@ -30,7 +31,8 @@ const rate = 24000
 // sink is the caller's side of a call: what the pod would send by RTP and
 // on the data channel. As a backend.Player it records the items and
 // clears, and plays every frame at once (the pod's pacing is
-// transceiver/pace's).
+// transceiver/pace's); as a backend.RawWriter it encodes each frame as it
+// is written (the pod encodes it when it sends it).
 type sink struct {
 	mu     sync.Mutex
 	player []string       // BeginItem, EndResponse, SpeechStopped and Clear calls, in order
@@ -39,6 +41,8 @@ type sink struct {
 	// clearedMs is what the last Clear reported played.
 	clearedMs int
 	frames    [][]byte
+	rawFrames int                  // frames written raw (WriteRaw)
+	enc       backend.FrameEncoder // the last WriteRaw's
 	times     []time.Time
 	events    []map[string]any
 	raw       []string
@@ -79,6 +83,18 @@ func (s *sink) Clear(source string) (string, time.Duration, bool) {
 	s.notify()
 	s.clearedMs = s.played[s.item] * 20
 	return s.item, time.Duration(s.clearedMs) * time.Millisecond, s.item != ""
+}
+
+func (s *sink) WriteRaw(frame []byte, d time.Duration, enc backend.FrameEncoder) error {
+	p, err := enc.EncodeFrame(nil, frame)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.rawFrames++
+	s.enc = enc
+	s.mu.Unlock()
+	return s.WriteAudio(p, d)
 }
 
 func (s *sink) WriteAudio(p []byte, _ time.Duration) error {
@@ -311,7 +327,21 @@ func TestCallRoundTrip(t *testing.T) {
 					}
 				}
 				f.out.mu.Unlock()
+				// The pod encodes the frames (backend.RawWriter), with an
+				// encoder that fails once the call is closed.
+				f.out.mu.Lock()
+				rawFrames, enc := f.out.rawFrames, f.out.enc
+				f.out.mu.Unlock()
+				if rawFrames != len(frames) {
+					t.Errorf("%d of %d reply frames written raw", rawFrames, len(frames))
+				}
 				m := testmetrics.Take(t, f.reg)
+				_ = f.h.Close()
+				if enc == nil {
+					t.Error("no frame written raw")
+				} else if _, err := enc.EncodeFrame(nil, make([]byte, 2*rate/50)); !errors.Is(err, opus.ErrClosed) {
+					t.Errorf("encode after the call closed: %v, want ErrClosed", err)
+				}
 				if m["rtcedge_realtime_sessions_opened_total"] != 1 || m["rtcedge_realtime_audio_seconds_total,direction=to_caller"] < 0.95*float64(replySamples)/rate {
 					t.Errorf("metrics %v", m)
 				}

@@ -68,6 +68,14 @@ type Output interface {
 	Stopped(responseID string)
 }
 
+// Batcher holds the pod's outgoing datagrams between Cork and Uncork and
+// sends them together at Uncork (podnet.Socket: one sendmmsg instead of a
+// system call per frame). Calls may nest and come from any goroutine.
+type Batcher interface {
+	Cork()
+	Uncork()
+}
+
 // Counter is the part of a Prometheus counter the scheduler adds to.
 type Counter interface{ Add(float64) }
 
@@ -87,6 +95,7 @@ func (nopCounter) Add(float64) {}
 type Scheduler struct {
 	// Static after New.
 	shards []*shard
+	batch  Batcher // nil: frames go out one by one
 	c      Counters
 	max    int // frames a queue holds
 	now    func() time.Time
@@ -102,6 +111,9 @@ type Config struct {
 	// MaxQueued bounds the audio a queue holds; default DefaultMaxQueued.
 	MaxQueued time.Duration
 	Counters  Counters
+	// Batch, if set, is corked while a shard sends one slot's frames, so
+	// every call due in the slot leaves in one batch of system calls.
+	Batch Batcher
 }
 
 // New returns a scheduler; nothing is sent until Run.
@@ -119,7 +131,7 @@ func New(cfg Config) *Scheduler {
 	}
 	s := &Scheduler{c: cfg.Counters, max: int(cfg.MaxQueued / FrameDuration), now: time.Now}
 	for range cfg.Shards {
-		s.shards = append(s.shards, &shard{wake: make(chan struct{}, 1), now: s.now})
+		s.shards = append(s.shards, &shard{wake: make(chan struct{}, 1), now: s.now, batch: cfg.Batch})
 	}
 	return s
 }
@@ -146,8 +158,9 @@ func (s *Scheduler) NewQueue(out Output) *Queue {
 
 // shard is one scheduler goroutine's wheel.
 type shard struct {
-	now  func() time.Time
-	wake chan struct{} // cap 1: a queue was added to an idle wheel
+	now   func() time.Time
+	batch Batcher       // nil: none
+	wake  chan struct{} // cap 1: a queue was added to an idle wheel
 
 	mu     sync.Mutex
 	slots  [nslots][]*Queue // guarded by mu, except slots[cur] while run sends it (add never touches it)
@@ -207,7 +220,8 @@ func (sh *shard) run(stop <-chan struct{}) {
 }
 
 // tick advances the wheel one slot and sends that slot's queues one frame
-// each; queues that are done leave the wheel.
+// each, corked (Config.Batch) so they leave together; queues that are done
+// leave the wheel.
 func (sh *shard) tick() {
 	sh.mu.Lock()
 	sh.cur = (sh.cur + 1) % nslots
@@ -215,10 +229,16 @@ func (sh *shard) tick() {
 	sh.mu.Unlock()
 	now := sh.now()
 	kept := list[:0]
+	if sh.batch != nil && len(list) > 0 {
+		sh.batch.Cork()
+	}
 	for _, q := range list {
 		if q.send(now) {
 			kept = append(kept, q)
 		}
+	}
+	if sh.batch != nil && len(list) > 0 {
+		sh.batch.Uncork()
 	}
 	clear(list[len(kept):]) // no stale pointers to ended calls
 	sh.mu.Lock()

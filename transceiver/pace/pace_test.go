@@ -225,6 +225,17 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, frame); n != 0 {
 		t.Errorf("%v allocations per frame", n)
 	}
+	enc := &countingEncoder{}
+	raw := func() {
+		_ = q.PushRaw(payload, FrameDuration, enc)
+		q.send(now)
+	}
+	for range 100 {
+		raw()
+	}
+	if n := testing.AllocsPerRun(1000, raw); n != 0 {
+		t.Errorf("%v allocations per raw frame", n)
+	}
 	bargeIn := func() {
 		for range 5 {
 			_ = q.Push(payload, FrameDuration)
@@ -245,3 +256,133 @@ type nopOutput struct{}
 func (nopOutput) SendFrame([]byte, time.Duration) {}
 func (nopOutput) Started(string, time.Duration)   {}
 func (nopOutput) Stopped(string)                  {}
+
+// corkCounter is a Batcher that counts its depth; corkedOutput records
+// whether each frame was sent while corked.
+type corkCounter struct {
+	mu           sync.Mutex
+	depth, corks int
+	sentUncorked int
+	sentCorked   int
+}
+
+func (c *corkCounter) Cork() {
+	c.mu.Lock()
+	c.depth++
+	c.corks++
+	c.mu.Unlock()
+}
+
+func (c *corkCounter) Uncork() {
+	c.mu.Lock()
+	c.depth--
+	c.mu.Unlock()
+}
+
+type corkedOutput struct {
+	nopOutput
+	c *corkCounter
+}
+
+func (o corkedOutput) SendFrame([]byte, time.Duration) {
+	o.c.mu.Lock()
+	if o.c.depth > 0 {
+		o.c.sentCorked++
+	} else {
+		o.c.sentUncorked++
+	}
+	o.c.mu.Unlock()
+}
+
+// TestSlotIsCorked: the frames of every call due in one slot are sent
+// between one Cork and Uncork of Config.Batch (the pod socket then sends
+// them in one sendmmsg).
+func TestSlotIsCorked(t *testing.T) {
+	c := &corkCounter{}
+	s := New(Config{Shards: 1, Batch: c})
+	const calls = 10
+	for range calls {
+		q := s.NewQueue(corkedOutput{c: c})
+		_ = q.Push([]byte{1}, FrameDuration) // all on the next slot
+	}
+	s.shards[0].tick()
+	if c.sentCorked != calls || c.sentUncorked != 0 || c.corks != 1 || c.depth != 0 {
+		t.Errorf("%d frames sent corked, %d uncorked, %d corks, depth %d after the slot; want %d, 0, 1, 0",
+			c.sentCorked, c.sentUncorked, c.corks, c.depth, calls)
+	}
+}
+
+// countingEncoder "encodes" a frame by prefixing 'e'; it counts its calls.
+type countingEncoder struct{ n int }
+
+func (e *countingEncoder) EncodeFrame(dst, frame []byte) ([]byte, error) {
+	e.n++
+	return append(append(dst, 'e'), frame...), nil
+}
+
+// payloadRecorder keeps the payloads it was sent.
+type payloadRecorder struct {
+	nopOutput
+	got *[]string
+}
+
+func (o payloadRecorder) SendFrame(p []byte, _ time.Duration) { *o.got = append(*o.got, string(p)) }
+
+// TestRawFramesEncodedAtSend: a frame pushed raw is encoded when it is
+// sent, so the frames a barge-in clears are never encoded.
+func TestRawFramesEncodedAtSend(t *testing.T) {
+	s := New(Config{Shards: 1})
+	var got []string
+	q := s.NewQueue(payloadRecorder{got: &got})
+	enc := &countingEncoder{}
+	q.BeginItem("resp_1", "item_1")
+	for i := range 10 {
+		if err := q.PushRaw([]byte{'0' + byte(i)}, FrameDuration, enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	for range 3 {
+		q.send(now)
+	}
+	if c := q.Clear(); c.Dropped != 7*FrameDuration {
+		t.Errorf("clear dropped %v, want 7 frames", c.Dropped)
+	}
+	q.send(now)
+	if enc.n != 3 || !slices.Equal(got, []string{"e0", "e1", "e2"}) {
+		t.Errorf("%d encodes, sent %q; want 3 encodes of the 3 frames sent", enc.n, got)
+	}
+}
+
+// TestAwaitStart: AwaitStart returns at once for a response with no audio
+// queued, waits while its first frame is unsent and returns when it is
+// sent, and gives up after its bound.
+func TestAwaitStart(t *testing.T) {
+	s := New(Config{Shards: 1})
+	q := s.NewQueue(nopOutput{})
+	start := time.Now()
+	q.AwaitStart("resp_1", time.Minute) // nothing queued
+	q.BeginItem("resp_1", "item_1")
+	_ = q.Push([]byte{1}, FrameDuration)
+	_ = q.Push([]byte{2}, FrameDuration)
+	q.AwaitStart("resp_1", 10*time.Millisecond) // never sent: the bound
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		q.AwaitStart("resp_1", time.Minute)
+	}()
+	select {
+	case <-done:
+		t.Fatal("AwaitStart returned before the response's first frame was sent")
+	case <-time.After(20 * time.Millisecond):
+	}
+	q.send(time.Now())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("AwaitStart still waiting after the first frame was sent")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+}

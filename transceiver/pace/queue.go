@@ -27,18 +27,30 @@ type Queue struct {
 	scheduled bool    // on the wheel
 	idle      int     // empty rounds while scheduled
 	closed    bool
-	sendBuf   []byte // the payload being sent; swapped with a ring buffer, never copied
+	sendBuf   []byte // the frame being sent; swapped with a ring buffer, never copied
+	encBuf    []byte // sendBuf encoded (PushRaw); the scheduler's only
 
-	lastStarted string    // the last response whose start was reported
-	lastStopped string    // the last response whose stop was reported
-	stoppedAt   time.Time // the caller's speech ended (SpeechStopped); zero: none pending
-	lastReply   time.Time // when the last frame of an item was sent
+	startWait   chan struct{} // closed when an item starts, is cleared or the queue closes (AwaitStart)
+	lastStarted string        // the last response whose start was reported
+	lastStopped string        // the last response whose stop was reported
+	stoppedAt   time.Time     // the caller's speech ended (SpeechStopped); zero: none pending
+	lastReply   time.Time     // when the last frame of an item was sent
 }
 
 type frame struct {
 	buf []byte
 	d   time.Duration
 	it  *item
+	enc Encoder // nil: buf is the payload
+}
+
+// Encoder turns a frame pushed raw (PushRaw) into the payload the caller
+// is sent, appended to dst: the Realtime connector's Opus encoder (a
+// backend.FrameEncoder). The scheduler calls it when it sends the frame,
+// one frame at a time per queue, in the order pushed; frames a Clear drops
+// are never encoded.
+type Encoder interface {
+	EncodeFrame(dst, frame []byte) ([]byte, error)
 }
 
 // item is one response item's audio.
@@ -53,6 +65,18 @@ type item struct {
 // full queue drops the frame; a frame of a cleared item is dropped. Neither
 // is an error: both are counted.
 func (q *Queue) Push(payload []byte, d time.Duration) error {
+	return q.push(payload, d, nil)
+}
+
+// PushRaw is Push for a frame that enc encodes when the scheduler sends it
+// (raw PCM for an Opus encoder): audio a barge-in clears costs no encode,
+// and the encoder's state follows what the caller was sent. A frame enc
+// fails on goes out empty (it advances the RTP clock only); enc counts it.
+func (q *Queue) PushRaw(frame []byte, d time.Duration, enc Encoder) error {
+	return q.push(frame, d, enc)
+}
+
+func (q *Queue) push(payload []byte, d time.Duration, enc Encoder) error {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -68,7 +92,7 @@ func (q *Queue) Push(payload []byte, d time.Duration) error {
 	}
 	f := &q.ring[(q.head+q.n)%len(q.ring)]
 	f.buf = append(f.buf[:0], payload...)
-	f.d, f.it = d, q.cur
+	f.d, f.it, f.enc = d, q.cur, enc
 	if q.cur != nil {
 		q.cur.queued++
 	}
@@ -173,8 +197,8 @@ func (q *Queue) send(now time.Time) bool {
 	}
 	f := &q.ring[q.head]
 	q.sendBuf, f.buf = f.buf, q.sendBuf[:0]
-	payload, d, it := q.sendBuf, f.d, f.it
-	f.it = nil
+	payload, d, it, enc := q.sendBuf, f.d, f.it, f.enc
+	f.it, f.enc = nil, nil
 	q.head = (q.head + 1) % len(q.ring)
 	q.n--
 	q.idle = 0
@@ -186,6 +210,7 @@ func (q *Queue) send(now time.Time) bool {
 		q.lastReply = now
 		if !it.started {
 			it.started = true
+			q.wakeStartLocked()
 			if it.responseID != q.lastStarted {
 				started, q.lastStarted = it.responseID, it.responseID
 				if !q.stoppedAt.IsZero() {
@@ -196,6 +221,13 @@ func (q *Queue) send(now time.Time) bool {
 		stopped = q.reapLocked()
 	}
 	q.mu.Unlock()
+	if enc != nil {
+		var err error
+		if q.encBuf, err = enc.EncodeFrame(q.encBuf[:0], payload); err != nil {
+			q.encBuf = q.encBuf[:0]
+		}
+		payload = q.encBuf
+	}
 	if started != "" {
 		q.out.Started(started, delay)
 	}
@@ -205,6 +237,49 @@ func (q *Queue) send(now time.Time) bool {
 		q.out.Stopped(stopped)
 	}
 	return true
+}
+
+// AwaitStart returns once no frame of response responseID waits to be the
+// response's first one sent (it started, was cleared, or has no audio
+// queued), or after max.
+func (q *Queue) AwaitStart(responseID string, max time.Duration) {
+	var timer *time.Timer
+	for {
+		q.mu.Lock()
+		waiting := false
+		for _, it := range q.items {
+			if it.responseID == responseID && it.queued > 0 && !it.started {
+				waiting = true
+				break
+			}
+		}
+		if !waiting || q.closed {
+			q.mu.Unlock()
+			break
+		}
+		if q.startWait == nil {
+			q.startWait = make(chan struct{})
+		}
+		ch := q.startWait
+		q.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(max)
+			defer timer.Stop()
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return
+		}
+	}
+}
+
+// wakeStartLocked releases AwaitStart's waiters; mu held.
+func (q *Queue) wakeStartLocked() {
+	if q.startWait != nil {
+		close(q.startWait)
+		q.startWait = nil
+	}
 }
 
 // Playing reports whether a response item is playing or queued: what
@@ -253,7 +328,7 @@ func (q *Queue) Clear() Cleared {
 	for q.n > 0 {
 		f := &q.ring[q.head]
 		c.Dropped += f.d
-		f.it = nil
+		f.it, f.enc = nil, nil
 		q.head = (q.head + 1) % len(q.ring)
 		q.n--
 	}
@@ -268,6 +343,7 @@ func (q *Queue) Clear() Cleared {
 		q.lastStopped = c.ResponseID
 	}
 	c.LastReply = q.lastReply
+	q.wakeStartLocked()
 	q.mu.Unlock()
 	if c.Dropped > 0 {
 		q.c.Dropped.Add(c.Dropped.Seconds())
@@ -281,5 +357,6 @@ func (q *Queue) Close() {
 	q.mu.Lock()
 	q.closed = true
 	q.ring, q.n, q.head, q.items, q.cur, q.sendBuf = nil, 0, 0, nil, nil, nil
+	q.wakeStartLocked()
 	q.mu.Unlock()
 }

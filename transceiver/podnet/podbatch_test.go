@@ -268,3 +268,33 @@ func getConn(t *testing.T, pc *popConn, ufrag string) *muxConn {
 	}
 	return c.(*muxConn)
 }
+
+// TestCorkHoldsSends: between Socket.Cork and Uncork (the pacer's slot)
+// datagrams wait in the queue, all of them, and Uncork sends them.
+func TestCorkHoldsSends(t *testing.T) {
+	conn := listenLoopback(t, "udp4", "127.0.0.1:0")
+	s, _ := testPOP(t, conn)
+	peer := listenLoopback(t, "udp4", "127.0.0.1:0")
+	to := peer.LocalAddr().(*net.UDPAddr).AddrPort()
+	const n = 5
+	s.Cork()
+	for i := range n {
+		if err := s.out.send([]byte{byte(i)}, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.out.mu.Lock()
+	held := s.out.pending.n
+	s.out.mu.Unlock()
+	if held != n {
+		t.Fatalf("%d of %d datagrams held while corked", held, n)
+	}
+	s.Uncork()
+	b := make([]byte, 8)
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for i := range n {
+		if k, _, err := peer.ReadFromUDPAddrPort(b); err != nil || k != 1 || b[0] != byte(i) {
+			t.Fatalf("datagram %d after uncork: %x, %v", i, b[:k], err)
+		}
+	}
+}

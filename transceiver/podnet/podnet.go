@@ -215,6 +215,16 @@ func (s *Socket) LastSeen(pop uint16, client netip.AddrPort) (time.Time, bool) {
 	return time.Unix(0, r.lastSeen.Load()), true
 }
 
+// Cork holds the datagrams the socket is asked to send until the matching
+// Uncork, which sends them together (a sendmmsg per up to 32): the pod's
+// pacer corks it for each 5 ms slot, so the frames of every call due in
+// the slot cost one system call instead of one each (transceiver/pace).
+// A full batch is sent at once; nothing waits for more traffic.
+func (s *Socket) Cork() { s.out.cork() }
+
+// Uncork releases a Cork and, if it was the last, sends what was held.
+func (s *Socket) Uncork() { s.out.uncork() }
+
 // Close closes every POP's mux and conn and the TCP side (writes fail from
 // then on, reads end) and the socket, which ends Read.
 func (s *Socket) Close() error {
