@@ -46,12 +46,13 @@ import (
 // a loop.
 type Follower struct {
 	mu        sync.Mutex
-	sock      *Socket // set by Defer, guarded by mu
-	timer     *time.Timer
-	d         Deferred // what is pending (d.Check is nil when nothing is), guarded by mu
-	check     []byte   // the stored check (copied), guarded by mu
-	conn      *muxConn // the session conn whose datagrams nudge, guarded by mu
-	stored    time.Time
+	sock      *Socket     // set by Defer, guarded by mu
+	timer     *time.Timer // the backstop, guarded by mu
+	d         Deferred    // what is pending, without its Check; guarded by mu
+	check     []byte      // the stored check (copied; empty when nothing is pending), guarded by mu
+	txID      [stun.TransactionIDSize]byte
+	conn      *muxConn  // the session conn whose datagrams nudge, guarded by mu
+	stored    time.Time // when the stored check came, guarded by mu
 	presented int       // times the stored check has been presented again, guarded by mu
 	lastAt    time.Time // when it was last presented, guarded by mu
 	closed    bool      // guarded by mu
@@ -101,15 +102,17 @@ func (f *Follower) Defer(sock *Socket, d Deferred) {
 		return
 	}
 	now := sock.now()
-	if len(f.check) > 0 && f.d.Check.TransactionID == d.Check.TransactionID && f.d.From == d.From {
+	if len(f.check) > 0 && f.txID == d.Check.TransactionID && f.d.From == d.From {
 		if f.presented >= maxFollowRetries {
 			f.disarmLocked()
 			return
 		}
 	} else {
 		f.check = append(f.check[:0], d.Check.Raw...)
+		f.txID = d.Check.TransactionID
 		f.stored, f.presented, f.lastAt = now, 0, time.Time{}
 	}
+	d.Check = nil // Pion's; the copy is kept
 	f.d, f.sock = d, sock
 	f.attachLocked()
 	f.armLocked(f.untilSilent(now) + followMargin)
@@ -159,7 +162,7 @@ func (f *Follower) nudge(client netip.AddrPort) {
 		return
 	}
 	now := f.sock.now()
-	if f.untilSilent(now) > 0 || now.Sub(f.lastAt) < presentAgain {
+	if now.Sub(f.stored) >= followWindow || now.Sub(f.lastAt) < presentAgain || f.untilSilent(now) > 0 {
 		return
 	}
 	f.presentLocked(now)
