@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -167,6 +168,25 @@ func (c *echoCall) echoesSentAfter(d time.Duration) (after []echoArrival, lastBe
 		}
 	}
 	return after, lastBefore
+}
+
+// echoDelayBefore is the median time the echoes of the last ten packets
+// sent before d took to come back: the call's own round trip through the
+// (maybe loaded) world at that moment.
+func (c *echoCall) echoDelayBefore(d time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var delays []time.Duration
+	for i := len(c.arrivals) - 1; i >= 0 && len(delays) < 10; i-- {
+		if a := c.arrivals[i]; a.sent <= d {
+			delays = append(delays, a.received-a.sent)
+		}
+	}
+	if len(delays) == 0 {
+		return 0
+	}
+	slices.Sort(delays)
+	return delays[len(delays)/2]
 }
 
 // lossBetween returns how many packets were sent in (from, to] and how many

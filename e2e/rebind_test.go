@@ -60,6 +60,7 @@ func behindNAT(t *testing.T, nat *netsim.NAT) (*netsim.NATHost, func(*webrtc.Set
 type rebindOutcome struct {
 	firstOut, firstCheck time.Duration // the client's first datagram and first check from the new address
 	lastBefore, resumed  time.Duration // last echo before the rebind, first echo of audio sent after it
+	echoDelay            time.Duration // the call's echo round trip just before the rebind
 	sent, echoed         int           // audio sent in the 3 s after resumption, and echoed
 	oldFlowGone          time.Duration // the POPs hold only the new address's flow
 	sessionsBefore       float64       // backend sessions created when the call was up (a loaded front may have retried one elsewhere)
@@ -96,6 +97,7 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 		t.Fatal(err)
 	}
 	rebound := c.since(time.Now())
+	echoDelay := c.echoDelayBefore(rebound)
 	t.Logf("rebound the client from %v to %v at %v", old, m.Outside, rebound.Round(time.Millisecond))
 	for what, ch := range map[string]<-chan struct{}{"datagram": m.OutSeen, "ICE check": m.STUNSeen} {
 		select {
@@ -105,7 +107,7 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 		}
 	}
 	m = host.Mapping()
-	o := rebindOutcome{sessionsBefore: sessionsBefore}
+	o := rebindOutcome{sessionsBefore: sessionsBefore, echoDelay: echoDelay}
 	o.firstOut, o.firstCheck = c.since(m.FirstOut), c.since(m.FirstSTUN)
 	eventually(t, 15*time.Second, "echo of audio sent after the rebind (the transceiver must follow the client's new address)", func() bool {
 		after, _ := c.echoesSentAfter(rebound)
@@ -123,11 +125,20 @@ func rebindMidCall(t *testing.T, w *devworld.World, nat *netsim.NAT, kind netsim
 	})
 	o.sent, o.echoed = c.lossBetween(o.resumed, window)
 	// The POP forgets the abandoned address soon after (its flows expire
-	// after FlowIdle otherwise, 30 s here). The client reaches the nearest
-	// POP, the first region's (the backup POP may still hold the flow of
-	// the client's setup checks).
+	// after FlowIdle otherwise, 30 s here): every POP then holds at most
+	// one flow of the client, the new address's where the call runs, the
+	// flow of the setup checks elsewhere. Usually the call runs through
+	// the nearest POP, the first region's, but on a loaded machine the
+	// client may nominate the backup's pair first (seen: the test waited
+	// 20 s for the first region's POP while the call ran through the
+	// second).
 	eventually(t, 20*time.Second, "the POP to expire the flow of the abandoned address", func() bool {
-		return popFlows(w.Regions[0]) == 1
+		for _, rg := range w.Regions {
+			if popFlows(rg) > 1 {
+				return false
+			}
+		}
+		return true
 	})
 	o.oldFlowGone = c.since(time.Now())
 	return o
@@ -171,13 +182,16 @@ func TestCallSurvivesNATRebind(t *testing.T) {
 			nat := startNAT(t)
 			o := rebindMidCall(t, w, nat, tc.kind, tc.afterCheck)
 			t.Logf("first datagram from the new address at %v, first check at %v; last echo before %v, echo resumed at %v: "+
-				"%v after the first check, %v after the first datagram; %d of %d echoed in the 3 s after; old flow gone at %v",
+				"%v after the first check, %v after the first datagram (echo round trip before the rebind %v); %d of %d echoed in the 3 s after; old flow gone at %v",
 				o.firstOut.Round(time.Millisecond), o.firstCheck.Round(time.Millisecond), o.lastBefore.Round(time.Millisecond),
 				o.resumed.Round(time.Millisecond), (o.resumed - o.firstCheck).Round(time.Millisecond),
-				(o.resumed - o.firstOut).Round(time.Millisecond), o.echoed, o.sent, o.oldFlowGone.Round(time.Millisecond))
+				(o.resumed - o.firstOut).Round(time.Millisecond), o.echoDelay.Round(time.Millisecond), o.echoed, o.sent, o.oldFlowGone.Round(time.Millisecond))
 			if d := o.resumed - o.firstOut; d > time.Second {
-				t.Errorf("echo resumed %v after the client's first datagram from the new address (its first check came %v after that), want ≤ 1 s",
-					d.Round(time.Millisecond), (o.firstCheck - o.firstOut).Round(time.Millisecond))
+				// The echo round trip before the rebind says whether the
+				// world itself (all in this process) was behind: on a
+				// loaded machine its queues alone can take a second.
+				t.Errorf("echo resumed %v after the client's first datagram from the new address (its first check came %v after that; echo round trip before the rebind %v), want ≤ 1 s",
+					d.Round(time.Millisecond), (o.firstCheck - o.firstOut).Round(time.Millisecond), o.echoDelay.Round(time.Millisecond))
 				// Which step of the follow fell back (issue 26's flaky follow).
 				for _, name := range []string{"rtcedge_globalrelay_flows_followed_total", "rtcedge_transceiver_media_probes_total",
 					"rtcedge_transceiver_reach_probes_total", "rtcedge_transceiver_reach_proven_total",

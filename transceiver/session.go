@@ -288,10 +288,6 @@ const popSwitchSilence = time.Second
 // a rebound client's next check.
 const addressSwitchSilence = 600 * time.Millisecond
 
-// followMargin is added to a deferred follow's wait, so that the old
-// address is judged a little after it would have become silent.
-const followMargin = 20 * time.Millisecond
-
 func (s *session) popOf(addr string, port uint16) uint16 {
 	ip, err := netip.ParseAddr(addr)
 	if err != nil {
@@ -389,7 +385,8 @@ func (s *session) onBindingRequest(msg *stun.Message, local, remote ice.Candidat
 	if quiet := now.Sub(last); seen && quiet < silence {
 		// Maybe the old path has only just died: look again once it has
 		// been silent long enough.
-		s.follow.Defer(s.t.sock, msg, pop, from, silence-quiet+followMargin)
+		s.follow.Defer(s.t.sock, podnet.Deferred{Check: msg, POP: pop, From: from, Ufrag: s.ufrag,
+			OldPOP: cur, Old: *peer, Silence: silence})
 		return false
 	}
 	s.follow.Disarm()

@@ -27,96 +27,203 @@ import (
 // again (USERNAME, MESSAGE-INTEGRITY) and calls the hook, which judges
 // silence afresh: nothing moves that the client did not ask for with the
 // session's credentials, and nothing moves while the current address is
-// live. Each stored check is presented at most maxFollowRetries times (a
-// late packet from the old address, delayed in a queue, can make it look
-// live once more), so a client that keeps two addresses alive costs a few
-// extra STUN answers per check, not a loop.
+// live.
+//
+// What presents it is an event, not a timer: every datagram the pod
+// hands the session from the check's address (a rebound caller's audio,
+// 50 a second) asks the follower (nudge, on the socket reader that
+// received it), and the first one after the silence is reached presents
+// the check. A timer is only the backstop for a client that sends
+// nothing but checks. Before, the timer alone presented it, and on a
+// loaded machine its goroutine ran up to 1.6 s late while the caller's
+// audio kept arriving (issue 26). A presentation whose verdict does not
+// come (the check lost on its way to Pion, the queue full) is presented
+// again by the next datagram at least presentAgain later. Each stored check
+// is presented at most maxFollowRetries times (a late packet from the old
+// address, delayed in a queue, can make it look live once more), and is
+// dropped once followWindow has passed since it came, so a client that
+// keeps two addresses alive costs a few extra STUN answers per check, not
+// a loop.
 type Follower struct {
-	sock    *Socket // set by Defer, guarded by mu
-	mu      sync.Mutex
-	timer   *time.Timer // guarded by mu; nil when nothing is pending
-	check   []byte      // the stored check (copied), guarded by mu
-	txID    [stun.TransactionIDSize]byte
-	from    netip.AddrPort // where it came from, guarded by mu
-	pop     uint16         // the POP it came through, guarded by mu
-	stored  time.Time      // when the stored check came, guarded by mu
-	retries int            // times the stored check has been presented again, guarded by mu
-	retried bool           // it is being presented again now, guarded by mu
-	closed  bool           // guarded by mu
+	mu        sync.Mutex
+	sock      *Socket     // set by Defer, guarded by mu
+	timer     *time.Timer // the backstop, guarded by mu
+	d         Deferred    // what is pending, without its Check; guarded by mu
+	check     []byte      // the stored check (copied; empty when nothing is pending), guarded by mu
+	txID      [stun.TransactionIDSize]byte
+	conn      *muxConn  // the session conn whose datagrams nudge, guarded by mu
+	stored    time.Time // when the stored check came, guarded by mu
+	presented int       // times the stored check has been presented again, guarded by mu
+	lastAt    time.Time // when it was last presented, guarded by mu
+	closed    bool      // guarded by mu
 }
 
-// maxFollowRetries bounds how often one stored check is presented again.
-const maxFollowRetries = 3
+// Deferred is a path change for the Follower: the check that asked for
+// it, where it came from, and the selected pair's address that must fall
+// silent first.
+type Deferred struct {
+	Check   *stun.Message  // the authenticated check (copied by Defer)
+	POP     uint16         // the POP it came through
+	From    netip.AddrPort // the client address it came from
+	Ufrag   string         // the server ufrag of the session's agent
+	OldPOP  uint16         // the selected pair's POP
+	Old     netip.AddrPort // and client address
+	Silence time.Duration  // how long Old must have been silent
+}
 
-// injectAgain is how soon a stored check is offered again when the
-// session's queue could not take it (its ICE reader is behind, as on a
-// loaded machine), and followWindow how long that goes on: about a consent
-// interval, after which the client's own next check comes. Without it a
-// check the queue refused was never presented, and the follow waited for
-// that next check.
 const (
-	injectAgain  = 20 * time.Millisecond
+	// maxFollowRetries bounds how often one stored check is presented
+	// again.
+	maxFollowRetries = 3
+	// followMargin: the backstop timer judges the old address a little
+	// after it would have become silent.
+	followMargin = 20 * time.Millisecond
+	// presentAgain is how long a presentation waits for its verdict (the
+	// hook moves, or defers the same check again) before the next datagram
+	// or the backstop presents it again.
+	presentAgain = 100 * time.Millisecond
+	// injectAgain is how soon the backstop offers a check again when the
+	// session's queue could not take it (its ICE reader is behind).
+	injectAgain = 20 * time.Millisecond
+	// followWindow is how long a stored check is kept: about a consent
+	// interval, after which the client's own next check comes.
 	followWindow = 2 * time.Second
 )
 
 // Defer stores an authenticated check that asked for a path change too
-// early and arranges for it to be presented again through sock after wait.
-func (f *Follower) Defer(sock *Socket, msg *stun.Message, pop uint16, from netip.AddrPort, wait time.Duration) {
+// early, to be presented again through sock once d.Old has been silent for
+// d.Silence: at the first datagram from d.From after that, or by a timer.
+// The same check deferred again (the hook found the old address live once
+// more) keeps its count of presentations.
+func (f *Follower) Defer(sock *Socket, d Deferred) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed || msg == nil {
+	if f.closed || d.Check == nil {
 		return
 	}
-	if f.retried && f.txID == msg.TransactionID && f.from == from {
-		// The stored check came back and the old address still looked
-		// live: look once more, a bounded number of times.
-		if f.retries >= maxFollowRetries {
+	now := sock.now()
+	if len(f.check) > 0 && f.txID == d.Check.TransactionID && f.d.From == d.From {
+		if f.presented >= maxFollowRetries {
+			f.disarmLocked()
 			return
 		}
-		f.retried = false
-		f.timer.Reset(wait)
-		return
-	}
-	f.check = append(f.check[:0], msg.Raw...)
-	f.txID, f.from, f.pop, f.retried, f.retries, f.sock, f.stored = msg.TransactionID, from, pop, false, 0, sock, time.Now()
-	if f.timer == nil {
-		f.timer = time.AfterFunc(wait, f.retry)
 	} else {
-		f.timer.Reset(wait)
+		f.check = append(f.check[:0], d.Check.Raw...)
+		f.txID = d.Check.TransactionID
+		f.stored, f.presented, f.lastAt = now, 0, time.Time{}
+	}
+	d.Check = nil // Pion's; the copy is kept
+	f.d, f.sock = d, sock
+	f.attachLocked()
+	f.armLocked(f.untilSilent(now) + followMargin)
+}
+
+// attachLocked points the session conn of the check's address at the
+// follower, so that its datagrams nudge it.
+func (f *Follower) attachLocked() {
+	var c *muxConn
+	if pc := f.sock.lookup(f.d.POP); pc != nil {
+		c = pc.mux.conn(f.d.Ufrag)
+	}
+	if f.conn != nil && f.conn != c {
+		f.conn.follow.CompareAndSwap(f, nil)
+	}
+	f.conn = c
+	if c != nil {
+		c.follow.Store(f)
 	}
 }
 
-// retry presents the stored check to Pion again.
-func (f *Follower) retry() {
+// untilSilent is how long until the old address has been silent for the
+// threshold (0: it has).
+func (f *Follower) untilSilent(now time.Time) time.Duration {
+	last, seen := f.sock.LastSeen(f.d.OldPOP, f.d.Old)
+	if !seen {
+		return 0
+	}
+	return max(0, f.d.Silence-now.Sub(last))
+}
+
+func (f *Follower) armLocked(d time.Duration) {
+	if f.timer == nil {
+		f.timer = time.AfterFunc(d, f.backstop)
+	} else {
+		f.timer.Reset(d)
+	}
+}
+
+// nudge is told of a datagram the pod handed the session from client:
+// if the check waiting is from there and the old address has gone silent,
+// it is presented now. Called by the socket's readers.
+func (f *Follower) nudge(client netip.AddrPort) {
 	f.mu.Lock()
-	if f.closed || f.retried || len(f.check) == 0 {
-		f.mu.Unlock()
+	defer f.mu.Unlock()
+	if f.closed || len(f.check) == 0 || client != f.d.From {
 		return
 	}
-	sock := f.sock
-	pc := sock.lookup(f.pop)
-	if pc == nil || !pc.inject(f.check, f.from) {
-		// Not presented: offer it again shortly, within followWindow.
-		if time.Since(f.stored) < followWindow {
-			f.timer.Reset(injectAgain)
-		}
-		f.mu.Unlock()
+	now := f.sock.now()
+	if now.Sub(f.stored) >= followWindow || now.Sub(f.lastAt) < presentAgain || f.untilSilent(now) > 0 {
 		return
 	}
-	f.retried = true
-	f.retries++
-	f.mu.Unlock()
-	sock.m.followRetries.Inc()
+	f.presentLocked(now)
+}
+
+// backstop is the timer's: it presents the stored check when the old
+// address has gone silent, for a client whose datagrams do not come (it
+// sends nothing but checks), and looks again later while it must.
+func (f *Follower) backstop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || len(f.check) == 0 {
+		return
+	}
+	now := f.sock.now()
+	switch wait := f.untilSilent(now); {
+	case now.Sub(f.stored) >= followWindow || f.presented >= maxFollowRetries:
+		f.disarmLocked() // the client's own next check takes it from here
+	case wait > 0:
+		f.armLocked(wait + followMargin)
+	case now.Sub(f.lastAt) < presentAgain:
+		f.armLocked(presentAgain - now.Sub(f.lastAt))
+	case !f.presentLocked(now):
+		f.armLocked(injectAgain)
+	default:
+		f.armLocked(presentAgain)
+	}
+}
+
+// presentLocked hands the stored check to the session's queue again; false
+// when the queue could not take it. Callers hold mu.
+func (f *Follower) presentLocked(now time.Time) bool {
+	if f.presented >= maxFollowRetries {
+		return false
+	}
+	pc := f.sock.lookup(f.d.POP)
+	if pc == nil || !pc.inject(f.check, f.d.From) {
+		return false
+	}
+	f.presented++
+	f.lastAt = now
+	f.sock.m.followRetries.Inc()
+	return true
 }
 
 // Disarm forgets a pending change once the session has moved.
 func (f *Follower) Disarm() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.disarmLocked()
+}
+
+func (f *Follower) disarmLocked() {
 	if f.timer != nil {
 		f.timer.Stop()
 	}
-	f.check, f.retried, f.retries = f.check[:0], false, 0
+	if f.conn != nil {
+		f.conn.follow.CompareAndSwap(f, nil)
+		f.conn = nil
+	}
+	f.check, f.d, f.presented = f.check[:0], Deferred{}, 0
 }
 
 // Stop stops the follower for good (session teardown).
@@ -124,9 +231,7 @@ func (f *Follower) Stop() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
-	if f.timer != nil {
-		f.timer.Stop()
-	}
+	f.disarmLocked()
 }
 
 // Following a caller's audio. A caller whose NAT rebinds sends its audio

@@ -144,12 +144,15 @@ func (s *Socket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	}
 	class := stunmsg.DemuxClass(payload)
 	if class == stunmsg.ClassRTP {
-		if mp := pc.mux.media(h.Client); mp != nil {
-			// A connected session's SRTP: decrypted and handed to the
-			// session here, on this reader.
-			s.m.in(n - hl)
-			mp.receive(payload)
-			return false
+		if c := pc.mux.routed(h.Client); c != nil {
+			if mp := c.media.Load(); mp != nil {
+				// A connected session's SRTP: decrypted and handed to
+				// the session here, on this reader.
+				s.m.in(n - hl)
+				mp.receive(payload)
+				c.arrived(h.Client)
+				return false
+			}
 		}
 	}
 
@@ -159,7 +162,8 @@ func (s *Socket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 	// the credentials its agent knows.
 	copy(buf[:], payload)
 	n = s.restarts.rewriteIn(buf[:], n-hl, s.now())
-	if reason, ok := pc.mux.deliver(buf, n, h.Client); !ok {
+	c, reason, ok := pc.mux.deliver(buf, n, h.Client)
+	if !ok {
 		if reason == dropUnknownClient && class == stunmsg.ClassRTP {
 			s.stray(pc, h.Token, h.Client) // maybe its caller behind a rebound NAT
 		}
@@ -167,6 +171,7 @@ func (s *Socket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		return false
 	}
 	s.m.in(n)
+	c.arrived(h.Client)
 	return true
 }
 

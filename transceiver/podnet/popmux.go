@@ -129,21 +129,22 @@ func (m *popMux) removeLocked(c *muxConn) {
 }
 
 // deliver hands one client datagram (buf[:n], already stripped of its
-// header) to its session. It reports true when buf was handed on and must
-// not be reused by the caller, else why it was not. Safe for concurrent use
+// header) to its session's conn, which it returns (nil if none). It
+// reports true when buf was handed on and must not be reused by the
+// caller, else why it was not. Safe for concurrent use
 // by several socket readers.
-func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (dropReason, bool) {
+func (m *popMux) deliver(buf *podBuf, n int, from netip.AddrPort) (*muxConn, dropReason, bool) {
 	c := m.routed(from)
 	if c == nil {
 		if c = m.learn(buf[:n], from); c == nil {
-			return dropUnknownClient, false
+			return nil, dropUnknownClient, false
 		}
 	}
 	select {
 	case c.in <- datagram{buf: buf, n: n, from: from}:
-		return 0, true
+		return c, 0, true
 	default:
-		return dropSessionQueue, false
+		return c, dropSessionQueue, false
 	}
 }
 
@@ -206,7 +207,8 @@ type muxConn struct {
 	closeOnce sync.Once
 
 	readDeadline atomic.Pointer[time.Time]
-	media        atomic.Pointer[Media] // the session's SRTP goes here, not to Pion
+	media        atomic.Pointer[Media]    // the session's SRTP goes here, not to Pion
+	follow       atomic.Pointer[Follower] // a path change waiting for datagrams from its address (follow.go)
 
 	addrs []netip.AddrPort // client addresses routed here; guarded by mux.mu
 }
@@ -293,22 +295,25 @@ func (c *muxConn) SetReadDeadline(t time.Time) error {
 // SetWriteDeadline is a no-op: a write is one non-blocking UDP send.
 func (c *muxConn) SetWriteDeadline(time.Time) error { return nil }
 
-// media returns the media path of the session a client address is routed
-// to, nil if none (or the session's media still goes through Pion).
-func (m *popMux) media(from netip.AddrPort) *Media {
-	c := m.routed(from)
-	if c == nil {
-		return nil
+// conn returns the session conn of a server ufrag, nil if none.
+func (m *popMux) conn(ufrag string) *muxConn {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.byUfrag[ufrag]
+}
+
+// arrived is told of a datagram handed to the session from a client
+// address: a path change waiting for that address may go now (follow.go).
+// One atomic load when none waits.
+func (c *muxConn) arrived(from netip.AddrPort) {
+	if f := c.follow.Load(); f != nil {
+		f.nudge(from)
 	}
-	return c.media.Load()
 }
 
 // setMedia points the session conn of a ufrag at its media path.
 func (m *popMux) setMedia(ufrag string, mp *Media) {
-	m.mu.RLock()
-	c := m.byUfrag[ufrag]
-	m.mu.RUnlock()
-	if c != nil {
+	if c := m.conn(ufrag); c != nil {
 		c.media.Store(mp)
 	}
 }
@@ -324,7 +329,7 @@ func (c *popConn) inject(b []byte, from netip.AddrPort) bool {
 	}
 	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], b)
-	if reason, ok := c.mux.deliver(buf, n, from); !ok {
+	if _, reason, ok := c.mux.deliver(buf, n, from); !ok {
 		c.sock.m.drop(reason)
 		bufPool.Put(buf)
 		return false

@@ -54,7 +54,7 @@ func bindingRequest(t *testing.T, serverUfrag string) []byte {
 func offer(m *popMux, payload []byte, from netip.AddrPort) string {
 	buf := bufPool.Get().(*podBuf)
 	n := copy(buf[:], payload)
-	reason, ok := m.deliver(buf, n, from)
+	_, reason, ok := m.deliver(buf, n, from)
 	if ok {
 		return ""
 	}

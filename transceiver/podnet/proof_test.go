@@ -304,7 +304,9 @@ func TestFollowerOffersAgainWhenQueueFull(t *testing.T) {
 	}
 	var f Follower
 	defer f.Stop()
-	f.Defer(b.sock, msg, 1, from, 10*time.Millisecond)
+	// The old address has no route: silent, so the check is due at once.
+	f.Defer(b.sock, Deferred{Check: msg, POP: 1, From: from, Ufrag: "sess", OldPOP: 1,
+		Old: netip.MustParseAddrPort("198.51.100.7:4000"), Silence: 600 * time.Millisecond})
 	eventually(t, "the deferred check refused by the full queue", func() bool {
 		return b.metric("rtcedge_transceiver_dropped_packets_total", "reason", "session_queue_full") >= 1
 	})
