@@ -156,6 +156,15 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	meta.API, meta.Draining = n.apiURL, true // draining until it hears of a ready pod (PublishAggregate)
+	if auth != nil {
+		// In the global pool it speaks for its own cluster only (its
+		// relay key), and believes signaling only on signaling's key
+		// when it has the public key (internal/authority, global.go).
+		if cfg.GlobalGossip.Prove, err = auth.GlobalProve(meta); err != nil {
+			return nil, err
+		}
+		cfg.GlobalGossip.CheckMember = auth.GlobalCheck(false)
+	}
 	if n.globalPool, err = n.life.JoinPool(cfg.GlobalGossip, "global", "@global", true, meta, env); err != nil {
 		return nil, err
 	}

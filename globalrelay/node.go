@@ -180,8 +180,20 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	// clients once it knows where to send them, and none while draining.
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	cfg.Gossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{}) // believed only within bounds
-	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, membership.Meta{
-		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env); err != nil {
+	meta := membership.Meta{Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}
+	if auth != nil {
+		// It proves its POP with the POP's key, and takes for a cluster
+		// relay of a cluster it holds the secret of only a member proven
+		// by that cluster's relay key, on its own gossip address.
+		if cfg.Gossip.Prove, err = auth.GlobalProve(meta); err != nil {
+			return nil, err
+		}
+		if cfg.Gossip.Prove == nil {
+			env.Logger.Warn("no authority key of this POP: its metadata goes unproven, and signaling holding POP keys ignores it", "pop", cfg.POP)
+		}
+		cfg.Gossip.CheckMember = auth.GlobalCheck(false)
+	}
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, meta, env); err != nil {
 		return nil, err
 	}
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })

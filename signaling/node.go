@@ -126,7 +126,17 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 func (n *Node) joinGossip(cfg *Config) (err error) {
 	check := metacheck.New(cfg.CatalogueData, metacheck.Bounds{MaxClusterCapacity: cfg.MaxClusterCapacity})
 	cfg.Gossip.CheckMeta = check
-	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, membership.Meta{Role: membership.RoleSignaling}, n.env); err != nil {
+	meta := membership.Meta{Role: membership.RoleSignaling}
+	if sec, _ := cfg.Authority.Secrets(); sec != nil { // checked by Validate
+		// Strict: holding a kind's keys, every member of that role must
+		// prove its cluster or POP (a cluster without a relay key is
+		// refused, not believed).
+		if cfg.Gossip.Prove, err = sec.GlobalProve(meta); err != nil {
+			return err
+		}
+		cfg.Gossip.CheckMember = sec.GlobalCheck(true)
+	}
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, meta, n.env); err != nil {
 		return err
 	}
 	h := GossipHealth{Pool: n.pool, Check: check}

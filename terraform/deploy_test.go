@@ -422,6 +422,11 @@ func TestDataPlaneRolesGetHopKeys(t *testing.T) {
 			t.Errorf("transceivers get %s: a pod must hold only its own keys", k)
 		}
 	}
+	// Signaling proves itself in the global pool with its own secret,
+	// never a cluster's.
+	if !slices.Contains(got["signaling"], "RTCEDGE_SIGNALING_AUTHORITY_KEYS") || slices.Contains(got["signaling"], "RTCEDGE_AUTHORITY_KEYS") {
+		t.Errorf("signaling's secret_keys %q: want its own RTCEDGE_SIGNALING_AUTHORITY_KEYS and no cluster secret", got["signaling"])
+	}
 	if !issuer["transceiver"] {
 		t.Error("transceivers have no key issuer: they would start without keys")
 	}

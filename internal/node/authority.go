@@ -3,7 +3,7 @@ package node
 import (
 	"fmt"
 	"os"
-	"strings"
+	"slices"
 
 	"github.com/rtcedge/rtcedge/internal/authority"
 )
@@ -22,15 +22,16 @@ type Authority struct {
 	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_AUTHORITY_KEYS.
 	// Per cluster the first listed is current.
 	Keys []string `yaml:"keys"`
-	// File, when set, holds the specs instead (commas or newlines), e.g.
-	// a mounted Kubernetes Secret; read at start.
+	// File, when set, holds further specs (commas or newlines), e.g. a
+	// mounted Kubernetes Secret; read at start.
 	File string `yaml:"file"`
 }
 
-// ApplyEnv takes the keys from $RTCEDGE_AUTHORITY_KEYS when set.
+// ApplyEnv adds the keys of $RTCEDGE_AUTHORITY_KEYS when set: secrets in
+// the environment, public keys in the config file.
 func (a *Authority) ApplyEnv() {
 	if env := os.Getenv(EnvAuthorityKeys); env != "" {
-		a.Keys = strings.Split(env, ",")
+		a.Keys = append(a.Keys, env)
 	}
 }
 
@@ -48,7 +49,7 @@ func (a *Authority) Secrets() (*authority.Secrets, error) {
 		if err != nil {
 			return nil, fmt.Errorf("authority.file: %w", err)
 		}
-		specs = strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
+		specs = append(slices.Clip(specs), string(b))
 	}
 	return authority.Parse(specs)
 }

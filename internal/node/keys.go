@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/keyspec"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
 
@@ -118,17 +119,10 @@ func (k *HopKeys) ClusterKeys() (*encap.ClusterKeys, error) {
 
 // parseHopFile parses a hop keys file: specs separated by commas or
 // newlines.
-func parseHopFile(b []byte) (*encap.ClusterKeys, error) {
-	return parseHopKeys(strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }))
-}
+func parseHopFile(b []byte) (*encap.ClusterKeys, error) { return parseHopKeys([]string{string(b)}) }
 
 func parseHopKeys(specs []string) (*encap.ClusterKeys, error) {
-	var clean []string
-	for _, s := range specs {
-		if s = strings.TrimSpace(s); s != "" {
-			clean = append(clean, s)
-		}
-	}
+	clean := keyspec.Split(specs...)
 	if len(clean) == 0 {
 		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys, hop_keys.file or $%s", EnvHopKeys)
 	}

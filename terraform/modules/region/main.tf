@@ -74,6 +74,9 @@ locals {
       join      = var.global_gossip_join
       key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"
     }
+    # Public keys (signaling's among them): the cluster's own secret comes
+    # from $RTCEDGE_AUTHORITY_KEYS and is added to these.
+    authority = { keys = var.global_pool_public_keys }
   }
 
   signaling_config = {
@@ -88,6 +91,10 @@ locals {
     client_secret_ttl = "10m"
     rate_per_second   = 5
     rate_burst        = 20
+    # Signaling's own secret proves its metadata in the global pool; with
+    # the public keys it believes a cluster relay or a POP only on that
+    # cluster's or POP's key (docs/operations.md, "The global pool").
+    authority = { keys = concat(["$${RTCEDGE_SIGNALING_AUTHORITY_KEYS}"], var.global_pool_public_keys) }
     gossip = {
       bind      = "0.0.0.0:7947"
       advertise = "$${POD_IP}:7947"
@@ -236,7 +243,7 @@ module "signaling" {
   config      = local.signaling_config
   replicas    = var.signaling_replicas
   secret_name = var.secret_name
-  secret_keys = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
+  secret_keys = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_SIGNALING_AUTHORITY_KEYS"]
   ports = [
     { name = "http", port = 8080, protocol = "TCP" },
     { name = "ggossip-tcp", port = 7947, protocol = "TCP" },
