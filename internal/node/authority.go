@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -23,8 +24,14 @@ type Authority struct {
 	// Per cluster the first listed is current.
 	Keys []string `yaml:"keys"`
 	// File, when set, holds further specs (commas or newlines), e.g. a
-	// mounted Kubernetes Secret; read at start.
+	// mounted Kubernetes Secret. The node re-reads it every KeysReload
+	// (and on SIGHUP) and swaps in a changed, valid set without a
+	// restart (WatchAuthority): this is how authority keys rotate.
 	File string `yaml:"file"`
+
+	// loaded is the file's content the last Secrets built from (the
+	// watcher's baseline).
+	loaded []byte
 }
 
 // ApplyEnv adds the keys of $RTCEDGE_AUTHORITY_KEYS when set: secrets in
@@ -50,6 +57,23 @@ func (a *Authority) Secrets() (*authority.Secrets, error) {
 			return nil, fmt.Errorf("authority.file: %w", err)
 		}
 		specs = append(slices.Clip(specs), string(b))
+		a.loaded = b
 	}
 	return authority.Parse(specs)
+}
+
+// WatchAuthority re-reads a.File (WatchFile) until ctx ends and hands
+// every changed set that parses (with a.Keys) to apply, which swaps it in
+// or refuses it (the keys in use stay). Without a file it returns at once.
+func WatchAuthority(ctx context.Context, a Authority, env Env, apply func(*authority.Secrets) error) error {
+	if a.File == "" {
+		return nil
+	}
+	return WatchFile(ctx, a.File, "authority", a.loaded, env, func(b []byte) error {
+		sec, err := authority.Parse(append(slices.Clip(a.Keys), string(b)))
+		if err != nil {
+			return err
+		}
+		return apply(sec)
+	})
 }
