@@ -228,7 +228,8 @@ func newRelayAuth(sec *authority.Secrets, cluster uint16) (a *relayAuth, err err
 // setKeys applies reloaded keys: the static hop keys (hop_keys) and the
 // authority's (nil: none), merged into the relay's keyring; a new
 // authority also proves the node's metadata again in both pools, under
-// its current key ID. A clash between the two keeps everything in use.
+// its current key ID, and checks every member again (Pool.Recheck). A
+// clash between the two keeps everything in use.
 func (n *Node) setKeys(static *encap.Keyring, a *relayAuth) error {
 	n.keyMu.Lock()
 	defer n.keyMu.Unlock()
@@ -246,6 +247,7 @@ func (n *Node) setKeys(static *encap.Keyring, a *relayAuth) error {
 		for _, p := range []*membership.Pool{n.clusterPool, n.globalPool} {
 			if p != nil {
 				_ = p.UpdateMeta(func(*membership.Meta) {}) // ErrLeft while stopping: nothing to prove
+				p.Recheck()
 			}
 		}
 	}

@@ -259,7 +259,7 @@ func newPOPAuth(sec *authority.Secrets, meta membership.Meta) (*popAuth, error) 
 // setKeys applies reloaded keys: the static hop keys (hop_keys) and the
 // authority's (nil: none), merged into the relay's token and hop
 // keyrings; a new authority also proves the node's metadata again under
-// its current key. A set without a key of a served cluster, or a clash
+// its current key and checks every member again (Pool.Recheck). A set without a key of a served cluster, or a clash
 // between the two, keeps everything in use.
 func (n *Node) setKeys(static *encap.ClusterKeys, a *popAuth) error {
 	n.keyMu.Lock()
@@ -286,6 +286,7 @@ func (n *Node) setKeys(static *encap.ClusterKeys, a *popAuth) error {
 		n.auth.Store(a)
 		if n.pool != nil {
 			_ = n.pool.UpdateMeta(func(*membership.Meta) {}) // ErrLeft while stopping: nothing to prove
+			n.pool.Recheck()
 		}
 	}
 	return nil

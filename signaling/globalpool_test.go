@@ -3,8 +3,10 @@ package signaling_test
 import (
 	"crypto/rand"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +126,100 @@ func TestGlobalPoolClaimsNeedProof(t *testing.T) {
 	}
 	if got := refused(); got < float64(len(rogues)) {
 		t.Errorf("refusals counted = %v, want ≥ %d", got, len(rogues))
+	}
+}
+
+// TestAuthorityFileReloads: a running signaling replica re-reads
+// authority.file. A cluster relay proving itself under a new cluster
+// secret (key ID 2) is ignored until the file lists its public key, then
+// used without a restart and without an update of its own; a malformed
+// file changes nothing (counted once); a file without the old key drops
+// the relay proven by it.
+func TestAuthorityFileReloads(t *testing.T) {
+	secret := func() []byte {
+		b := make([]byte, authority.KeyLen)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	parse := func(specs ...string) *authority.Secrets {
+		t.Helper()
+		s, err := authority.Parse(specs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	oldC, newC := parse(authority.Spec(1, 1, secret())), parse(authority.Spec(1, 2, secret()))
+	oldPub, newPub := oldC.PublicSpecs()[0], newC.PublicSpecs()[0]
+	sig := authority.SignalingSpec(1, secret())
+	path := filepath.Join(t.TempDir(), "authority")
+	write := func(specs ...string) {
+		t.Helper()
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(strings.Join(specs, "\n")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(sig, oldPub)
+
+	reg := prometheus.NewRegistry()
+	cfg := signaling.Config{ListenAddr: "127.0.0.1:0", AllowAnonymous: true, DrainDelay: time.Millisecond,
+		Catalogue: filepath.Join("..", "geo", "testdata", "catalogue.yaml"),
+		Gossip:    nodetest.Gossip("signaling", ""), Authority: node.Authority{File: path}}
+	s, err := signaling.OpenSockets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := signaling.NewNode(cfg, s, node.Env{Logger: nodetest.Quiet, Registerer: reg, KeysReload: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodetest.Run(t, n)()
+	seed := n.Pool().LocalAddr().String()
+	relay := func(name, api string, sec *authority.Secrets) {
+		t.Helper()
+		m := membership.Meta{Role: membership.RoleClusterRelay, Region: "eu-central", Cluster: 1,
+			Data: netip.MustParseAddrPort("127.0.0.1:7100"), API: api, Capacity: 10}
+		prove, err := sec.GlobalProve(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodetest.ProvenMember(t, name, true, m, seed, prove)
+	}
+	const oldAPI, newAPI = "http://127.0.0.1:8081", "http://127.0.0.1:8091"
+	relay("cr-new", newAPI, newC)
+	relay("cr-old", oldAPI, oldC)
+	h := signaling.GossipHealth{Pool: n.Pool()}
+	metric := func(key string) float64 { return testmetrics.Take(t, reg)[key] }
+	reloads := func(result string) float64 {
+		return metric("rtcedge_key_reloads_total,keys=authority,result=" + result)
+	}
+	apis := func(want ...string) func() bool {
+		return func() bool { return slices.Equal(h.SessionAPIs(1), want) }
+	}
+	nodetest.Await(t, "the old relay used and the new one refused", func() bool {
+		return apis(oldAPI)() && metric("rtcedge_membership_meta_decode_errors_total,pool=global") >= 1
+	})
+
+	write(sig, "relay-pub:1/2:garbage", oldPub)
+	nodetest.Await(t, "the malformed file refused", func() bool { return reloads("invalid") == 1 })
+	if got := h.SessionAPIs(1); !slices.Equal(got, []string{oldAPI}) {
+		t.Fatalf("after a malformed file, cluster 1's APIs = %v, want only the old relay's", got)
+	}
+
+	write(sig, newPub, oldPub)
+	nodetest.Await(t, "the relay proven under the new key used", apis(newAPI, oldAPI)) // by member name
+	write(sig, newPub)
+	nodetest.Await(t, "the relay proven under the removed key dropped", apis(newAPI))
+	if got := reloads("ok"); got != 2 {
+		t.Errorf("applied reloads = %v, want 2", got)
+	}
+	if got := reloads("invalid"); got != 1 {
+		t.Errorf("refused reloads = %v, want 1 (counted once)", got)
 	}
 }

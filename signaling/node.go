@@ -152,6 +152,7 @@ func (n *Node) joinGossip(cfg *Config) (err error) {
 				}
 				n.auth.Store(a)
 				_ = n.pool.UpdateMeta(func(*membership.Meta) {}) // proven again under the current key; ErrLeft while stopping
+				n.pool.Recheck()                                 // members proven by a key gone, or just added
 				return nil
 			})
 		})
