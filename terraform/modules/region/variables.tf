@@ -41,7 +41,7 @@ variable "image" {
 }
 
 variable "secret_name" {
-  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (this cluster's authority secret, rtcedge keys cluster: relays and the pods' key-issuer init container read it, the transceiver container never; docs/operations.md), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_SIGNALING_AUTHORITY_KEYS (signaling's secret, rtcedge keys signaling: signaling only), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
+  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (this cluster's authority secret, rtcedge keys cluster: the cluster relays read it as a file, reloaded on change), RTCEDGE_ISSUER_AUTHORITY_KEYS (the same secrets, current first as pods should use them: only the pods' key-issuer init container reads it, the transceiver container never; docs/operations.md), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_SIGNALING_AUTHORITY_KEYS (signaling's secret, rtcedge keys signaling: signaling only), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
   type        = string
   default     = "rtcedge-secrets"
 }
