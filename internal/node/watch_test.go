@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,8 +20,11 @@ import (
 // applied; a good content after them is applied.
 func TestWatchFileOnHangup(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys")
-	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+	write := func(s string) { // whole, as a Secret volume swaps it: a look sees the old or the new
+		if err := os.WriteFile(path+".tmp", []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -31,7 +35,7 @@ func TestWatchFileOnHangup(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- watchFile(ctx, path, "test", []byte("one"), Env{Registerer: reg, KeysReload: time.Hour}, hup,
+		done <- watchFile(ctx, path, "test", []byte("one"), Env{Registerer: reg, KeysReload: time.Hour, Logger: slog.New(slog.DiscardHandler)}, hup,
 			func(b []byte) error {
 				if string(b) == "bad" {
 					return errors.New("bad keys")
