@@ -193,10 +193,10 @@ func headOf(sc scope) string {
 // cluster-pool proof (the same relay key) never passes for one.
 const globalDomain = "rtcedge global pool v1\x00"
 
-// roleScope is the secret scope that proves role's metadata in the
-// global pool, for a member of cluster or POP n.
-func roleScope(role membership.Role, m membership.Meta) (scope, bool) {
-	switch role {
+// roleScope is the secret scope that proves m's role in the global pool:
+// its cluster's, its POP's, or signaling's.
+func roleScope(m membership.Meta) (scope, bool) {
+	switch m.Role {
 	case membership.RoleClusterRelay:
 		return scope{kindCluster, m.Cluster}, true
 	case membership.RoleGlobalRelay:
@@ -214,7 +214,7 @@ func roleScope(role membership.Role, m membership.Meta) (scope, bool) {
 // (and no error) when s holds no secret of that scope: the member runs
 // unproven, and verifiers holding keys of its kind refuse it.
 func (s *Secrets) GlobalProve(meta membership.Meta) (func([]byte) []byte, error) {
-	sc, ok := roleScope(meta.Role, meta)
+	sc, ok := roleScope(meta)
 	if !ok {
 		return nil, fmt.Errorf("authority: role %q has no place in the global pool", meta.Role)
 	}
@@ -267,7 +267,7 @@ func (s *Secrets) GlobalCheck(strict bool) func(membership.Member, []byte) error
 		}
 	}
 	return func(m membership.Member, input []byte) error {
-		sc, ok := roleScope(m.Meta.Role, m.Meta)
+		sc, ok := roleScope(m.Meta)
 		if !ok {
 			return refuse("%s: role %q in the global pool", m.Name, m.Meta.Role)
 		}
