@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +263,82 @@ func TestNodeAdmitsOnlyProvenMembers(t *testing.T) {
 		if m.Name == "evil-relay" {
 			t.Errorf("the honest pod admitted %s (%s)", m.Name, m.Meta.Role)
 		}
+	}
+}
+
+// TestAuthorityFileReloads: a running cluster relay re-reads
+// authority.file. A pod issued keys under a new cluster secret (key ID 2)
+// is refused while the relay holds only the old one, and while the file
+// is malformed (refused once, counted); once the file lists the new
+// secret, the relay admits the pod without a restart and without an
+// update of the pod's own.
+func TestAuthorityFileReloads(t *testing.T) {
+	secret := func() []byte {
+		b := make([]byte, authority.KeyLen)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	oldSpec, newSpec := authority.Spec(4, 1, secret()), authority.Spec(4, 2, secret())
+	path := filepath.Join(t.TempDir(), "authority")
+	write := func(specs ...string) {
+		t.Helper()
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(strings.Join(specs, "\n")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(oldSpec)
+	reg := prometheus.NewRegistry()
+	cfg := Config{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", Authority: node.Authority{File: path},
+		ClusterGossip: nodetest.Gossip("cr", ""), GlobalGossip: nodetest.Gossip("cr", "")}
+	s, err := OpenSockets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := NewNode(cfg, s, node.Env{Logger: quiet, Registerer: reg, KeysReload: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodetest.Run(t, n)
+
+	newSec, err := authority.Parse([]string{newSpec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := newSec.Pod(4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prove, err := k.Prove()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodetest.ProvenMember(t, "transceiver-0", false, membership.Meta{Role: membership.RoleTransceiver, Cluster: 4, Pod: 1,
+		Data: netip.MustParseAddrPort("127.0.0.1:9"), API: "http://127.0.0.1:9", Capacity: 10}, n.ClusterPool().LocalAddr().String(), prove)
+	metric := func(prefix, part string) float64 {
+		for k, v := range testmetrics.Take(t, reg) {
+			if strings.HasPrefix(k, prefix) && strings.Contains(k, part) {
+				return v
+			}
+		}
+		return 0
+	}
+	nodetest.Await(t, "the pod under the new key refused", func() bool {
+		return metric("rtcedge_membership_meta_decode_errors_total", "pool=cluster") >= 1
+	})
+	write("4/2:garbage", oldSpec)
+	nodetest.Await(t, "the malformed file refused", func() bool { return metric("rtcedge_key_reloads_total", "result=invalid") == 1 })
+	if infos := n.Directory().PodInfos(); len(infos) != 0 {
+		t.Fatalf("a malformed file admitted %+v", infos)
+	}
+	write(newSpec, oldSpec)
+	nodetest.Await(t, "the pod admitted after the reload", func() bool { return len(n.Directory().PodInfos()) == 1 })
+	if got := n.auth.Load().sec.SessionAPICredential(4, 1); got != k.SessionAPI[0] {
+		t.Error("the front does not present the pod's credential under the new key")
 	}
 }

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/steer"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
@@ -74,6 +77,10 @@ type Node struct {
 	clusterPool *membership.Pool
 	globalPool  *membership.Pool
 	stopping    atomic.Bool
+	// The keys in use, swapped whole by setKeys on a reload.
+	keyMu     sync.Mutex
+	auth      atomic.Pointer[relayAuth]
+	staticHop atomic.Pointer[encap.Keyring]
 }
 
 // ErrNoReadyPod is Ready's answer while the replica knows no ready pod.
@@ -102,7 +109,17 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	cfg.Hop, _ = cfg.hopKeyring() // checked by Validate
-	auth, _ := cfg.Authority.Secrets()
+	if cfg.HopKeys.Set() {
+		static, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
+		n.staticHop.Store(static)
+	}
+	if sec, _ := cfg.Authority.Secrets(); sec != nil { // checked by Validate
+		a, err := newRelayAuth(sec, cfg.Cluster)
+		if err != nil {
+			return nil, err
+		}
+		n.auth.Store(a)
+	}
 	cfg.Pods, cfg.Advertise, cfg.Logger, cfg.Registerer, n.cfg = n.dir, data, env.Logger, env.Registerer, cfg
 	if n.relay, err = New(cfg, s.Data); err != nil {
 		return nil, err
@@ -110,18 +127,25 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	n.life.OnClose(n.relay.Close)
 	n.life.Go("relay", n.relay.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
-		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
-			hop := k.For(cfg.Cluster) // nil (no key for us) is ignored
-			if auth != nil {
-				var err error
-				if hop, err = auth.HopKeyring(cfg.Cluster, hop); err != nil {
-					env.Logger.Error("reloaded hop keys clash with the authority's; keeping the keys in use", "err", err)
-					return
-				}
+		return node.WatchHopKeys(ctx, cfg.HopKeys, env, func(k *encap.ClusterKeys) error {
+			hop := k.For(cfg.Cluster)
+			if hop == nil {
+				return fmt.Errorf("no hop key for cluster %d", cfg.Cluster)
 			}
-			n.relay.SetHopKeys(hop)
+			return n.setKeys(hop, n.auth.Load())
 		})
 	})
+	if n.auth.Load() != nil {
+		n.life.Go("authority keys", func(ctx context.Context) error {
+			return node.WatchAuthority(ctx, cfg.Authority, env, func(sec *authority.Secrets) error {
+				a, err := newRelayAuth(sec, cfg.Cluster)
+				if err != nil {
+					return err
+				}
+				return n.setKeys(n.staticHop.Load(), a)
+			})
+		})
+	}
 	podClient, err := cfg.APITLS.Client(env.HTTPClient)
 	if err != nil {
 		return nil, err
@@ -129,18 +153,14 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	fc := FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger, Now: env.Now}
 	steerCfg := SteerForwarderConfig{Cluster: cfg.Cluster, Now: env.Now,
 		Admitted: func(pod uint16) bool { _, ok := n.dir.PodAddr(pod); return ok }}
-	if auth != nil {
-		if fc.Steer, err = auth.SteerAuthority(cfg.Cluster); err != nil {
-			return nil, err
-		}
+	if n.auth.Load() != nil {
+		fc.Steer = func() *steer.Authority { return n.auth.Load().steer }
 		steerCfg.Authority = fc.Steer
-		fc.PodSecret = func(pod uint16) string { return auth.SessionAPICredential(cfg.Cluster, pod) }
-		if cfg.ClusterGossip.Prove, err = auth.RelayProve(cfg.Cluster); err != nil {
-			return nil, err
-		}
-		if cfg.ClusterGossip.CheckMember, err = auth.CheckMember(cfg.Cluster); err != nil {
-			return nil, err
-		}
+		// Every use reads the keys in use, so a reload (setKeys) takes
+		// effect at once.
+		fc.PodSecret = func(pod uint16) string { return n.auth.Load().sec.SessionAPICredential(cfg.Cluster, pod) }
+		cfg.ClusterGossip.Prove = func(in []byte) []byte { return n.auth.Load().clusterProve(in) }
+		cfg.ClusterGossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().clusterCheck(m, in) }
 	}
 	front := NewFront(fc)
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
@@ -162,6 +182,13 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, err
 	}
 	meta.API, meta.Draining = n.apiURL, true // draining until it hears of a ready pod (PublishAggregate)
+	if n.auth.Load() != nil {
+		// In the global pool it speaks for its own cluster only (its
+		// relay key), and believes signaling only on signaling's key
+		// when it has the public key (internal/authority, global.go).
+		cfg.GlobalGossip.Prove = func(in []byte) []byte { return n.auth.Load().globalProve(in) }
+		cfg.GlobalGossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().globalCheck(m, in) }
+	}
 	if n.globalPool, err = n.life.JoinPool(cfg.GlobalGossip, "global", "@global", true, meta, env); err != nil {
 		return nil, err
 	}
@@ -179,6 +206,61 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil
 	})
 	return n, nil
+}
+
+// relayAuth is what a cluster relay builds from its authority secrets;
+// a reload swaps in a new one whole.
+type relayAuth struct {
+	sec                       *authority.Secrets
+	steer                     *steer.Authority // mints tickets, checks reports
+	clusterProve, globalProve func([]byte) []byte
+	clusterCheck, globalCheck func(membership.Member, []byte) error
+}
+
+func newRelayAuth(sec *authority.Secrets, cluster uint16) (a *relayAuth, err error) {
+	a = &relayAuth{sec: sec, globalCheck: sec.GlobalCheck(false)}
+	if a.clusterProve, err = sec.RelayProve(cluster); err != nil {
+		return nil, err
+	}
+	if a.clusterCheck, err = sec.CheckMember(cluster); err != nil {
+		return nil, err
+	}
+	if a.globalProve, err = sec.GlobalProve(membership.Meta{Role: membership.RoleClusterRelay, Cluster: cluster}); err != nil {
+		return nil, err
+	}
+	if a.steer, err = sec.SteerAuthority(cluster); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// setKeys applies reloaded keys: the static hop keys (hop_keys) and the
+// authority's (nil: none), merged into the relay's keyring; a new
+// authority also proves the node's metadata again in both pools, under
+// its current key ID, and checks every member again (Pool.Recheck). A
+// clash between the two keeps everything in use.
+func (n *Node) setKeys(static *encap.Keyring, a *relayAuth) error {
+	n.keyMu.Lock()
+	defer n.keyMu.Unlock()
+	hop := static
+	if a != nil {
+		var err error
+		if hop, err = a.sec.HopKeyring(n.cfg.Cluster, static); err != nil {
+			return err
+		}
+	}
+	n.staticHop.Store(static)
+	n.relay.SetHopKeys(hop)
+	if a != nil && a != n.auth.Load() {
+		n.auth.Store(a)
+		for _, p := range []*membership.Pool{n.clusterPool, n.globalPool} {
+			if p != nil {
+				_ = p.UpdateMeta(func(*membership.Meta) {}) // ErrLeft while stopping: nothing to prove
+				p.Recheck()
+			}
+		}
+	}
+	return nil
 }
 
 // Run runs the node until ctx ends, then drains: it announces draining in

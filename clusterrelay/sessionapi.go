@@ -59,8 +59,9 @@ type FrontConfig struct {
 	// Steer, when set, mints each create's steering ticket for the pod it
 	// goes to (sessionapi.HeaderSteerTicket): the pod's round-trip
 	// reports are believed only for the callers' networks and POPs of
-	// the calls it was given (docs/steering.md).
-	Steer *steer.Authority
+	// the calls it was given (docs/steering.md). Each create asks for the
+	// authority in use, so a key reload takes effect at once.
+	Steer func() *steer.Authority
 }
 
 // Front serves the cluster's session API.
@@ -139,7 +140,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		}
 		var ticket string
 		if steerKey.Valid() {
-			if t, err := f.cfg.Steer.Mint(p.ID, steerKey, pops, f.cfg.Now()); err == nil {
+			if t, err := f.cfg.Steer().Mint(p.ID, steerKey, pops, f.cfg.Now()); err == nil {
 				ticket = t.String()
 			}
 		}
@@ -176,7 +177,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 // steerOf is a create's steering key and POP IDs, when the front mints
 // tickets and the create has a key; else the zero key.
 func (f *Front) steerOf(body []byte) (steer.Key, []uint16) {
-	if f.cfg.Steer == nil {
+	if f.cfg.Steer == nil || f.cfg.Steer() == nil {
 		return steer.Key{}, nil
 	}
 	var req struct {

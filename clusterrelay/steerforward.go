@@ -35,7 +35,8 @@ type SteerForwarderConfig struct {
 	Cluster uint16
 	// Authority checks reports and tickets; nil without the deployment
 	// authority (shared keys): the pod a report names is then believed.
-	Authority *steer.Authority
+	// It is asked for each report, so a key reload takes effect at once.
+	Authority func() *steer.Authority
 	// Admitted reports whether gossip lists pod (with the authority, it
 	// proved its ID); nil admits every pod.
 	Admitted func(pod uint16) bool
@@ -104,7 +105,9 @@ func (f *SteerForwarder) check(r *steer.Report) error {
 		return steer.ErrReport
 	}
 	if f.cfg.Authority != nil {
-		return f.cfg.Authority.Check(r, f.cfg.Now())
+		if a := f.cfg.Authority(); a != nil {
+			return a.Check(r, f.cfg.Now())
+		}
 	}
 	return nil
 }

@@ -48,7 +48,7 @@ func TestSteerReportsOnlyForTheirPodsCalls(t *testing.T) {
 	dir.SetPods([]PodInfo{{ID: 7, API: pod7.URL, Capacity: 10}, {ID: 8, Capacity: 10, Draining: true}})
 	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
 	defer client.CloseIdleConnections()
-	front := httptest.NewServer(NewFront(FrontConfig{Cluster: 3, Pods: dir, HTTPClient: client, Logger: quiet, Steer: auth, Now: clock}).Handler())
+	front := httptest.NewServer(NewFront(FrontConfig{Cluster: 3, Pods: dir, HTTPClient: client, Logger: quiet, Steer: func() *steer.Authority { return auth }, Now: clock}).Handler())
 	defer front.Close()
 	k, err := steer.ParseKey("198.51.100.0/24@48,2")
 	if err != nil {
@@ -68,7 +68,7 @@ func TestSteerReportsOnlyForTheirPodsCalls(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	from := nodetest.Member(t, "cr", false, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3}, "")
 	to := nodetest.Member(t, "cr-global", true, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3}, "")
-	f, err := NewSteerForwarder(from, to, SteerForwarderConfig{Cluster: 3, Authority: auth, Now: clock,
+	f, err := NewSteerForwarder(from, to, SteerForwarderConfig{Cluster: 3, Authority: func() *steer.Authority { return auth }, Now: clock,
 		Admitted: func(pod uint16) bool { _, ok := dir.PodAddr(pod); return ok }}, reg)
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,8 +198,13 @@ type World struct {
 	// auth holds the clusters' authority secrets (random per world), as
 	// production's relays do: relays get them, every pod only the keys
 	// issued for it (internal/authority).
-	auth       *authority.Secrets
-	authKeys   node.Authority
+	auth     *authority.Secrets
+	authKeys node.Authority // every cluster's secret
+	// The global pool's keys: each POP's secret, signaling's secret and
+	// the public keys of all (cluster relays get signaling's).
+	popKeys    map[uint16]string
+	sigKeys    []string
+	sigPub     []string
 	memStore   *routecache.MemoryStore // the dev stand-in for Redis
 	backend    string                  // the network backend's address, if any
 	httpClient *http.Client            // control-plane calls between components; idle conns closed by Close
@@ -341,6 +347,25 @@ func (w *World) start() error {
 	if w.auth, err = w.authKeys.Secrets(); err != nil {
 		return err
 	}
+	w.popKeys = map[uint16]string{}
+	sig := authority.SignalingSpec(1, authority.SignalingSecret(root))
+	all := append([]string{sig}, w.authKeys.Keys...)
+	for _, spec := range cfg.Regions {
+		w.popKeys[spec.POP] = authority.POPSpec(spec.POP, 1, authority.POPSecret(root, spec.POP))
+		all = append(all, w.popKeys[spec.POP])
+	}
+	allSec, err := authority.Parse(all)
+	if err != nil {
+		return err
+	}
+	w.sigKeys = []string{sig}
+	for _, k := range allSec.PublicSpecs() {
+		if strings.HasPrefix(k, "signaling-pub/") {
+			w.sigPub = append(w.sigPub, k)
+		} else {
+			w.sigKeys = append(w.sigKeys, k) // signaling checks relays and POPs
+		}
+	}
 	if cfg.NetBackend {
 		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
 		if err != nil {
@@ -463,7 +488,8 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	return p, nil
 }
 
-// authOf is the authority config of cluster's relays: its secret only.
+// authOf is the authority config of cluster's relays: its secret, and
+// signaling's public key.
 func (w *World) authOf(cluster uint16) node.Authority {
 	prefix := strconv.Itoa(int(cluster)) + "/"
 	var a node.Authority
@@ -472,7 +498,14 @@ func (w *World) authOf(cluster uint16) node.Authority {
 			a.Keys = append(a.Keys, k)
 		}
 	}
+	a.Keys = append(a.Keys, w.sigPub...)
 	return a
+}
+
+// authOfPOP is the authority config of pop's global relays: every
+// cluster's secret and the POP's own.
+func (w *World) authOfPOP(pop uint16) node.Authority {
+	return node.Authority{Keys: append(slices.Clone(w.authKeys.Keys), w.popKeys[pop])}
 }
 
 func (w *World) startClusterRelay(spec RegionSpec, i int, clusterSeed []string) (*ClusterRelay, error) {
@@ -524,7 +557,7 @@ func (w *World) startPOPReplica(rg *Region, public netip.AddrPort) (*POPReplica,
 	cfg := globalrelay.Config{
 		Region: spec.Name, POP: spec.POP, PublicAddr: public.String(), InternalAddr: "127.0.0.1", TCPAddr: tcp.String(),
 		Workers: w.cfg.WorkersPerPOP, FlowIdle: w.cfg.FlowIdle, Clusters: w.clusters, RedisURL: w.cfg.RedisURL,
-		Authority: w.authKeys, Gossip: w.gossip(name, w.globalSeed), CacheStore: store,
+		Authority: w.authOfPOP(spec.POP), Gossip: w.gossip(name, w.globalSeed), CacheStore: store,
 	}
 	s, err := globalrelay.OpenSockets(cfg)
 	if err != nil {
@@ -608,7 +641,7 @@ func (w *World) startSignaling() error {
 		// tests.
 		RatePerSecond: 10000, RateBurst: 10000, KeyRatePerSecond: 10000, KeyRateBurst: 10000,
 		SecretRatePerSecond: 10000, SecretRateBurst: 10000,
-		CORSOrigins: []string{"*"}, DemoPage: true, Gossip: w.gossip("signaling", w.globalSeed),
+		CORSOrigins: []string{"*"}, DemoPage: true, Gossip: w.gossip("signaling", w.globalSeed), Authority: node.Authority{Keys: w.sigKeys},
 	}
 	if scfg.GeoIPDB == "" {
 		scfg.GeoIPData = geo.DevGeoIPDB

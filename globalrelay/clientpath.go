@@ -111,7 +111,7 @@ func (r *Relay) verify(user []byte, err error) (token.Token, bool) {
 		r.m.stunDrops.Inc(stunmsg.ReasonOf(err))
 		return token.Token{}, false
 	}
-	tok, err := r.cfg.Keys.Verify(user)
+	tok, err := r.tokKeys.Load().Verify(user)
 	if err != nil {
 		r.m.tokenDrops.Inc(token.ReasonOf(err))
 		return token.Token{}, false

@@ -89,7 +89,8 @@ type Relay struct {
 	ownIPs  []netip.Addr     // specific, non-loopback addresses the sockets are bound to
 	io      *udpio.Runner    // the workers' read loops
 	hopKeys atomic.Pointer[encap.ClusterKeys]
-	tcp     atomic.Pointer[TCP] // the TCP ingress, if any (tcp.go)
+	tokKeys atomic.Pointer[token.Keyring] // verifies routing tokens (SetTokenKeys)
+	tcp     atomic.Pointer[TCP]           // the TCP ingress, if any (tcp.go)
 
 	now atomic.Int64 // coarse clock, unix nanos, advanced by Run
 	// restores counts this second's return-path restores: the unix
@@ -160,6 +161,7 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 		r.cfg.AllowSource = defaultAllowSource(r.own[0].Addr())
 	}
 	r.hopKeys.Store(cfg.Hop)
+	r.tokKeys.Store(cfg.Keys)
 	r.now.Store(cfg.Now().UnixNano())
 	paths := make([][]udpio.Path, len(r.workers))
 	for i := range r.workers {
@@ -188,6 +190,14 @@ func (r *Relay) directions(w *worker) []udpio.Path {
 	down := udpio.Path{From: w.Internal, To: w.Public, Limit: encap.MaxDatagram, Hooks: hooks, Decide: r.toClient}
 	down.Hooks.Unbundle, down.Hooks.BadBundle = encap.BundleFormat{}, func() { r.m.encapDrops.Inc(encap.ReasonBundle) }
 	return []udpio.Path{up, down}
+}
+
+// SetTokenKeys replaces the routing-token keyring (key rotation): tokens
+// verify against it from the next check on; flows open go on.
+func (r *Relay) SetTokenKeys(k *token.Keyring) {
+	if k != nil {
+		r.tokKeys.Store(k)
+	}
 }
 
 // SetHopKeys replaces the inter-tier keys (key rotation): datagrams are

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
+	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
 
@@ -103,6 +106,11 @@ type Node struct {
 	pool     *membership.Pool
 	warm     atomic.Bool // Ready's start-up gate has passed
 	restored atomic.Bool // the bulk load of the route cache is over (or there is none)
+	// The keys in use, swapped by setKeys on a reload.
+	keyMu     sync.Mutex
+	staticTok *token.Keyring // token.keys (not reloaded); nil: none
+	staticHop atomic.Pointer[encap.ClusterKeys]
+	auth      atomic.Pointer[popAuth]
 }
 
 // NewNode builds a global relay node from cfg (defaults applied,
@@ -129,7 +137,24 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	cfg.Keys, _ = cfg.tokenKeyring() // checked by Validate
 	cfg.Hop, _ = cfg.clusterKeys()   // checked by Validate
-	auth, _ := cfg.Authority.Secrets()
+	if len(cfg.Token.Keys) > 0 {
+		n.staticTok, _ = cfg.Token.Keyring() // checked by Validate
+	}
+	if cfg.HopKeys.Set() {
+		static, _ := cfg.HopKeys.ClusterKeys() // checked by Validate
+		n.staticHop.Store(static)
+	}
+	meta := membership.Meta{Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP}
+	if sec, _ := cfg.Authority.Secrets(); sec != nil { // checked by Validate
+		a, err := newPOPAuth(sec, meta)
+		if err != nil {
+			return nil, err
+		}
+		if a.prove == nil {
+			env.Logger.Warn("no authority key of this POP: its metadata goes unproven, and signaling holding POP keys ignores it", "pop", cfg.POP)
+		}
+		n.auth.Store(a)
+	}
 	cfg.Directory, cfg.Logger, cfg.Registerer, cfg.Now = n.clusters, env.Logger, env.Registerer, env.Now
 	var cache routecache.Cache
 	ccfg := routecache.Config{Logger: env.Logger, Registerer: env.Registerer,
@@ -180,24 +205,91 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	// clients once it knows where to send them, and none while draining.
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	cfg.Gossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{}) // believed only within bounds
-	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, membership.Meta{
-		Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP, Data: n.relay.PublicAddr()}, env); err != nil {
+	if n.auth.Load() != nil {
+		// It proves its POP with the POP's key, and takes for a cluster
+		// relay of a cluster it holds the secret of only a member proven
+		// by that cluster's relay key, on its own gossip address. Every
+		// use reads the keys in use (setKeys swaps them).
+		cfg.Gossip.Prove = func(in []byte) []byte {
+			if p := n.auth.Load().prove; p != nil {
+				return p(in)
+			}
+			return nil
+		}
+		cfg.Gossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().check(m, in) }
+	}
+	meta.Data = n.relay.PublicAddr()
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, meta, env); err != nil {
 		return nil, err
 	}
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
 	n.life.Go("hop keys", func(ctx context.Context) error {
-		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
-			if auth != nil {
-				var err error
-				if k, err = auth.ClusterKeys(k); err != nil {
-					env.Logger.Error("reloaded hop keys clash with the authority's; keeping the keys in use", "err", err)
-					return
-				}
-			}
-			n.relay.SetHopKeys(k)
-		})
+		return node.WatchHopKeys(ctx, cfg.HopKeys, env, func(k *encap.ClusterKeys) error { return n.setKeys(k, n.auth.Load()) })
 	})
+	if n.auth.Load() != nil {
+		n.life.Go("authority keys", func(ctx context.Context) error {
+			return node.WatchAuthority(ctx, cfg.Authority, env, func(sec *authority.Secrets) error {
+				a, err := newPOPAuth(sec, meta)
+				if err != nil {
+					return err
+				}
+				return n.setKeys(n.staticHop.Load(), a)
+			})
+		})
+	}
 	return n, nil
+}
+
+// popAuth is what a global relay builds from its authority secrets; a
+// reload swaps in a new one whole.
+type popAuth struct {
+	sec   *authority.Secrets
+	prove func([]byte) []byte // nil: no key of this POP
+	check func(membership.Member, []byte) error
+}
+
+func newPOPAuth(sec *authority.Secrets, meta membership.Meta) (*popAuth, error) {
+	prove, err := sec.GlobalProve(meta)
+	if err != nil {
+		return nil, err
+	}
+	return &popAuth{sec: sec, prove: prove, check: sec.GlobalCheck(false)}, nil
+}
+
+// setKeys applies reloaded keys: the static hop keys (hop_keys) and the
+// authority's (nil: none), merged into the relay's token and hop
+// keyrings; a new authority also proves the node's metadata again under
+// its current key and checks every member again (Pool.Recheck). A set without a key of a served cluster, or a clash
+// between the two, keeps everything in use.
+func (n *Node) setKeys(static *encap.ClusterKeys, a *popAuth) error {
+	n.keyMu.Lock()
+	defer n.keyMu.Unlock()
+	hop, tok := static, n.staticTok
+	if a != nil {
+		var err error
+		if hop, err = a.sec.ClusterKeys(static); err != nil {
+			return err
+		}
+		if tok, err = a.sec.TokenKeyring(n.staticTok); err != nil {
+			return err
+		}
+	}
+	for _, cl := range n.cfg.Clusters {
+		if hop.For(cl) == nil {
+			return fmt.Errorf("no hop key for served cluster %d", cl)
+		}
+	}
+	n.staticHop.Store(static)
+	n.relay.SetHopKeys(hop)
+	n.relay.SetTokenKeys(tok)
+	if a != nil && a != n.auth.Load() {
+		n.auth.Store(a)
+		if n.pool != nil {
+			_ = n.pool.UpdateMeta(func(*membership.Meta) {}) // ErrLeft while stopping: nothing to prove
+			n.pool.Recheck()
+		}
+	}
+	return nil
 }
 
 // awaitReady holds back forwarding until the replica is ready (or

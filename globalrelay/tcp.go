@@ -580,7 +580,7 @@ func (c *tcpConn) readLoop() {
 			// belongs to one candidate pair (RFC 6544).
 			if user, err := stunmsg.Username(pkt); err == nil {
 				if u, err := stunmsg.ServerUfrag(user); err == nil {
-					if tok, err := r.cfg.Keys.Verify(u); err != nil || tok.Cluster != c.f.cluster || tok.Pod != c.f.pod {
+					if tok, err := r.tokKeys.Load().Verify(u); err != nil || tok.Cluster != c.f.cluster || tok.Pod != c.f.pod {
 						s.m.drops.Inc(tcpDropOtherToken)
 						continue
 					}

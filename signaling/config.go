@@ -108,6 +108,13 @@ type Config struct {
 	// default 5s.
 	DrainDelay time.Duration `yaml:"drain_delay"`
 	Gossip     node.Gossip   `yaml:"gossip"` // the global pool; empty bind = no gossip
+	// Authority are signaling's keys of the global pool (prefer
+	// $RTCEDGE_AUTHORITY_KEYS): its own secret ("signaling/ID:BASE64",
+	// rtcedge keys signaling), which proves its metadata, and the public
+	// keys (rtcedge keys public) of every cluster's relays and every POP:
+	// with a key of a kind, a member of that role must prove its cluster
+	// or POP with it, or it is ignored (docs/operations.md).
+	Authority node.Authority `yaml:"authority"`
 	// Steering tunes the choice of POPs by measured round trips and holds
 	// the operator's pins (docs/steering.md).
 	Steering SteeringConfig `yaml:"steering"`
@@ -151,6 +158,7 @@ type Config struct {
 // ApplyEnv takes the secrets from the environment (config.Load calls it).
 func (c *Config) ApplyEnv() error {
 	c.Gossip.ApplyEnv()
+	c.Authority.ApplyEnv()
 	if env := os.Getenv(EnvAPIKeys); env != "" {
 		c.APIKeys = nil
 		for _, k := range strings.Split(env, ",") {
@@ -201,6 +209,9 @@ func (c *Config) Validate() error {
 		c.SessionAPITLS.Validate("session_api_tls"))
 	if c.Gossip.Bind != "" {
 		errs = append(errs, c.Gossip.Validate("gossip"))
+	}
+	if _, err := c.Authority.Secrets(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Catalogue == "" && c.CatalogueData == nil {
 		errs = append(errs, errors.New("catalogue is required"))

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -48,6 +49,7 @@ type Node struct {
 	pool     *membership.Pool
 	url      string
 	draining atomic.Bool
+	auth     atomic.Pointer[globalAuth] // the global pool's keys in use (nil: none)
 }
 
 // NewNode builds a signaling node from cfg (defaults applied, validated)
@@ -126,13 +128,60 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 func (n *Node) joinGossip(cfg *Config) (err error) {
 	check := metacheck.New(cfg.CatalogueData, metacheck.Bounds{MaxClusterCapacity: cfg.MaxClusterCapacity})
 	cfg.Gossip.CheckMeta = check
-	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, membership.Meta{Role: membership.RoleSignaling}, n.env); err != nil {
+	meta := membership.Meta{Role: membership.RoleSignaling}
+	if sec, _ := cfg.Authority.Secrets(); sec != nil { // checked by Validate
+		a, err := newGlobalAuth(sec)
+		if err != nil {
+			return err
+		}
+		n.auth.Store(a)
+		// Every use reads the keys in use (a reload swaps them).
+		cfg.Gossip.Prove = func(in []byte) []byte {
+			if p := n.auth.Load().prove; p != nil {
+				return p(in)
+			}
+			return nil
+		}
+		cfg.Gossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().check(m, in) }
+		auth := cfg.Authority
+		n.life.Go("authority keys", func(ctx context.Context) error {
+			return node.WatchAuthority(ctx, auth, n.env, func(sec *authority.Secrets) error {
+				a, err := newGlobalAuth(sec)
+				if err != nil {
+					return err
+				}
+				n.auth.Store(a)
+				_ = n.pool.UpdateMeta(func(*membership.Meta) {}) // proven again under the current key; ErrLeft while stopping
+				n.pool.Recheck()                                 // members proven by a key gone, or just added
+				return nil
+			})
+		})
+	}
+	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, meta, n.env); err != nil {
 		return err
 	}
 	h := GossipHealth{Pool: n.pool, Check: check}
 	cfg.Health, cfg.POPUp, cfg.SessionAPIs, cfg.GossipAuthoritative = h.Cluster, h.POPUp, h.SessionAPIs, h.Authoritative
 	cfg.FanOut = h.FanOut
 	return nil
+}
+
+// globalAuth is what signaling builds from its authority keys.
+type globalAuth struct {
+	prove func([]byte) []byte // nil: no signaling secret
+	check func(membership.Member, []byte) error
+}
+
+// newGlobalAuth builds signaling's proof and its check of the global
+// pool, strict: holding a kind's keys, every member of that role must
+// prove its cluster or POP (a cluster without a relay key is refused,
+// not believed).
+func newGlobalAuth(sec *authority.Secrets) (*globalAuth, error) {
+	prove, err := sec.GlobalProve(membership.Meta{Role: membership.RoleSignaling})
+	if err != nil {
+		return nil, err
+	}
+	return &globalAuth{prove: prove, check: sec.GlobalCheck(true)}, nil
 }
 
 // Run serves until ctx ends, then drains: readiness fails at once so load

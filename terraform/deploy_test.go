@@ -398,29 +398,58 @@ func TestImageScheme(t *testing.T) {
 // modules deploy must be given $RTCEDGE_HOP_KEYS from its Secret; and each
 // gossip pool has its own key.
 func TestDataPlaneRolesGetHopKeys(t *testing.T) {
-	got := map[string][]string{} // role -> its secret keys
-	issuer := map[string]bool{}  // role -> has a key issuer
+	got := map[string][]string{}     // role -> its secret keys (environment)
+	mounted := map[string][]string{} // role -> the secret keys mounted as files
+	issuer := map[string]bool{}      // role -> has a key issuer
 	for _, dir := range []string{"modules/pop", "modules/region"} {
 		_, byName := roles(t, loadTree(t), dir)
 		for name, r := range byName {
 			for _, k := range r.ctx.Variables["var"].GetAttr("secret_keys").AsValueSlice() {
 				got[name] = append(got[name], k.AsString())
 			}
-			issuer[name] = !r.ctx.Variables["var"].GetAttr("key_issuer").IsNull()
+			if vs := r.ctx.Variables["var"].GetAttr("volumes"); vs.IsKnown() && !vs.IsNull() && vs.CanIterateElements() {
+				for _, v := range vs.AsValueSlice() {
+					if v.IsKnown() && v.Type().IsObjectType() && v.Type().HasAttribute("secret_key") && v.GetAttr("secret_key").IsKnown() && !v.GetAttr("secret_key").IsNull() {
+						mounted[name] = append(mounted[name], v.GetAttr("secret_key").AsString())
+					}
+				}
+			}
+			ki := r.ctx.Variables["var"].GetAttr("key_issuer")
+			issuer[name] = !ki.IsNull()
+			// The relays reload their authority file on change; the key
+			// issuer must read a Secret key of its own, or a rotation's
+			// "current for pods" step would make relays seal toward pods
+			// not yet rolled under a key they lack.
+			if issuer[name] && ki.GetAttr("secret_key").AsString() == "RTCEDGE_AUTHORITY_KEYS" {
+				t.Errorf("%s's key issuer reads the relays' RTCEDGE_AUTHORITY_KEYS", name)
+			}
 		}
 	}
-	// Relays derive every pod's keys from the cluster authority secret; a
-	// transceiver gets only its own keys, from its init container, and
-	// neither the secret nor shared token or hop keys.
+	// Relays derive every pod's keys from the cluster authority secret,
+	// read from a mounted file they re-read on change (a rotation without
+	// a restart), not from the environment (both would list every key
+	// twice); a transceiver gets only its own keys, from its init
+	// container, and neither the secret nor shared token or hop keys.
 	for _, role := range []string{"globalrelay", "clusterrelay"} {
-		if !slices.Contains(got[role], "RTCEDGE_AUTHORITY_KEYS") {
-			t.Errorf("%s's secret_keys %q lack RTCEDGE_AUTHORITY_KEYS", role, got[role])
+		if !slices.Contains(mounted[role], "RTCEDGE_AUTHORITY_KEYS") || slices.Contains(got[role], "RTCEDGE_AUTHORITY_KEYS") {
+			t.Errorf("%s: want RTCEDGE_AUTHORITY_KEYS mounted (%q), not in the environment (%q)", role, mounted[role], got[role])
 		}
 	}
 	for _, k := range []string{"RTCEDGE_AUTHORITY_KEYS", "RTCEDGE_TOKEN_KEYS", "RTCEDGE_HOP_KEYS"} {
 		if slices.Contains(got["transceiver"], k) {
 			t.Errorf("transceivers get %s: a pod must hold only its own keys", k)
 		}
+	}
+	// Signaling proves itself in the global pool with its own secret,
+	// never a cluster's.
+	// (Its volumes name the catalogue's ConfigMap, unknown before apply:
+	// read the module block.)
+	region := source(t, "modules/region")
+	_, sigBlock, _ := strings.Cut(region, `module "signaling" {`)
+	sigBlock, _, _ = strings.Cut(sigBlock, "\n}\n")
+	if !strings.Contains(sigBlock, `secret_key = "RTCEDGE_SIGNALING_AUTHORITY_KEYS"`) || strings.Contains(sigBlock, `"RTCEDGE_AUTHORITY_KEYS"`) ||
+		slices.Contains(got["signaling"], "RTCEDGE_AUTHORITY_KEYS") {
+		t.Errorf("signaling: want its own RTCEDGE_SIGNALING_AUTHORITY_KEYS mounted and no cluster secret (environment %q)", got["signaling"])
 	}
 	if !issuer["transceiver"] {
 		t.Error("transceivers have no key issuer: they would start without keys")
@@ -431,7 +460,6 @@ func TestDataPlaneRolesGetHopKeys(t *testing.T) {
 		!slices.Contains(got["transceiver"], "RTCEDGE_CLUSTER_GOSSIP_KEY") {
 		t.Errorf("modules/region: transceivers must get the cluster pool's key only: %q", got["transceiver"])
 	}
-	region := source(t, "modules/region")
 	if !strings.Contains(region, `key       = "$${RTCEDGE_CLUSTER_GOSSIP_KEY}"`) || !strings.Contains(region, `key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"`) {
 		t.Error("modules/region: the role configs must name each pool's own gossip key")
 	}

@@ -73,8 +73,13 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	n.life.OnClose(n.tr.Close)
 	n.life.Go("transceiver", n.tr.Run)
 	n.life.Go("hop keys", func(ctx context.Context) error {
-		return node.WatchHopKeys(ctx, cfg.HopKeys, node.HopKeysReload, env.Logger, func(k *encap.ClusterKeys) {
-			n.tr.sock.SetHopKeys(k.For(cfg.Cluster)) // nil (no key for us) is ignored
+		return node.WatchHopKeys(ctx, cfg.HopKeys, env, func(k *encap.ClusterKeys) error {
+			hop := k.For(cfg.Cluster)
+			if hop == nil {
+				return fmt.Errorf("no hop key for cluster %d", cfg.Cluster)
+			}
+			n.tr.sock.SetHopKeys(hop)
+			return nil
 		})
 	})
 	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {

@@ -38,6 +38,7 @@ func TestExampleConfigsParse(t *testing.T) {
 		t.Setenv(v, "example-secret-0123456789")
 	}
 	t.Setenv("RTCEDGE_SESSION_API_SECRET_SHA256", strings.Repeat("ab", 32))
+	t.Setenv("RTCEDGE_SIGNALING_AUTHORITY_KEYS", "signaling/1:"+base64.StdEncoding.EncodeToString(key))
 	t.Setenv("POD_IP", "10.0.0.9")
 	for _, tc := range []struct {
 		file string

@@ -216,6 +216,7 @@ func newWorld(t *testing.T) *world {
 		"RTCEDGE_SESSION_API_SECRET_1=" + apiSecret,
 		"RTCEDGE_SESSION_API_SECRET_SHA256=" + hex.EncodeToString(apiSecretSum[:]),
 		"RTCEDGE_CLIENT_SECRET_KEY=" + random(32),
+		"RTCEDGE_SIGNALING_AUTHORITY_KEYS=signaling/1:" + random(32),
 	}
 	return w
 }

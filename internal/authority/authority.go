@@ -17,6 +17,17 @@
 //	   │  └─ steering report key (HMAC)       (tags the pod's round-trip reports)
 //	   ├─ steering ticket key                 (the front's tickets; relays only)
 //	   └─ session API credential of a pod     (what the front presents)
+//	└─ POP secret, per (POP, key ID)           that POP's global relays
+//	   └─ POP key       → Ed25519 key pair   (global-pool proof of a global relay)
+//	└─ signaling secret, per key ID            signaling replicas
+//	   └─ signaling key → Ed25519 key pair   (global-pool proof of signaling)
+//
+// Members of the global pool prove their metadata with the key of their
+// role and scope (global.go): a cluster relay with its cluster's relay
+// key, a global relay with its POP's key, signaling with the signaling
+// key. Verifiers that hold no secret of a scope are given its public
+// keys ("relay-pub:CLUSTER/ID:BASE64", "pop-pub:POP/ID:BASE64",
+// "signaling-pub/ID:BASE64"; Secrets.PublicSpecs prints them).
 //
 // A pod is issued (Secrets.Pod) only its own keys, so it can mint routing
 // tokens, seal hop headers, answer the session API and prove gossip
@@ -36,7 +47,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
@@ -62,6 +72,10 @@ const (
 	labelAPI     = "rtcedge pod session api v1"
 	labelTicket  = "rtcedge steer ticket key v1"
 	labelReport  = "rtcedge steer report v1"
+	labelPOP     = "rtcedge pop v1"
+	labelPOPKey  = "rtcedge pop member v1"
+	labelSig     = "rtcedge signaling v1"
+	labelSigKey  = "rtcedge signaling member v1"
 )
 
 // derive is HKDF-SHA256 of secret with info label || cluster || pod.
@@ -81,40 +95,58 @@ func ClusterSecret(root []byte, cluster uint16) []byte {
 	return derive(root, labelCluster, cluster, 0, KeyLen)
 }
 
-// Secrets are cluster secrets by cluster and key ID.
+// Secrets are cluster secrets by cluster and key ID, and the global
+// pool's keys (global.go): POP and signaling secrets, and public keys.
 type Secrets struct {
 	by      map[uint16]map[uint8][]byte
 	current map[uint16]uint8 // per cluster, the first ID listed
+	// other holds every other kind of key by scope; per scope the first
+	// ID listed is current.
+	other map[scope]*keyset
 }
 
-// Parse reads "CLUSTER/ID:BASE64" specs (KeyLen-byte secrets); per
-// cluster the first listed is current (it mints and seals).
+// Parse reads key specs (separated by commas or newlines, each element
+// may hold several), per scope the first listed current:
+//
+//	CLUSTER/ID:BASE64          a cluster secret (KeyLen bytes)
+//	pop:POP/ID:BASE64          a POP secret (KeyLen bytes)
+//	signaling/ID:BASE64        the signaling secret (KeyLen bytes)
+//	relay-pub:CLUSTER/ID:B64   a cluster's relay public key (Ed25519)
+//	pop-pub:POP/ID:B64         a POP's public key
+//	signaling-pub/ID:B64       signaling's public key
 func Parse(specs []string) (*Secrets, error) {
-	s := &Secrets{by: map[uint16]map[uint8][]byte{}, current: map[uint16]uint8{}}
-	for _, spec := range specs {
-		if spec = strings.TrimSpace(spec); spec == "" {
-			continue
+	s := &Secrets{by: map[uint16]map[uint8][]byte{}, current: map[uint16]uint8{}, other: map[scope]*keyset{}}
+	n := 0
+	for _, spec := range keyspec.Split(specs...) {
+		head, rest, ok := strings.Cut(spec, "/")
+		sc, err := parseScope(head)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("authority: key %q: want CLUSTER/ID:BASE64, pop:POP/ID:BASE64, signaling/ID:BASE64 or their -pub forms", keyspec.Redact(spec))
 		}
-		cl, rest, ok := strings.Cut(spec, "/")
-		n, err := strconv.ParseUint(cl, 10, 16)
-		if !ok || err != nil || n == 0 {
-			return nil, fmt.Errorf("authority: key %q: want CLUSTER/ID:BASE64 with cluster 1..65535", keyspec.Redact(spec))
+		klen := KeyLen
+		if sc.kind.public() {
+			klen = ed25519.PublicKeySize
 		}
-		id, key, err := keyspec.Parse(fmt.Sprintf("authority: cluster %d", n), rest, MaxKeyID, KeyLen)
+		id, key, err := keyspec.Parse("authority: "+sc.String(), rest, MaxKeyID, klen)
 		if err != nil {
 			return nil, err
 		}
-		c := uint16(n)
-		if s.by[c] == nil {
-			s.by[c] = map[uint8][]byte{}
-			s.current[c] = id
+		if sc.kind == kindCluster {
+			c := sc.n
+			if s.by[c] == nil {
+				s.by[c] = map[uint8][]byte{}
+				s.current[c] = id
+			}
+			if _, dup := s.by[c][id]; dup {
+				return nil, fmt.Errorf("authority: cluster %d key ID %d given twice", c, id)
+			}
+			s.by[c][id] = key
+		} else if err := s.add(sc, id, key); err != nil {
+			return nil, err
 		}
-		if _, dup := s.by[c][id]; dup {
-			return nil, fmt.Errorf("authority: cluster %d key ID %d given twice", c, id)
-		}
-		s.by[c][id] = key
+		n++
 	}
-	if len(s.by) == 0 {
+	if n == 0 {
 		return nil, fmt.Errorf("authority: no keys")
 	}
 	return s, nil
@@ -157,6 +189,12 @@ func (s *Secrets) ids(cluster uint16) []uint8 {
 // masters added as derived IDs. Its minting ID is the lowest cluster's
 // current ID; relays, its users, verify and never mint.
 func (s *Secrets) TokenKeyring(static *token.Keyring) (*token.Keyring, error) {
+	if len(s.by) == 0 {
+		if static == nil {
+			return nil, fmt.Errorf("authority: no cluster secret and no token keys")
+		}
+		return static, nil
+	}
 	masters := map[uint8]map[uint16][]byte{}
 	for c, ids := range s.by {
 		for id, sec := range ids {

@@ -40,3 +40,18 @@ func Redact(spec string) string {
 	}
 	return spec
 }
+
+// Split splits every element of specs at commas and newlines and drops
+// empty ones, so that a config list, an environment variable and a
+// mounted file read alike.
+func Split(specs ...string) []string {
+	var out []string
+	for _, e := range specs {
+		for _, f := range strings.FieldsFunc(e, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -117,4 +118,42 @@ func TestCheckMeta(t *testing.T) {
 		t.Fatal(err)
 	}
 	await(t, p, "honest dropped", func(ms []Member) bool { _, ok := find(ms, "honest"); return !ok })
+}
+
+// TestRecheckAfterKeyReload: a member refused by CheckMember is admitted
+// by Recheck once the check accepts it (a key installed), and dropped by
+// Recheck once it no longer does (a key removed), with no metadata
+// update of its own in between.
+func TestRecheckAfterKeyReload(t *testing.T) {
+	var accept atomic.Bool
+	cfg := testConfig("checker")
+	cfg.CheckMember = func(m Member, _ []byte) error {
+		if m.Name == "member" && !accept.Load() {
+			return errors.New("no key for it")
+		}
+		return nil
+	}
+	p := newTestPoolCfg(t, cfg, Meta{Role: RoleSignaling})
+	q := newTestPoolCfg(t, testConfig("member"), Meta{Role: RoleClusterRelay, Cluster: 1})
+	if _, err := q.Join([]string{p.LocalAddr().String()}); err != nil {
+		t.Fatal(err)
+	}
+	await(t, q, "the checker", hasMember("checker", inState(StateAlive)))
+	deadline := time.Now().Add(awaitTimeout)
+	for p.badMeta.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the refusal never counted")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	accept.Store(true)
+	p.Recheck()
+	if _, ok := find(p.Members(), "member"); !ok {
+		t.Fatal("Recheck did not admit a member the check now accepts")
+	}
+	accept.Store(false)
+	p.Recheck()
+	if _, ok := find(p.Members(), "member"); ok {
+		t.Fatal("Recheck kept a member the check now refuses")
+	}
 }

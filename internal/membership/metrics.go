@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // Members at scrape time, so it holds no state of its own:
 //
 //	rtcedge_membership_members{pool,role,state}       gauge, members by role and state
-//	rtcedge_membership_meta_decode_errors_total{pool} counter, member metadata undecodable or refused by CheckMeta
+//	rtcedge_membership_meta_decode_errors_total{pool} counter, member metadata undecodable or refused by CheckMeta or CheckMember
 //	rtcedge_membership_deaths_total{pool}             counter, members declared dead (not left)
 //
 // Every known role × state series is exported, at zero when empty, so
@@ -21,7 +21,7 @@ func (p *Pool) Collector(pool string) prometheus.Collector {
 			"Members of the gossip pool as seen by this node, by role and state.",
 			[]string{"role", "state"}, labels),
 		badMeta: prometheus.NewDesc("rtcedge_membership_meta_decode_errors_total",
-			"Member metadata updates that could not be decoded or that Config.CheckMeta refused (unknown cluster, capacity out of bounds); such members are ignored.",
+			"Member metadata updates that could not be decoded, that Config.CheckMeta refused (unknown cluster, capacity out of bounds) or that Config.CheckMember refused (no proof of the member's role, cluster, POP or pod, addresses not its own); such members are ignored.",
 			nil, labels),
 		deaths: prometheus.NewDesc("rtcedge_membership_deaths_total",
 			"Members declared dead by failure detection (a graceful leave is not a death). Dead members drop out of members after a minute; this counter keeps the history for alerts.",

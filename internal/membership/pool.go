@@ -351,6 +351,22 @@ func (p *Pool) observeLocked(n *memberlist.Node, state State) {
 	}
 }
 
+// Recheck runs CheckMeta and CheckMember again over every live member's
+// last gossiped metadata, as after a key reload: a member proven by a
+// key no longer held leaves Members, one proven by a key just installed
+// enters it, without waiting for its next metadata update.
+func (p *Pool) Recheck() {
+	nodes := p.ml.Members() // before mu: memberlist calls into the pool holding its own lock
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, n := range nodes {
+		if e := p.members[n.Name]; e != nil && e.gone.IsZero() && n.Name != p.name {
+			p.observeLocked(n, e.member.State)
+		}
+	}
+	p.notifyLocked()
+}
+
 // encodeProved encodes meta (with the leaving flag) for the node called
 // name, with the proof prove makes when prove is set.
 func encodeProved(meta Meta, leaving bool, name string, prove func([]byte) []byte) ([]byte, error) {

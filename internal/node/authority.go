@@ -1,9 +1,10 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"os"
-	"strings"
+	"slices"
 
 	"github.com/rtcedge/rtcedge/internal/authority"
 )
@@ -22,15 +23,22 @@ type Authority struct {
 	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_AUTHORITY_KEYS.
 	// Per cluster the first listed is current.
 	Keys []string `yaml:"keys"`
-	// File, when set, holds the specs instead (commas or newlines), e.g.
-	// a mounted Kubernetes Secret; read at start.
+	// File, when set, holds further specs (commas or newlines), e.g. a
+	// mounted Kubernetes Secret. The node re-reads it every KeysReload
+	// (and on SIGHUP) and swaps in a changed, valid set without a
+	// restart (WatchAuthority): this is how authority keys rotate.
 	File string `yaml:"file"`
+
+	// loaded is the file's content the last Secrets built from (the
+	// watcher's baseline).
+	loaded []byte
 }
 
-// ApplyEnv takes the keys from $RTCEDGE_AUTHORITY_KEYS when set.
+// ApplyEnv adds the keys of $RTCEDGE_AUTHORITY_KEYS when set: secrets in
+// the environment, public keys in the config file.
 func (a *Authority) ApplyEnv() {
 	if env := os.Getenv(EnvAuthorityKeys); env != "" {
-		a.Keys = strings.Split(env, ",")
+		a.Keys = append(a.Keys, env)
 	}
 }
 
@@ -48,7 +56,24 @@ func (a *Authority) Secrets() (*authority.Secrets, error) {
 		if err != nil {
 			return nil, fmt.Errorf("authority.file: %w", err)
 		}
-		specs = strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
+		specs = append(slices.Clip(specs), string(b))
+		a.loaded = b
 	}
 	return authority.Parse(specs)
+}
+
+// WatchAuthority re-reads a.File (WatchFile) until ctx ends and hands
+// every changed set that parses (with a.Keys) to apply, which swaps it in
+// or refuses it (the keys in use stay). Without a file it returns at once.
+func WatchAuthority(ctx context.Context, a Authority, env Env, apply func(*authority.Secrets) error) error {
+	if a.File == "" {
+		return nil
+	}
+	return WatchFile(ctx, a.File, "authority", a.loaded, env, func(b []byte) error {
+		sec, err := authority.Parse(append(slices.Clip(a.Keys), string(b)))
+		if err != nil {
+			return err
+		}
+		return apply(sec)
+	})
 }

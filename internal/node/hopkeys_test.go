@@ -39,7 +39,7 @@ func TestWatchHopKeysRotates(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- WatchHopKeys(ctx, k, 5*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *encap.ClusterKeys) { got <- c })
+		done <- WatchHopKeys(ctx, k, Env{KeysReload: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, func(c *encap.ClusterKeys) error { got <- c; return nil })
 	}()
 	defer func() { cancel(); <-done }()
 	write("7/garbage\n") // invalid: ignored
@@ -59,7 +59,7 @@ func TestWatchHopKeysRotates(t *testing.T) {
 		}
 	default:
 	}
-	if err := WatchHopKeys(ctx, HopKeys{}, time.Millisecond, nil, nil); err != nil {
+	if err := WatchHopKeys(ctx, HopKeys{}, Env{}, nil); err != nil {
 		t.Fatalf("without a file: %v", err)
 	}
 }
@@ -92,7 +92,7 @@ func TestWatchHopKeysChangeBeforeStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- WatchHopKeys(ctx, k, 5*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *encap.ClusterKeys) { got <- c })
+		done <- WatchHopKeys(ctx, k, Env{KeysReload: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, func(c *encap.ClusterKeys) error { got <- c; return nil })
 	}()
 	defer func() { cancel(); <-done }()
 	select {

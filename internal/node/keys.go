@@ -3,13 +3,12 @@ package node
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/keyspec"
 	"github.com/rtcedge/rtcedge/internal/token"
 )
 
@@ -79,8 +78,8 @@ type HopKeys struct {
 	Keys []string `yaml:"keys"`
 	// File, when set, holds the specs instead (separated by commas or
 	// newlines, e.g. a mounted Kubernetes Secret). The node reads it again
-	// every HopKeysReload and applies a changed, valid set without a
-	// restart: this is how keys rotate (docs/operations.md).
+	// every KeysReload (and on SIGHUP) and applies a changed, valid set
+	// without a restart: this is how keys rotate (docs/operations.md).
 	File string `yaml:"file"`
 
 	// loaded is the file's content the last ClusterKeys built its keys
@@ -91,9 +90,6 @@ type HopKeys struct {
 
 // Set reports whether any hop key is configured.
 func (k *HopKeys) Set() bool { return len(k.Keys) > 0 || k.File != "" }
-
-// HopKeysReload is how often a node re-reads HopKeys.File.
-const HopKeysReload = 10 * time.Second
 
 // ApplyEnv takes the keys from $RTCEDGE_HOP_KEYS when set.
 func (k *HopKeys) ApplyEnv() {
@@ -118,17 +114,10 @@ func (k *HopKeys) ClusterKeys() (*encap.ClusterKeys, error) {
 
 // parseHopFile parses a hop keys file: specs separated by commas or
 // newlines.
-func parseHopFile(b []byte) (*encap.ClusterKeys, error) {
-	return parseHopKeys(strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }))
-}
+func parseHopFile(b []byte) (*encap.ClusterKeys, error) { return parseHopKeys([]string{string(b)}) }
 
 func parseHopKeys(specs []string) (*encap.ClusterKeys, error) {
-	var clean []string
-	for _, s := range specs {
-		if s = strings.TrimSpace(s); s != "" {
-			clean = append(clean, s)
-		}
-	}
+	clean := keyspec.Split(specs...)
 	if len(clean) == 0 {
 		return nil, fmt.Errorf("no inter-tier hop keys: set hop_keys.keys, hop_keys.file or $%s", EnvHopKeys)
 	}
@@ -147,35 +136,18 @@ func (k *HopKeys) Keyring(cluster uint16) (*encap.Keyring, error) {
 	return nil, fmt.Errorf("no inter-tier hop key for cluster %d in hop_keys.keys or $%s", cluster, EnvHopKeys)
 }
 
-// WatchHopKeys re-reads k.File every period (nodes use HopKeysReload)
-// until ctx ends and hands every changed, valid key set to apply; an
-// unreadable or invalid file is logged and the keys in use stay. Without
-// a file it returns at once.
-func WatchHopKeys(ctx context.Context, k HopKeys, period time.Duration, log *slog.Logger, apply func(*encap.ClusterKeys)) error {
+// WatchHopKeys re-reads k.File (WatchFile) until ctx ends and hands every
+// changed, valid key set to apply; a file that does not parse, or that
+// apply refuses, keeps the keys in use. Without a file it returns at once.
+func WatchHopKeys(ctx context.Context, k HopKeys, env Env, apply func(*encap.ClusterKeys) error) error {
 	if k.File == "" {
 		return nil
 	}
-	last := k.loaded
-	if last == nil {
-		last, _ = os.ReadFile(k.File)
-	}
-	for Sleep(ctx, period) {
-		b, err := os.ReadFile(k.File)
-		if err != nil {
-			log.Error("hop keys file unreadable; keeping the keys in use", "err", err)
-			continue
-		}
-		if string(b) == string(last) {
-			continue
-		}
+	return WatchFile(ctx, k.File, "hop_keys", k.loaded, env, func(b []byte) error {
 		keys, err := parseHopFile(b)
 		if err != nil {
-			log.Error("hop keys file invalid; keeping the keys in use", "err", err)
-			continue
+			return err
 		}
-		last = b
-		apply(keys)
-		log.Info("hop keys reloaded", "file", k.File)
-	}
-	return nil
+		return apply(keys)
+	})
 }

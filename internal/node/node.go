@@ -45,6 +45,9 @@ type Env struct {
 	// HTTPClient makes the node's control-plane calls (session APIs);
 	// nil: each component's default client.
 	HTTPClient *http.Client
+	// KeysReload is how often key files are re-read (WatchFile); default
+	// KeysReload.
+	KeysReload time.Duration
 }
 
 // WithDefaults fills the zero fields of e.

@@ -30,8 +30,15 @@ var Quiet = slog.New(slog.DiscardHandler)
 // seed unless it is empty; it is closed at the test's end.
 func Member(t testing.TB, name string, wan bool, meta membership.Meta, seed string) *membership.Pool {
 	t.Helper()
+	return ProvenMember(t, name, wan, meta, seed, nil)
+}
+
+// ProvenMember is Member with its metadata proven by prove
+// (membership.Config.Prove; nil: none).
+func ProvenMember(t testing.TB, name string, wan bool, meta membership.Meta, seed string, prove func([]byte) []byte) *membership.Pool {
+	t.Helper()
 	p, err := membership.New(membership.Config{Name: name, Bind: netip.MustParseAddrPort("127.0.0.1:0"), WAN: wan,
-		AllowInsecure: true, Fast: true, Logger: Quiet}, meta)
+		AllowInsecure: true, Fast: true, Logger: Quiet, Prove: prove}, meta)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,9 @@ locals {
     flow_idle     = "30s"
     max_flows     = 262144
     redis_url     = local.redis_url
+    # The served clusters' secrets and this POP's, as a file the kubelet
+    # updates in place: a rotation needs no restart (docs/operations.md).
+    authority = { file = "/etc/rtcedge-authority/RTCEDGE_AUTHORITY_KEYS" }
     gossip = {
       bind      = "0.0.0.0:7947"
       advertise = "$${POD_IP}:7947"
@@ -82,7 +85,8 @@ module "globalrelay" {
   spread_over_nodes           = true
   termination_grace_seconds   = var.drain_timeout_seconds + 15
   secret_name                 = var.secret_name
-  secret_keys                 = ["RTCEDGE_AUTHORITY_KEYS", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
+  secret_keys                 = ["RTCEDGE_GLOBAL_GOSSIP_KEY"]
+  volumes                     = [{ name = "authority", mount_path = "/etc/rtcedge-authority", secret_key = "RTCEDGE_AUTHORITY_KEYS" }]
   readiness_period_seconds    = 2
   readiness_failure_threshold = 1
   resources                   = var.resources

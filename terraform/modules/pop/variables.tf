@@ -45,7 +45,7 @@ variable "image" {
 }
 
 variable "secret_name" {
-  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (the authority secrets of every cluster this POP serves, rtcedge keys cluster; docs/operations.md) and RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), and RTCEDGE_REDIS_URL when redis_url is not managed here."
+  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (the authority secrets of every cluster this POP serves, rtcedge keys cluster, and this POP's own secret, rtcedge keys pop, which proves its relays in the global pool; docs/operations.md) and RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), and RTCEDGE_REDIS_URL when redis_url is not managed here."
   type        = string
   default     = "rtcedge-secrets"
 }

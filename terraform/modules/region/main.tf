@@ -74,6 +74,9 @@ locals {
       join      = var.global_gossip_join
       key       = "$${RTCEDGE_GLOBAL_GOSSIP_KEY}"
     }
+    # Public keys (signaling's among them), and the cluster's own secret
+    # as a file the kubelet updates in place: a rotation needs no restart.
+    authority = { keys = var.global_pool_public_keys, file = "/etc/rtcedge-authority/RTCEDGE_AUTHORITY_KEYS" }
   }
 
   signaling_config = {
@@ -88,6 +91,10 @@ locals {
     client_secret_ttl = "10m"
     rate_per_second   = 5
     rate_burst        = 20
+    # Signaling's own secret proves its metadata in the global pool; with
+    # the public keys it believes a cluster relay or a POP only on that
+    # cluster's or POP's key (docs/operations.md, "The global pool").
+    authority = { keys = var.global_pool_public_keys, file = "/etc/rtcedge-authority/RTCEDGE_SIGNALING_AUTHORITY_KEYS" }
     gossip = {
       bind      = "0.0.0.0:7947"
       advertise = "$${POD_IP}:7947"
@@ -169,7 +176,10 @@ module "transceiver" {
   secret_name               = var.secret_name
   secret_keys               = ["RTCEDGE_CLUSTER_GOSSIP_KEY"]
   # Token, hop, gossip-proof and session API keys: the pod's own only.
-  key_issuer                  = { cluster = var.cluster_id, secret_key = "RTCEDGE_AUTHORITY_KEYS" }
+  # Its own Secret key, not the relays' (which they reload on change): a
+  # rotation makes a new secret current for pods (by rolling them) before
+  # the relays seal toward pods with it (docs/operations.md, "Rotation").
+  key_issuer                  = { cluster = var.cluster_id, secret_key = "RTCEDGE_ISSUER_AUTHORITY_KEYS" }
   readiness_failure_threshold = 2
   resources                   = var.transceiver_resources
   ports = [
@@ -194,7 +204,8 @@ module "clusterrelay" {
   replicas          = var.clusterrelay_replicas
   start_before_stop = true
   secret_name       = var.secret_name
-  secret_keys       = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_AUTHORITY_KEYS"]
+  secret_keys       = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
+  volumes           = [{ name = "authority", mount_path = "/etc/rtcedge-authority", secret_key = "RTCEDGE_AUTHORITY_KEYS" }]
   ports = [
     { name = "data", port = 7100, protocol = "UDP" },
     { name = "api", port = 8080, protocol = "TCP" },
@@ -244,7 +255,8 @@ module "signaling" {
     { name = "metrics", port = 9090, protocol = "TCP" },
   ]
   volumes = concat(
-    [{ name = "catalogue", mount_path = "/etc/rtcedge-catalogue", config_map = kubernetes_config_map_v1.catalogue.metadata[0].name }],
+    [{ name = "catalogue", mount_path = "/etc/rtcedge-catalogue", config_map = kubernetes_config_map_v1.catalogue.metadata[0].name },
+    { name = "authority", mount_path = "/etc/rtcedge-authority", secret_key = "RTCEDGE_SIGNALING_AUTHORITY_KEYS" }],
     var.geoip_claim_name == null ? [] : [{ name = "geoip", mount_path = "/var/lib/geoip", claim = var.geoip_claim_name }],
   )
 }

@@ -41,7 +41,7 @@ variable "image" {
 }
 
 variable "secret_name" {
-  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (this cluster's authority secret, rtcedge keys cluster: relays and the pods' key-issuer init container read it, the transceiver container never; docs/operations.md), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
+  description = "Secret holding RTCEDGE_AUTHORITY_KEYS (this cluster's authority secret, rtcedge keys cluster: the cluster relays read it as a file, reloaded on change), RTCEDGE_ISSUER_AUTHORITY_KEYS (the same secrets, current first as pods should use them: only the pods' key-issuer init container reads it, the transceiver container never; docs/operations.md), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_SIGNALING_AUTHORITY_KEYS (signaling's secret, rtcedge keys signaling: signaling only), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
   type        = string
   default     = "rtcedge-secrets"
 }
@@ -67,6 +67,12 @@ variable "catalogue_yaml" {
 variable "global_gossip_join" {
   description = "Seeds of the global gossip pool (host:port), e.g. [\"gossip.global.example.net:7947\"]."
   type        = list(string)
+}
+
+variable "global_pool_public_keys" {
+  description = "Public keys of the global pool (rtcedge keys public over every cluster's, POP's and signaling's secret: relay-pub:, pop-pub:, signaling-pub/ specs). Signaling then believes a cluster relay or global relay only on its own cluster's or POP's key, and cluster relays believe signaling only on signaling's. Not secret. [] = unchecked (docs/operations.md)."
+  type        = list(string)
+  default     = []
 }
 
 variable "transceiver_replicas" {

@@ -19,7 +19,7 @@ locals {
 
   pod_labels  = merge(var.labels, var.pod_labels)
   annotations = merge({ "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.this.data["config.yaml"]) }, var.annotations)
-  volumes     = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null }], var.volumes)
+  volumes     = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null, secret_key = null }], var.volumes)
 }
 
 resource "kubernetes_config_map_v1" "this" {
@@ -270,6 +270,20 @@ resource "kubernetes_deployment_v1" "this" {
                 read_only  = true
               }
             }
+            # One key of a Secret as a file of that name: the kubelet
+            # swaps it in place when the Secret changes, and the node
+            # re-reads it (authority.file) without a restart.
+            dynamic "secret" {
+              for_each = volume.value.secret_key == null ? [] : [volume.value.secret_key]
+              content {
+                secret_name  = var.secret_name
+                default_mode = "0400"
+                items {
+                  key  = secret.value
+                  path = secret.value
+                }
+              }
+            }
           }
         }
       }
@@ -505,6 +519,20 @@ resource "kubernetes_stateful_set_v1" "this" {
               content {
                 claim_name = persistent_volume_claim.value
                 read_only  = true
+              }
+            }
+            # One key of a Secret as a file of that name: the kubelet
+            # swaps it in place when the Secret changes, and the node
+            # re-reads it (authority.file) without a restart.
+            dynamic "secret" {
+              for_each = volume.value.secret_key == null ? [] : [volume.value.secret_key]
+              content {
+                secret_name  = var.secret_name
+                default_mode = "0400"
+                items {
+                  key  = secret.value
+                  path = secret.value
+                }
               }
             }
           }

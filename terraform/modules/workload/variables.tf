@@ -118,12 +118,13 @@ variable "resources" {
 }
 
 variable "volumes" {
-  description = "More read-only volumes after the config: each a ConfigMap or a PersistentVolumeClaim, mounted at mount_path."
+  description = "More read-only volumes after the config: each a ConfigMap, a PersistentVolumeClaim, or one key (secret_key) of secret_name as a file of that name, mounted at mount_path."
   type = list(object({
     name       = string
     mount_path = string
     config_map = optional(string)
     claim      = optional(string)
+    secret_key = optional(string)
   }))
   default = []
 }
