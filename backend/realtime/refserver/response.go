@@ -148,7 +148,8 @@ func (s *Session) respond(r *response, prev any) {
 			for i, v := range r.audio[sent : sent+n] {
 				b[2*i], b[2*i+1] = byte(v), byte(uint16(v)>>8)
 			}
-			s.send(with("type", s.name("response.output_audio.delta"), "delta", base64.StdEncoding.EncodeToString(b)))
+			// The item holds the audio before the client can hear it: a
+			// truncate the client sends on hearing this delta must find it.
 			sent += n
 			s.mu.Lock()
 			if i := s.findLocked(r.itemID); i >= 0 { // a truncate may come before the response ends
@@ -157,6 +158,7 @@ func (s *Session) respond(r *response, prev any) {
 			s.st.Responses[r.rec].Samples = sent
 			s.notify()
 			s.mu.Unlock()
+			s.send(with("type", s.name("response.output_audio.delta"), "delta", base64.StdEncoding.EncodeToString(b)))
 			continue
 		}
 		break
