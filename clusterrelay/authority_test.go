@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -273,25 +271,9 @@ func TestNodeAdmitsOnlyProvenMembers(t *testing.T) {
 // secret, the relay admits the pod without a restart and without an
 // update of the pod's own.
 func TestAuthorityFileReloads(t *testing.T) {
-	secret := func() []byte {
-		b := make([]byte, authority.KeyLen)
-		if _, err := rand.Read(b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	secret := func() []byte { return nodetest.Secret(t) }
 	oldSpec, newSpec := authority.Spec(4, 1, secret()), authority.Spec(4, 2, secret())
-	path := filepath.Join(t.TempDir(), "authority")
-	write := func(specs ...string) {
-		t.Helper()
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(strings.Join(specs, "\n")), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	path, write := nodetest.KeyFile(t)
 	write(oldSpec)
 	reg := prometheus.NewRegistry()
 	cfg := Config{Cluster: 4, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0", Authority: node.Authority{File: path},

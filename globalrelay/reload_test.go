@@ -1,9 +1,6 @@
 package globalrelay
 
 import (
-	"crypto/rand"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,27 +21,10 @@ import (
 // new secret beside the old, the same token is forwarded to the cluster
 // relay. Real sockets and gossip throughout.
 func TestAuthorityFileReloads(t *testing.T) {
-	secret := func() []byte {
-		b := make([]byte, authority.KeyLen)
-		if _, err := rand.Read(b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	secret := func() []byte { return nodetest.Secret(t) }
 	oldSpec, newSpec := authority.Spec(1, 1, secret()), authority.Spec(1, 2, secret())
-	path := filepath.Join(t.TempDir(), "authority")
-	write := func(s string) {
-		t.Helper()
-		// Replaced whole, as a Kubernetes Secret volume swaps its files.
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(oldSpec + "\n")
+	path, write := nodetest.KeyFile(t)
+	write(oldSpec)
 	podToken := func(spec string) string {
 		t.Helper()
 		sec, err := authority.Parse([]string{spec})
@@ -146,7 +126,7 @@ func TestAuthorityFileReloads(t *testing.T) {
 	if check(newUfrag) {
 		t.Fatal("a token under a secret the relay does not hold was forwarded")
 	}
-	write("1/2:not-base64-at-all\n" + oldSpec + "\n")
+	write("1/2:not-base64-at-all", oldSpec)
 	nodetest.Await(t, "the malformed file to be refused", func() bool { return reloads("invalid") == 1 })
 	if check(newUfrag) {
 		t.Fatal("a malformed file changed the keys")
@@ -154,7 +134,7 @@ func TestAuthorityFileReloads(t *testing.T) {
 	if !check(oldUfrag) {
 		t.Fatal("a malformed file dropped the keys in use")
 	}
-	write(newSpec + "\n" + oldSpec + "\n")
+	write(newSpec, oldSpec)
 	nodetest.Await(t, "the rotated file to be applied", func() bool { return reloads("ok") == 1 })
 	if !check(newUfrag) {
 		t.Fatal("a token under the new secret was not forwarded after the reload")

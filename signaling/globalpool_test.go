@@ -3,10 +3,8 @@ package signaling_test
 import (
 	"crypto/rand"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -136,13 +134,7 @@ func TestGlobalPoolClaimsNeedProof(t *testing.T) {
 // file changes nothing (counted once); a file without the old key drops
 // the relay proven by it.
 func TestAuthorityFileReloads(t *testing.T) {
-	secret := func() []byte {
-		b := make([]byte, authority.KeyLen)
-		if _, err := rand.Read(b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	secret := func() []byte { return nodetest.Secret(t) }
 	parse := func(specs ...string) *authority.Secrets {
 		t.Helper()
 		s, err := authority.Parse(specs)
@@ -154,17 +146,7 @@ func TestAuthorityFileReloads(t *testing.T) {
 	oldC, newC := parse(authority.Spec(1, 1, secret())), parse(authority.Spec(1, 2, secret()))
 	oldPub, newPub := oldC.PublicSpecs()[0], newC.PublicSpecs()[0]
 	sig := authority.SignalingSpec(1, secret())
-	path := filepath.Join(t.TempDir(), "authority")
-	write := func(specs ...string) {
-		t.Helper()
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(strings.Join(specs, "\n")), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	path, write := nodetest.KeyFile(t)
 	write(sig, oldPub)
 
 	reg := prometheus.NewRegistry()

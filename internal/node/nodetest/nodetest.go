@@ -1,7 +1,8 @@
 // Package nodetest helps the tests of the role nodes: a gossip member that
 // stands in for another role (real memberlist on loopback, announcing what
 // that role would), a poller for conditions, a GET of /readyz, and a
-// random token keyring spec. Only tests import it.
+// random token keyring spec, random authority secrets and a key file
+// replaced whole. Only tests import it.
 package nodetest
 
 import (
@@ -13,10 +14,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -132,4 +137,32 @@ func HopKeys(t testing.TB, clusters ...uint16) node.HopKeys {
 		k.Keys = append(k.Keys, fmt.Sprintf("%d/1:%s", c, base64.StdEncoding.EncodeToString(key)))
 	}
 	return k
+}
+
+// Secret is a random authority secret (authority.KeyLen bytes).
+func Secret(t testing.TB) []byte {
+	t.Helper()
+	b := make([]byte, authority.KeyLen)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// KeyFile is a key file in a test directory and the function that
+// replaces its content with specs, one a line: whole, by a rename, as a
+// Kubernetes Secret volume swaps its files, so a reader sees the old
+// content or the new and never a part.
+func KeyFile(t testing.TB) (path string, write func(specs ...string)) {
+	path = filepath.Join(t.TempDir(), "keys")
+	return path, func(specs ...string) {
+		t.Helper()
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(strings.Join(specs, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
