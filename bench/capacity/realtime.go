@@ -25,6 +25,9 @@ const (
 	metricReplySent    = `rtcedge_reply_audio_seconds_total{state="sent"}`
 	metricReplyDropped = `rtcedge_reply_audio_seconds_total{state="dropped"}`
 	metricRTDropped    = "rtcedge_realtime_dropped_total"
+	// metricRTFailed is the calls the connector ended from the backend's
+	// side by its reason (backend_closed, backend_stalled, ...).
+	metricRTFailed = "rtcedge_realtime_sessions_failed_total"
 )
 
 // Conversation is the shape of every transcoding call's audio: the caller

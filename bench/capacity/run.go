@@ -89,7 +89,9 @@ type Step struct {
 	Skipped   int64 `json:"skipped_slots"`
 	Lost      int   `json:"lost_calls"`
 	// Ended is the pod's sessions ended and refused from the start of the
-	// step to the end of its window, by reason (its metrics).
+	// step to the end of its window, by reason (its metrics), and with a
+	// Realtime backend the connector's own reasons (the pod's session end
+	// says backend_closed for every call its backend ended, a stall too).
 	Ended map[string]float64 `json:"pod_ended,omitempty"`
 	// With a Realtime backend: SeqLoss is the reply frames missed by the
 	// sequence numbers of those received (Loss); PacedLoss the frames
@@ -395,7 +397,7 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 	}
 	st.Ended = map[string]float64{}
 	for k, v := range b.metrics {
-		if strings.HasPrefix(k, metricEnded+"{") || strings.HasPrefix(k, metricRejected+"{") {
+		if strings.HasPrefix(k, metricEnded+"{") || strings.HasPrefix(k, metricRejected+"{") || strings.HasPrefix(k, metricRTFailed+"{") {
 			if d := v - m0[k]; d > 0 {
 				st.Ended[k] = d
 			}
