@@ -74,7 +74,9 @@ soak:
 # a stepped load of 50 pps voice sessions; a few minutes, prints a table.
 # CAPACITY_FLAGS adds flags, e.g. -steps 300 -profile bin/capacity-prof;
 # -backend ref runs the reference Realtime server as a third process, and the
-# table shows the CPU of the pod, the load generator and the server apart.
+# table shows the CPU of the pod, the load generator and the server apart;
+# -pod-cpus 1 pins the pod to a core of its own (the load generator and the
+# server to the others) and judges each step against that core.
 bench-capacity: build
 	$(GO) run ./bench/capacity/cmd/capacity -bin $(BIN) -json bin/bench-capacity.json $(CAPACITY_FLAGS)
 

@@ -31,12 +31,15 @@ const clockTicks = 100
 // so that its CPU time and memory can be read apart from the load
 // generator's.
 type Pod struct {
-	cmd        *exec.Cmd
-	done       chan struct{}
-	waitErr    error
-	tailMu     sync.Mutex
-	tail       []string // the pod's last log lines, guarded by tailMu
-	profileDir string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+	tailMu  sync.Mutex
+	tail    []string // the pod's last log lines, guarded by tailMu
+	// backendEnds counts the connector's "backend ended the call" log
+	// lines by reason and error, guarded by tailMu.
+	backendEnds map[string]int
+	profileDir  string
 
 	Data    netip.AddrPort // the pod's UDP socket
 	API     string         // session API base URL
@@ -51,6 +54,9 @@ type PodOptions struct {
 	ProfileDir string
 	// Extra is appended to the pod's YAML config as is.
 	Extra string
+	// CPUs, when set, pins the pod to these CPUs (taskset) with
+	// GOMAXPROCS equal to their count.
+	CPUs []int
 }
 
 // podTailLines is how many of the pod's last log lines Died reports.
@@ -64,6 +70,18 @@ func (p *Pod) keep(line string) {
 		p.tail = append(p.tail[:0], p.tail[1:]...)
 	}
 	p.tail = append(p.tail, line)
+}
+
+// BackendEnds returns how many calls the pod's Realtime connector ended
+// from the backend's side so far, by "reason: error" (its log).
+func (p *Pod) BackendEnds() map[string]int {
+	p.tailMu.Lock()
+	defer p.tailMu.Unlock()
+	out := make(map[string]int, len(p.backendEnds))
+	for k, v := range p.backendEnds {
+		out[k] = v
+	}
+	return out
 }
 
 // Died reports, once the pod process has exited, how it ended and its last
@@ -109,9 +127,10 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 	if err != nil {
 		return nil, err
 	}
-	p := &Pod{done: make(chan struct{}), HopKeys: hopKeys, profileDir: opts.ProfileDir}
-	p.cmd = exec.Command(bin, "transceiver", "-config", cfgPath)
-	p.cmd.Env = append(os.Environ(), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key),
+	p := &Pod{done: make(chan struct{}), HopKeys: hopKeys, profileDir: opts.ProfileDir, backendEnds: map[string]int{}}
+	argv, env := pinnedCommand(opts.CPUs, bin, "transceiver", "-config", cfgPath)
+	p.cmd = exec.Command(argv[0], argv[1:]...)
+	p.cmd.Env = append(append(os.Environ(), env...), "RTCEDGE_TOKEN_KEYS=1:"+base64.StdEncoding.EncodeToString(key),
 		"RTCEDGE_HOP_KEYS=1/1:"+base64.StdEncoding.EncodeToString(hop))
 	if opts.ProfileDir != "" {
 		p.cmd.Env = append(p.cmd.Env, "RTCEDGE_PROFILE_DIR="+opts.ProfileDir)
@@ -139,6 +158,10 @@ func StartPod(ctx context.Context, bin, dir string, maxSessions int, opts PodOpt
 			case "transceiver up":
 				info.data, info.api = f["data"], f["api"]
 				up <- info
+			case "backend ended the call": // backend/realtime's call.fail
+				p.tailMu.Lock()
+				p.backendEnds[f["reason"]+": "+f["err"]]++
+				p.tailMu.Unlock()
 			}
 		}
 		// Keep draining so the pod never blocks on a full pipe.
@@ -292,8 +315,16 @@ func ReadMachineStat() (MachineStat, error) {
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
+	if len(f) == 0 || f[0] != "cpu" {
 		return MachineStat{}, errors.New("unexpected /proc/stat")
+	}
+	return parseCPULine(f)
+}
+
+// parseCPULine reads one cpu line of /proc/stat, split into fields.
+func parseCPULine(f []string) (MachineStat, error) {
+	if len(f) < 8 {
+		return MachineStat{}, fmt.Errorf("unexpected /proc/stat line %q", strings.Join(f, " "))
 	}
 	var total, idle int64
 	for i, v := range f[1:] {

@@ -25,6 +25,9 @@ const (
 	metricReplySent    = `rtcedge_reply_audio_seconds_total{state="sent"}`
 	metricReplyDropped = `rtcedge_reply_audio_seconds_total{state="dropped"}`
 	metricRTDropped    = "rtcedge_realtime_dropped_total"
+	// metricRTFailed is the calls the connector ended from the backend's
+	// side by its reason (backend_closed, backend_stalled, ...).
+	metricRTFailed = "rtcedge_realtime_sessions_failed_total"
 )
 
 // Conversation is the shape of every transcoding call's audio: the caller
@@ -72,7 +75,7 @@ func (c Conversation) ModelShare() float64 {
 // backend it returns the pod's config lines and the callers' audio
 // (TurnFrames); ref is the reference server's process when it started
 // one (stop it with Stop).
-func startBackend(ctx context.Context, bin, backend string, conv Conversation, profileDir string) (podConfig string, frames [][]byte, ref *RefServer, err error) {
+func startBackend(ctx context.Context, bin, backend string, conv Conversation, profileDir string, cpus []int) (podConfig string, frames [][]byte, ref *RefServer, err error) {
 	if backend == "" {
 		return "", nil, nil, nil
 	}
@@ -81,7 +84,7 @@ func startBackend(ctx context.Context, bin, backend string, conv Conversation, p
 	}
 	url := backend
 	if backend == "ref" {
-		if ref, err = StartRefServer(ctx, bin, conv, profileDir); err != nil {
+		if ref, err = StartRefServer(ctx, bin, conv, profileDir, cpus); err != nil {
 			return "", nil, nil, err
 		}
 		url = ref.URL
@@ -100,19 +103,22 @@ type RefServer struct {
 
 // StartRefServer starts `bin realtime-ref` on a loopback port with the
 // replies capped for conv, and waits for the URL it prints. With
-// profileDir set, StartProfile and StopProfile profile it there.
-func StartRefServer(ctx context.Context, bin string, conv Conversation, profileDir string) (*RefServer, error) {
+// profileDir set, StartProfile and StopProfile profile it there. With cpus
+// set, it runs pinned to them (taskset, GOMAXPROCS their count).
+func StartRefServer(ctx context.Context, bin string, conv Conversation, profileDir string, cpus []int) (*RefServer, error) {
 	args := []string{"realtime-ref", "-addr", "127.0.0.1:0", "-record-ms", "1000", "-log-level", "warn"}
 	if conv.ReplyMs > 0 {
 		args = append(args, "-max-reply-ms", strconv.Itoa(conv.ReplyMs))
 	}
-	r := &RefServer{cmd: exec.Command(bin, args...), done: make(chan struct{}), profileDir: profileDir}
+	argv, env := pinnedCommand(cpus, bin, args...)
+	r := &RefServer{cmd: exec.Command(argv[0], argv[1:]...), done: make(chan struct{}), profileDir: profileDir}
 	r.cmd.Stderr = os.Stderr
+	r.cmd.Env = append(os.Environ(), env...)
 	if profileDir != "" {
 		if err := os.MkdirAll(profileDir, 0o755); err != nil {
 			return nil, err
 		}
-		r.cmd.Env = append(os.Environ(), "RTCEDGE_PROFILE_DIR="+profileDir)
+		r.cmd.Env = append(r.cmd.Env, "RTCEDGE_PROFILE_DIR="+profileDir)
 	}
 	out, err := r.cmd.StdoutPipe()
 	if err != nil {

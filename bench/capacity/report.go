@@ -63,6 +63,8 @@ type Report struct {
 		// Conversation names the shape of a transcoding call's audio
 		// (capacity.Conversations).
 		Conversation string `json:"conversation,omitempty"`
+		// Pin is the pod's and the load side's CPUs (-pod-cpus).
+		Pin *Pinning `json:"pin,omitempty"`
 	} `json:"settings"`
 	Steps   []Step  `json:"steps"`
 	Summary Summary `json:"summary"`

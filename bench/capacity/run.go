@@ -58,6 +58,10 @@ type RunConfig struct {
 	// Conversation shapes a transcoding call's audio; zero:
 	// Conversations["turns"].
 	Conversation Conversation
+	// Pin, when set, runs the pod on its own cores and the load side
+	// (this process and the reference server) on the others; each step
+	// then gets a Verdict.
+	Pin *Pinning
 }
 
 // The pod's session ends and refusals, by reason.
@@ -85,7 +89,9 @@ type Step struct {
 	Skipped   int64 `json:"skipped_slots"`
 	Lost      int   `json:"lost_calls"`
 	// Ended is the pod's sessions ended and refused from the start of the
-	// step to the end of its window, by reason (its metrics).
+	// step to the end of its window, by reason (its metrics), and with a
+	// Realtime backend the connector's own reasons (the pod's session end
+	// says backend_closed for every call its backend ended, a stall too).
 	Ended map[string]float64 `json:"pod_ended,omitempty"`
 	// With a Realtime backend: SeqLoss is the reply frames missed by the
 	// sequence numbers of those received (Loss); PacedLoss the frames
@@ -122,7 +128,21 @@ type Step struct {
 	PrepSecs   float64 `json:"prepare_seconds"`
 	RefCPU     float64 `json:"ref_cpu"`  // reference server's share of one core (-backend ref)
 	BoxBusy    float64 `json:"box_busy"` // whole machine, cores busy (2.0 = both cores)
-	Load1      float64 `json:"load1"`    // /proc/loadavg at the end of the window
+	// With RunConfig.Pin: how busy the pod kept its cores (PodShare: its
+	// CPU over its cores, 0..1) and the load generator and reference
+	// server theirs (LoadShare); how busy those cores were with every
+	// process on them (the machine's other work included); and the
+	// step's Verdict and what failed.
+	PodShare     float64 `json:"pod_share,omitempty"`
+	LoadShare    float64 `json:"load_share,omitempty"`
+	PodCoreBusy  float64 `json:"pod_core_busy,omitempty"`
+	LoadCoreBusy float64 `json:"load_core_busy,omitempty"`
+	Verdict      string  `json:"verdict,omitempty"`
+	Why          string  `json:"verdict_why,omitempty"`
+	// BackendEnds is the calls the pod's connector ended from the
+	// backend's side during the step, by "reason: error" (its log).
+	BackendEnds map[string]int `json:"backend_ends,omitempty"`
+	Load1       float64        `json:"load1"` // /proc/loadavg at the end of the window
 }
 
 // Run starts a pod, holds each step's session count with 50 pps voice
@@ -158,14 +178,23 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 	if profile != "" {
 		refProfile = filepath.Join(profile, "ref")
 	}
-	backendCfg, frames, ref, err := startBackend(ctx, cfg.Bin, cfg.Backend, cfg.Conversation, refProfile)
+	var podCPUs, loadCPUs []int
+	if cfg.Pin != nil {
+		podCPUs, loadCPUs = cfg.Pin.PodCPUs, cfg.Pin.LoadCPUs
+		if err := cfg.Pin.PinSelf(); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(cfg.Progress, "pod pinned to CPU %s (GOMAXPROCS %d); load generator and reference server to CPU %s\n",
+			cpuList(podCPUs), len(podCPUs), cpuList(loadCPUs))
+	}
+	backendCfg, frames, ref, err := startBackend(ctx, cfg.Bin, cfg.Backend, cfg.Conversation, refProfile, loadCPUs)
 	if err != nil {
 		return nil, err
 	}
 	if ref != nil {
 		defer ref.Stop()
 	}
-	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100, PodOptions{ProfileDir: profile, Extra: backendCfg + cfg.PodConfig})
+	pod, err := StartPod(ctx, cfg.Bin, cfg.Dir, cfg.Steps[len(cfg.Steps)-1]+100, PodOptions{ProfileDir: profile, Extra: backendCfg + cfg.PodConfig, CPUs: podCPUs})
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +224,9 @@ func Run(ctx context.Context, cfg RunConfig) ([]Step, error) {
 		}
 		steps = append(steps, st)
 		fmt.Fprintln(cfg.Progress, st.line())
+		if st.Verdict != "" {
+			fmt.Fprintf(cfg.Progress, "step %d: %s %s\n", st.Sessions, st.Verdict, st.Why)
+		}
 		if err := pod.Died(); err != nil {
 			return steps, err
 		}
@@ -260,6 +292,7 @@ type snapshot struct {
 	gen     ProcStat
 	ref     ProcStat
 	box     MachineStat
+	cpus    CPUTimes
 	metrics map[string]float64
 	rcvbuf  int64
 }
@@ -283,6 +316,9 @@ func takeSnapshot(ctx context.Context, pod *Pod, ref *RefServer) (snapshot, erro
 	if s.box, err = ReadMachineStat(); err != nil {
 		return s, err
 	}
+	if s.cpus, err = ReadCPUTimes(); err != nil {
+		return s, err
+	}
 	s.metrics, err = pod.Scrape(ctx)
 	return s, err
 }
@@ -293,6 +329,7 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 	if err != nil {
 		return st, err
 	}
+	ends0 := pod.BackendEnds()
 	fmt.Fprintf(cfg.Progress, "step %d: setting up %d calls\n", n, n-fleet.Size())
 	t0 := time.Now()
 	fails, err := grow(ctx, cfg, fleet, n)
@@ -360,7 +397,7 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 	}
 	st.Ended = map[string]float64{}
 	for k, v := range b.metrics {
-		if strings.HasPrefix(k, metricEnded+"{") || strings.HasPrefix(k, metricRejected+"{") {
+		if strings.HasPrefix(k, metricEnded+"{") || strings.HasPrefix(k, metricRejected+"{") || strings.HasPrefix(k, metricRTFailed+"{") {
 			if d := v - m0[k]; d > 0 {
 				st.Ended[k] = d
 			}
@@ -368,6 +405,17 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 	}
 	if len(st.Ended) > 0 {
 		fmt.Fprintf(cfg.Progress, "step %d: the pod ended or refused calls since the step began: %v\n", n, st.Ended)
+	}
+	for k, v := range pod.BackendEnds() {
+		if d := v - ends0[k]; d > 0 {
+			if st.BackendEnds == nil {
+				st.BackendEnds = map[string]int{}
+			}
+			st.BackendEnds[k] = d
+		}
+	}
+	for k, v := range st.BackendEnds {
+		fmt.Fprintf(cfg.Progress, "step %d: the connector ended %d calls: %s\n", n, v, k)
 	}
 	st.Underruns = fleet.Underruns.Load() - underruns
 	st.Skipped = fleet.Skipped.Load() - skipped
@@ -411,6 +459,10 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 		// machine; scale by the wall time to get cores.
 		st.BoxBusy = (b.box.Busy - a.box.Busy).Seconds() / secs
 	}
+	if cfg.Pin != nil {
+		st.PodCoreBusy = Busy(a.cpus, b.cpus, cfg.Pin.PodCPUs)
+		st.LoadCoreBusy = Busy(a.cpus, b.cpus, cfg.Pin.LoadCPUs)
+	}
 	st.PodRSS = b.pod.RSS
 	st.PodHeap = int64(b.metrics["go_memstats_heap_inuse_bytes"])
 	st.Goroutines = int(b.metrics["go_goroutines"])
@@ -419,6 +471,15 @@ func runStep(ctx context.Context, cfg RunConfig, pod *Pod, ref *RefServer, fleet
 	st.PodDrops = b.metrics["rtcedge_transceiver_dropped_packets_total"] - a.metrics["rtcedge_transceiver_dropped_packets_total"]
 	st.Rcvbuf = b.rcvbuf - a.rcvbuf
 	st.Load1 = LoadAvg()
+	if cfg.Pin != nil {
+		st.PodShare = st.PodCPU / float64(len(cfg.Pin.PodCPUs))
+		st.LoadShare = (st.GenCPU + st.RefCPU) / float64(len(cfg.Pin.LoadCPUs))
+		want := 0.0
+		if cfg.Backend != "" {
+			want = cfg.Conversation.ModelShare()
+		}
+		st.Verdict, st.Why = Verdict(st, want)
+	}
 
 	if cfg.IdleWindow > 0 {
 		fleet.SetAudio(false)
@@ -510,7 +571,16 @@ type Summary struct {
 	// audio cost). Neither a starved load generator nor a busy machine
 	// biases it, since both parts come from the pod's own CPU time in the
 	// same step. Per session = idle + 50 × per datagram.
-	BaselineSteps       int     `json:"baseline_fit_steps"`
+	BaselineSteps int `json:"baseline_fit_steps"`
+	// With the pod pinned (SummarizePinned): its cores, the largest step
+	// held on them (Verdict), that per core, and the per-core goal.
+	PodCores      int     `json:"pod_cores,omitempty"`
+	PinnedHeld    int     `json:"pinned_held_sessions,omitempty"`
+	PinnedPerCore float64 `json:"pinned_per_core,omitempty"`
+	PerCoreGoal   int     `json:"per_core_goal,omitempty"`
+	// LoadLimited is set when a step beyond PinnedHeld was not held for
+	// the load side's want of CPU, so the pod's limit was not reached.
+	LoadLimited         bool    `json:"load_limited,omitempty"`
 	IdleCPUPerSession   float64 `json:"idle_cpu_per_session"`
 	AudioCPUPerDatagram float64 `json:"audio_cpu_seconds_per_datagram"`
 	BaselinePerSession  float64 `json:"baseline_cpu_per_session"`
@@ -598,6 +668,31 @@ func Summarize(steps []Step, maxLoss float64, cores int, target float64) Summary
 	return s
 }
 
+// SummarizePinned fills the pinned part of s from steps run with the pod on
+// podCores cores of its own: the largest step held (Verdict HeldByPod)
+// and that per core, against perCoreGoal calls a core.
+func SummarizePinned(s *Summary, steps []Step, podCores, perCoreGoal int) {
+	s.PodCores, s.PerCoreGoal = podCores, perCoreGoal
+	for _, st := range steps {
+		switch st.Verdict {
+		case HeldByPod:
+			s.PinnedHeld = max(s.PinnedHeld, st.Sessions)
+		case NotHeldByLoad:
+			if st.Sessions > s.PinnedHeld {
+				s.LoadLimited = true
+			}
+		}
+	}
+	for _, st := range steps { // a later step the pod failed outranks the load side's
+		if st.Verdict == NotHeldByPod && st.Sessions > s.PinnedHeld {
+			s.LoadLimited = false
+		}
+	}
+	if podCores > 0 {
+		s.PinnedPerCore = float64(s.PinnedHeld) / float64(podCores)
+	}
+}
+
 // fit returns the least-squares slope and intercept of y over x.
 func fit(x, y []float64) (slope, intercept float64) {
 	var sx, sy, sxx, sxy float64
@@ -638,6 +733,23 @@ func Table(steps []Step, sum Summary) string {
 	if sum.GenPerSession != 0 || sum.RefPerSession != 0 {
 		fmt.Fprintf(&b, "per session beside the pod, at the largest step held (at full rate if any): load generator %.3f %% of a core in the window (+ %.3f %% encrypting ahead), reference server %.3f %%\n",
 			100*sum.GenPerSession, 100*sum.GenMakePerSession, 100*sum.RefPerSession)
+	}
+	if sum.PodCores > 0 {
+		for _, st := range steps {
+			fmt.Fprintf(&b, "  %4d calls: %s: pod %.0f %% of its core(s) (%.3f %% of a core per call; the cores %.0f %% busy with every process), load side %.0f %% of its core(s) (the cores %.0f %% busy), reply %.3f s/s per call, loss %.3f %%",
+				st.Sessions, st.Verdict, 100*st.PodShare, 100*st.PodCPU/float64(max(1, st.Sessions)), 100*st.PodCoreBusy,
+				100*st.LoadShare, 100*st.LoadCoreBusy, st.ToCaller, 100*st.Loss)
+			if st.Why != "" {
+				fmt.Fprintf(&b, "; %s", st.Why)
+			}
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "held %d calls on %d pinned pod core(s) -> %.0f per core (goal %d per core: %s)",
+			sum.PinnedHeld, sum.PodCores, sum.PinnedPerCore, sum.PerCoreGoal, map[bool]string{true: "met", false: "not met"}[sum.PinnedPerCore >= float64(sum.PerCoreGoal)])
+		if sum.LoadLimited {
+			b.WriteString("; a larger step was not held by the load side: the pod's own limit was not reached")
+		}
+		b.WriteString("\n")
 	}
 	if sum.Steps < 2 {
 		b.WriteString("too few steps under the loss limit and the busy limit to fit a cost per session\n")

@@ -1,7 +1,6 @@
 package refserver
 
 import (
-	"encoding/base64"
 	"fmt"
 	"math"
 	"time"
@@ -132,6 +131,9 @@ func (s *Session) respond(r *response, prev any) {
 	start := time.Now()
 	sent := 0
 	buf := make([]byte, 2*chunk)
+	deltaType := s.name("response.output_audio.delta")
+	var ev []byte // a delta event, encoded (appendDelta), reused
+	var evID []byte
 	for sent < len(r.audio) {
 		if s.h.cfg.Speed > 0 {
 			due := start.Add(time.Duration(float64(sent) / float64(rate) / s.h.cfg.Speed * float64(time.Second)))
@@ -158,7 +160,9 @@ func (s *Session) respond(r *response, prev any) {
 			s.st.Responses[r.rec].Samples = sent
 			s.notify()
 			s.mu.Unlock()
-			s.send(with("type", s.name("response.output_audio.delta"), "delta", base64.StdEncoding.EncodeToString(b)))
+			evID = appendID(evID[:0], "event", s.h.ids.Add(1))
+			ev = appendDelta(ev[:0], deltaType, r.id, r.itemID, evID, b)
+			s.write(ev)
 			continue
 		}
 		break

@@ -121,7 +121,7 @@ func NewHandler(cfg Config) (*Handler, error) {
 }
 
 func (h *Handler) id(prefix string) string {
-	return fmt.Sprintf("%s_%06d", prefix, h.ids.Add(1))
+	return string(appendID(make([]byte, 0, 24), prefix, h.ids.Add(1)))
 }
 
 // Sessions returns every session the handler accepted, in order.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -80,6 +82,12 @@ type Session struct {
 	bufStart int64         // guarded by mu: sample position of buf[0] in the session's input
 	vad      vad           // guarded by mu
 	active   *response     // guarded by mu
+
+	// Owned by run's goroutine: the message read, the audio of an append
+	// decoded, reused from one event to the next.
+	rbuf []byte
+	raw  []byte
+	pcm  []int16
 }
 
 type item struct {
@@ -156,7 +164,10 @@ func (s *Session) run() {
 	}()
 	s.send(map[string]any{"type": "session.created", "session": s.st.Config}) // st.Config only changes on this goroutine
 	for {
-		typ, data, err := s.conn.Read(s.ctx)
+		typ, r, err := s.conn.Reader(s.ctx)
+		if err == nil {
+			err = s.readMessage(r)
+		}
 		if err != nil {
 			return
 		}
@@ -167,7 +178,26 @@ func (s *Session) run() {
 			s.sendError("", "invalid_request_error", "invalid_event", "", "Binary messages are not supported; send JSON text.")
 			continue
 		}
-		s.handle(data)
+		s.handle(s.rbuf)
+	}
+}
+
+// readMessage reads one message into s.rbuf, reusing its memory (the
+// read limit bounds it).
+func (s *Session) readMessage(r io.Reader) error {
+	s.rbuf = s.rbuf[:0]
+	for {
+		if len(s.rbuf) == cap(s.rbuf) {
+			s.rbuf = append(s.rbuf, 0)[:len(s.rbuf)]
+		}
+		n, err := r.Read(s.rbuf[len(s.rbuf):cap(s.rbuf)])
+		s.rbuf = s.rbuf[:len(s.rbuf)+n]
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 	}
 }
 
@@ -194,7 +224,14 @@ type clientEvent struct {
 	} `json:"item"`
 }
 
+// handle decodes one client event and acts on it. data is only valid
+// during the call.
 func (s *Session) handle(data []byte) {
+	if ev, ok := scanAppend(data); ok { // the hot event, without encoding/json
+		s.record(appendType)
+		s.appendAudio(ev)
+		return
+	}
 	var ev clientEvent
 	if err := json.Unmarshal(data, &ev); err != nil {
 		s.record("")
@@ -205,8 +242,12 @@ func (s *Session) handle(data []byte) {
 	switch ev.Type {
 	case "session.update":
 		s.sessionUpdate(ev)
-	case "input_audio_buffer.append":
-		s.appendAudio(ev)
+	case appendType:
+		a := appendEvent{eventID: []byte(ev.EventID), hasAudio: ev.Audio != nil}
+		if ev.Audio != nil {
+			a.audio = []byte(*ev.Audio)
+		}
+		s.appendAudio(a)
 	case "input_audio_buffer.commit":
 		s.mu.Lock()
 		if len(s.buf) < s.h.cfg.Rate/10 {
@@ -277,17 +318,26 @@ func (s *Session) record(typ string) {
 	s.mu.Unlock()
 }
 
-func (s *Session) appendAudio(ev clientEvent) {
-	if ev.Audio == nil {
-		s.sendError(ev.EventID, "invalid_request_error", "missing_required_parameter", "audio", "Missing required parameter: 'audio'.")
+// appendAudio appends an event's audio to the input buffer, decoding it
+// into the session's reused buffers (run's goroutine only).
+func (s *Session) appendAudio(ev appendEvent) {
+	if !ev.hasAudio {
+		s.sendError(string(ev.eventID), "invalid_request_error", "missing_required_parameter", "audio", "Missing required parameter: 'audio'.")
 		return
 	}
-	raw, err := base64.StdEncoding.DecodeString(*ev.Audio)
+	if n := base64.StdEncoding.DecodedLen(len(ev.audio)); cap(s.raw) < n {
+		s.raw = make([]byte, n)
+	}
+	n, err := base64.StdEncoding.Decode(s.raw[:cap(s.raw)], ev.audio)
+	raw := s.raw[:n]
 	if err != nil || len(raw)%2 != 0 {
-		s.sendError(ev.EventID, "invalid_request_error", "invalid_value", "audio", "Invalid 'audio': expected base64-encoded PCM16 audio.")
+		s.sendError(string(ev.eventID), "invalid_request_error", "invalid_value", "audio", "Invalid 'audio': expected base64-encoded PCM16 audio.")
 		return
 	}
-	pcm := make([]int16, len(raw)/2)
+	if cap(s.pcm) < len(raw)/2 {
+		s.pcm = make([]int16, len(raw)/2)
+	}
+	pcm := s.pcm[:len(raw)/2]
 	for i := range pcm {
 		pcm[i] = int16(uint16(raw[2*i]) | uint16(raw[2*i+1])<<8)
 	}
@@ -437,6 +487,14 @@ func (s *Session) send(ev map[string]any) {
 	data, err := json.Marshal(ev)
 	if err != nil {
 		s.log.Error("marshal event", "type", ev["type"], "err", err)
+		return
+	}
+	s.write(data)
+}
+
+// write sends one encoded server event.
+func (s *Session) write(data []byte) {
+	if s.stalled.Load() {
 		return
 	}
 	_ = s.conn.Write(s.ctx, websocket.MessageText, data) // a failed write ends the connection; the reader sees it

@@ -49,7 +49,16 @@ func run() error {
 	podCfg := flag.String("pod-config", "", "YAML lines appended to the pod's config, e.g. 'dtls_role: server'")
 	backend := flag.String("backend", "", "transcode both ways: ref (the reference Realtime server: rtcedge realtime-ref, its own process) or a ws:// Realtime URL; empty: the echo")
 	convName := flag.String("conversation", "turns", "with -backend, the calls' audio: turns (caller talks 40 % of the time, the model 40 %) or continuous (caller 50 %, model 90 %)")
+	podCPUs := flag.Int("pod-cpus", 0, "pin the pod to this many cores of its own (the last ones; GOMAXPROCS the same) and the load generator and reference server to the others, and judge each step against the pod's cores (0: no pinning)")
+	perCore := flag.Int("per-core", 150, "with -pod-cpus: the goal in calls per pod core (300 calls on 2 cores = 150)")
 	flag.Parse()
+	var pin *capacity.Pinning
+	if *podCPUs > 0 {
+		var err error
+		if pin, err = capacity.NewPinning(*podCPUs); err != nil {
+			return err
+		}
+	}
 	conv, ok := capacity.Conversations[*convName]
 	if !ok {
 		return fmt.Errorf("-conversation: want turns or continuous, got %q", *convName)
@@ -93,6 +102,7 @@ func run() error {
 	rep := capacity.Report{Started: time.Now().UTC(), Before: capacity.ReadMachine()}
 	rep.Settings.Window, rep.Settings.IdleWindow, rep.Settings.DataChannel, rep.Settings.PodConfig = *window, *idle, *dc, *podCfg
 	rep.Settings.Backend = *backend
+	rep.Settings.Pin = pin
 	if *backend != "" {
 		rep.Settings.Conversation = *convName
 	}
@@ -108,10 +118,13 @@ func run() error {
 	steps2, err := capacity.Run(ctx, capacity.RunConfig{
 		Bin: *bin, Dir: dir, Steps: steps, Settle: *settle, Window: *window, IdleWindow: *idle,
 		DataChannel: *dc, Progress: os.Stderr, ProfileDir: *profDir, ProfileStep: *profStep, PodConfig: *podCfg, Backend: *backend,
-		Conversation: conv,
+		Conversation: conv, Pin: pin,
 	})
 	rep.Steps = steps2
 	rep.Summary = capacity.Summarize(steps2, *maxLoss, *cores, *target)
+	if pin != nil {
+		capacity.SummarizePinned(&rep.Summary, steps2, len(pin.PodCPUs), *perCore)
+	}
 	rep.After = capacity.ReadMachine()
 	rep.Seconds = time.Since(rep.Started).Seconds()
 	if err != nil {
