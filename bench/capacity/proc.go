@@ -211,11 +211,15 @@ func (p *Pod) Stop() {
 }
 
 // StartProfile starts a CPU profile of the pod (SIGUSR1, see PodOptions).
-func (p *Pod) StartProfile() error {
-	if p.profileDir == "" {
-		return errors.New("capacity: pod started without a profile directory")
+func (p *Pod) StartProfile() error { return startProfile(p.cmd.Process, p.profileDir, "pod") }
+
+// startProfile has a process started with a profile directory (dir)
+// start its CPU profile (SIGUSR1); who names it in the error.
+func startProfile(proc *os.Process, dir, who string) error {
+	if dir == "" {
+		return fmt.Errorf("capacity: %s started without a profile directory", who)
 	}
-	return p.cmd.Process.Signal(syscall.SIGUSR1)
+	return proc.Signal(syscall.SIGUSR1)
 }
 
 // StopProfile stops the CPU profile and has the pod write its heap and

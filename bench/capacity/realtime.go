@@ -162,10 +162,7 @@ func (r *RefServer) Stat() (ProcStat, error) { return readProcStat(r.cmd.Process
 
 // StartProfile starts a CPU profile of the server (SIGUSR1).
 func (r *RefServer) StartProfile() error {
-	if r.profileDir == "" {
-		return errors.New("capacity: realtime-ref started without a profile directory")
-	}
-	return r.cmd.Process.Signal(syscall.SIGUSR1)
+	return startProfile(r.cmd.Process, r.profileDir, "realtime-ref")
 }
 
 // StopProfile stops it and waits for the server's profiles.
