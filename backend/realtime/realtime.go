@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -74,11 +73,7 @@ type Config struct {
 	// StallTimeout ends a call whose server answers no ping for this
 	// long; pings go every StallTimeout/3. Default 10s.
 	StallTimeout time.Duration
-	// ClientSessionFields are the session fields a caller's session.update
-	// may set; others are refused with an error event unless they repeat
-	// the call's value. Default DefaultClientSessionFields.
-	ClientSessionFields []string
-	Logger              *slog.Logger
+	Logger       *slog.Logger
 	// Registerer receives the rtcedge_realtime_* metrics; nil: none.
 	Registerer prometheus.Registerer
 }
@@ -113,9 +108,6 @@ func (c *Config) Validate() error {
 	}
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = 10 * time.Second
-	}
-	if len(c.ClientSessionFields) == 0 {
-		c.ClientSessionFields = DefaultClientSessionFields
 	}
 	config.Default(&c.Logger, slog.Default())
 	return nil
@@ -199,10 +191,5 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 	return c, nil
 }
 
-// allowed reports whether a caller's session.update may set field.
 // InputRate implements backend.InputRater: the server's PCM rate.
 func (b *Backend) InputRate() int { return b.cfg.Rate }
-
-func (b *Backend) allowed(field string) bool {
-	return slices.Contains(b.cfg.ClientSessionFields, field)
-}

@@ -372,9 +372,10 @@ func types(evs []map[string]any) []string {
 	return out
 }
 
-// TestCallerEvents: data-channel events reach the server, except appends
-// (dropped, counted), a session.update with a field the caller may not set
-// (refused with an error event) and output_audio_buffer.clear (the edge's).
+// TestCallerEvents: data-channel events reach the server, translated,
+// except appends (dropped, counted), the fields of a session.update the
+// caller may not set (named in an error event; the rest applies) and
+// output_audio_buffer.clear (the edge's).
 func TestCallerEvents(t *testing.T) {
 	for _, fl := range flavours {
 		t.Run(fl.name, func(t *testing.T) {
@@ -384,9 +385,9 @@ func TestCallerEvents(t *testing.T) {
 			f.h.Event([]byte(`{"type":"session.update","event_id":"u2","session":{"model":"app-model","audio":{"input":{"turn_detection":null}}}}`))
 			f.h.Event([]byte(`{"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}}`))
 			f.h.Event([]byte(`{"type":"response.create"}`))
-			f.waitServer(t, "events", func(st *refserver.State) bool { return len(st.Received) >= 4 })
+			f.waitServer(t, "events", func(st *refserver.State) bool { return len(st.Received) >= 5 })
 			f.sess.Wait(context.Background(), func(st *refserver.State) bool {
-				want := []string{"session.update", "session.update", "conversation.item.create", "response.create"}
+				want := []string{"session.update", "session.update", "session.update", "conversation.item.create", "response.create"}
 				if strings.Join(st.Received, " ") != strings.Join(want, " ") {
 					t.Errorf("server received %v, want %v", st.Received, want)
 				}
@@ -535,7 +536,7 @@ func TestServerEvents(t *testing.T) {
 			})
 			f.h.Event([]byte(`{"type":"session.update","event_id":"u1","session":{"instructions":"be a parrot"}}`))
 			f.h.Event([]byte(`{"type":"session.update","event_id":"u2","session":{"instructions":"from the app"}}`))
-			f.waitServer(t, "the caller's repeat", func(st *refserver.State) bool { return len(st.Received) >= 3 })
+			f.waitServer(t, "the caller's repeat", func(st *refserver.State) bool { return len(st.Received) >= 4 })
 			f.out.wait(t, "the refusal", func(s *sink) bool { return s.index("error") >= 0 })
 			f.out.mu.Lock()
 			defer f.out.mu.Unlock()
