@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 )
 
@@ -30,7 +31,7 @@ func TestCallIDSidebandOwner(t *testing.T) {
 	if anon.owner == apiKey("").owner {
 		t.Fatal("anonymous has the fingerprint of an empty key")
 	}
-	val, _, err := secrets.mint(time.Minute, DefaultTenant, app.owner, json.RawMessage(`{"instructions":"x"}`))
+	val, _, err := secrets.mint(time.Minute, DefaultTenant, app.owner, sessionapi.Caller{}, json.RawMessage(`{"instructions":"x"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
