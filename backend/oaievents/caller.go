@@ -15,6 +15,7 @@
 package oaievents
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -128,6 +129,12 @@ func (c *Caller) Translate(data []byte) Result {
 	defer putWalker(w)
 	top, err := w.check(data)
 	eventID := string(top.eventID)
+	if err != nil && eventID == "" && bytes.HasPrefix(data, bom) {
+		// The caller still gets its event_id back, read past the mark.
+		if again, _ := w.check(data[len(bom):]); again.eventID != nil {
+			eventID = string(again.eventID)
+		}
+	}
 	if err != nil {
 		return refuse(ReasonMalformed, "invalid_event", "", eventID, "The event was refused: "+err.Error()+".")
 	}

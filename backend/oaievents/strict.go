@@ -35,6 +35,10 @@ const (
 	keepBuffer = 64 << 10
 )
 
+// bom is UTF-8's byte-order mark, which some parsers skip and others
+// refuse.
+var bom = []byte("\xef\xbb\xbf")
+
 // checked is what Check read of an event's top level.
 type checked struct {
 	typ, eventID []byte // alias the walker's scratch; valid until its next use
@@ -99,7 +103,7 @@ func Check(data []byte) error {
 // check is Check, also returning the top-level type and event_id.
 func (w *walker) check(data []byte) (checked, error) {
 	var c checked
-	if bytes.HasPrefix(data, []byte("\xef\xbb\xbf")) {
+	if bytes.HasPrefix(data, bom) {
 		return c, fmt.Errorf("%w: a byte-order mark before the value", ErrMalformed)
 	}
 	w.start(data)

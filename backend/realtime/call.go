@@ -765,7 +765,7 @@ func (c *call) fail(reason string, err error) {
 		}
 		_ = c.conn.CloseNow() // unblocks the other loops
 		c.b.m.failed.WithLabelValues(reason).Inc()
-		c.log.Info("backend ended the call", "reason", reason, "err", err)
+		c.log.Info("backend ended the call", "reason", reason, "err", redactErr(err, c.b.cfg.URL))
 		c.toCaller(errorEvent("server_error", reason, "", failMessages[reason], ""))
 		if e, ok := c.out.(backend.Ender); ok {
 			go e.End(reason) // End closes this handler: not from its own loop

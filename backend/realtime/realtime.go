@@ -82,7 +82,7 @@ type Config struct {
 func (c *Config) Validate() error {
 	u, err := url.Parse(c.URL)
 	if err != nil {
-		return fmt.Errorf("realtime: backend URL: %w", err)
+		return fmt.Errorf("realtime: backend URL %s does not parse", RedactURL(c.URL))
 	}
 	if (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 		return errors.New("realtime: backend URL must be ws://HOST/… or wss://HOST/…")
@@ -176,14 +176,14 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			return fail(ReasonRefused, fmt.Errorf("realtime: %s refused the session: HTTP %d", b.host, resp.StatusCode))
 		}
-		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, err))
+		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, redactErr(err, b.cfg.URL)))
 	}
 	conn.SetReadLimit(readLimit)
 	c := newCall(b, info, out, conn, dec, enc)
 	if err := c.sendSession(info.Config); err != nil {
 		_ = conn.CloseNow()
 		codecs()
-		return fail(ReasonSetup, err)
+		return fail(ReasonSetup, redactErr(err, b.cfg.URL))
 	}
 	c.start()
 	b.m.opened.Inc()
