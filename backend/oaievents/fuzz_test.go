@@ -57,8 +57,12 @@ func override(v any) string {
 	case map[string]any:
 		for k, x := range v {
 			switch strings.ToLower(k) {
-			case "instructions", "tools", "tool_choice", "prompt", "input", "model", "metadata", "tracing":
+			case "instructions", "tools", "tool_choice", "prompt", "model", "metadata", "tracing":
 				return "member " + k
+			case "input": // a response's input items (audio.input is the session's audio)
+				if _, items := x.([]any); items {
+					return "member " + k
+				}
 			case "role":
 				if x != "user" {
 					return "role " + k

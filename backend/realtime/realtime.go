@@ -5,9 +5,11 @@
 //
 // Toward the server it sends the call's session configuration as the first
 // session.update (audio formats forced to PCM16 at Config.Rate), the
-// caller's data-channel events (session.update filtered to the fields a
-// caller may set; input_audio_buffer.append dropped: audio comes by media)
-// and the caller's audio, decoded from Opus to PCM16 and sent as
+// caller's data-channel events as backend/oaievents translates them (an
+// allow-list of types and fields, read strictly, re-encoded by the pod;
+// a session.update accepted in part, per the call's policy;
+// input_audio_buffer.append dropped: audio comes by media) and the
+// caller's audio, decoded from Opus to PCM16 and sent as
 // input_audio_buffer.append every appendMs. Toward the caller it sends every
 // server event but the audio deltas on the data channel, and the deltas'
 // audio as 20 ms Opus frames, which the pod paces at real time and frames
