@@ -135,7 +135,7 @@ var sessionFields = map[string]*node{
 		"input": object(map[string]*node{
 			"format": anyValue, "noise_reduction": anyValue, "transcription": anyValue, "turn_detection": anyValue,
 		}),
-		"output": object(map[string]*node{"format": anyValue, "voice": anyValue, "speed": number}),
+		"output": object(map[string]*node{"format": anyValue, "voice": anyValue, "speed": anyValue}),
 	}),
 }
 
