@@ -79,6 +79,20 @@ func (s *Server) callerPolicy(c credential) sessionapi.Caller {
 	return sessionapi.Caller{SessionFields: s.cfg.ClientSessionFields, SealedWins: s.cfg.SealedFieldsWin}
 }
 
+// ownPolicy is the caller policy a client secret minted with c seals: the
+// API key's own, or nil for a key that has none (the default applies
+// where the secret is used).
+func (s *Server) ownPolicy(c credential) *sessionapi.Caller {
+	if c.kind != credAPIKey {
+		return nil
+	}
+	if k := s.keys[c.key]; k.ClientSessionFields == nil && k.SealedFieldsWin == nil {
+		return nil
+	}
+	p := s.keyPolicy(c.key)
+	return &p
+}
+
 // keyPolicy is API key i's caller policy.
 func (s *Server) keyPolicy(i int) sessionapi.Caller {
 	p := sessionapi.Caller{SessionFields: s.cfg.ClientSessionFields, SealedWins: s.cfg.SealedFieldsWin}

@@ -29,11 +29,11 @@ import (
 //
 //	"ek_" + base64url(nonce (12 bytes) | AES-256-GCM(expiry unix seconds (8) | len(tenant) (1) | tenant | flags (1) [| owner (16)] [| policy] | session))
 //
-// The policy (flags bit 2) is the minting key's caller policy (which
-// session fields the browser may set, and whether sealed fields win
-// silently; sessionapi.Caller): policy flags (1; bit 0 SealedWins) |
-// count (1) | count × (len (1) | field name). A secret without one gets
-// the configured default.
+// The policy (flags bit 2) is the minting key's caller policy when the key
+// has one of its own (which session fields the browser may set, and
+// whether sealed fields win silently; sessionapi.Caller): policy flags (1;
+// bit 0 SealedWins) | count (1) | count × (len (1) | field name). A secret
+// without one gets the configured default.
 //
 // The session is the server's JSON object, deflated when that is shorter
 // (flags bit 0). The owner (flags bit 1) is the fingerprint of the API key
@@ -120,19 +120,27 @@ func newSecretMinter(key []byte, now func() time.Time) (secretMinter, error) {
 // secret.
 var errSecretTooLarge = errors.New("session configuration too large for a client secret")
 
-func (m secretMinter) mint(ttl time.Duration, tenant string, owner fingerprint, policy sessionapi.Caller, session json.RawMessage) (string, time.Time, error) {
+// mint seals a secret; policy is nil for a key without a caller policy of
+// its own (the secret then gets the configured default where it is used,
+// and a replica that predates policies reads it as before).
+func (m secretMinter) mint(ttl time.Duration, tenant string, owner fingerprint, policy *sessionapi.Caller, session json.RawMessage) (string, time.Time, error) {
 	exp := m.now().Add(ttl).Truncate(time.Second)
 	if len(tenant) > maxTenantLen {
 		return "", time.Time{}, fmt.Errorf("tenant %q too long", tenant)
 	}
-	pol, err := appendPolicy(nil, policy)
-	if err != nil {
-		return "", time.Time{}, err
+	flags := byte(flagOwner)
+	var pol []byte
+	if policy != nil {
+		var err error
+		if pol, err = appendPolicy(nil, *policy); err != nil {
+			return "", time.Time{}, err
+		}
+		flags |= flagPolicy
 	}
 	pt := binary.BigEndian.AppendUint64(make([]byte, 0, 16+len(tenant)+len(pol)+len(session)), uint64(exp.Unix()))
 	pt = append(pt, byte(len(tenant)))
 	pt = append(pt, tenant...)
-	flags, body := byte(flagOwner|flagPolicy), []byte(session)
+	body := []byte(session)
 	if d, err := deflate(session); err == nil && len(d) < len(session) {
 		flags, body = flags|flagDeflated, d
 	}
@@ -339,7 +347,7 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_session", err.Error(), "session")
 		return
 	}
-	val, exp, err := s.secrets.mint(ttl, cred.tenant, cred.owner, s.callerPolicy(cred), session)
+	val, exp, err := s.secrets.mint(ttl, cred.tenant, cred.owner, s.ownPolicy(cred), session)
 	switch {
 	case errors.Is(err, errSecretTooLarge):
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "session_too_large",
