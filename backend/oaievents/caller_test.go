@@ -225,6 +225,13 @@ func TestSessionUpdatePartial(t *testing.T) {
 			t.Errorf("param %q", e.Param)
 		}
 	})
+	t.Run("session type", func(t *testing.T) {
+		res := NewCaller(Policy{}, nil).Translate([]byte(`{"type":"session.update","session":{"type":"transcription","voice":"ash"}}`))
+		checkSession(t, res.Event, map[string]any{"voice": "ash"})
+		if e := decodeError(t, res.Error); e.Param != "session.type" {
+			t.Errorf("param %q", e.Param)
+		}
+	})
 	t.Run("policy from signaling", func(t *testing.T) {
 		res := NewCaller(Policy{SessionFields: []string{"instructions"}}, sealed).Translate([]byte(`{"type":"session.update","session":{"instructions":"mine","voice":"ash"}}`))
 		checkSession(t, res.Event, map[string]any{"instructions": "mine"})

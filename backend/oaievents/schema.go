@@ -131,6 +131,7 @@ var sessionUpdate = event("session.update", map[string]*node{"session": {kind: k
 // be forced to the edge's, below them nothing else exists); any other
 // allowed field takes any value.
 var sessionFields = map[string]*node{
+	"type": oneOf("realtime"), // a call is a conversation, not a transcription session
 	"audio": object(map[string]*node{
 		"input": object(map[string]*node{
 			"format": anyValue, "noise_reduction": anyValue, "transcription": anyValue, "turn_detection": anyValue,
