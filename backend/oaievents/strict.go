@@ -12,7 +12,6 @@ package oaievents
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -306,9 +305,3 @@ func Canonical(data []byte) (ev []byte, typ string, err error) {
 	}
 	return w.result(), typ, nil
 }
-
-// ErrMalformed is wrapped by the errors of events that are not one JSON
-// object read alike by every parser (duplicate members in any case, data
-// after the value, a byte-order mark, invalid UTF-8, numbers out of
-// range, nesting deeper than 32, objects over 256 members).
-var ErrMalformed = errors.New("malformed event")
