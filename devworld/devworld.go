@@ -670,8 +670,9 @@ func (w *World) startSignaling() error {
 }
 
 // awaitConverged waits until gossip has told every cluster relay about all
-// its pods and every global relay and signaling about all cluster relays, so
-// the first call after Start finds the world as configured.
+// its pods, every global relay and signaling about all cluster relays, and
+// signaling about every POP's global relay, so the first call after Start
+// finds the world as configured.
 func (w *World) awaitConverged(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
@@ -687,13 +688,28 @@ func (w *World) awaitConverged(limit time.Duration) error {
 		}
 		for _, pool := range w.globalPools() {
 			n := 0
+			pops := map[uint16]bool{}
 			for _, m := range pool.Members() {
-				if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Capacity > 0 && !m.Meta.Draining {
-					n++
+				if m.State != membership.StateAlive || m.Meta.Draining {
+					continue
+				}
+				switch m.Meta.Role {
+				case membership.RoleClusterRelay:
+					if m.Meta.Capacity > 0 {
+						n++
+					}
+				case membership.RoleGlobalRelay:
+					pops[m.Meta.POP] = true
 				}
 			}
 			if n != relays {
 				missing = append(missing, fmt.Sprintf("%s sees %d of %d usable cluster relays", pool.Name(), n, relays))
+			}
+			// Signaling offers only the POPs it sees up (and a backup
+			// besides): a call placed before it sees them all would get
+			// another first POP than the catalogue says.
+			if pool == w.SignalingPool && len(pops) != len(w.Regions) {
+				missing = append(missing, fmt.Sprintf("%s sees %d of %d POPs up", pool.Name(), len(pops), len(w.Regions)))
 			}
 		}
 		if len(missing) == 0 {

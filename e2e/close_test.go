@@ -32,9 +32,11 @@ func TestWorldCloseEndsEveryGossipGoroutine(t *testing.T) {
 	if !probing {
 		t.Fatal("no probe of the world in flight within 10 s")
 	}
+	start := time.Now()
 	if err := w.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
+	t.Logf("Close returned in %v", time.Since(start).Round(time.Millisecond))
 	for id, stack := range testleak.Running(memberlist) {
 		if _, old := before[id]; !old {
 			t.Fatalf("a gossip goroutine of the world outlived its Close:\n%s", stack)
