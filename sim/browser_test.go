@@ -85,20 +85,9 @@ type browserResult struct {
 	Remote    string  `json:"remote"`
 }
 
-// browserCalls places calls from headless Chromium at each site and
-// reports POST → connected next to the goal; each alternates with a call
-// while the site's UDP links drop everything (a firewall that drops UDP),
-// over ICE-TCP through the POPs' TCP links, so that each TCP call is
-// compared with the UDP call placed right before it, in the same seconds of
-// the machine's load. Unlike the Pion probe, Chromium has no 200 ms
-// nomination tick; it nominates with a later ping, which the transceiver
-// does not wait for (it selects the preferred POP's pair on the first
-// check). Each figure is split at the answer: answer → ICE connected is
-// Chromium's check pacing and one round trip, ICE → DTLS the handshake, so
-// a difference between UDP and TCP shows which of the two it is in. The
-// setup figure is also given over every site's calls together, with its
-// quartiles, as a single site's median of a few calls moves with the load.
-func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
+// startChromium starts headless Chromium for w's sites and returns its
+// tab's context; t's cleanup closes it.
+func startChromium(t *testing.T, w *sim.World) context.Context {
 	exe, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatal("RTCEDGE_SIM_BROWSER=1 needs chromium: install it (apt-get install chromium)")
@@ -146,6 +135,24 @@ func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
 	if err := chromedp.Do(tctx); err != nil {
 		t.Fatalf("start chromium (%s): %v", exe, err)
 	}
+	return tctx
+}
+
+// browserCalls places calls from headless Chromium at each site and
+// reports POST → connected next to the goal; each alternates with a call
+// while the site's UDP links drop everything (a firewall that drops UDP),
+// over ICE-TCP through the POPs' TCP links, so that each TCP call is
+// compared with the UDP call placed right before it, in the same seconds of
+// the machine's load. Unlike the Pion probe, Chromium has no 200 ms
+// nomination tick; it nominates with a later ping, which the transceiver
+// does not wait for (it selects the preferred POP's pair on the first
+// check). Each figure is split at the answer: answer → ICE connected is
+// Chromium's check pacing and one round trip, ICE → DTLS the handshake, so
+// a difference between UDP and TCP shows which of the two it is in. The
+// setup figure is also given over every site's calls together, with its
+// quartiles, as a single site's median of a few calls moves with the load.
+func browserCalls(t *testing.T, w *sim.World, calls int) []sim.Scenario {
+	tctx := startChromium(t, w)
 	var out []sim.Scenario
 	var allUDP, allTCP []browserResult
 	goal := ms(w.SignalingRTT() + 3*w.MediaRTT() + 20*time.Millisecond)
