@@ -218,6 +218,9 @@ type World struct {
 	// on one loopback (tests in parallel packages, a port one world freed
 	// and another reused) must never merge their pools.
 	gossipKey string
+	// gossip gathers every pool of the world: Close waits for the last of
+	// their goroutines (a probe outlives memberlist's Shutdown).
+	gossipGroup *membership.Group
 	// apiTLS and apiCA are the session APIs' TLS (SessionAPITLS): the
 	// servers' certificate and the clients' CA.
 	apiTLS, apiCA sessionapi.TLS
@@ -303,7 +306,7 @@ func (w *World) GossipKey() []byte {
 // gossip is a dev pool's config: loopback, fast timings unless
 // ProductionGossip, the world's own key.
 func (w *World) gossip(name string, join []string) node.Gossip {
-	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Key: w.gossipKey, Fast: !w.cfg.ProductionGossip}
+	return node.Gossip{Name: name, Bind: "127.0.0.1:0", Join: join, Key: w.gossipKey, Fast: !w.cfg.ProductionGossip, Group: w.gossipGroup}
 }
 
 // Start builds and starts a world. Close stops it.
@@ -317,7 +320,7 @@ func Start(cfg Config) (*World, error) {
 	config.Default(&cfg.HTTPAddr, "127.0.0.1:0")
 	config.Default(&cfg.Logger, slog.Default())
 	w := &World{cfg: cfg, log: cfg.Logger.With("component", "devworld"), Registry: prometheus.NewRegistry(),
-		memStore:   routecache.NewMemoryStore(),
+		memStore: routecache.NewMemoryStore(), gossipGroup: membership.NewGroup(),
 		httpClient: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}}}
 	if err := w.start(); err != nil {
 		w.Close()
@@ -667,8 +670,9 @@ func (w *World) startSignaling() error {
 }
 
 // awaitConverged waits until gossip has told every cluster relay about all
-// its pods and every global relay and signaling about all cluster relays, so
-// the first call after Start finds the world as configured.
+// its pods, every global relay and signaling about all cluster relays, and
+// signaling about every POP's global relay, so the first call after Start
+// finds the world as configured.
 func (w *World) awaitConverged(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
@@ -684,13 +688,28 @@ func (w *World) awaitConverged(limit time.Duration) error {
 		}
 		for _, pool := range w.globalPools() {
 			n := 0
+			pops := map[uint16]bool{}
 			for _, m := range pool.Members() {
-				if m.State == membership.StateAlive && m.Meta.Role == membership.RoleClusterRelay && m.Meta.Capacity > 0 && !m.Meta.Draining {
-					n++
+				if m.State != membership.StateAlive || m.Meta.Draining {
+					continue
+				}
+				switch m.Meta.Role {
+				case membership.RoleClusterRelay:
+					if m.Meta.Capacity > 0 {
+						n++
+					}
+				case membership.RoleGlobalRelay:
+					pops[m.Meta.POP] = true
 				}
 			}
 			if n != relays {
 				missing = append(missing, fmt.Sprintf("%s sees %d of %d usable cluster relays", pool.Name(), n, relays))
+			}
+			// Signaling offers only the POPs it sees up (and a backup
+			// besides): a call placed before it sees them all would get
+			// another first POP than the catalogue says.
+			if pool == w.SignalingPool && len(pops) != len(w.Regions) {
+				missing = append(missing, fmt.Sprintf("%s sees %d of %d POPs up", pool.Name(), len(pops), len(w.Regions)))
 			}
 		}
 		if len(missing) == 0 {
@@ -718,12 +737,22 @@ func (w *World) Err() error {
 	return errors.Join(w.errs...)
 }
 
-// Close stops everything, newest first, and waits for it.
+// Close stops everything, newest first, and waits for it, down to the last
+// goroutine of every gossip pool: a probe in flight outlives memberlist's
+// Shutdown by up to a (health-scaled) probe interval, and a world that
+// returned before it ended would leave it running into whatever comes next.
+// It returns an error when one still runs after membership.MaxLinger.
 func (w *World) Close() error {
 	for i := len(w.nodes) - 1; i >= 0; i-- {
 		w.nodes[i].Kill()
 	}
 	w.httpClient.CloseIdleConnections()
+	// The global pool's WAN timings bound the cluster pools' LAN ones.
+	ctx, cancel := context.WithTimeout(context.Background(), membership.MaxLinger(membership.Config{WAN: true, Fast: !w.cfg.ProductionGossip}))
+	defer cancel()
+	if err := w.gossipGroup.Wait(ctx); err != nil {
+		return fmt.Errorf("devworld: close: %w", err)
+	}
 	return nil
 }
 

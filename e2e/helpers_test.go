@@ -22,7 +22,9 @@ func startWorld(t *testing.T, cfg devworld.Config) *devworld.World {
 		t.Fatalf("start dev world: %v", err)
 	}
 	t.Cleanup(func() {
-		w.Close()
+		if err := w.Close(); err != nil {
+			t.Errorf("close dev world: %v", err)
+		}
 		if err := w.Err(); err != nil {
 			t.Errorf("dev world component failed: %v", err)
 		}

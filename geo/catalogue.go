@@ -380,6 +380,19 @@ func (c *Catalogue) POP(id uint16) (POP, bool) {
 	return POP{}, false
 }
 
+// ClusterRegion returns the name of the region holding cluster id (what
+// internal/metacheck asks of a catalogue).
+func (c *Catalogue) ClusterRegion(id uint16) (string, bool) {
+	_, r, ok := c.Cluster(id)
+	return r.Name, ok
+}
+
+// HasPOP reports whether a POP with the given id exists.
+func (c *Catalogue) HasPOP(id uint16) bool {
+	_, ok := c.POP(id)
+	return ok
+}
+
 // Region returns the region with the given name.
 func (c *Catalogue) Region(name string) (Region, bool) {
 	for _, r := range c.Regions {

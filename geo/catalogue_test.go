@@ -30,6 +30,15 @@ func TestLoadSampleCatalogue(t *testing.T) {
 	if _, _, ok := c.Cluster(9); ok {
 		t.Error("Cluster(9) found")
 	}
+	if r, ok := c.ClusterRegion(2); !ok || r != "us-east" {
+		t.Errorf("ClusterRegion(2) = %q, %v", r, ok)
+	}
+	if _, ok := c.ClusterRegion(9); ok {
+		t.Error("ClusterRegion(9) found")
+	}
+	if !c.HasPOP(3) || c.HasPOP(9) {
+		t.Errorf("HasPOP(3) = %v, HasPOP(9) = %v", c.HasPOP(3), c.HasPOP(9))
+	}
 	if _, ok := c.Region("nowhere"); ok {
 		t.Error("Region(nowhere) found")
 	}

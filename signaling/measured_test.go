@@ -235,6 +235,10 @@ func TestSteeringPinsAndReadiness(t *testing.T) {
 	if p, why := place(ipFrankfurt); p != (placement{"ap-southeast", "3", "sin", "iad"}) || why != "override" {
 		t.Errorf("pinned prefix: %+v %s, want the pin's sin then iad", p, why)
 	}
+	down.Store(3)
+	if p, why := place(ipFrankfurt); p != (placement{"us-east", "2", "iad", "sin"}) || why != "override" {
+		t.Errorf("pinned prefix, sin down: %+v %s, want the pin's iad with sin still as backup", p, why)
+	}
 }
 
 // TestSteeringConfigKeys: the steering section and a probe key load from

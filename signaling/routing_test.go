@@ -187,6 +187,11 @@ func TestSignalingSkipsUnusableClusters(t *testing.T) {
 			1: {Healthy: true, Load: 10, Capacity: 10}, 2: {Healthy: true, Load: 5, Capacity: 5},
 		}, nil, placement{"ap-southeast", "3", "fra", "iad"}},
 		{"nearest POP down", nil, func(id uint16) bool { return id != 1 }, placement{"eu-central", "1", "iad", "sin"}},
+		// Gossip's down verdict may be wrong (a member not learned yet, a
+		// slow one declared dead): with one POP up the answer still
+		// carries a backup, the nearest of the others.
+		{"only the nearest POP up", nil, func(id uint16) bool { return id == 1 }, placement{"eu-central", "1", "fra", "iad"}},
+		{"only the farthest POP up", nil, func(id uint16) bool { return id == 3 }, placement{"eu-central", "1", "sin", "fra"}},
 		{"nothing usable", map[uint16]geo.ClusterState{1: {}, 2: {}, 3: {Healthy: true, Draining: true}}, nil, placement{}},
 		{"no POP up", nil, func(uint16) bool { return false }, placement{}},
 	}

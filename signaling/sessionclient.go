@@ -45,7 +45,7 @@ func (s *Server) sessionAPI(c geo.Cluster) string {
 	if s.cfg.SessionAPIs != nil {
 		var eps []string
 		for _, ep := range s.cfg.SessionAPIs(c.ID) {
-			if metacheck.APIAllowed(c, ep) {
+			if metacheck.APIAllowed(c.SessionAPI, c.SessionAPINets, ep) {
 				eps = append(eps, ep)
 			} else {
 				s.m.refusedEndpoints.Inc()

@@ -129,13 +129,42 @@ func keyOf(loc geo.Location) steer.Key {
 // choosePOPs picks the call's POPs (first and backup) and says why; when
 // the first was not chosen by distance, the clusters of its region move
 // to the front of choice (among the usable ones, so within their
-// allowance).
+// allowance). The first POP is one gossip reports up; so is the backup
+// when there is one, else the backup is the nearest other POP (withBackup).
 func (s *Server) choosePOPs(loc geo.Location, key steer.Key, choice *geo.Choice) ([]geo.POP, string) {
-	st, cat := s.steer, s.cfg.CatalogueData
+	st := s.steer
 	if pops := st.pinned(loc.IP, s.cfg.POPUp); len(pops) > 0 {
 		st.preferRegion(choice, pops[0].ID)
 		return pops, reasonOverride
 	}
+	pops, reason := s.chooseUpPOPs(loc, key, choice)
+	return withBackup(pops, s.cfg.CatalogueData.ChoosePOPsFor(loc, 0, nil)), reason
+}
+
+// withBackup gives a call placed on a single up POP a backup: the first of
+// others (the POPs the call may use, in order of preference) that is not
+// the first POP. A down verdict of gossip can be wrong for a while (a
+// replica that has not learned a member yet, a slow member declared dead
+// on a loaded machine), and an answer without a backup has no failover,
+// while a backup that is really down costs the client nothing: it checks
+// the backup's lower-priority candidates, gets no answer, and keeps the
+// first POP.
+func withBackup(pops, others []geo.POP) []geo.POP {
+	if len(pops) != 1 {
+		return pops
+	}
+	for _, p := range others {
+		if p.ID != pops[0].ID {
+			return append(pops, p)
+		}
+	}
+	return pops
+}
+
+// chooseUpPOPs picks the call's POPs among those gossip reports up, by the
+// catalogue's overrides, measured round trips or distance.
+func (s *Server) chooseUpPOPs(loc geo.Location, key steer.Key, choice *geo.Choice) ([]geo.POP, string) {
+	st, cat := s.steer, s.cfg.CatalogueData
 	if len(cat.Steering.Preferred(loc.Country)) > 0 {
 		return cat.ChoosePOPsFor(loc, 2, s.cfg.POPUp), reasonOverride
 	}
@@ -162,7 +191,8 @@ func (s *Server) choosePOPs(loc geo.Location, key steer.Key, choice *geo.Choice)
 	return pops, c.Reason.String()
 }
 
-// pinned is the up POPs of the most specific pin holding ip, if any.
+// pinned is the up POPs of the most specific pin holding ip, if any, with
+// a backup from the pin's other POPs when only one is up (withBackup).
 func (st *steering) pinned(ip netip.Addr, up func(uint16) bool) []geo.POP {
 	ip = ip.Unmap()
 	for _, p := range st.pins {
@@ -178,7 +208,7 @@ func (st *steering) pinned(ip netip.Addr, up func(uint16) bool) []geo.POP {
 		if len(out) > 2 {
 			out = out[:2]
 		}
-		return out
+		return withBackup(out, p.pops)
 	}
 	return nil
 }

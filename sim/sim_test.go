@@ -26,7 +26,23 @@ const (
 	callsEnv = "RTCEDGE_SIM_CALLS"
 	// reportEnv names a directory for sim-report.json and sim-report.txt.
 	reportEnv = "RTCEDGE_SIM_REPORT_DIR"
+	// browserCallsEnv sets Chromium's calls per site and transport
+	// (default: as many as callsEnv's).
+	browserCallsEnv = "RTCEDGE_SIM_BROWSER_CALLS"
 )
+
+// envCalls reads a call count from the environment, def when unset.
+func envCalls(t *testing.T, env string, def int) int {
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 50 {
+		t.Fatalf("%s=%q: want 1..50", env, v)
+	}
+	return n
+}
 
 // hold is how long each measured call stays up after its first echo: long
 // enough for a few dozen echo round trips.
@@ -47,13 +63,7 @@ func TestSimulation(t *testing.T) {
 	if testing.Short() {
 		calls = 1
 	}
-	if v := os.Getenv(callsEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 50 {
-			t.Fatalf("%s=%q: want 1..50", callsEnv, v)
-		}
-		calls = n
-	}
+	calls = envCalls(t, callsEnv, calls)
 	rep := sim.Report{
 		NearOneWayMs: ms(w.Config.Near), FarOneWayMs: ms(w.Config.Far),
 		SignalingRTTMs: ms(w.SignalingRTT()), MediaRTTMs: ms(w.MediaRTT()),
@@ -68,7 +78,7 @@ func TestSimulation(t *testing.T) {
 		})
 	}
 	if browserWanted() {
-		t.Run("chromium", func(t *testing.T) { rep.Browser = browserCalls(t, w, calls) })
+		t.Run("chromium", func(t *testing.T) { rep.Browser = browserCalls(t, w, envCalls(t, browserCallsEnv, calls)) })
 	}
 	if !testing.Short() {
 		site := w.Sites[0]

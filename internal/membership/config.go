@@ -65,6 +65,9 @@ type Config struct {
 	CheckMember func(m Member, input []byte) error
 	Fast        bool         // loopback timings, see the Fast* constants
 	Logger      *slog.Logger // nil means slog.Default()
+	// Group, when set, gathers this pool with others that stop as a whole
+	// (Group.Wait).
+	Group *Group
 }
 
 // validate checks cfg before anything is opened, so New fails without side

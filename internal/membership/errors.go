@@ -32,4 +32,8 @@ var (
 
 	// ErrClosed is returned by calls on a Pool after Close.
 	ErrClosed = errors.New("membership: pool closed")
+
+	// ErrLingering is returned by Pool.Wait and Group.Wait when their
+	// context ends while goroutines of the pools still run.
+	ErrLingering = errors.New("membership: goroutines still running")
 )

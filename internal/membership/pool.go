@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -39,6 +40,7 @@ type Pool struct {
 	prove     func([]byte) []byte
 	checkMbr  func(Member, []byte) error
 	keyring   *memberlist.Keyring // nil without a secret key; safe for concurrent use
+	label     string              // pprof label value of the pool's goroutines (Wait)
 
 	// lifeMu serialises UpdateMeta, Leave and Close: meta changes are
 	// gossiped in the order they were made, and memberlist is never asked
@@ -101,6 +103,7 @@ func New(cfg Config, meta Meta) (*Pool, error) {
 		prove:     cfg.Prove,
 		checkMbr:  cfg.CheckMember,
 		keyring:   mc.Keyring,
+		label:     nextLabel("p"),
 	}
 	mc.Delegate = (*delegate)(p)
 	mc.Events = (*events)(p)
@@ -110,7 +113,17 @@ func New(cfg Config, meta Meta) (*Pool, error) {
 	mc.Logger = slog.NewLogLogger(logger.Handler(), slog.LevelDebug)
 	mc.LogOutput = nil
 
-	ml, err := memberlist.Create(mc)
+	// Every goroutine memberlist starts, here or later from one of its own,
+	// inherits these labels, which is how Wait finds them. (The calling
+	// goroutine's own pprof labels, if it had any, are cleared by Do.)
+	labels := []string{poolLabel, p.label}
+	if cfg.Group != nil {
+		labels = append(labels, groupLabel, cfg.Group.label)
+	}
+	var ml *memberlist.Memberlist
+	pprof.Do(context.Background(), pprof.Labels(labels...), func(context.Context) {
+		ml, err = memberlist.Create(mc)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("membership: create memberlist %q on %v: %w", cfg.Name, cfg.Bind, err)
 	}
@@ -269,6 +282,8 @@ func (p *Pool) Leave(timeout time.Duration) error {
 
 // Close shuts the memberlist down without a leave message (call Leave first
 // for a graceful exit), and closes all Subscribe channels. It is idempotent.
+// It returns before a probe in flight ends (memberlist does not stop it):
+// Wait, or Group.Wait, waits for that.
 func (p *Pool) Close() error {
 	var err error
 	p.closeOnce.Do(func() {

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/membership"
 )
 
@@ -35,9 +34,20 @@ type Bounds struct {
 	MaxPodCapacity     int
 }
 
+// Catalogue is what the checks need of the region catalogue (geo.Catalogue
+// implements it). It is an interface so that this package, below geo in the
+// layers, never imports it. Its methods may be called from gossip's
+// goroutines at any time.
+type Catalogue interface {
+	// ClusterRegion returns the name of the region holding cluster id.
+	ClusterRegion(id uint16) (region string, ok bool)
+	// HasPOP reports whether a POP with the given id exists.
+	HasPOP(id uint16) bool
+}
+
 // New returns a membership.Config.CheckMeta that refuses metadata the
 // catalogue does not allow.
-func New(cat *geo.Catalogue, b Bounds) func(membership.Meta) error {
+func New(cat Catalogue, b Bounds) func(membership.Meta) error {
 	if b.MaxClusterCapacity <= 0 {
 		b.MaxClusterCapacity = DefaultMaxClusterCapacity
 	}
@@ -51,17 +61,17 @@ func refuse(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, args...))
 }
 
-func check(cat *geo.Catalogue, b Bounds, m membership.Meta) error {
+func check(cat Catalogue, b Bounds, m membership.Meta) error {
 	if m.Load < 0 || m.Capacity < 0 {
 		return refuse("negative load or capacity")
 	}
 	inCluster := func(max int) error {
-		_, rg, ok := cat.Cluster(m.Cluster)
+		region, ok := cat.ClusterRegion(m.Cluster)
 		switch {
 		case !ok:
 			return refuse("unknown cluster %d", m.Cluster)
-		case m.Region != "" && m.Region != rg.Name:
-			return refuse("cluster %d is in %s, not %s", m.Cluster, rg.Name, m.Region)
+		case m.Region != "" && m.Region != region:
+			return refuse("cluster %d is in %s, not %s", m.Cluster, region, m.Region)
 		case m.Capacity > max || m.Load > max:
 			return refuse("capacity %d / load %d over %d", m.Capacity, m.Load, max)
 		}
@@ -73,7 +83,7 @@ func check(cat *geo.Catalogue, b Bounds, m membership.Meta) error {
 	case membership.RoleTransceiver:
 		return inCluster(b.MaxPodCapacity)
 	case membership.RoleGlobalRelay:
-		if _, ok := cat.POP(m.POP); !ok {
+		if !cat.HasPOP(m.POP) {
 			return refuse("unknown POP %d", m.POP)
 		}
 	case membership.RoleSignaling:
@@ -83,23 +93,24 @@ func check(cat *geo.Catalogue, b Bounds, m membership.Meta) error {
 	return nil
 }
 
-// APIAllowed reports whether a gossiped session API endpoint of cluster c
-// may receive offers: an http(s) URL whose host is the catalogue's
-// session_api host, or an address inside c.SessionAPINets.
-func APIAllowed(c geo.Cluster, endpoint string) bool {
+// APIAllowed reports whether a gossiped session API endpoint of a cluster
+// may receive offers: an http(s) URL whose host is the host of the
+// catalogue's sessionAPI URL for that cluster, or an address inside one of
+// its nets (the catalogue's session_api_nets).
+func APIAllowed(sessionAPI string, nets []netip.Prefix, endpoint string) bool {
 	u, err := url.Parse(endpoint)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
 		return false
 	}
 	host := u.Hostname()
-	if cu, err := url.Parse(c.SessionAPI); err == nil && cu.Hostname() != "" && strings.EqualFold(cu.Hostname(), host) {
+	if cu, err := url.Parse(sessionAPI); err == nil && cu.Hostname() != "" && strings.EqualFold(cu.Hostname(), host) {
 		return true
 	}
 	a, err := netip.ParseAddr(host)
 	if err != nil {
 		return false
 	}
-	for _, p := range c.SessionAPINets {
+	for _, p := range nets {
 		if p.Contains(a.Unmap()) {
 			return true
 		}

@@ -5,30 +5,29 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/membership"
 )
 
-func testCatalogue(t *testing.T) *geo.Catalogue {
-	t.Helper()
-	cat := &geo.Catalogue{DefaultRegion: "eu", Regions: []geo.Region{{
-		Name: "eu", Location: geo.Point{Lat: 50, Lon: 8},
-		Clusters: []geo.Cluster{{ID: 1, Name: "eu-1", SessionAPI: "http://clusterapi.eu.svc:8081",
-			SessionAPINets: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}},
-		POPs: []geo.POP{{ID: 1, Name: "fra", VIP: netip.MustParseAddrPort("203.0.113.10:3478")}},
-	}, {
-		Name: "us", Location: geo.Point{Lat: 39, Lon: -77},
-		Clusters: []geo.Cluster{{ID: 2, Name: "us-1", SessionAPI: "http://127.0.0.1:8081"}},
-		POPs:     []geo.POP{{ID: 2, Name: "iad", VIP: netip.MustParseAddrPort("203.0.113.20:3478")}},
-	}}}
-	if err := cat.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	return cat
+// places is a catalogue of two regions: cluster 1 and POP 1 in eu,
+// cluster 2 and POP 2 in us.
+type places struct {
+	clusters map[uint16]string
+	pops     map[uint16]bool
+}
+
+func (p places) ClusterRegion(id uint16) (string, bool) {
+	r, ok := p.clusters[id]
+	return r, ok
+}
+
+func (p places) HasPOP(id uint16) bool { return p.pops[id] }
+
+func testCatalogue() Catalogue {
+	return places{clusters: map[uint16]string{1: "eu", 2: "us"}, pops: map[uint16]bool{1: true, 2: true}}
 }
 
 func TestCheck(t *testing.T) {
-	check := New(testCatalogue(t), Bounds{})
+	check := New(testCatalogue(), Bounds{})
 	tests := []struct {
 		name string
 		meta membership.Meta
@@ -60,12 +59,15 @@ func TestCheck(t *testing.T) {
 }
 
 func TestAPIAllowed(t *testing.T) {
-	cat := testCatalogue(t)
-	eu, _, _ := cat.Cluster(1)
-	us, _, _ := cat.Cluster(2)
+	type cluster struct {
+		sessionAPI string
+		nets       []netip.Prefix
+	}
+	eu := cluster{"http://clusterapi.eu.svc:8081", []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
+	us := cluster{"http://127.0.0.1:8081", nil}
 	tests := []struct {
 		name     string
-		c        geo.Cluster
+		c        cluster
 		endpoint string
 		ok       bool
 	}{
@@ -81,7 +83,7 @@ func TestAPIAllowed(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := APIAllowed(tc.c, tc.endpoint); got != tc.ok {
+			if got := APIAllowed(tc.c.sessionAPI, tc.c.nets, tc.endpoint); got != tc.ok {
 				t.Fatalf("APIAllowed(%s) = %v, want %v", tc.endpoint, got, tc.ok)
 			}
 		})

@@ -42,6 +42,9 @@ type Gossip struct {
 	// (internal/authority), not from the file.
 	Prove       func([]byte) []byte                   `yaml:"-"`
 	CheckMember func(membership.Member, []byte) error `yaml:"-"`
+	// Group gathers the pool with the others of a dev world, which waits
+	// for all their goroutines when it closes (membership.Config.Group).
+	Group *membership.Group `yaml:"-"`
 }
 
 // ApplyEnv takes the key from $RTCEDGE_GOSSIP_KEY when the pool's own key
@@ -84,7 +87,7 @@ func (g *Gossip) config(what string) (c membership.Config, err error) {
 		c.Keys = append(c.Keys, b)
 	}
 	c.AllowInsecure, c.Fast, c.CheckMeta = g.Insecure, g.Fast, g.CheckMeta
-	c.Prove, c.CheckMember = g.Prove, g.CheckMember
+	c.Prove, c.CheckMember, c.Group = g.Prove, g.CheckMember, g.Group
 	return c, nil
 }
 

@@ -8,6 +8,8 @@ package testleak
 import (
 	"fmt"
 	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,4 +38,27 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// Running returns the stacks of the goroutines with a frame whose name
+// contains fn (e.g. "hashicorp/memberlist."), by goroutine id: taken
+// once, without goleak's retries, for tests that check what is still
+// running the moment a Close returned.
+func Running(fn string) map[string]string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	out := map[string]string{}
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if id, _, ok := strings.Cut(strings.TrimPrefix(g, "goroutine "), " "); ok && strings.Contains(g, fn) {
+			out[id] = g
+		}
+	}
+	return out
 }
