@@ -29,6 +29,9 @@ import (
 	"github.com/rtcedge/rtcedge/placement"
 )
 
+// errClosed is Serve called after Close.
+var errClosed = errors.New("sipfront: closed")
+
 // Deps are what a Front is built on besides its Config: the shared
 // placement and how to locate a carrier.
 type Deps struct {
@@ -68,7 +71,7 @@ type Front struct {
 	contacts map[string]*sipgo.DialogUA
 	closed   bool
 
-	calls sync.WaitGroup // INVITE handlers and dialog ends in flight
+	calls sync.WaitGroup // INVITE handlers in flight; Add only under mu while !closed
 }
 
 // New builds a Front from cfg (Defaults applied) and deps.
@@ -172,33 +175,54 @@ func addrPortOf(a net.Addr) (netip.AddrPort, bool) {
 	return ap, err == nil
 }
 
-// Serve serves SIP on udp and tcp (either may be nil) until ctx ends or
-// Close is called; it takes ownership of both. The first listener's
-// address is the Contact of answers unless ContactHost is set.
-func (f *Front) Serve(ctx context.Context, udp net.PacketConn, tcp net.Listener) error {
-	if udp == nil && tcp == nil {
+// Listeners are the sockets a Front serves; any may be nil, not all.
+type Listeners struct {
+	UDP net.PacketConn
+	TCP net.Listener
+	// TLS is a listener of TLS connections (tls.NewListener): SIP over
+	// TLS, 5061 by convention.
+	TLS net.Listener
+}
+
+// Serve serves SIP on l until ctx ends or Close is called; it takes
+// ownership of the listeners. Each transport's listener address is the
+// Contact of answers over it unless ContactHost is set.
+func (f *Front) Serve(ctx context.Context, l Listeners) error {
+	type serve struct {
+		transport string
+		local     net.Addr
+		run       func() error
+		close     func() error
+	}
+	var all []serve
+	if l.UDP != nil {
+		all = append(all, serve{"UDP", l.UDP.LocalAddr(), func() error { return f.srv.ServeUDP(l.UDP) }, l.UDP.Close})
+	}
+	if l.TCP != nil {
+		all = append(all, serve{"TCP", l.TCP.Addr(), func() error { return f.srv.ServeTCP(l.TCP) }, l.TCP.Close})
+	}
+	if l.TLS != nil {
+		all = append(all, serve{"TLS", l.TLS.Addr(), func() error { return f.srv.ServeTLS(l.TLS) }, l.TLS.Close})
+	}
+	if len(all) == 0 {
 		return errors.New("sipfront: no listener")
 	}
-	if udp != nil {
-		if err := f.setContact("UDP", udp.LocalAddr()); err != nil {
+	for _, s := range all {
+		if err := f.setContact(s.transport, s.local); err != nil {
+			for _, s := range all {
+				_ = s.close()
+			}
+			if errors.Is(err, errClosed) {
+				return nil // closed before it served: nothing to serve
+			}
 			return err
 		}
 	}
-	if tcp != nil {
-		if err := f.setContact("TCP", tcp.Addr()); err != nil {
-			return err
-		}
+	served := make(chan error, len(all))
+	for _, s := range all {
+		go func() { served <- ignoreClosed(s.run()) }()
 	}
-	served := make(chan error, 2)
-	n := 0
-	if udp != nil {
-		n++
-		go func() { served <- ignoreClosed(f.srv.ServeUDP(udp)) }()
-	}
-	if tcp != nil {
-		n++
-		go func() { served <- ignoreClosed(f.srv.ServeTCP(tcp)) }()
-	}
+	n := len(all)
 	var errs []error
 	select {
 	case <-ctx.Done():
@@ -206,11 +230,8 @@ func (f *Front) Serve(ctx context.Context, udp net.PacketConn, tcp net.Listener)
 		errs = append(errs, err)
 		n--
 	}
-	if udp != nil {
-		_ = udp.Close()
-	}
-	if tcp != nil {
-		_ = tcp.Close()
+	for _, s := range all {
+		_ = s.close()
 	}
 	for ; n > 0; n-- {
 		errs = append(errs, <-served)
@@ -229,7 +250,7 @@ func (f *Front) setContact(transport string, local net.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
-		return errors.New("sipfront: closed")
+		return errClosed
 	}
 	ap, ok := addrPortOf(local)
 	if !ok {
@@ -243,6 +264,9 @@ func (f *Front) setContact(transport string, local net.Addr) error {
 	if transport != "UDP" {
 		uri.UriParams = sip.NewParams()
 		uri.UriParams.Add("transport", strings.ToLower(transport))
+	}
+	if transport == "TLS" {
+		uri.Scheme = "sips"
 	}
 	if f.contacts == nil {
 		f.contacts = map[string]*sipgo.DialogUA{}

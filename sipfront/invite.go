@@ -16,7 +16,17 @@ import (
 // per request, sipgo's) until the call is answered and acknowledged or
 // refused.
 func (f *Front) handleInvite(req *sip.Request, tx sip.ServerTransaction) {
+	// calls.Add only while open (under mu, as Close sets closed): an
+	// INVITE racing Close must not Add while Close Waits.
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		respond(req, tx, sip.StatusServiceUnavailable, "Service Unavailable", "Retry-After", "2")
+		f.count("INVITE", resultDialogsFull)
+		return
+	}
 	f.calls.Add(1)
+	f.mu.Unlock()
 	defer f.calls.Done()
 	start := f.cfg.Now()
 	result := f.invite(req, tx)

@@ -6,6 +6,7 @@ package sipfront
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +30,12 @@ type NodeConfig struct {
 	// "" disables one (not both).
 	SIPUDP string `yaml:"sip_udp"`
 	SIPTCP string `yaml:"sip_tcp"`
+	// SIPTLS is the SIP over TLS address, e.g. 0.0.0.0:5061 ("" none),
+	// with the certificate chain and key in TLSCert and TLSKey (PEM files,
+	// from a Secret in Kubernetes).
+	SIPTLS  string `yaml:"sip_tls"`
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
 	// Catalogue is the region catalogue file (geo package); GeoIPDB a
 	// GeoIP2/GeoLite2 City .mmdb that locates carriers (empty: the
 	// catalogue's default location for every carrier).
@@ -72,8 +79,11 @@ func (c *NodeConfig) Defaults() {
 // Validate reports every problem of c (after Defaults) at once.
 func (c *NodeConfig) Validate() error {
 	errs := []error{c.Config.Validate()}
-	if c.SIPUDP == "" && c.SIPTCP == "" {
-		errs = append(errs, errors.New("sip_udp or sip_tcp is required"))
+	if c.SIPUDP == "" && c.SIPTCP == "" && c.SIPTLS == "" {
+		errs = append(errs, errors.New("sip_udp, sip_tcp or sip_tls is required"))
+	}
+	if (c.SIPTLS != "") != (c.TLSCert != "" && c.TLSKey != "") {
+		errs = append(errs, errors.New("sip_tls goes with tls_cert and tls_key"))
 	}
 	if c.Catalogue == "" && c.CatalogueData == nil {
 		errs = append(errs, errors.New("catalogue is required"))
@@ -88,6 +98,7 @@ func (c *NodeConfig) Validate() error {
 type Sockets struct {
 	UDP     net.PacketConn // nil when sip_udp is ""
 	TCP     net.Listener   // nil when sip_tcp is ""
+	TLS     net.Listener   // TLS connections; nil when sip_tls is ""
 	Metrics net.Listener   // nil when metrics_addr is ""
 }
 
@@ -112,6 +123,17 @@ func OpenSockets(cfg NodeConfig) (s Sockets, err error) {
 			return s, err
 		}
 	}
+	if cfg.SIPTLS != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return s, fmt.Errorf("tls_cert and tls_key: %w", err)
+		}
+		ln, err := node.Listen("sip_tls", cfg.SIPTLS)
+		if err != nil {
+			return s, err
+		}
+		s.TLS = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	}
 	if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 		return s, err
 	}
@@ -124,6 +146,9 @@ func (s Sockets) close() {
 	}
 	if s.TCP != nil {
 		_ = s.TCP.Close()
+	}
+	if s.TLS != nil {
+		_ = s.TLS.Close()
 	}
 	if s.Metrics != nil {
 		_ = s.Metrics.Close()
@@ -152,8 +177,8 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if s.UDP == nil && s.TCP == nil {
-		return nil, errors.New("sipfront: no SIP socket (OpenSockets opens sip_udp and sip_tcp)")
+	if s.UDP == nil && s.TCP == nil && s.TLS == nil {
+		return nil, errors.New("sipfront: no SIP socket (OpenSockets opens sip_udp, sip_tcp and sip_tls)")
 	}
 	cat := cfg.CatalogueData
 	if cat == nil {
@@ -188,7 +213,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	}
 	n.life.OnClose(func() error { s.close(); return nil })
 	n.life.OnClose(n.front.Close) // first: BYEs go out before the sockets close
-	n.life.Go("sip", func(ctx context.Context) error { return n.front.Serve(ctx, s.UDP, s.TCP) })
+	n.life.Go("sip", func(ctx context.Context) error {
+		return n.front.Serve(ctx, Listeners{UDP: s.UDP, TCP: s.TCP, TLS: s.TLS})
+	})
 	n.life.ServeHealth(s.Metrics, env, func() error { return nil })
 	n.log = env.Logger
 	return n, nil
@@ -202,7 +229,10 @@ func (n *Node) URI() string {
 	if n.socks.UDP != nil {
 		return n.front.URI(n.socks.UDP.LocalAddr())
 	}
-	return n.front.URI(n.socks.TCP.Addr()) + ";transport=tcp"
+	if n.socks.TCP != nil {
+		return n.front.URI(n.socks.TCP.Addr()) + ";transport=tcp"
+	}
+	return n.front.URI(n.socks.TLS.Addr()) + ";transport=tls"
 }
 
 // Run serves SIP until ctx ends, then ends every call (BYE) and stops.
