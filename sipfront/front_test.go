@@ -192,8 +192,19 @@ func newWorldTLS(t *testing.T, cfg sipfront.Config, tlsConf *tls.Config) *world 
 // SBC would.
 type phone struct {
 	ua  *sipgo.UserAgent
-	cli *sipgo.Client
+	cli *sipgo.Client // UDP, from the phone's listener
 	dua *sipgo.DialogUA
+	// stream is the DialogUA for TCP and TLS: its connections are the
+	// phone's own, closed with the user agent.
+	stream *sipgo.DialogUA
+}
+
+// d is the DialogUA to call u with.
+func (p *phone) d(u sip.Uri) *sipgo.DialogUA {
+	if u.UriParams != nil && u.UriParams.Has("transport") {
+		return p.stream
+	}
+	return p.dua
 }
 
 func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
@@ -233,8 +244,13 @@ func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
 		_ = conn.Close()
 		<-served
 	})
-	return &phone{ua: ua, cli: cli, dua: &sipgo.DialogUA{Client: cli,
-		ContactHDR: sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: port}}}}
+	streamCli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	contact := sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: port}}
+	return &phone{ua: ua, cli: cli, dua: &sipgo.DialogUA{Client: cli, ContactHDR: contact},
+		stream: &sipgo.DialogUA{Client: streamCli, ContactHDR: contact}}
 }
 
 func (w *world) uri(transport string) sip.Uri {
@@ -256,10 +272,10 @@ func offerSDP(media string) []byte {
 var sdpType = sip.NewHeader("Content-Type", "application/sdp")
 
 // waitFor polls cond (a state the front reaches on its own goroutines)
-// for up to 5 s.
+// for up to 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
@@ -279,7 +295,7 @@ func TestCallAnsweredAcknowledgedAndHungUp(t *testing.T) {
 			p := newPhone(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			call, err := p.dua.Invite(ctx, w.uri(transport), offerSDP("127.0.0.1"), sdpType)
+			call, err := p.d(w.uri(transport)).Invite(ctx, w.uri(transport), offerSDP("127.0.0.1"), sdpType)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,7 +313,15 @@ func TestCallAnsweredAcknowledgedAndHungUp(t *testing.T) {
 				string(creates[0].Config) != `{"instructions":"Answer the phone."}` || len(creates[0].POPs) == 0 {
 				t.Fatalf("create: %+v", creates)
 			}
-			waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == 1 })
+			waitFor(t, "the ACK", func() bool {
+				if count(t, w, "ACK", "ok") == 1 {
+					return true
+				}
+				if count(t, w, "ACK", "no_dialog") > 0 || count(t, w, "INVITE", "no_ack") > 0 {
+					t.Fatalf("the ACK found no dialog: %v", testmetrics.Take(t, w.reg))
+				}
+				return false
+			})
 			if n := w.front.Dialogs(); n != 1 {
 				t.Fatalf("%d dialogs during the call, want 1", n)
 			}
@@ -327,7 +351,7 @@ func TestCancelBeforeAnswer(t *testing.T) {
 	p := newPhone(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	call, err := p.dua.Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
+	call, err := p.d(w.uri("udp")).Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +376,7 @@ func invite(t *testing.T, p *phone, to sip.Uri, body []byte, headers ...sip.Head
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	call, err := p.dua.Invite(ctx, to, body, headers...)
+	call, err := p.d(to).Invite(ctx, to, body, headers...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +499,7 @@ func TestDigest(t *testing.T) {
 	if res.StatusCode != 401 || res.GetHeader("WWW-Authenticate") == nil {
 		t.Fatalf("no credentials: %d, want 401 with a challenge", res.StatusCode)
 	}
-	call, err := p.dua.Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
+	call, err := p.d(w.uri("udp")).Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +508,7 @@ func TestDigest(t *testing.T) {
 	}
 	_ = call.Close()
 	waitFor(t, "the refusal", func() bool { return count(t, w, "INVITE", "forbidden") == 1 })
-	call, err = p.dua.Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
+	call, err = p.d(w.uri("udp")).Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +532,7 @@ func TestTrunkLimits(t *testing.T) {
 	p := newPhone(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	call, err := p.dua.Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
+	call, err := p.d(w.uri("udp")).Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +630,7 @@ func TestCallOverTLS(t *testing.T) {
 	p := newPhone(t, sipgo.WithUserAgenTLSConfig(roots.Transport.(*http.Transport).TLSClientConfig))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	call, err := p.dua.Invite(ctx, w.uri("tls"), offerSDP("127.0.0.1"), sdpType)
+	call, err := p.d(w.uri("tls")).Invite(ctx, w.uri("tls"), offerSDP("127.0.0.1"), sdpType)
 	if err != nil {
 		t.Fatal(err)
 	}
