@@ -44,6 +44,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/signaling"
+	"github.com/rtcedge/rtcedge/sipfront"
 	"github.com/rtcedge/rtcedge/transceiver"
 )
 
@@ -82,6 +83,9 @@ type Config struct {
 	POPPort uint16
 	// APIKeys, when set, are required by signaling.
 	APIKeys []string
+	// SIPAddr is the SIP front's UDP and TCP address (docs/sip.md), e.g.
+	// 127.0.0.1:5060 or 127.0.0.1:0; "" = no SIP front.
+	SIPAddr string
 	// TrustedProxies lets tests stand in for Cloudflare: signaling believes
 	// CF-Connecting-IP, CF-IPLatitude/CF-IPLongitude from these peers.
 	TrustedProxies []netip.Prefix
@@ -192,6 +196,8 @@ type World struct {
 	Registry      *prometheus.Registry
 	SignalingPool *membership.Pool
 	Signaling     *signaling.Node
+	SIP           *sipfront.Node // nil without Config.SIPAddr
+	SIPURI        string         // the URI a softphone calls, e.g. sip:agent@127.0.0.1:5060
 
 	cfg Config
 	log *slog.Logger
@@ -435,6 +441,11 @@ func (w *World) start() error {
 	w.Catalogue = cat
 	if err := w.startSignaling(); err != nil {
 		return err
+	}
+	if cfg.SIPAddr != "" {
+		if err := w.startSIP(); err != nil {
+			return err
+		}
 	}
 	limit := 10 * time.Second
 	if cfg.ProductionGossip {
@@ -763,6 +774,9 @@ func (w *World) String() string {
 	for _, rg := range w.Regions {
 		fmt.Fprintf(&b, "  region %s: cluster %d (%d pods, %d cluster relays), POP %s at %s\n",
 			rg.Spec.Name, rg.Spec.Cluster, len(rg.Pods), len(rg.ClusterRelays), rg.Spec.POPName, rg.GlobalRelay.PublicAddr())
+	}
+	if w.SIPURI != "" {
+		b.WriteString("  SIP (UDP and TCP): " + w.SIPURI + "\n")
 	}
 	if w.MetricsURL != "" {
 		b.WriteString("  metrics: " + w.MetricsURL + "\n")

@@ -3,7 +3,8 @@
 # route-cache tests, Debian's chromium for the browser tests, iproute2 and
 # nftables for the UDP-blocked browser test, and podman with
 # runc for the container image tests (deploy/imagetest), espeak-ng and sox
-# for the speech the audio tests send (internal/audiotest). What the build
+# for the speech the audio tests send (internal/audiotest), sip-tester (SIPp)
+# for the SIP front's tests with real SIP software. What the build
 # needs (libopus-dev, pkg-config) comes from scripts/build-deps.sh, which the
 # Makefile's test-deps target runs first. Safe to run again; does nothing
 # when everything is there.
@@ -22,6 +23,9 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v gcc >/dev/null 2>&1 || need+=(gcc) # bench/relay's C forwarder
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
 command -v sox >/dev/null 2>&1 || need+=(sox)
+# SIPp (Debian's sip-tester) sends the SIP front malformed and
+# out-of-dialog messages (sipfront's TestSIPp).
+command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
 # The UDP-blocked browser test (e2e TestBrowserOverTCPWithUDPBlocked):
 # a network namespace with a veth pair (iproute2) whose nftables ruleset
 # drops all UDP.

@@ -1,12 +1,11 @@
 package signaling
 
 import (
-	"strconv"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/metric"
+	"github.com/rtcedge/rtcedge/placement"
 )
 
 type metrics struct {
@@ -55,19 +54,9 @@ func newMetrics(reg prometheus.Registerer, cat *geo.Catalogue, auth func() bool)
 	for _, r := range attachResults {
 		m.sidebandAttaches.WithLabelValues(r)
 	}
-	for _, res := range attemptResults {
-		m.attemptSeconds.WithLabelValues(res)
-		for _, r := range cat.Regions {
-			for _, c := range r.Clusters {
-				m.attempts.WithLabelValues(strconv.Itoa(int(c.ID)), res)
-			}
-		}
-	}
+	placement.Metrics{Attempts: m.attempts, AttemptSeconds: m.attemptSeconds, Located: m.located, NoCapacity: m.noCapacity}.Zero(cat)
 	for _, l := range limitLabels {
 		m.rateLimited.WithLabelValues(l)
-	}
-	for _, src := range []string{geo.SourceCFHeaders, geo.SourceGeoIP, geo.SourceDefault} {
-		m.located.WithLabelValues(src)
 	}
 	all := []prometheus.Collector{m.requests, m.seconds, m.attempts, m.attemptSeconds, m.located,
 		m.noCapacity, m.rateLimited, m.readTimeouts, m.secretsMinted, m.refusedEndpoints, m.sidebandAttaches, m.sidebands}

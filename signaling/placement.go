@@ -1,7 +1,6 @@
 package signaling
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/placement"
 )
 
 // call is an offer to place.
@@ -37,22 +37,37 @@ func (s *Server) effectiveSession(c call) (json.RawMessage, error) {
 	return canonicalSession(c.session)
 }
 
-// placeCall validates the offer, chooses where the call goes and asks the
-// clusters nearest first until one answers. Nothing is allocated anywhere
-// for an offer that fails validation.
+// newPlacer builds the Server's share of the shared placement: its
+// session API client and the placer that uses it with signaling's
+// steering and metrics.
+func (s *Server) newPlacer() error {
+	s.clusters = &placement.Clusters{HTTPClient: s.cfg.HTTPClient, Timeout: s.cfg.ClusterTimeout,
+		Secrets: s.cfg.SessionAPISecrets, Endpoints: s.cfg.SessionAPIs, Refused: s.m.refusedEndpoints}
+	var err error
+	s.placer, err = placement.New(placement.Config{
+		Catalogue: s.cfg.CatalogueData, Health: s.cfg.Health, POPUp: s.cfg.POPUp, POPs: s.choosePOPs,
+		Clusters: s.clusters, MaxAttempts: s.cfg.MaxAttempts, Logger: s.log, Now: s.cfg.Now,
+		Metrics: placement.Metrics{Attempts: s.m.attempts, AttemptSeconds: s.m.attemptSeconds, Located: s.m.located, NoCapacity: s.m.noCapacity},
+	})
+	return err
+}
+
+// placeCall validates the offer, has the shared placement choose where
+// the call goes and ask the clusters nearest first, and answers the client
+// with the result. Nothing is allocated anywhere for an offer that fails
+// validation.
 func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
-	loc, offer := c.loc, c.offer
 	session, err := s.effectiveSession(c)
 	if err != nil {
 		param := "session"
 		var fe *sessionFieldError
 		if errors.As(err, &fe) {
-			param = "session." + fe.field
+			param = "session." + fe.Field
 		}
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_session", err.Error(), param)
 		return
 	}
-	if err := sdpcheck.Offer(offer); err != nil {
+	if err := sdpcheck.Offer(c.offer); err != nil {
 		code := sdpcheck.CodeOf(err)
 		if code == "" {
 			code = sdpcheck.CodeInvalidSDP
@@ -60,124 +75,55 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, code, err.Error(), 0)
 		return
 	}
-	s.m.located.WithLabelValues(loc.Source).Inc()
-	// The catalogue's steering overrides (per country/continent) win over
-	// distance; see geo.Catalogue.ChooseFor.
-	choice := s.cfg.CatalogueData.ChooseFor(loc, s.cfg.Health)
-	// Then the POPs: pinned, the catalogue's overrides, measured round
-	// trips or distance (steering.go); a POP chosen otherwise than by
-	// distance brings its region's clusters to the front.
-	key := keyOf(loc)
-	pops, reason := s.choosePOPs(loc, key, &choice)
-	if len(choice.Clusters) == 0 || len(pops) == 0 {
-		s.m.noCapacity.Inc()
-		s.log.Warn("no usable cluster or POP", "clusters", len(choice.Clusters), "pops", len(pops), "client", loc.IP)
+	policy := s.callerPolicy(c.cred)
+	res, err := s.placer.Place(r.Context(), placement.Request{Loc: c.loc, What: "offer",
+		Create: sessionapi.CreateRequest{Offer: c.offer, Config: session, Caller: &policy}})
+	if err != nil {
+		s.placeFailed(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/sdp")
+	h.Set("Location", c.location+s.calls.publicID(res.Session.ID, c.cred))
+	h.Set(HeaderRegion, res.Region)
+	h.Set(HeaderCluster, strconv.Itoa(int(res.Cluster.ID)))
+	h.Set(HeaderPOP, res.POPs[0].Name)
+	h.Set(HeaderSteering, res.Reason)
+	s.steer.choices.WithLabelValues(res.Reason).Inc()
+	if len(res.POPs) > 1 {
+		h.Set(HeaderBackupPOP, res.POPs[1].Name)
+	}
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = io.WriteString(w, res.Session.Answer)
+}
+
+// placeFailed answers the client for a call the placement did not place.
+func (s *Server) placeFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var rejected *placement.RejectedError
+	var tooLarge *placement.TooLargeError
+	switch {
+	case r.Context().Err() != nil:
+		// The client left; a late answer would go nowhere.
+	case errors.As(err, &rejected):
+		// The pod judged the offer itself bad: pass its JSON error on.
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write(rejected.Body)
+	case errors.As(err, &tooLarge):
+		apierr.Write(w, http.StatusRequestEntityTooLarge, apierr.TypeInvalidRequest, "body_too_large", tooLarge.Error(), 0)
+	case errors.Is(err, placement.ErrNoCluster):
 		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
 			"no cluster can take a call right now", 2*time.Second)
-		return
-	}
-	policy := s.callerPolicy(c.cred)
-	req := sessionapi.CreateRequest{Offer: offer, Config: session, Steer: key.String(), Caller: &policy}
-	for _, p := range pops {
-		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP, TCPPort: p.TCPPort})
-	}
-	body, ok := s.encodeForCluster(w, req, "offer")
-	if !ok {
-		return
-	}
-	start := s.cfg.Now()
-	attempts := min(len(choice.Clusters), s.cfg.MaxAttempts)
-	for i, cc := range choice.Clusters[:attempts] {
-		if r.Context().Err() != nil {
-			return // the client left; a late answer would go nowhere
-		}
-		t0 := s.cfg.Now()
-		res, status, errBody, err := s.createOn(r.Context(), cc.Cluster, body)
-		result := attemptResult(status, err)
-		cluster := strconv.Itoa(int(cc.Cluster.ID))
-		s.m.attempts.WithLabelValues(cluster, result).Inc()
-		s.m.attemptSeconds.WithLabelValues(result).Observe(s.cfg.Now().Sub(t0).Seconds())
-		switch result {
-		case resultCreated:
-			h := w.Header()
-			h.Set("Content-Type", "application/sdp")
-			h.Set("Location", c.location+s.calls.publicID(res.ID, c.cred))
-			h.Set(HeaderRegion, cc.Region)
-			h.Set(HeaderCluster, cluster)
-			h.Set(HeaderPOP, pops[0].Name)
-			h.Set(HeaderSteering, reason)
-			s.steer.choices.WithLabelValues(reason).Inc()
-			if len(pops) > 1 {
-				h.Set(HeaderBackupPOP, pops[1].Name)
-			}
-			h.Set("Cache-Control", "no-store")
-			w.WriteHeader(http.StatusCreated)
-			_, _ = io.WriteString(w, res.Answer)
-			s.log.Debug("call placed", "session", res.ID, "cluster", cc.Cluster.ID, "attempt", i+1,
-				"elapsed", s.cfg.Now().Sub(start), "pop", pops[0].ID, "steering", reason, "client", loc.IP, "located_by", loc.Source)
-			return
-		case resultRejected:
-			// The pod judged the offer itself bad: another cluster would
-			// say the same. Pass its JSON error on. (A 400 about anything
-			// else is a fault of ours, counted as a server error.)
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Cache-Control", "no-store")
-			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write(errBody)
-			return
-		}
-		// Down, slow, full, draining or confused: the next-nearest cluster
-		// gets the offer.
-		s.log.Warn("cluster did not take the session, trying the next", "cluster", cc.Cluster.ID,
-			"result", result, "status", status, "err", err, "elapsed", s.cfg.Now().Sub(t0))
-	}
-	s.m.noCapacity.Inc()
-	apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
-		"no cluster could take the call; retry shortly", 2*time.Second)
-}
-
-// Results of one cluster attempt, the "result" label of the attempt metrics.
-const (
-	resultCreated     = "created"
-	resultRejected    = "rejected"     // 400 with a JSON error saying the offer is bad
-	resultUnavailable = "unavailable"  // 503: full or draining
-	resultServerError = "server_error" // 5xx, or a 400 about anything but the offer
-	resultBadAnswer   = "bad_answer"   // any other status, or a 201 that does not decode
-	resultTimeout     = "timeout"
-	resultError       = "error" // refused, reset, unreachable
-)
-
-var attemptResults = []string{resultCreated, resultRejected, resultUnavailable, resultServerError, resultBadAnswer, resultTimeout, resultError}
-
-func attemptResult(status int, err error) string {
-	var bad *badAnswerError
-	var fault *podFaultError
-	switch {
-	case errors.As(err, &fault):
-		return resultServerError
-	case errors.As(err, &bad):
-		return resultBadAnswer
-	case errors.Is(err, context.DeadlineExceeded):
-		return resultTimeout
-	case err != nil:
-		return resultError
-	case status == http.StatusCreated:
-		return resultCreated
-	case status == http.StatusBadRequest:
-		return resultRejected
-	case status == http.StatusServiceUnavailable:
-		return resultUnavailable
-	case status >= 500:
-		return resultServerError
+	case errors.Is(err, placement.ErrNoCapacity):
+		apierr.Write(w, http.StatusServiceUnavailable, apierr.TypeUnavailable, "no_capacity",
+			"no cluster could take the call; retry shortly", 2*time.Second)
 	default:
-		return resultBadAnswer
+		s.log.Error("place a call", "err", err)
+		apierr.Write(w, http.StatusInternalServerError, apierr.TypeServer, "internal", "could not build the request", 0)
 	}
 }
-
-// badAnswerError is a session API answer that cannot be used as it is.
-type badAnswerError struct{ msg string }
-
-func (e *badAnswerError) Error() string { return e.msg }
 
 // encodeForCluster is a session API request body for v, or false once it
 // has answered the client: a 413 when the body would be over the session

@@ -22,6 +22,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/placement"
 	"github.com/rtcedge/rtcedge/web"
 )
 
@@ -48,8 +49,9 @@ type Server struct {
 
 	relays *sessionapi.Relays // the sidebands this replica relays (sideband.go); ended by Close
 
-	steer    *steering     // measured round trips (steering.go)
-	apiTurn  atomic.Uint32 // spreads requests over a cluster's live session API endpoints
+	steer    *steering           // measured round trips (steering.go)
+	clusters *placement.Clusters // the clusters' session APIs
+	placer   *placement.Placer   // the shared placement (placement.go)
 	draining atomic.Bool
 }
 
@@ -88,6 +90,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.steer.fanOut = cfg.FanOut
 	s.limits = newLimits(&s.cfg, s.keys)
+	if err := s.newPlacer(); err != nil {
+		return nil, err
+	}
 	s.handler = s.routes()
 	return s, nil
 }

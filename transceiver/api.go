@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -85,6 +86,14 @@ func (t *Transceiver) handleCreate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_json", "request body is not valid JSON: "+err.Error(), 0)
+		return
+	}
+	if req.Kind != sessionapi.KindWebRTC {
+		// Phone calls (sessionapi.KindRTP) are not terminated by pods yet
+		// (docs/sip.md): refused as an offer this pod cannot take, so the
+		// front answers its caller instead of trying every cluster.
+		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, sessionapi.CodeUnsupportedKind,
+			fmt.Sprintf("this pod does not terminate sessions of kind %q", req.Kind), 0)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), CreateTimeout)

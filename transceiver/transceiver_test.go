@@ -349,6 +349,10 @@ func TestSessionAPI(t *testing.T) {
 		{"unknown field", `{"offer":"x","pop":[]}`, http.StatusBadRequest, "invalid_json"},
 		{"bad offer", `{"offer":"v=0","pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, "invalid_sdp"},
 		{"no POPs", `{"offer":` + string(offer) + `,"pops":[]}`, http.StatusBadRequest, "invalid_pops"},
+		// A phone call (docs/sip.md) until pods terminate RTP: refused as
+		// an offer, so the SIP front answers 488 at once.
+		{"RTP kind", `{"kind":"rtp","offer":"v=0","pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, sessionapi.CodeUnsupportedKind},
+		{"unknown kind", `{"kind":"fax","offer":` + string(offer) + `,"pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, sessionapi.CodeUnsupportedKind},
 		{"too large", `{"offer":"` + strings.Repeat("a", sessionapi.MaxRequestBody) + `"}`, http.StatusRequestEntityTooLarge, "body_too_large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

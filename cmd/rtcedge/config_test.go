@@ -13,6 +13,7 @@ import (
 	"github.com/rtcedge/rtcedge/globalrelay"
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/signaling"
+	"github.com/rtcedge/rtcedge/sipfront"
 	"github.com/rtcedge/rtcedge/transceiver"
 )
 
@@ -40,6 +41,7 @@ func TestExampleConfigsParse(t *testing.T) {
 	t.Setenv("RTCEDGE_SESSION_API_SECRET_SHA256", strings.Repeat("ab", 32))
 	t.Setenv("RTCEDGE_SIGNALING_AUTHORITY_KEYS", "signaling/1:"+base64.StdEncoding.EncodeToString(key))
 	t.Setenv("POD_IP", "10.0.0.9")
+	t.Setenv("CARRIER_A_SIP_PASSWORD", "example-secret")
 	for _, tc := range []struct {
 		file string
 		cfg  validated
@@ -48,6 +50,7 @@ func TestExampleConfigsParse(t *testing.T) {
 		{"clusterrelay.yaml", &clusterrelay.Config{}},
 		{"globalrelay.yaml", &globalrelay.Config{}},
 		{"signaling.yaml", &signaling.Config{}},
+		{"sipfront.yaml", &sipfront.NodeConfig{}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			if err := config.Load(filepath.Join("..", "..", "deploy", "examples", tc.file), tc.cfg); err != nil {
@@ -72,6 +75,7 @@ func TestExampleTransceiverRealtimeBackend(t *testing.T) {
 	t.Setenv("RTCEDGE_CLUSTER_GOSSIP_KEY", base64.StdEncoding.EncodeToString(key))
 	t.Setenv("RTCEDGE_SESSION_API_SECRET_SHA256", strings.Repeat("ab", 32))
 	t.Setenv("POD_IP", "10.0.0.9")
+	t.Setenv("CARRIER_A_SIP_PASSWORD", "example-secret")
 	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "transceiver.yaml"))
 	if err != nil {
 		t.Fatal(err)

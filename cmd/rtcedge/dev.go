@@ -34,6 +34,7 @@ func (p *prefixes) Set(v string) error {
 func runDev(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	httpAddr := fs.String("http", "127.0.0.1:8080", "signaling and demo page listen address")
+	sipAddr := fs.String("sip", "127.0.0.1:5060", "SIP front's UDP and TCP listen address (empty: none)")
 	metricsAddr := fs.String("metrics", "127.0.0.1:9090", "Prometheus /metrics listen address (empty: none)")
 	popPort := fs.Uint("pop-port", 3478, "UDP port of every POP VIP (127.0.0.2, 127.0.0.3, ...); 0 = any")
 	logLevel := fs.String("log-level", "warn", "debug, info, warn or error (info shows gossip and session events)")
@@ -59,7 +60,7 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	w, err := devworld.Start(devworld.Config{
-		HTTPAddr: *httpAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL,
+		HTTPAddr: *httpAddr, SIPAddr: *sipAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL,
 		GeoIPDB: *geoip, TrustedProxies: trusted, Logger: env.Logger,
 		BackendURL: url, BackendProtocol: *protocol, BackendRate: *rate,
 	})

@@ -35,7 +35,7 @@ func TestDevSteeringFromTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := proctest.Build(t, ".")
-	dev := proctest.Start(t, bin, proctest.Spec{Name: "dev", Args: []string{"dev", "-http", "127.0.0.1:0", "-metrics", "",
+	dev := proctest.Start(t, bin, proctest.Spec{Name: "dev", Args: []string{"dev", "-http", "127.0.0.1:0", "-sip", "127.0.0.1:0", "-metrics", "",
 		"-pop-port", "0", "-geoip", path, "-trust-proxy", "127.0.0.0/8", "-trust-proxy", "::1/128"}})
 	var url string
 	proctest.Await(t, 30*time.Second, "the dev world to print its URL", func() bool {

@@ -1,5 +1,5 @@
 // Command rtcedge is the one binary of rtcedge: a subcommand per role
-// (signaling, transceiver, clusterrelay, globalrelay), plus dev, which runs
+// (signaling, sipfront, transceiver, clusterrelay, globalrelay), plus dev, which runs
 // the whole system on loopback, and probe, the synthetic client.
 package main
 

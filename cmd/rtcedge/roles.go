@@ -18,6 +18,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/signaling"
+	"github.com/rtcedge/rtcedge/sipfront"
 	"github.com/rtcedge/rtcedge/transceiver"
 )
 
@@ -39,6 +40,7 @@ func init() {
 			}),
 		roleCommand("clusterrelay", "run a cluster relay replica and the cluster's session API front", onSockets(clusterrelay.OpenSockets, clusterrelay.NewNode)),
 		roleCommand("globalrelay", "run a global relay replica (a POP's public UDP ingress)", onSockets(globalrelay.OpenSockets, globalrelay.NewNode)),
+		roleCommand("sipfront", "run the SIP front (phone calls from carrier trunks, docs/sip.md)", onSockets(sipfront.OpenSockets, sipfront.NewNode)),
 		command{"backend", "run the reference echo backend over the network backend protocol", runBackend},
 	)
 }

@@ -23,7 +23,7 @@ import (
 // out between output_audio_buffer.started and stopped.
 func TestRealtimeCallThroughImage(t *testing.T) {
 	w := newWorld(t)
-	dev := w.run("dev", "dev", "-http", "127.0.0.1:0", "-metrics", "", "-pop-port", "0", "-backend", "ref")
+	dev := w.run("dev", "dev", "-http", "127.0.0.1:0", "-sip", "127.0.0.1:0", "-metrics", "", "-pop-port", "0", "-backend", "ref")
 	var url string
 	waitFor(t, 90*time.Second, "the dev world in the container to print its URL", func() bool {
 		for _, l := range dev.Lines() {

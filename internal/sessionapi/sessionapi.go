@@ -63,6 +63,8 @@ type POP struct {
 
 // CreateRequest is the JSON body of POST SessionsPath.
 type CreateRequest struct {
+	// Kind is the session's kind: KindWebRTC (empty) or KindRTP.
+	Kind  string `json:"kind,omitempty"`
 	Offer string `json:"offer"`
 	// POPs to advertise, preferred first.
 	POPs []POP `json:"pops"`
@@ -104,6 +106,20 @@ var DefaultClientSessionFields = []string{
 	"input_audio_format", "output_audio_format", "input_audio_transcription", "input_audio_noise_reduction",
 	"modalities", "output_modalities", "temperature", "max_response_output_tokens", "max_output_tokens", "include",
 }
+
+// Session kinds of CreateRequest.Kind.
+const (
+	// KindWebRTC is a WebRTC call: the offer is a browser's or SDK's
+	// (ICE, DTLS, SRTP, Opus).
+	KindWebRTC = ""
+	// KindRTP is a phone call through the SIP front: the offer is the
+	// carrier's SDP (plain RTP, no ICE; docs/wire.md §6).
+	KindRTP = "rtp"
+)
+
+// CodeUnsupportedKind is the error code of a pod's 400 to a create of a
+// kind it does not terminate: a refusal of the offer, not a fault.
+const CodeUnsupportedKind = "unsupported_kind"
 
 // HeaderSteerTicket carries, from the cluster's front to the pod it
 // places a create on, the call's steering ticket (internal/steer,

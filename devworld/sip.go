@@ -1,0 +1,45 @@
+// The dev world's SIP front: phone calls from softphones on loopback.
+
+package devworld
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/sipfront"
+)
+
+// startSIP runs the SIP front on cfg.SIPAddr, UDP and TCP on one port
+// (with port 0, the UDP socket's port is taken for TCP too). Every
+// loopback source is the dev trunk, whose calls get the echo's (empty)
+// session config: no webhook, every call accepted.
+func (w *World) startSIP() error {
+	udp, err := net.ListenPacket("udp", w.cfg.SIPAddr)
+	if err != nil {
+		return fmt.Errorf("devworld: SIP over UDP: %w", err)
+	}
+	tcp, err := net.Listen("tcp", udp.LocalAddr().String())
+	if err != nil {
+		_ = udp.Close()
+		return fmt.Errorf("devworld: SIP over TCP: %w", err)
+	}
+	cfg := sipfront.NodeConfig{
+		SIPUDP: udp.LocalAddr().String(), SIPTCP: tcp.Addr().String(),
+		CatalogueData: w.Catalogue, GeoIPData: geo.DevGeoIPDB, SessionAPISecrets: w.apiSecrets, SessionAPITLS: w.apiCA,
+		Config: sipfront.Config{
+			// One softphone or test on loopback is every caller: limits
+			// meant for the internet would throttle load tests.
+			SourceRate: 10000, SourceBurst: 10000,
+			Trunks: []sipfront.Trunk{{Name: "dev", SourceCIDRs: []string{"127.0.0.0/8", "::1/128"},
+				MaxCalls: 10000, CallsPerSecond: 10000, CallBurst: 10000}},
+		},
+	}
+	n, err := sipfront.NewNode(cfg, sipfront.Sockets{UDP: udp, TCP: tcp}, w.env("sipfront"))
+	if err != nil {
+		return err
+	}
+	w.SIP, w.SIPURI = n, n.URI()
+	w.run(new(running), "sipfront", n)
+	return nil
+}

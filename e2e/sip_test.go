@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/emiago/sipgo"
+	"github.com/emiago/sipgo/sip"
+
+	"github.com/rtcedge/rtcedge/devworld"
+)
+
+// TestSIPInviteReachesAPod places a phone call through the dev world's SIP
+// front: trunk admission, the shared placement and the cluster's session
+// API front reach a real pod. Pods do not terminate RTP yet (docs/sip.md,
+// "Status"), so the pod refuses the create as an offer it cannot take and
+// the carrier gets 488 — from the pod, not from the front — with nothing
+// left behind anywhere. When the pod's RTP session lands, this test turns
+// into the answered call.
+func TestSIPInviteReachesAPod(t *testing.T) {
+	w := startWorld(t, devworld.Config{SIPAddr: "127.0.0.1:0", PodsPerCluster: 1, RelaysPerCluster: 1})
+	if w.SIPURI == "" {
+		t.Fatal("the dev world printed no SIP URI")
+	}
+	var to sip.Uri
+	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
+		t.Fatalf("parse %s: %v", w.SIPURI, err)
+	}
+	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ua.Close()
+	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	res, err := cli.Do(ctx, sip.NewRequest(sip.OPTIONS, to))
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("OPTIONS: %v %v", res, err)
+	}
+
+	dua := &sipgo.DialogUA{Client: cli, ContactHDR: sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: 5999}}}
+	offer := "v=0\r\no=carrier 1 1 IN IP4 127.0.0.1\r\ns=call\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 40000 RTP/AVP 0 8\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:8 PCMA/8000\r\n"
+	call, err := dua.Invite(ctx, to, []byte(offer), sip.NewHeader("Content-Type", "application/sdp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer call.Close()
+	err = call.WaitAnswer(ctx, sipgo.AnswerOptions{})
+	var refused *sipgo.ErrDialogResponse
+	if !errors.As(err, &refused) || refused.Res.StatusCode != 488 {
+		t.Fatalf("INVITE: %v, want 488 from the pod", err)
+	}
+	eventually(t, 5*time.Second, "the INVITE's count", func() bool {
+		return metricSum(t, w.Registry, "rtcedge_sipfront_requests_total", map[string]string{"method": "INVITE", "result": "rejected"}) == 1
+	})
+	if n := metricSum(t, w.Registry, "rtcedge_sipfront_cluster_attempts_total", map[string]string{"result": "rejected"}); n != 1 {
+		t.Fatalf("%v cluster attempts rejected, want 1 (the pod's refusal)", n)
+	}
+	if n := w.Sessions(); n != 0 {
+		t.Fatalf("%d sessions left on the pods", n)
+	}
+	if n := w.SIP.Front().Dialogs(); n != 0 {
+		t.Fatalf("%d dialogs left on the front", n)
+	}
+}
