@@ -91,6 +91,9 @@ type Config struct {
 	// (ca.pem, cert.pem, key.pem) and left for clients to trust:
 	// World.TLSCA names the CA (NODE_EXTRA_CA_CERTS for Node).
 	TLSDir string
+	// Signaling, when set, adjusts signaling's config before it starts
+	// (tests: a credential's options).
+	Signaling func(*signaling.Config)
 	// TrustedProxies lets tests stand in for Cloudflare: signaling believes
 	// CF-Connecting-IP, CF-IPLatitude/CF-IPLongitude from these peers.
 	TrustedProxies []netip.Prefix
@@ -665,6 +668,9 @@ func (w *World) startSignaling() error {
 	}
 	if scfg.GeoIPDB == "" {
 		scfg.GeoIPData = geo.DevGeoIPDB
+	}
+	if w.cfg.Signaling != nil {
+		w.cfg.Signaling(&scfg)
 	}
 	socks, err := signaling.OpenSockets(scfg)
 	if err != nil {
