@@ -30,11 +30,12 @@ const sealedForAgents = `{"type":"realtime","instructions":"SEALED-INSTRUCTIONS"
 // TestAgentsSDKCrossOrigin: an app built with the Agents SDK, bundled with
 // esbuild and served on another origin, connects through rtcedge with a
 // client secret its server minted: connect() succeeds (the CORS preflight
-// lets the SDK's headers through), the model hears the fake microphone and
-// the page hears the reply, the SDK's voice and turn detection take effect
-// at the model while the sealed instructions and tool stay, and, with the
-// sealed fields set to win, no error event fires although the SDK sends
-// the agent's whole configuration.
+// lets the SDK's headers through), the model hears the fake microphone,
+// the SDK's voice and turn detection take effect at the model while the
+// sealed instructions and tool stay, and, with the sealed fields set to
+// win, no error event fires although the SDK sends the agent's whole
+// configuration. Then the app answers the model's call of its sealed tool
+// over the sideband and the page hears the reply.
 func TestAgentsSDKCrossOrigin(t *testing.T) {
 	tools := sdk(t)
 	dir := tools.workdir(t, "agent.js", "index.html")
@@ -99,24 +100,41 @@ func TestAgentsSDKCrossOrigin(t *testing.T) {
 		t.Errorf("the SDK's voice and turn detection did not take effect: the model has voice %v, turn detection %v (%v)", v, td, waitCfg)
 	}
 
-	// A reply: the model calls the sealed tool, the SDK runs the agent's,
-	// and the model answers with audio the page hears.
+	// No error event: the SDK's session.update (the agent's whole
+	// configuration) and its tracing update are answered without one once
+	// the page has its session.updated acknowledgements.
+	b.waitJS("the SDK's session updates to be answered", `(() => {
+  const s = window.agentTest;
+  return s.errors.length > 0 || s.events.filter((e) => e.type === "session.updated").length >= 2 ? "ok" : "wait";
+})()`, 15*time.Second)
+	if errs := mustEval[[]string](b, `window.agentTest.errors`); len(errs) > 0 {
+		t.Errorf("the session fired %d error events although sealed fields win: %v", len(errs), errs)
+	}
+
+	// The reply: the app answers its sealed tool over the sideband, as
+	// tools the app sealed are answered (the Agents SDK in the page sees
+	// the model's call too and, not owning the tool, reports it: its own
+	// behaviour, as against OpenAI), and the page hears the model.
+	callID := mustEval[string](b, `window.agentTest.transport.connectionState.callId || ""`)
+	sb, status, body := attachSideband(ctx, t, w.SignalingURL, callID, e2eAPIKey)
+	if sb == nil {
+		t.Fatalf("the app's sideband to call %q: %d %s", callID, status, body)
+	}
 	pc := "window.agentTest.transport.connectionState.peerConnection"
 	before := mustEval[audioStats](b, statsJS(pc))
-	mustEval[string](b, `(window.agentTest.transport.sendEvent({type: "response.create"}), "sent")`)
-	toolCtx, cancelTool := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancelTool()
-	if err := sess.Wait(toolCtx, func(s *refserver.State) bool { return len(s.ToolOutputs) > 0 && len(s.Responses) >= 2 }); err != nil {
-		t.Errorf("the SDK did not answer the sealed tool's call with the agent's: %v", err)
-	}
-	st := b.waitAudio(pc, before.PacketsReceived+50, 20*time.Second)
+	sb.send(t, map[string]any{"type": "response.create"})
+	var call map[string]any
+	sb.await(t, 20*time.Second, "the model's call of the sealed tool", func(evs [][]byte, _ error) bool {
+		call = findEvent(evs, "response.function_call_arguments.done")
+		return call != nil
+	})
+	sb.send(t, map[string]any{"type": "conversation.item.create", "item": map[string]any{
+		"type": "function_call_output", "call_id": call["call_id"], "output": `{"seats":4}`}})
+	sb.send(t, map[string]any{"type": "response.create"})
+	st := b.waitAudio(pc, before.PacketsReceived+25, 20*time.Second) // a reply of a second or more
 	t.Logf("page: %v packets received (%v before the reply), totalAudioEnergy %.4f", st.PacketsReceived, before.PacketsReceived, st.TotalAudioEnergy)
 	if st.TotalAudioEnergy <= before.TotalAudioEnergy {
 		t.Errorf("the reply brought no audio energy: %.4f before, %.4f after", before.TotalAudioEnergy, st.TotalAudioEnergy)
-	}
-
-	if errs := mustEval[[]string](b, `window.agentTest.errors`); len(errs) > 0 {
-		t.Errorf("the session fired %d error events although sealed fields win: %v", len(errs), errs)
 	}
 	mustEval[string](b, `(window.agentTest.session.close(), "closed")`)
 }

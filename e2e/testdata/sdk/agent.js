@@ -8,9 +8,9 @@ import { OpenAIRealtimeWebRTC, RealtimeAgent, RealtimeSession, tool } from '@ope
 const state = { status: 'idle', error: null, errors: [], events: [] };
 window.agentTest = state;
 
-// The agent's tool has the name of the one the app sealed (with its own
-// description): the sealed definition stays at the model, and when the
-// model calls it the SDK runs this one.
+// The agent's tool has the name of the one the app sealed, with its own
+// description: the sealed definition must stay at the model (the app
+// answers its calls over the sideband).
 const lookup = tool({
   name: 'lookup',
   description: 'AGENT-TOOL',
@@ -29,7 +29,7 @@ window.startAgent = async ({ baseUrl, secret }) => {
     model: 'gpt-realtime',
     config: {
       audio: {
-        // No response of its own: the test asks for the one reply.
+        // No response of its own: the app asks for the one reply.
         input: { turnDetection: { type: 'semantic_vad', eagerness: 'high', createResponse: false, interruptResponse: false } },
         output: { voice: 'verse' },
       },
@@ -39,7 +39,7 @@ window.startAgent = async ({ baseUrl, secret }) => {
   state.session = session;
   session.on('error', (e) => {
     const err = e?.error ?? e;
-    state.errors.push(typeof err === 'object' ? JSON.stringify(err?.error ?? err, Object.getOwnPropertyNames(err)) : String(err));
+    state.errors.push(err instanceof Error ? `${err.name}: ${err.message}` : JSON.stringify(err));
   });
   session.on('transport_event', (ev) => {
     if (state.events.length < 500) state.events.push(ev);
