@@ -1,5 +1,7 @@
 package signaling
 
+// The dev world's acceptance of any API key (Config.AnyAPIKey).
+
 import (
 	"net/http"
 	"testing"
