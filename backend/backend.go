@@ -30,7 +30,9 @@ type Handler interface {
 	// during the call.
 	Audio(payload []byte, duration time.Duration)
 	// Event is one message the caller sent on the oai-events data channel;
-	// data is only valid during the call.
+	// data is only valid during the call. A backend that hands events to
+	// a model translates them first (backend/oaievents): the caller's
+	// bytes never reach a model server.
 	Event(data []byte)
 	// Close ends the backend half; called exactly once when the session ends.
 	Close() error
@@ -55,6 +57,12 @@ type SessionInfo struct {
 	// Config is the opaque session configuration the client sent (the
 	// "session" field of an OpenAI-style call), or nil.
 	Config []byte
+	// ClientSessionFields are the session fields the caller's own
+	// session.update may set (nil: internal/sessionapi's default), and
+	// SealedWins drops the others without an error event: the call's
+	// policy, from signaling (backend/oaievents).
+	ClientSessionFields []string
+	SealedWins          bool
 }
 
 // Ender is implemented by the Sink a session gives its backend: a backend

@@ -84,7 +84,7 @@ func TestSecretBindsSessionConfig(t *testing.T) {
 			if err := call.WaitEcho(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := call.SendEvent([]byte(`{"type":"session.get"}`)); err != nil {
+			if err := call.SendEvent([]byte(`{"type":"response.create"}`)); err != nil {
 				t.Fatal(err)
 			}
 			var reply struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // APIKey is one server-side credential.
@@ -33,6 +34,11 @@ type APIKey struct {
 	// post measured round trips (POST /v1/steering/samples) and read the
 	// steering table (GET /v1/steering); docs/steering.md.
 	Probe bool `yaml:"probe"`
+	// ClientSessionFields and SealedFieldsWin are the key's own caller
+	// policy (Config's are the default): for the calls it places and,
+	// sealed into them, for the client secrets it mints.
+	ClientSessionFields []string `yaml:"client_session_fields"`
+	SealedFieldsWin     *bool    `yaml:"sealed_fields_win"`
 }
 
 // DefaultTenant is the tenant of keys that name none (all of
@@ -58,6 +64,46 @@ func (c *Config) apiKeys() []APIKey {
 		}
 	}
 	return out
+}
+
+// callerPolicy is the policy for the events (and the /calls session) of a
+// call's caller: a client secret's sealed one, else its API key's, else
+// the configured default.
+func (s *Server) callerPolicy(c credential) sessionapi.Caller {
+	switch {
+	case c.kind == credSecret && c.secret.policy != nil:
+		return *c.secret.policy
+	case c.kind == credAPIKey:
+		return s.keyPolicy(c.key)
+	}
+	return sessionapi.Caller{SessionFields: s.cfg.ClientSessionFields, SealedWins: s.cfg.SealedFieldsWin}
+}
+
+// ownPolicy is the caller policy a client secret minted with c seals: the
+// API key's own, or nil for a key that has none (the default applies
+// where the secret is used).
+func (s *Server) ownPolicy(c credential) *sessionapi.Caller {
+	if c.kind != credAPIKey {
+		return nil
+	}
+	if k := s.keys[c.key]; k.ClientSessionFields == nil && k.SealedFieldsWin == nil {
+		return nil
+	}
+	p := s.keyPolicy(c.key)
+	return &p
+}
+
+// keyPolicy is API key i's caller policy.
+func (s *Server) keyPolicy(i int) sessionapi.Caller {
+	p := sessionapi.Caller{SessionFields: s.cfg.ClientSessionFields, SealedWins: s.cfg.SealedFieldsWin}
+	k := s.keys[i]
+	if k.ClientSessionFields != nil {
+		p.SessionFields = k.ClientSessionFields
+	}
+	if k.SealedFieldsWin != nil {
+		p.SealedWins = *k.SealedFieldsWin
+	}
+	return p
 }
 
 // validTenant accepts short printable names (they are MACed into call IDs

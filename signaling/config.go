@@ -83,10 +83,18 @@ type Config struct {
 	// ClientSecretTTL is the default lifetime of a client secret; default
 	// 10 minutes, at most 2 hours.
 	ClientSecretTTL time.Duration `yaml:"client_secret_ttl"`
-	// ClientSessionFields are the session fields a browser holding a
-	// client secret may add to the server's session config; empty:
-	// DefaultClientSessionFields.
+	// ClientSessionFields are the session fields a caller may set, in the
+	// session of a /calls offer placed with a client secret and in its
+	// own session.update on the data channel; an API key's own list
+	// (APIKey.ClientSessionFields) wins for its calls and the secrets it
+	// mints. Empty: sessionapi.DefaultClientSessionFields.
 	ClientSessionFields []string `yaml:"client_session_fields"`
+	// SealedFieldsWin: a caller's session fields off that list are
+	// dropped without an error instead of refused (the call keeps the
+	// sealed values, the allowed fields apply), for SDKs that always send
+	// an agent's whole configuration (OpenAI's Agents SDK). An API key's
+	// own setting (APIKey.SealedFieldsWin) wins. Default false.
+	SealedFieldsWin bool `yaml:"sealed_fields_win"`
 
 	// RatePerSecond and RateBurst limit each client address (an IPv4
 	// address or IPv6 /64, aggregated to wider prefixes when the table is
@@ -200,7 +208,7 @@ func (c *Config) Defaults() {
 	config.Default(&c.SecretRateBurst, 10)
 	config.Default(&c.MaxLimiters, 200_000)
 	if c.ClientSessionFields == nil {
-		c.ClientSessionFields = DefaultClientSessionFields
+		c.ClientSessionFields = sessionapi.DefaultClientSessionFields
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 90 * time.Second}}

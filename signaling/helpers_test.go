@@ -68,13 +68,25 @@ type recorder struct {
 	echo.Backend
 	mu      sync.Mutex
 	configs []string
+	infos   []backend.SessionInfo
 }
 
 func (r *recorder) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
 	r.mu.Lock()
 	r.configs = append(r.configs, string(info.Config))
+	r.infos = append(r.infos, info)
 	r.mu.Unlock()
 	return r.Backend.Open(ctx, info, out)
+}
+
+// lastInfo returns what the backend was told of the last session opened.
+func (r *recorder) lastInfo() backend.SessionInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.infos) == 0 {
+		return backend.SessionInfo{}
+	}
+	return r.infos[len(r.infos)-1]
 }
 
 // last returns the config of the last session opened.

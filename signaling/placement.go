@@ -32,7 +32,7 @@ type call struct {
 // API key's or an anonymous caller's own.
 func (s *Server) effectiveSession(c call) (json.RawMessage, error) {
 	if c.cred.kind == credSecret {
-		return mergeSession(c.cred.secret.session, c.session, s.cfg.ClientSessionFields)
+		return mergeSession(c.cred.secret.session, c.session, s.callerPolicy(c.cred))
 	}
 	return canonicalSession(c.session)
 }
@@ -76,7 +76,8 @@ func (s *Server) placeCall(w http.ResponseWriter, r *http.Request, c call) {
 			"no cluster can take a call right now", 2*time.Second)
 		return
 	}
-	req := sessionapi.CreateRequest{Offer: offer, Config: session, Steer: key.String()}
+	policy := s.callerPolicy(c.cred)
+	req := sessionapi.CreateRequest{Offer: offer, Config: session, Steer: key.String(), Caller: &policy}
 	for _, p := range pops {
 		req.POPs = append(req.POPs, sessionapi.POP{ID: p.ID, VIP: p.VIP, TCPPort: p.TCPPort})
 	}

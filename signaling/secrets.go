@@ -21,13 +21,20 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
 // Ephemeral client secrets let a server that holds an API key hand a
 // browser a credential that is good for a short time, for calls only, and
 // with the session configuration the server chose:
 //
-//	"ek_" + base64url(nonce (12 bytes) | AES-256-GCM(expiry unix seconds (8) | len(tenant) (1) | tenant | flags (1) [| owner (16)] | session))
+//	"ek_" + base64url(nonce (12 bytes) | AES-256-GCM(expiry unix seconds (8) | len(tenant) (1) | tenant | flags (1) [| owner (16)] [| policy] | session))
+//
+// The policy (flags bit 2) is the minting key's caller policy when the key
+// has one of its own (which session fields the browser may set, and
+// whether sealed fields win silently; sessionapi.Caller): policy flags (1;
+// bit 0 SealedWins) | count (1) | count × (len (1) | field name). A secret
+// without one gets the configured default.
 //
 // The session is the server's JSON object, deflated when that is shorter
 // (flags bit 0). The owner (flags bit 1) is the fingerprint of the API key
@@ -56,6 +63,7 @@ const (
 	secretAAD      = "rtcedge client secret v2"
 	flagDeflated   = 1
 	flagOwner      = 2
+	flagPolicy     = 4
 )
 
 // Sentinel errors of secret verification.
@@ -81,6 +89,9 @@ type secretClaims struct {
 	// (zero for a secret minted before secrets carried one: no key owns
 	// its calls' sideband).
 	owner fingerprint
+	// policy is the caller policy sealed at minting, or nil (a secret
+	// minted before secrets carried one: the configured default).
+	policy *sessionapi.Caller
 }
 
 type secretMinter struct {
@@ -110,20 +121,33 @@ func newSecretMinter(key []byte, now func() time.Time) (secretMinter, error) {
 // secret.
 var errSecretTooLarge = errors.New("session configuration too large for a client secret")
 
-func (m secretMinter) mint(ttl time.Duration, tenant string, owner fingerprint, session json.RawMessage) (string, time.Time, error) {
+// mint seals a secret; policy is nil for a key without a caller policy of
+// its own (the secret then gets the configured default where it is used,
+// and a replica that predates policies reads it as before).
+func (m secretMinter) mint(ttl time.Duration, tenant string, owner fingerprint, policy *sessionapi.Caller, session json.RawMessage) (string, time.Time, error) {
 	exp := m.now().Add(ttl).Truncate(time.Second)
 	if len(tenant) > maxTenantLen {
 		return "", time.Time{}, fmt.Errorf("tenant %q too long", tenant)
 	}
-	pt := binary.BigEndian.AppendUint64(make([]byte, 0, 16+len(tenant)+len(session)), uint64(exp.Unix()))
+	flags := byte(flagOwner)
+	var pol []byte
+	if policy != nil {
+		var err error
+		if pol, err = appendPolicy(nil, *policy); err != nil {
+			return "", time.Time{}, err
+		}
+		flags |= flagPolicy
+	}
+	pt := binary.BigEndian.AppendUint64(make([]byte, 0, 16+len(tenant)+len(pol)+len(session)), uint64(exp.Unix()))
 	pt = append(pt, byte(len(tenant)))
 	pt = append(pt, tenant...)
-	flags, body := byte(flagOwner), []byte(session)
+	body := []byte(session)
 	if d, err := deflate(session); err == nil && len(d) < len(session) {
 		flags, body = flags|flagDeflated, d
 	}
 	pt = append(pt, flags)
 	pt = append(pt, owner[:]...)
+	pt = append(pt, pol...)
 	pt = append(pt, body...)
 	nonce := make([]byte, secretIDLen, secretIDLen+len(pt)+m.aead.Overhead())
 	if _, err := rand.Read(nonce); err != nil {
@@ -167,6 +191,13 @@ func (m secretMinter) verify(s string, allowExpired bool) (secretClaims, error) 
 		}
 		body = body[copy(c.owner[:], body):]
 	}
+	if flags&flagPolicy != 0 {
+		p, rest, ok := readPolicy(body)
+		if !ok {
+			return secretClaims{}, errSecretMalformed
+		}
+		c.policy, body = &p, rest
+	}
 	if flags&flagDeflated != 0 {
 		if body, err = inflate(body); err != nil {
 			return secretClaims{}, errSecretMalformed
@@ -185,6 +216,42 @@ func (m secretMinter) verify(s string, allowExpired bool) (secretClaims, error) 
 		return secretClaims{}, errSecretExpired
 	}
 	return c, nil
+}
+
+// appendPolicy appends a caller policy in a secret's layout.
+func appendPolicy(b []byte, p sessionapi.Caller) ([]byte, error) {
+	if len(p.SessionFields) > 255 {
+		return nil, fmt.Errorf("%d client session fields: at most 255", len(p.SessionFields))
+	}
+	var flags byte
+	if p.SealedWins {
+		flags = 1
+	}
+	b = append(b, flags, byte(len(p.SessionFields)))
+	for _, f := range p.SessionFields {
+		if len(f) == 0 || len(f) > 255 {
+			return nil, fmt.Errorf("client session field %q: 1 to 255 bytes", f)
+		}
+		b = append(append(b, byte(len(f))), f...)
+	}
+	return b, nil
+}
+
+// readPolicy reads what appendPolicy wrote at the start of b.
+func readPolicy(b []byte) (sessionapi.Caller, []byte, bool) {
+	if len(b) < 2 {
+		return sessionapi.Caller{}, nil, false
+	}
+	p := sessionapi.Caller{SealedWins: b[0]&1 != 0, SessionFields: make([]string, 0, b[1])}
+	n, b := int(b[1]), b[2:]
+	for range n {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return sessionapi.Caller{}, nil, false
+		}
+		p.SessionFields = append(p.SessionFields, string(b[1:1+int(b[0])]))
+		b = b[1+int(b[0]):]
+	}
+	return p, b, true
 }
 
 func deflate(b []byte) ([]byte, error) {
@@ -230,7 +297,9 @@ type clientSecretRequest struct {
 // ("sess_" and the secret's ID in hex), "object" ("realtime.session", or
 // "realtime.transcription_session" for type "transcription") and "type"
 // (default "realtime"), which OpenAI's SDK types require. Clients may add
-// only the fields Config.ClientSessionFields lists.
+// only the fields of the minting key's caller policy
+// (APIKey.ClientSessionFields, else Config.ClientSessionFields), which the
+// secret seals.
 type ClientSecret struct {
 	Value     string          `json:"value"`
 	ExpiresAt int64           `json:"expires_at"`
@@ -283,7 +352,7 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_session", err.Error(), "session")
 		return
 	}
-	val, exp, err := s.secrets.mint(ttl, cred.tenant, cred.owner, session)
+	val, exp, err := s.secrets.mint(ttl, cred.tenant, cred.owner, s.ownPolicy(cred), session)
 	switch {
 	case errors.Is(err, errSecretTooLarge):
 		apierr.WriteParam(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "session_too_large",

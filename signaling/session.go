@@ -6,19 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-)
 
-// DefaultClientSessionFields are the top-level session fields a browser
-// holding a client secret may set in the "session" part of a /calls offer
-// when Config.ClientSessionFields is nil: how the call sounds and is
-// transcribed, never what it costs or what the model is told. The model,
-// instructions, tools, prompt and tracing are the app server's, fixed when
-// it mints the secret.
-var DefaultClientSessionFields = []string{
-	"type", "voice", "speed", "audio", "turn_detection",
-	"input_audio_format", "output_audio_format", "input_audio_transcription", "input_audio_noise_reduction",
-	"modalities", "output_modalities", "temperature", "max_response_output_tokens", "max_output_tokens", "include",
-}
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
+)
 
 // sessionFieldError names a client session field that may not be set.
 type sessionFieldError struct{ field string }
@@ -53,10 +43,11 @@ func canonicalSession(raw json.RawMessage) (json.RawMessage, error) {
 
 // mergeSession lays the server's session over the client's: the server's
 // fields always win (objects are merged key by key, the server's keys
-// winning), the client adds only fields on allow, and a client field off
-// that list is refused unless it repeats the server's value. Both inputs
-// are JSON objects or empty; the result is canonical.
-func mergeSession(server, client json.RawMessage, allow []string) (json.RawMessage, error) {
+// winning), the client adds only the fields its policy allows, and a
+// client field off that list is refused unless it repeats the server's
+// value (dropped silently with the policy's SealedWins). Both inputs are
+// JSON objects or empty; the result is canonical.
+func mergeSession(server, client json.RawMessage, p sessionapi.Caller) (json.RawMessage, error) {
 	var s, c map[string]any
 	var err error
 	if len(server) > 0 {
@@ -74,8 +65,8 @@ func mergeSession(server, client json.RawMessage, allow []string) (json.RawMessa
 	}
 	for k, cv := range c {
 		sv, fixed := s[k]
-		if !slices.Contains(allow, k) {
-			if fixed && jsonEqual(sv, cv) {
+		if !slices.Contains(p.SessionFields, k) {
+			if p.SealedWins || (fixed && jsonEqual(sv, cv)) {
 				continue
 			}
 			return nil, &sessionFieldError{field: k}

@@ -30,7 +30,7 @@ func TestCallIDSidebandOwner(t *testing.T) {
 	if anon.owner == apiKey("").owner {
 		t.Fatal("anonymous has the fingerprint of an empty key")
 	}
-	val, _, err := secrets.mint(time.Minute, DefaultTenant, app.owner, json.RawMessage(`{"instructions":"x"}`))
+	val, _, err := secrets.mint(time.Minute, DefaultTenant, app.owner, nil, json.RawMessage(`{"instructions":"x"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

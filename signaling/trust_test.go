@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/signaling"
 )
@@ -524,5 +526,70 @@ func TestSignalingAnonymousFlood(t *testing.T) {
 	}
 	if served*100 < honest*99 {
 		t.Fatalf("%d of %d honest first requests served during the flood, want >= 99 %%", served, honest)
+	}
+}
+
+// TestCallerPolicyPerCredential: the pod is told, per call, which session
+// fields the caller may set and whether sealed fields win silently: a
+// client secret carries its minting key's policy (sealed at minting), an
+// API key's call its own, and the configured default covers the rest.
+// With sealed fields winning, a /calls session's refused fields are
+// dropped instead of failing the offer.
+func TestCallerPolicyPerCredential(t *testing.T) {
+	const agentKey = "sk-agents-sdk-app-0123456789"
+	yes := true
+	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) {
+		c.APIKeys, c.AllowAnonymous = []string{testAPIKey}, false
+		c.Keys = []signaling.APIKey{{Key: agentKey, ClientSessionFields: []string{"voice", "audio"}, SealedFieldsWin: &yes}}
+	}})
+	offer := testsdp.Offer(t)
+	mintWith := func(key string) signaling.ClientSecret {
+		res, data := recorded(w.do(t, http.MethodPost, "/v1/realtime/client_secrets", "127.0.0.1", "application/json",
+			`{"session":{"instructions":"SEALED"}}`, bearer(key)))
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("mint: %d %s", res.StatusCode, data)
+		}
+		var cs signaling.ClientSecret
+		if err := json.Unmarshal(data, &cs); err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	agentSecret, plainSecret := mintWith(agentKey), mintWith(testAPIKey)
+	tests := []struct {
+		name, token, session string
+		fields               []string
+		sealedWins           bool
+		config               string
+	}{
+		{"secret of a key with its own policy", agentSecret.Value, `{"instructions":"mine","model":"x","voice":"ash"}`,
+			[]string{"voice", "audio"}, true, `{"instructions":"SEALED","voice":"ash"}`},
+		{"secret of a key with the default", plainSecret.Value, `{"voice":"ash"}`,
+			sessionapi.DefaultClientSessionFields, false, `{"instructions":"SEALED","voice":"ash"}`},
+		{"the key itself", agentKey, "", []string{"voice", "audio"}, true, ""},
+		{"the default key itself", testAPIKey, "", sessionapi.DefaultClientSessionFields, false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ct, body := multipartOffer(t, offer, tc.session)
+			rec := w.do(t, http.MethodPost, "/v1/realtime/calls", ipAshburn, ct, body, bearer(tc.token))
+			res, data := recorded(rec)
+			if res.StatusCode != http.StatusCreated {
+				t.Fatalf("status %d: %s", res.StatusCode, data)
+			}
+			defer w.hangup(t, rec, bearer(tc.token))
+			info := w.backend.lastInfo()
+			if !slices.Equal(info.ClientSessionFields, tc.fields) || info.SealedWins != tc.sealedWins {
+				t.Errorf("the pod was told fields %v, sealed wins %v; want %v, %v", info.ClientSessionFields, info.SealedWins, tc.fields, tc.sealedWins)
+			}
+			if string(info.Config) != tc.config {
+				t.Errorf("config %s, want %s", info.Config, tc.config)
+			}
+		})
+	}
+	// Without the option, the same session fails the offer.
+	ct, body := multipartOffer(t, offer, `{"instructions":"mine"}`)
+	if res, data := recorded(w.do(t, http.MethodPost, "/v1/realtime/calls", ipAshburn, ct, body, bearer(plainSecret.Value))); res.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d: %s", res.StatusCode, data)
 	}
 }

@@ -89,7 +89,7 @@ func (t *Transceiver) handleCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), CreateTimeout)
 	defer cancel()
-	res, err := t.CreateSession(ctx, CreateRequest{Offer: req.Offer, POPs: req.POPs, Config: req.Config,
+	res, err := t.CreateSession(ctx, CreateRequest{Offer: req.Offer, POPs: req.POPs, Config: req.Config, Caller: req.Caller,
 		Steer: req.Steer, SteerTicket: r.Header.Get(sessionapi.HeaderSteerTicket)})
 	if err != nil {
 		t.writeCreateError(w, err)

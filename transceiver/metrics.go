@@ -106,7 +106,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	}
 	m.sidebandAttaches = counterVec("sideband_attaches_total", "Sideband WebSockets asked for at this pod, by result (attached, not_found, too_many, upgrade_failed).", "result")
 	m.sidebandCloses = counterVec("sideband_closes_total", "Sidebands closed, by reason: slow (its queue of events filled; the call went on), call_ended, closed (by the app server or its connection), too_many.", "reason")
-	m.sidebandEvents = counterVec("sideband_events_total", "Sideband events: to_sideband (the call's events written to a sideband), from_sideband (the app's events handed to the backend), dropped (binary messages).", "direction")
+	m.sidebandEvents = counterVec("sideband_events_total", "Sideband events: to_sideband (the call's events written to a sideband), from_sideband (the app's events handed to the backend), refused (not one strictly read JSON object: the sideband got an error event), dropped (binary messages).", "direction")
 	m.sidebands = metric.Gauge("rtcedge_transceiver_sidebands", "Sidebands attached to this pod's calls now.")
 	for _, r := range sbAttachResults {
 		m.sidebandAttaches.WithLabelValues(r)
@@ -114,7 +114,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	for _, r := range sbCloseReasons {
 		m.sidebandCloses.WithLabelValues(r)
 	}
-	for _, d := range []string{"to_sideband", "from_sideband", "dropped"} {
+	for _, d := range []string{"to_sideband", "from_sideband", "refused", "dropped"} {
 		m.sidebandEvents.WithLabelValues(d)
 	}
 	for _, p := range []string{"pod", "pion"} {

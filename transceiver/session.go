@@ -243,7 +243,7 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		}()
 	}
 
-	s.handler, err = t.cfg.Backend.Open(ctx, backend.SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}, s)
+	s.handler, err = t.cfg.Backend.Open(ctx, t.sessionInfo(id, req), s)
 	if err != nil {
 		return s, "", fmt.Errorf("open backend: %w", err)
 	}
@@ -535,6 +535,19 @@ const (
 	eventReadBuffer = 4 << 10
 	maxEventSize    = 256 << 10
 )
+
+// sessionInfo is what the backend is told of a session: its config and
+// the policy for its caller's events (backend/oaievents).
+func (t *Transceiver) sessionInfo(id string, req CreateRequest) backend.SessionInfo {
+	info := backend.SessionInfo{ID: id, Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Config: req.Config}
+	if req.Caller != nil {
+		info.ClientSessionFields, info.SealedWins = req.Caller.SessionFields, req.Caller.SealedWins
+		if info.ClientSessionFields == nil {
+			info.ClientSessionFields = []string{} // signaling's policy allows none: not the default
+		}
+	}
+	return info
+}
 
 // readEvents hands the events channel's messages to the backend until the
 // channel or the call ends.

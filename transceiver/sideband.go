@@ -11,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/oaievents"
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
@@ -285,12 +286,23 @@ func (s *session) runSideband(sb *sideband) {
 				s.t.m.sidebandEvents.WithLabelValues("dropped").Inc()
 				continue
 			}
-			s.t.m.sidebandEvents.WithLabelValues("from_sideband").Inc()
-			if h, ok := s.handler.(backend.ServerEvents); ok {
-				h.ServerEvent(data)
-			} else {
+			h, ok := s.handler.(backend.ServerEvents)
+			if !ok {
+				s.t.m.sidebandEvents.WithLabelValues("from_sideband").Inc()
 				sb.offer(errReadOnly)
+				continue
 			}
+			// The app's events are trusted in what they say, not in how:
+			// the backend gets the pod's own encoding of one strictly read
+			// object, so it cannot read the event otherwise than the pod.
+			ev, _, err := oaievents.Canonical(data)
+			if err != nil {
+				s.t.m.sidebandEvents.WithLabelValues("refused").Inc()
+				sb.offer(oaievents.ErrorEvent("invalid_request_error", "invalid_event", "", "The event was refused: "+err.Error()+".", ""))
+				continue
+			}
+			s.t.m.sidebandEvents.WithLabelValues("from_sideband").Inc()
+			h.ServerEvent(ev)
 		}
 	}()
 loop:

@@ -154,12 +154,20 @@ func TestSidebandAuthReplayAndEvents(t *testing.T) {
 		}
 	}
 
-	if err := conn.Write(ctx, websocket.MessageText, []byte(`{"type":"session.update","session":{"instructions":"x"}}`)); err != nil {
-		t.Fatal(err)
+	// An event two parsers could read differently goes nowhere (the
+	// sideband gets an error); the next reaches the backend as the pod
+	// re-encoded it.
+	for _, ev := range []string{
+		`{"type":"response.create","TYPE":"session.update","session":{"instructions":"y"}}`,
+		` { "type":"session.update", "session":{"instructions":"\u0078"}} `,
+	} {
+		if err := conn.Write(ctx, websocket.MessageText, []byte(ev)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	select {
 	case ev := <-be.events:
-		if !strings.Contains(string(ev), "session.update") {
+		if string(ev) != `{"type":"session.update","session":{"instructions":"x"}}` {
 			t.Errorf("backend got %s", ev)
 		}
 	case <-ctx.Done():
@@ -176,6 +184,9 @@ func TestSidebandAuthReplayAndEvents(t *testing.T) {
 	eventually(t, "the close counted", func() bool {
 		return p.counter(t, "rtcedge_transceiver_sideband_closes_total", "reason", sbCloseEnded) == 1
 	})
+	if n := p.counter(t, "rtcedge_transceiver_sideband_events_total", "direction", "refused"); n != 1 {
+		t.Errorf("%v sideband events refused, want 1", n)
+	}
 }
 
 // TestSlowSidebandDoesNotStallTheCall: one sideband reads nothing. The

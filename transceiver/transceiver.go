@@ -28,6 +28,7 @@ import (
 	"github.com/pion/webrtc/v4"
 
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
@@ -45,6 +46,9 @@ type CreateRequest struct {
 	POPs []POPAddr
 	// Config is passed to the backend as backend.SessionInfo.Config.
 	Config []byte
+	// Caller is the call's policy for its caller's events (signaling's,
+	// passed to the backend in backend.SessionInfo); nil: the defaults.
+	Caller *sessionapi.Caller
 	// Steer is the caller's steering key (steer.Key's text) under which
 	// the pod reports the round trips it measures; empty: none.
 	Steer string

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/oaievents"
 	"github.com/rtcedge/rtcedge/internal/config"
 )
 
@@ -27,11 +28,17 @@ type Backend struct {
 	Logger   *slog.Logger
 
 	dropped atomic.Uint64
+	refused atomic.Uint64
 }
 
 // Dropped returns how many frames were dropped because a session's queue
 // toward the backend was full.
 func (b *Backend) Dropped() uint64 { return b.dropped.Load() }
+
+// Refused returns how many caller events (or, for session.update, parts
+// of one) the pod's translation refused (backend/oaievents): the caller
+// got an error event, the backend nothing.
+func (b *Backend) Refused() uint64 { return b.refused.Load() }
 
 // Open implements backend.Backend.
 func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {
@@ -61,7 +68,8 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 		return nil, fmt.Errorf("backend hello: %w", err)
 	}
 	_ = conn.SetWriteDeadline(time.Time{})
-	h := &handler{b: b, conn: conn, out: out, queue: make(chan []byte, qlen), log: log.With("component", "netbackend", "session", info.ID)}
+	h := &handler{b: b, conn: conn, out: out, queue: make(chan []byte, qlen), log: log.With("component", "netbackend", "session", info.ID),
+		caller: oaievents.NewCaller(oaievents.Policy{SessionFields: info.ClientSessionFields, SealedWins: info.SealedWins}, info.Config)}
 	h.wg.Add(2)
 	go h.writeLoop()
 	go h.readLoop()
@@ -71,11 +79,13 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 // handler is one session's connection. Audio and Event enqueue; one
 // goroutine writes, one reads replies and hands them to the Sink.
 type handler struct {
-	b     *Backend
-	conn  net.Conn
-	out   backend.Sink
-	log   *slog.Logger
-	queue chan []byte
+	b    *Backend
+	conn net.Conn
+	out  backend.Sink
+	log  *slog.Logger
+	// caller translates the caller's events (safe for concurrent use).
+	caller *oaievents.Caller
+	queue  chan []byte
 	// queued is the bytes of the frames in queue or being written: the
 	// queue is bounded in frames, and an event may be 256 KiB.
 	queued atomic.Int64
@@ -126,26 +136,36 @@ func (h *handler) Audio(payload []byte, d time.Duration) {
 	h.enqueue(FrameAudio, dur[:], payload)
 }
 
-// Event implements backend.Handler. The caller's output_audio_buffer.clear
-// is the pod's to act on (it holds the output buffer): the backend gets a
-// cleared control frame instead.
+// Event implements backend.Handler: the caller's event, translated
+// (backend/oaievents), goes to the backend as the pod re-encoded it; a
+// refusal answers the caller with its error event. The caller's
+// output_audio_buffer.clear is the pod's to act on (it holds the output
+// buffer): the backend gets a cleared control frame instead; appends are
+// dropped (audio comes by media).
 func (h *handler) Event(data []byte) {
-	if p, ok := h.out.(backend.Player); ok && bytes.Contains(data, clearEvent) {
-		var ev struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(data, &ev) == nil && ev.Type == "output_audio_buffer.clear" {
-			item, played, playing := p.Clear(backend.ClearClient)
-			if playing {
+	res := h.caller.Translate(data)
+	switch res.Action {
+	case oaievents.Drop:
+		h.b.dropped.Add(1)
+		return
+	case oaievents.Clear:
+		if p, ok := h.out.(backend.Player); ok {
+			if item, played, playing := p.Clear(backend.ClearClient); playing {
 				h.Interrupted(backend.ClearClient, item, played)
 			}
-			return
 		}
+		return
+	case oaievents.Refuse:
+		h.b.refused.Add(1)
+		_ = h.out.SendEvent(res.Error)
+		return
 	}
-	h.enqueue(FrameEvent, data)
+	if res.Error != nil {
+		h.b.refused.Add(1)
+		_ = h.out.SendEvent(res.Error)
+	}
+	h.enqueue(FrameEvent, res.Event)
 }
-
-var clearEvent = []byte("output_audio_buffer.clear")
 
 // Interrupted implements backend.Interrupter: the backend hears of the
 // barge-in the pod acted on, with the audio the caller was sent.
@@ -191,7 +211,20 @@ func (h *handler) onControl(payload []byte) {
 // skips. The pod never echoes it to the caller; the backend decides what
 // (if anything) to answer, and its answer reaches the caller and the
 // sidebands like every event it sends.
-func (h *handler) ServerEvent(data []byte) { h.enqueue(FrameServerEvent, data) }
+// A session.update's fields become the call's, as a caller's update that
+// repeats the call's value is judged against them.
+func (h *handler) ServerEvent(data []byte) {
+	if bytes.Contains(data, []byte(`"session.update"`)) {
+		var ev struct {
+			Type    string         `json:"type"`
+			Session map[string]any `json:"session"`
+		}
+		if json.Unmarshal(data, &ev) == nil && ev.Type == "session.update" && ev.Session != nil {
+			h.caller.Sealed(ev.Session)
+		}
+	}
+	h.enqueue(FrameServerEvent, data)
+}
 
 func (h *handler) writeLoop() {
 	defer h.wg.Done()

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/backend/oaievents"
 	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
@@ -93,11 +93,11 @@ type call struct {
 	// false (from session.created/updated): the caller's speech does not
 	// stop the reply. Set by the reader.
 	noInterrupt atomic.Bool
-	// cfg is the call's session config: the first session.update's, with
-	// the top-level fields of every sideband session.update since laid
-	// over it. Guarded by cfgMu after Open.
-	cfgMu sync.Mutex
-	cfg   map[string]any
+	// caller translates the caller's events with the call's policy; it
+	// keeps the call's session (the first session.update's, with the
+	// top-level fields of every sideband session.update since laid over
+	// it).
+	caller *oaievents.Caller
 
 	// Owned by Audio (the pod's reader, one call at a time), under mu.RLock.
 	dec           *opus.Decoder
@@ -142,6 +142,7 @@ type msg struct {
 func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
 	rate := b.cfg.Rate
 	c := &call{b: b, out: out, conn: conn, dec: dec, enc: newReplyEncoder(enc, b.m),
+		caller:        oaievents.NewCaller(oaievents.Policy{SessionFields: info.ClientSessionFields, SealedWins: info.SealedWins}, info.Config),
 		log:           b.log.With("session", info.ID),
 		pcm:           make([]int16, rate*120/1000), // the longest Opus packet
 		batchSamples:  rate * appendMs / 1000,
@@ -209,13 +210,13 @@ func (e *replyEncoder) close() {
 // sendSession sends the first session.update: the call's config shaped for
 // the server, with the audio formats the edge transcodes to.
 func (c *call) sendSession(config []byte) error {
-	c.cfg = map[string]any{}
+	cfg := map[string]any{}
 	if len(bytes.TrimSpace(config)) > 0 && !bytes.Equal(bytes.TrimSpace(config), []byte("null")) {
-		if err := json.Unmarshal(config, &c.cfg); err != nil || c.cfg == nil {
+		if err := json.Unmarshal(config, &cfg); err != nil || cfg == nil {
 			return fmt.Errorf("realtime: session config is not a JSON object: %v", err)
 		}
 	}
-	ev, err := sessionEvent("", shapeSession(c.cfg, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+	ev, err := sessionEvent("", shapeSession(cfg, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
 	if err != nil {
 		return err
 	}
@@ -330,86 +331,80 @@ func (c *call) enqueueLocked(m msg) bool {
 	}
 }
 
-// inEvent is what the connector reads of an event toward the server.
-type inEvent struct {
-	Type    string         `json:"type"`
-	EventID string         `json:"event_id"`
-	Session map[string]any `json:"session"`
-}
-
-// parseEvent reads data's type, event_id and session; a malformed event
-// reads as empty and goes to the server as it came, which answers it.
-func parseEvent(data []byte) inEvent {
-	var ev inEvent
-	_ = json.Unmarshal(data, &ev)
-	return ev
-}
-
-// Event implements backend.Handler: a caller's data-channel event.
+// Event implements backend.Handler: a caller's data-channel event,
+// translated (backend/oaievents): read strictly, checked against the
+// allow-list and the call's policy, re-encoded. The server gets only
+// what the translation gives; the caller gets its one error event for a
+// refusal (or for the refused part of a session.update).
 func (c *call) Event(data []byte) {
-	ev := parseEvent(data)
-	switch ev.Type {
-	case "input_audio_buffer.append":
+	res := c.caller.Translate(data)
+	switch res.Action {
+	case oaievents.Drop:
 		c.b.m.dropped[dropAppendEvent].Inc() // audio comes by media only
 		return
-	case "output_audio_buffer.clear": // WebRTC-only: the edge holds the output buffer
+	case oaievents.Clear: // WebRTC-only: the edge holds the output buffer
 		c.bargeIn(backend.ClearClient)
 		return
-	case "session.update":
+	case oaievents.Refuse:
+		c.b.m.refused.WithLabelValues(res.Reason).Inc()
+		c.toCaller(res.Error)
+		return
+	}
+	ev := res.Event
+	if res.Session {
 		var err error
-		if data, err = c.clientSession(ev.EventID, ev.Session); err != nil {
-			c.toCaller(errorEvent("invalid_request_error", "invalid_session", err.Error(), "The session field "+err.Error()+" may not be set by the client.", ev.EventID))
+		if ev, err = c.shapeSession(ev); err != nil {
+			c.b.m.refused.WithLabelValues(oaievents.ReasonMalformed).Inc()
 			return
 		}
-	default:
-		data = bytes.Clone(data)
 	}
-	c.toServer(data)
+	if res.Error != nil {
+		c.b.m.refused.WithLabelValues(res.Reason).Inc()
+		c.toCaller(res.Error)
+	}
+	c.toServer(ev)
 }
 
-// clientSession filters a caller's session.update: only the fields the
-// configuration allows (or ones that repeat the call's value), shaped for
-// the server with the audio formats forced. The error names the first
-// refused field as its param.
-func (c *call) clientSession(eventID string, s map[string]any) ([]byte, error) {
-	c.cfgMu.Lock()
-	defer c.cfgMu.Unlock()
-	for k, v := range s {
-		if c.b.allowed(k) {
-			continue
-		}
-		if cur, ok := c.cfg[k]; ok && reflect.DeepEqual(cur, v) {
-			delete(s, k)
-			continue
-		}
-		return nil, errors.New("session." + k)
+// shapeSession shapes a translated session.update (the pod's own encoding
+// of it) for the server: the audio formats forced, GA or beta names.
+func (c *call) shapeSession(ev []byte) ([]byte, error) {
+	var u struct {
+		EventID string         `json:"event_id"`
+		Session map[string]any `json:"session"`
 	}
-	return sessionEvent(eventID, shapeSession(s, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+	if err := json.Unmarshal(ev, &u); err != nil {
+		return nil, fmt.Errorf("realtime: translated session.update: %w", err)
+	}
+	if u.Session == nil {
+		u.Session = map[string]any{}
+	}
+	return sessionEvent(u.EventID, shapeSession(u.Session, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
 }
 
 // ServerEvent implements backend.ServerEvents: an event from the call's
-// sideband (the app server) goes to the server as it came, never to the
-// caller. A session.update passes unfiltered — the client secret's
-// allowance applies to the caller only — shaped for the server (audio
-// formats forced: the edge transcodes), and its fields become the call's
-// (so a caller's update that "repeats the call's value" repeats the
-// app's latest, not what the app replaced). output_audio_buffer.clear
-// clears the edge's buffer as the caller's does (output_audio_buffer.
-// cleared then goes to the caller and the sidebands: the caller's audio
-// stopped).
+// sideband (the app server), read strictly and re-encoded by the pod
+// (transceiver/sideband.go), goes to the server as it came, never to the
+// caller. A session.update passes unfiltered — the caller's policy applies
+// to the caller only — shaped for the server (audio formats forced: the
+// edge transcodes), and its fields become the call's (so a caller's
+// update that "repeats the call's value" repeats the app's latest, not
+// what the app replaced). output_audio_buffer.clear clears the edge's
+// buffer as the caller's does (output_audio_buffer.cleared then goes to
+// the caller and the sidebands: the caller's audio stopped).
 func (c *call) ServerEvent(data []byte) {
-	ev := parseEvent(data)
+	var ev struct {
+		Type    string         `json:"type"`
+		EventID string         `json:"event_id"`
+		Session map[string]any `json:"session"`
+	}
+	_ = json.Unmarshal(data, &ev) // a malformed event goes as it came: the server answers it
 	switch ev.Type {
 	case "output_audio_buffer.clear":
 		c.bargeIn(backend.ClearClient)
 		return
 	case "session.update":
 		if ev.Session != nil {
-			c.cfgMu.Lock()
-			for k, v := range ev.Session {
-				c.cfg[k] = v
-			}
-			c.cfgMu.Unlock()
+			c.caller.Sealed(ev.Session)
 			var err error
 			if data, err = sessionEvent(ev.EventID, shapeSession(ev.Session, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate)); err != nil {
 				return
@@ -770,7 +765,7 @@ func (c *call) fail(reason string, err error) {
 		}
 		_ = c.conn.CloseNow() // unblocks the other loops
 		c.b.m.failed.WithLabelValues(reason).Inc()
-		c.log.Info("backend ended the call", "reason", reason, "err", err)
+		c.log.Info("backend ended the call", "reason", reason, "err", redactErr(err, c.b.cfg.URL))
 		c.toCaller(errorEvent("server_error", reason, "", failMessages[reason], ""))
 		if e, ok := c.out.(backend.Ender); ok {
 			go e.End(reason) // End closes this handler: not from its own loop

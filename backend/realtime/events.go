@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/rtcedge/rtcedge/backend/oaievents"
 )
 
 // fields are the top-level string fields of a server event the connector
@@ -292,14 +294,6 @@ func gaModalities(v any) any {
 	return v
 }
 
-// DefaultClientSessionFields are the session fields a caller's own
-// session.update may set (signaling's default for client secrets).
-var DefaultClientSessionFields = []string{
-	"type", "voice", "speed", "audio", "turn_detection",
-	"input_audio_format", "output_audio_format", "input_audio_transcription", "input_audio_noise_reduction",
-	"modalities", "output_modalities", "temperature", "max_response_output_tokens", "max_output_tokens", "include",
-}
-
 // sessionEvent is a session.update as the server gets it.
 func sessionEvent(eventID string, session map[string]any) ([]byte, error) {
 	ev := map[string]any{"type": "session.update", "session": session}
@@ -315,13 +309,5 @@ func sessionEvent(eventID string, session map[string]any) ([]byte, error) {
 
 // errorEvent is an error event for the caller, in OpenAI's shape.
 func errorEvent(typ, code, param, msg, eventID string) []byte {
-	e := map[string]any{"type": typ, "code": code, "message": msg, "param": nil, "event_id": nil}
-	if param != "" {
-		e["param"] = param
-	}
-	if eventID != "" {
-		e["event_id"] = eventID
-	}
-	b, _ := json.Marshal(map[string]any{"type": "error", "event_id": "event_rtcedge_" + code, "error": e})
-	return b
+	return oaievents.ErrorEvent(typ, code, param, msg, eventID)
 }

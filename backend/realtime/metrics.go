@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/backend/oaievents"
 )
 
 // Failure reasons: the label of rtcedge_realtime_sessions_failed_total and
@@ -44,6 +46,7 @@ type metrics struct {
 	eventsTo, eventsFrom prometheus.Counter // to the backend, from it to the caller
 	audioTo, audioFrom   prometheus.Counter // seconds of audio
 	dropped              map[string]prometheus.Counter
+	refused              *prometheus.CounterVec // caller events (or parts) refused, by oaievents reason
 	openSeconds          prometheus.Histogram
 	rtt                  prometheus.Histogram
 	silent               prometheus.Counter // caller frames sent as silence undecoded
@@ -58,7 +61,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "Seconds of audio sent to the backend (to_backend) and encoded toward callers (to_caller; the pod paces it, rtcedge_reply_audio_seconds_total)."}, []string{"direction"})
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_realtime_dropped_total",
 		Help: "Frames and events the Realtime backend dropped, by reason."}, []string{"reason"})
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_realtime_caller_events_refused_total",
+		Help: "Caller events refused whole (or, for session.update, in part) by the pod's translation, by reason (malformed, event_type, fields)."}, []string{"reason"})
 	m := &metrics{
+		refused: refused,
 		opened: prometheus.NewCounter(prometheus.CounterOpts{Name: "rtcedge_realtime_sessions_opened_total",
 			Help: "Realtime backend sessions opened (WebSocket up and session.update sent)."}),
 		failed:     failed,
@@ -79,13 +85,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range failReasons {
 		failed.WithLabelValues(r)
 	}
+	for _, r := range []string{oaievents.ReasonMalformed, oaievents.ReasonType, oaievents.ReasonFields} {
+		refused.WithLabelValues(r)
+	}
 	for _, r := range dropReasons {
 		m.dropped[r] = dropped.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.opened, failed, events, audio, dropped, m.openSeconds, m.rtt, m.silent} {
+	for _, c := range []prometheus.Collector{m.opened, failed, events, audio, dropped, refused, m.openSeconds, m.rtt, m.silent} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("realtime: register metrics: %w", err)
 		}

@@ -5,9 +5,11 @@
 //
 // Toward the server it sends the call's session configuration as the first
 // session.update (audio formats forced to PCM16 at Config.Rate), the
-// caller's data-channel events (session.update filtered to the fields a
-// caller may set; input_audio_buffer.append dropped: audio comes by media)
-// and the caller's audio, decoded from Opus to PCM16 and sent as
+// caller's data-channel events as backend/oaievents translates them (an
+// allow-list of types and fields, read strictly, re-encoded by the pod;
+// a session.update accepted in part, per the call's policy;
+// input_audio_buffer.append dropped: audio comes by media) and the
+// caller's audio, decoded from Opus to PCM16 and sent as
 // input_audio_buffer.append every appendMs. Toward the caller it sends every
 // server event but the audio deltas on the data channel, and the deltas'
 // audio as 20 ms Opus frames, which the pod paces at real time and frames
@@ -29,7 +31,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -74,11 +75,7 @@ type Config struct {
 	// StallTimeout ends a call whose server answers no ping for this
 	// long; pings go every StallTimeout/3. Default 10s.
 	StallTimeout time.Duration
-	// ClientSessionFields are the session fields a caller's session.update
-	// may set; others are refused with an error event unless they repeat
-	// the call's value. Default DefaultClientSessionFields.
-	ClientSessionFields []string
-	Logger              *slog.Logger
+	Logger       *slog.Logger
 	// Registerer receives the rtcedge_realtime_* metrics; nil: none.
 	Registerer prometheus.Registerer
 }
@@ -87,7 +84,7 @@ type Config struct {
 func (c *Config) Validate() error {
 	u, err := url.Parse(c.URL)
 	if err != nil {
-		return fmt.Errorf("realtime: backend URL: %w", err)
+		return fmt.Errorf("realtime: backend URL %s does not parse", RedactURL(c.URL))
 	}
 	if (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 		return errors.New("realtime: backend URL must be ws://HOST/… or wss://HOST/…")
@@ -113,9 +110,6 @@ func (c *Config) Validate() error {
 	}
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = 10 * time.Second
-	}
-	if len(c.ClientSessionFields) == 0 {
-		c.ClientSessionFields = DefaultClientSessionFields
 	}
 	config.Default(&c.Logger, slog.Default())
 	return nil
@@ -184,14 +178,14 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			return fail(ReasonRefused, fmt.Errorf("realtime: %s refused the session: HTTP %d", b.host, resp.StatusCode))
 		}
-		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, err))
+		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, redactErr(err, b.cfg.URL)))
 	}
 	conn.SetReadLimit(readLimit)
 	c := newCall(b, info, out, conn, dec, enc)
 	if err := c.sendSession(info.Config); err != nil {
 		_ = conn.CloseNow()
 		codecs()
-		return fail(ReasonSetup, err)
+		return fail(ReasonSetup, redactErr(err, b.cfg.URL))
 	}
 	c.start()
 	b.m.opened.Inc()
@@ -199,10 +193,5 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 	return c, nil
 }
 
-// allowed reports whether a caller's session.update may set field.
 // InputRate implements backend.InputRater: the server's PCM rate.
 func (b *Backend) InputRate() int { return b.cfg.Rate }
-
-func (b *Backend) allowed(field string) bool {
-	return slices.Contains(b.cfg.ClientSessionFields, field)
-}

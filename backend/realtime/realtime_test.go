@@ -171,6 +171,12 @@ type fixture struct {
 // open starts a reference server and opens one call through the connector.
 func open(t *testing.T, beta bool, mod func(*realtime.Config)) *fixture {
 	t.Helper()
+	return openSession(t, beta, mod, nil)
+}
+
+// openSession is open with the session's info changed by modInfo.
+func openSession(t *testing.T, beta bool, mod func(*realtime.Config), modInfo func(*backend.SessionInfo)) *fixture {
+	t.Helper()
 	f := &fixture{reg: prometheus.NewRegistry(), out: newSink()}
 	f.srv = reftest.Start(t, refserver.Config{Beta: beta, APIKey: "sk-test"})
 	cfg := realtime.Config{URL: f.srv.URL() + "?model=ref", APIKey: "sk-test", Registerer: f.reg}
@@ -185,6 +191,9 @@ func open(t *testing.T, beta bool, mod func(*realtime.Config)) *fixture {
 		t.Fatal(err)
 	}
 	info := backend.SessionInfo{ID: "rtc_test", Config: []byte(`{"model":"app-model","instructions":"be a parrot","audio":{"output":{"voice":"marin"}}}`)}
+	if modInfo != nil {
+		modInfo(&info)
+	}
 	if f.h, err = f.b.Open(context.Background(), info, f.out); err != nil {
 		t.Fatal(err)
 	}
@@ -372,9 +381,10 @@ func types(evs []map[string]any) []string {
 	return out
 }
 
-// TestCallerEvents: data-channel events reach the server, except appends
-// (dropped, counted), a session.update with a field the caller may not set
-// (refused with an error event) and output_audio_buffer.clear (the edge's).
+// TestCallerEvents: data-channel events reach the server, translated,
+// except appends (dropped, counted), the fields of a session.update the
+// caller may not set (named in an error event; the rest applies) and
+// output_audio_buffer.clear (the edge's).
 func TestCallerEvents(t *testing.T) {
 	for _, fl := range flavours {
 		t.Run(fl.name, func(t *testing.T) {
@@ -384,9 +394,9 @@ func TestCallerEvents(t *testing.T) {
 			f.h.Event([]byte(`{"type":"session.update","event_id":"u2","session":{"model":"app-model","audio":{"input":{"turn_detection":null}}}}`))
 			f.h.Event([]byte(`{"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}}`))
 			f.h.Event([]byte(`{"type":"response.create"}`))
-			f.waitServer(t, "events", func(st *refserver.State) bool { return len(st.Received) >= 4 })
+			f.waitServer(t, "events", func(st *refserver.State) bool { return len(st.Received) >= 5 })
 			f.sess.Wait(context.Background(), func(st *refserver.State) bool {
-				want := []string{"session.update", "session.update", "conversation.item.create", "response.create"}
+				want := []string{"session.update", "session.update", "session.update", "conversation.item.create", "response.create"}
 				if strings.Join(st.Received, " ") != strings.Join(want, " ") {
 					t.Errorf("server received %v, want %v", st.Received, want)
 				}
@@ -535,7 +545,7 @@ func TestServerEvents(t *testing.T) {
 			})
 			f.h.Event([]byte(`{"type":"session.update","event_id":"u1","session":{"instructions":"be a parrot"}}`))
 			f.h.Event([]byte(`{"type":"session.update","event_id":"u2","session":{"instructions":"from the app"}}`))
-			f.waitServer(t, "the caller's repeat", func(st *refserver.State) bool { return len(st.Received) >= 3 })
+			f.waitServer(t, "the caller's repeat", func(st *refserver.State) bool { return len(st.Received) >= 4 })
 			f.out.wait(t, "the refusal", func(s *sink) bool { return s.index("error") >= 0 })
 			f.out.mu.Lock()
 			defer f.out.mu.Unlock()
@@ -546,6 +556,46 @@ func TestServerEvents(t *testing.T) {
 				if strings.Contains(raw, `"app1"`) {
 					t.Errorf("the caller got the app's event: %s", raw)
 				}
+			}
+		})
+	}
+}
+
+// TestSealedFieldsWin: with the call's policy saying sealed fields win
+// (signaling's sealed_fields_win), the update OpenAI's Agents SDK sends on
+// connect — its own instructions, model, tools and output modalities
+// with its audio (voice, semantic VAD, transcription) — then
+// {tracing: "auto"}, raise no error: the caller's voice and turn detection
+// apply, the sealed instructions stay and no tool is added.
+func TestSealedFieldsWin(t *testing.T) {
+	for _, fl := range flavours {
+		t.Run(fl.name, func(t *testing.T) {
+			f := openSession(t, fl.beta, nil, func(info *backend.SessionInfo) { info.SealedWins = true })
+			f.h.Event([]byte(`{"type":"session.update","event_id":"sdk1","session":{"type":"realtime","instructions":"You are a helpful assistant.","model":"gpt-realtime",` +
+				`"output_modalities":["audio"],"audio":{"input":{"format":{"type":"audio/pcm","rate":24000},"noise_reduction":null,"transcription":{"model":"gpt-4o-mini-transcribe"},` +
+				`"turn_detection":{"type":"semantic_vad"}},"output":{"format":{"type":"audio/pcm","rate":24000},"voice":"ash","speed":1}},` +
+				`"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}],"tool_choice":"auto"}}`))
+			f.h.Event([]byte(`{"type":"session.update","event_id":"sdk2","session":{"tracing":"auto"}}`))
+			f.waitServer(t, "the SDK's updates", func(st *refserver.State) bool { return len(st.Received) >= 3 })
+			f.sess.Wait(context.Background(), func(st *refserver.State) bool {
+				voice, td := st.Config["voice"], st.Config["turn_detection"]
+				if !fl.beta {
+					audio := st.Config["audio"].(map[string]any)
+					voice = audio["output"].(map[string]any)["voice"]
+					td = audio["input"].(map[string]any)["turn_detection"]
+				}
+				if tools, _ := st.Config["tools"].([]any); st.Config["instructions"] != "be a parrot" || len(tools) != 0 || voice != "ash" {
+					t.Errorf("config after the SDK's updates: %v", st.Config)
+				}
+				if m, _ := td.(map[string]any); m["type"] != "semantic_vad" {
+					t.Errorf("turn detection %v", td)
+				}
+				return true
+			})
+			f.out.mu.Lock()
+			defer f.out.mu.Unlock()
+			if i := f.out.index("error"); i >= 0 {
+				t.Errorf("the caller got an error: %v", f.out.events[i])
 			}
 		})
 	}

@@ -71,5 +71,5 @@ func devBackend(ctx context.Context, backend, protocol string, rate int, env nod
 		url = srv.URL() + "?model=ref"
 		return url, fmt.Sprintf("backend: the Realtime reference server (parrot replies, %s) at %s", protocolName(protocol == realtime.ProtocolBeta), url), nil
 	}
-	return backend, "backend: the Realtime server at " + backend, nil
+	return backend, "backend: the Realtime server at " + realtime.RedactURL(backend), nil
 }

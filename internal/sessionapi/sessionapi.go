@@ -73,6 +73,36 @@ type CreateRequest struct {
 	// the pod reports the round trips it measures for the call under it
 	// (docs/steering.md). Empty: nothing is reported.
 	Steer string `json:"steer,omitempty"`
+	// Caller is what the caller may change of the session over the
+	// oai-events channel; nil (a signaling that predates it): the
+	// defaults, DefaultClientSessionFields and no SealedWins.
+	Caller *Caller `json:"caller,omitempty"`
+}
+
+// Caller is a call's policy for its caller's events, decided by signaling
+// per call: from the client secret that placed it (sealed in the secret
+// when it was minted), else from the API key's configuration, else from
+// signaling's (docs/backends.md, "Caller events").
+type Caller struct {
+	// SessionFields are the top-level session fields the caller's
+	// session.update may set. Empty: none.
+	SessionFields []string `json:"session_fields"`
+	// SealedWins drops the fields the caller may not set without an
+	// error event, instead of naming them in one: for SDKs that always
+	// send an agent's whole configuration.
+	SealedWins bool `json:"sealed_wins,omitempty"`
+}
+
+// DefaultClientSessionFields are the session fields a caller may set when
+// nothing else is configured (signaling's client_session_fields default,
+// and a pod's for a request without Caller): how the call sounds and is
+// transcribed, never what it costs beyond a reply's length or what the
+// model is told. The model, instructions, tools, tool_choice, prompt and
+// tracing are the app server's.
+var DefaultClientSessionFields = []string{
+	"type", "voice", "speed", "audio", "turn_detection",
+	"input_audio_format", "output_audio_format", "input_audio_transcription", "input_audio_noise_reduction",
+	"modalities", "output_modalities", "temperature", "max_response_output_tokens", "max_output_tokens", "include",
 }
 
 // HeaderSteerTicket carries, from the cluster's front to the pod it

@@ -1,6 +1,7 @@
 package refserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -23,6 +24,10 @@ const readLimit = 16 << 20
 // read under the session's lock (Session.Wait); never keep it.
 type State struct {
 	Received []string // types of the client events, in order (malformed ones as "")
+	// Events are the client events other than appends exactly as they
+	// arrived, in order, up to maxRecordedEvents: what a test checks the
+	// edge let through.
+	Events [][]byte
 	// Input is every sample appended, PCM16 at the server's rate (up to
 	// Config.RecordMs); InputSamples counts them all.
 	Input        []int16
@@ -232,6 +237,7 @@ func (s *Session) handle(data []byte) {
 		s.appendAudio(ev)
 		return
 	}
+	s.recordEvent(data)
 	var ev clientEvent
 	if err := json.Unmarshal(data, &ev); err != nil {
 		s.record("")
@@ -309,6 +315,18 @@ func (s *Session) handle(data []byte) {
 	default:
 		s.sendError(ev.EventID, "invalid_request_error", "invalid_value", "type", fmt.Sprintf("Invalid value: '%s'. This event type is not supported.", ev.Type))
 	}
+}
+
+// maxRecordedEvents bounds State.Events.
+const maxRecordedEvents = 1024
+
+// recordEvent keeps a copy of a client event in State.Events.
+func (s *Session) recordEvent(data []byte) {
+	s.mu.Lock()
+	if len(s.st.Events) < maxRecordedEvents {
+		s.st.Events = append(s.st.Events, bytes.Clone(data))
+	}
+	s.mu.Unlock()
 }
 
 func (s *Session) record(typ string) {
