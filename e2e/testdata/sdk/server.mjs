@@ -90,7 +90,10 @@ async function sideband(client, callID) {
 }
 
 async function main() {
-  const client = new OpenAI({ apiKey: process.env.OPENAI_API_KEY, baseURL, maxRetries: 0 });
+  // Retries as an app's client makes them (the SDK honours Retry-After): a
+  // dev world on a loaded machine may answer 503 "retry shortly" while its
+  // gossip catches up. The error checks below retry nothing.
+  const client = new OpenAI({ apiKey: process.env.OPENAI_API_KEY, baseURL, maxRetries: 4 });
 
   const cs = await client.realtime.clientSecrets.create({
     expires_after: { anchor: 'created_at', seconds: 600 },
