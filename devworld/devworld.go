@@ -86,6 +86,18 @@ type Config struct {
 	// SIPAddr is the SIP front's UDP and TCP address (docs/sip.md), e.g.
 	// 127.0.0.1:5060 or 127.0.0.1:0; "" = no SIP front.
 	SIPAddr string
+	// AnyAPIKey, without APIKeys, lets any bearer key through as an
+	// anonymous caller's (signaling.Config.AnyAPIKey): `rtcedge dev`, so
+	// OpenAI's snippets, which always send one, work unchanged.
+	AnyAPIKey bool
+	// TLSDir, when set, makes signaling serve HTTPS and WSS with a
+	// certificate for 127.0.0.1 from a throwaway CA, written there
+	// (ca.pem, cert.pem, key.pem) and left for clients to trust:
+	// World.TLSCA names the CA (NODE_EXTRA_CA_CERTS for Node).
+	TLSDir string
+	// Signaling, when set, adjusts signaling's config before it starts
+	// (tests: a credential's options).
+	Signaling func(*signaling.Config)
 	// TrustedProxies lets tests stand in for Cloudflare: signaling believes
 	// CF-Connecting-IP, CF-IPLatitude/CF-IPLongitude from these peers.
 	TrustedProxies []netip.Prefix
@@ -191,7 +203,8 @@ type POPReplica struct {
 type World struct {
 	Regions       []*Region
 	Catalogue     *geo.Catalogue
-	SignalingURL  string // e.g. http://127.0.0.1:8080
+	SignalingURL  string // e.g. http://127.0.0.1:8080 (https:// with Config.TLSDir)
+	TLSCA         string // the CA file signaling's certificate verifies with (Config.TLSDir), else ""
 	MetricsURL    string // "" when MetricsAddr was empty
 	Registry      *prometheus.Registry
 	SignalingPool *membership.Pool
@@ -643,13 +656,23 @@ func (w *World) startSignaling() error {
 	for _, p := range w.cfg.TrustedProxies {
 		trusted = append(trusted, p.String())
 	}
+	var public sessionapi.TLS
+	if w.cfg.TLSDir != "" {
+		var ca sessionapi.TLS
+		var err error
+		if public, ca, err = sessionapi.WriteDevCA(w.cfg.TLSDir, net.IPv4(127, 0, 0, 1), net.IPv6loopback); err != nil {
+			return fmt.Errorf("signaling certificate: %w", err)
+		}
+		w.TLSCA = ca.CA
+	}
 	scfg := signaling.Config{
 		Common:     node.Common{MetricsAddr: w.cfg.MetricsAddr},
 		ListenAddr: w.cfg.HTTPAddr, CatalogueData: w.Catalogue, GeoIPDB: w.cfg.GeoIPDB, CloudflareRanges: trusted,
 		APIKeys: w.cfg.APIKeys, ClientSecretKey: randomKey(32, base64.StdEncoding),
 		// Without keys the dev world is open: the demo page mints its own
 		// client secrets.
-		AllowAnonymous: len(w.cfg.APIKeys) == 0, SessionAPISecrets: w.apiSecrets, SessionAPITLS: w.apiCA,
+		AllowAnonymous: len(w.cfg.APIKeys) == 0, AnyAPIKey: w.cfg.AnyAPIKey && len(w.cfg.APIKeys) == 0, TLS: public,
+		SessionAPISecrets: w.apiSecrets, SessionAPITLS: w.apiCA,
 		// Everything in the dev world comes from one address and a few
 		// credentials; limits meant for the internet would throttle load
 		// tests.
@@ -659,6 +682,9 @@ func (w *World) startSignaling() error {
 	}
 	if scfg.GeoIPDB == "" {
 		scfg.GeoIPData = geo.DevGeoIPDB
+	}
+	if w.cfg.Signaling != nil {
+		w.cfg.Signaling(&scfg)
 	}
 	socks, err := signaling.OpenSockets(scfg)
 	if err != nil {
@@ -780,6 +806,12 @@ func (w *World) String() string {
 	}
 	if w.MetricsURL != "" {
 		b.WriteString("  metrics: " + w.MetricsURL + "\n")
+	}
+	if w.TLSCA != "" {
+		b.WriteString("  TLS: signaling's certificate is issued by " + w.TLSCA + " (for Node: NODE_EXTRA_CA_CERTS=" + w.TLSCA + ")\n")
+	}
+	if w.cfg.AnyAPIKey && len(w.cfg.APIKeys) == 0 {
+		b.WriteString("  API keys: any bearer key is accepted (OpenAI's snippets work unchanged); a key's calls' sideband attaches with that key only\n")
 	}
 	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,8 +32,10 @@ func TestSecretBindsSessionConfig(t *testing.T) {
 	app := &http.Client{Transport: tr}
 	const server = `{"instructions":"SERVER-CHOSEN","model":"echo-cheap"}`
 	ek := mintSecretWith(t, app, w.SignalingURL, server)
-	if string(ek.Session) != server {
-		t.Fatalf("client_secrets returned session %s, want the effective %s", ek.Session, server)
+	var got map[string]any
+	if err := json.Unmarshal(ek.Session, &got); err != nil || got["instructions"] != "SERVER-CHOSEN" || got["model"] != "echo-cheap" ||
+		got["object"] != "realtime.session" || !strings.HasPrefix(fmt.Sprint(got["id"]), "sess_") {
+		t.Fatalf("client_secrets returned session %s, want the effective %s as OpenAI's session object", ek.Session, server)
 	}
 	dial := func(ctx context.Context, path, session string) (*probe.Call, error) {
 		var rt http.RoundTripper = tr

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs when it is missing: redis-server for the
 # route-cache tests, Debian's chromium for the browser tests, iproute2 and
-# nftables for the UDP-blocked browser test, and podman with
+# nftables for the UDP-blocked browser test, npm for the SDK tests, and podman with
 # runc for the container image tests (deploy/imagetest), espeak-ng and sox
 # for the speech the audio tests send (internal/audiotest), sip-tester (SIPp)
 # for the SIP front's tests with real SIP software. What the build
@@ -26,6 +26,10 @@ command -v sox >/dev/null 2>&1 || need+=(sox)
 # SIPp (Debian's sip-tester) sends the SIP front malformed and
 # out-of-dialog messages (sipfront's TestSIPp).
 command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
+# The SDK tests (e2e/sdk_*_test.go) install OpenAI's JavaScript SDKs with
+# npm (a Node.js 22 for them comes from the npm registry when the system's
+# is older).
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # The UDP-blocked browser test (e2e TestBrowserOverTCPWithUDPBlocked):
 # a network namespace with a veth pair (iproute2) whose nftables ruleset
 # drops all UDP.

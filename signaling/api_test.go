@@ -2,6 +2,8 @@ package signaling_test
 
 import (
 	"bufio"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net"
@@ -57,6 +59,55 @@ func (w *world) mint(t *testing.T, body string) signaling.ClientSecret {
 	return cs
 }
 
+// configOf checks that a minted secret's session is shaped as OpenAI's
+// session object (id "sess_" and the secret's ID in hex, object
+// "realtime.session", a type) and returns the configuration without id
+// and object, canonical.
+func configOf(t *testing.T, cs signaling.ClientSecret) []byte {
+	t.Helper()
+	var obj map[string]any
+	if err := json.Unmarshal(cs.Session, &obj); err != nil {
+		t.Fatalf("client secret session %s: %v", cs.Session, err)
+	}
+	raw, _ := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(cs.Value, "ek_"))
+	if want := "sess_" + hex.EncodeToString(raw[:12]); obj["id"] != want {
+		t.Errorf("session id %v, want %s", obj["id"], want)
+	}
+	want := "realtime.session"
+	if obj["type"] == "transcription" {
+		want = "realtime.transcription_session"
+	}
+	if obj["object"] != want || obj["type"] == nil {
+		t.Errorf("session object %v, type %v: want object %s and a type", obj["object"], obj["type"], want)
+	}
+	delete(obj, "id")
+	delete(obj, "object")
+	out, _ := json.Marshal(obj)
+	return out
+}
+
+// TestClientSecretShapedAsOpenAIs: the answer carries OpenAI's session
+// object whatever the request held: id, object and type (realtime unless
+// the server asked for a transcription session) beside the configuration.
+func TestClientSecretShapedAsOpenAIs(t *testing.T) {
+	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) { c.APIKeys, c.AllowAnonymous = []string{testAPIKey}, false }})
+	for _, tc := range []struct{ body, want string }{
+		{"", `{"type":"realtime"}`},
+		{`{"session":{"instructions":"x","audio":{"output":{"voice":"marin"}}}}`, `{"audio":{"output":{"voice":"marin"}},"instructions":"x","type":"realtime"}`},
+		{`{"session":{"type":"transcription"}}`, `{"type":"transcription"}`},
+	} {
+		cs := w.mint(t, tc.body)
+		if got := string(configOf(t, cs)); got != tc.want {
+			t.Errorf("mint %s: session %s, want %s with id and object", tc.body, cs.Session, tc.want)
+		}
+	}
+	// Two secrets are two sessions.
+	a, b := w.mint(t, ""), w.mint(t, "")
+	if string(a.Session) == string(b.Session) {
+		t.Errorf("two secrets got the same session %s", a.Session)
+	}
+}
+
 // TestSignalingClientSecrets mints ephemeral secrets with an API key, places
 // a call with one, and checks they expire, cannot be forged, cannot mint
 // further secrets, and still hang up a call after expiry.
@@ -75,7 +126,7 @@ func TestSignalingClientSecrets(t *testing.T) {
 		t.Fatalf("minted %+v, want an ek_ secret expiring in 10 minutes", cs)
 	}
 	short := w.mint(t, `{"expires_after":{"anchor":"created_at","seconds":60},"session":{"type":"realtime"}}`)
-	if short.ExpiresAt != clk.now().Add(time.Minute).Unix() || string(short.Session) != `{"type":"realtime"}` {
+	if short.ExpiresAt != clk.now().Add(time.Minute).Unix() || string(configOf(t, short)) != `{"type":"realtime"}` {
 		t.Fatalf("minted %+v, want a 60 s secret echoing the session", short)
 	}
 	forged := []byte(cs.Value)

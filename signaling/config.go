@@ -64,6 +64,17 @@ type Config struct {
 	APIKeys        []string `yaml:"api_keys"`
 	Keys           []APIKey `yaml:"keys"`
 	AllowAnonymous bool     `yaml:"allow_anonymous"`
+	// AnyAPIKey (with AllowAnonymous; the dev world, never a config file)
+	// takes any bearer token that is neither a configured key nor a client
+	// secret as an anonymous caller's, instead of 401 invalid_api_key:
+	// OpenAI's snippets always send one. The token still names the owner
+	// of its calls' sideband, so one key cannot attach to another's calls.
+	AnyAPIKey bool `yaml:"-"`
+	// TLS (cert and key, PEM files) serves the public API over HTTPS, and
+	// so the sideband over WSS, on listen_addr itself: for signaling
+	// without a TLS-terminating proxy in front, and `rtcedge dev -tls`
+	// (OpenAI's SDK opens the sideband on wss: only). Empty: plain HTTP.
+	TLS sessionapi.TLS `yaml:"tls"`
 	// ClientSecretKey (base64, at least 16 bytes; prefer
 	// $RTCEDGE_CLIENT_SECRET_KEY) seals ephemeral client secrets and keys
 	// the MAC of call IDs; every replica needs the same. Unset: a random
@@ -214,7 +225,10 @@ func (c *Config) Validate() error {
 		node.CheckHostPort("listen_addr", c.ListenAddr, false),
 		node.NotNegative("max_cluster_capacity", c.MaxClusterCapacity),
 		node.NotNegative("drain_delay", c.DrainDelay),
-		c.SessionAPITLS.Validate("session_api_tls"))
+		c.SessionAPITLS.Validate("session_api_tls"), c.TLS.Validate("tls"))
+	if c.TLS.CA != "" {
+		errs = append(errs, errors.New("tls: the public listener takes cert and key; ca is for session_api_tls"))
+	}
 	if c.Gossip.Bind != "" {
 		errs = append(errs, c.Gossip.Validate("gossip"))
 	}
@@ -266,6 +280,9 @@ func (c *Config) validateServer() []error {
 		}
 	}
 	keys := c.apiKeys()
+	if c.AnyAPIKey && !c.AllowAnonymous {
+		errs = append(errs, errors.New("accepting any API key needs allow_anonymous"))
+	}
 	if len(keys) == 0 && !c.AllowAnonymous {
 		errs = append(errs, fmt.Errorf("no API keys (api_keys, keys or $%s): set some, or allow_anonymous: true for a dev world", EnvAPIKeys))
 	}

@@ -40,3 +40,38 @@ func TestCORSAllowsICERestart(t *testing.T) {
 		t.Errorf("another origin got Allow-Origin %q", o)
 	}
 }
+
+// TestCORSAllowsOpenAISDKHeaders: a page on an allowed origin using
+// OpenAI's JavaScript SDKs passes the preflight of every endpoint it
+// calls. The Agents SDK's WebRTC transport sends X-OpenAI-Agents-SDK with
+// its offer; the openai client sends its X-Stainless-* headers, OpenAI-Beta
+// and, when configured, OpenAI-Organization and OpenAI-Project. The answer
+// exposes what the SDKs read: Location (the call ID) and Retry-After.
+func TestCORSAllowsOpenAISDKHeaders(t *testing.T) {
+	w := newWorld(t, worldConfig{tweak: func(c *signaling.Config) { c.CORSOrigins = []string{"http://127.0.0.5:3000"} }})
+	sdk := []string{"authorization", "content-type", "x-openai-agents-sdk", "openai-beta", "openai-organization", "openai-project",
+		"x-stainless-lang", "x-stainless-package-version", "x-stainless-os", "x-stainless-arch", "x-stainless-runtime",
+		"x-stainless-runtime-version", "x-stainless-retry-count", "x-stainless-timeout", "x-stainless-helper-method"}
+	for _, path := range []string{"/v1/realtime/calls", "/v1/realtime/client_secrets", "/v1/realtime/calls/abc/hangup"} {
+		res := w.do(t, http.MethodOptions, path, "127.0.0.1", "", "", http.Header{"Origin": {"http://127.0.0.5:3000"},
+			"Access-Control-Request-Method": {"POST"}, "Access-Control-Request-Headers": {strings.Join(sdk, ",")}})
+		if res.Code != http.StatusNoContent {
+			t.Fatalf("OPTIONS %s = %d", path, res.Code)
+		}
+		allowed := map[string]bool{}
+		for _, h := range strings.Split(res.Header().Get("Access-Control-Allow-Headers"), ",") {
+			allowed[strings.ToLower(strings.TrimSpace(h))] = true
+		}
+		for _, h := range sdk {
+			if !allowed[h] {
+				t.Errorf("OPTIONS %s: %s is not in Allow-Headers %q", path, h, res.Header().Get("Access-Control-Allow-Headers"))
+			}
+		}
+		expose := strings.ToLower(res.Header().Get("Access-Control-Expose-Headers"))
+		for _, h := range []string{"location", "retry-after"} {
+			if !strings.Contains(expose, h) {
+				t.Errorf("OPTIONS %s: Expose-Headers %q lacks %s", path, expose, h)
+			}
+		}
+	}
+}

@@ -3,6 +3,7 @@ package signaling
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"sync/atomic"
@@ -97,6 +98,9 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if cfg.AllowAnonymous {
 		log.Warn("allow_anonymous: anyone can place calls and mint client secrets (dev only)")
 	}
+	if cfg.AnyAPIKey {
+		log.Warn("any bearer key is accepted as an anonymous caller's (dev only)")
+	}
 	cfg.Logger, cfg.Registerer, cfg.Now = log, env.Registerer, env.Now
 	if cfg.HTTPClient, err = cfg.SessionAPITLS.Client(env.HTTPClient); err != nil {
 		return nil, err
@@ -115,9 +119,13 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		// other replicas' probes.
 		n.pool.SetHandler(n.srv.receiveSamples)
 	}
-	n.cfg, n.url = cfg, "http://"+s.HTTP.Addr().String()
+	n.cfg, n.url = cfg, cfg.TLS.URL("http://"+s.HTTP.Addr().String())
+	ln, err := cfg.TLS.Listener(s.HTTP) // closing it closes s.HTTP
+	if err != nil {
+		return nil, fmt.Errorf("signaling tls: %w", err)
+	}
 	// The hardened server: header and body read timeouts, header cap.
-	n.life.Serve("http", s.HTTP, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
+	n.life.Serve("http", ln, NewHTTPServer(cfCheck.Wrap(n.srv.Handler()), log))
 	n.life.ServeHealth(s.Metrics, env, n.Ready)
 	return n, nil
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -292,9 +293,13 @@ type clientSecretRequest struct {
 // ClientSecret is the JSON answer of POST /v1/realtime/client_secrets,
 // shaped like OpenAI's. Session is the effective session configuration
 // every call placed with the secret gets (the request's session in
-// canonical form); clients may add only the fields of the minting key's
-// caller policy (APIKey.ClientSessionFields, else
-// Config.ClientSessionFields), which the secret seals.
+// canonical form) as OpenAI's session object: with its "id"
+// ("sess_" and the secret's ID in hex), "object" ("realtime.session", or
+// "realtime.transcription_session" for type "transcription") and "type"
+// (default "realtime"), which OpenAI's SDK types require. Clients may add
+// only the fields of the minting key's caller policy
+// (APIKey.ClientSessionFields, else Config.ClientSessionFields), which the
+// secret seals.
 type ClientSecret struct {
 	Value     string          `json:"value"`
 	ExpiresAt int64           `json:"expires_at"`
@@ -361,5 +366,34 @@ func (s *Server) handleClientSecret(w http.ResponseWriter, r *http.Request) {
 	s.m.secretsMinted.Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: session})
+	_ = json.NewEncoder(w).Encode(ClientSecret{Value: val, ExpiresAt: exp.Unix(), Session: sessionObject(val, session)})
+}
+
+// sessionObject is the session of a client secret's answer as OpenAI
+// shapes it (ClientSecret): the canonical session with id, object and
+// type. The session is a JSON object or empty (canonicalSession).
+func sessionObject(secret string, session json.RawMessage) json.RawMessage {
+	obj := map[string]any{}
+	if len(session) > 0 {
+		var err error
+		if obj, err = decodeObject(session); err != nil {
+			return session // canonicalSession made it: cannot happen
+		}
+	}
+	var id [secretIDLen]byte
+	raw, _ := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(secret, secretPrefix))
+	copy(id[:], raw) // the nonce leads the secret
+	obj["id"] = "sess_" + hex.EncodeToString(id[:])
+	if _, ok := obj["type"]; !ok {
+		obj["type"] = "realtime"
+	}
+	obj["object"] = "realtime.session"
+	if obj["type"] == "transcription" {
+		obj["object"] = "realtime.transcription_session"
+	}
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return session
+	}
+	return out
 }

@@ -219,12 +219,29 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request, allowed string) {
 	h.Set("Access-Control-Allow-Origin", origin)
 	h.Add("Vary", "Origin")
 	h.Set("Access-Control-Allow-Methods", allowed)
-	// If-Match and ETag: an ICE restart by PATCH (RFC 9725) from another
-	// origin sends the one and reads the other.
-	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, If-Match")
-	h.Set("Access-Control-Expose-Headers", "Location, ETag, "+HeaderRegion+", "+HeaderCluster+", "+HeaderPOP+", "+HeaderBackupPOP)
+	h.Set("Access-Control-Allow-Headers", corsAllowHeaders)
+	h.Set("Access-Control-Expose-Headers", corsExposeHeaders)
 	h.Set("Access-Control-Max-Age", "600")
 }
+
+// The request headers a page on an allowed origin may send, and the
+// response headers it may read. Besides the API's own (If-Match and ETag:
+// an ICE restart by PATCH, RFC 9725), they are what OpenAI's JavaScript
+// SDKs send from a browser, so a page written for OpenAI works unchanged:
+// the Agents SDK's WebRTC transport always sends X-OpenAI-Agents-SDK (a
+// preflight without it fails connect() with "Failed to fetch"); the openai
+// client sends its X-Stainless-* platform and retry headers, OpenAI-Beta,
+// and OpenAI-Organization / OpenAI-Project when configured. Signaling
+// ignores all of them. The SDKs read Location (the call ID) and
+// Retry-After (when to retry a 429 or 503).
+const (
+	corsAllowHeaders = "Authorization, Content-Type, If-Match, " +
+		"X-OpenAI-Agents-SDK, OpenAI-Beta, OpenAI-Organization, OpenAI-Project, " +
+		"X-Stainless-Lang, X-Stainless-Package-Version, X-Stainless-OS, X-Stainless-Arch, " +
+		"X-Stainless-Runtime, X-Stainless-Runtime-Version, X-Stainless-Retry-Count, X-Stainless-Timeout, " +
+		"X-Stainless-Helper-Method, X-Stainless-Poll-Helper, X-Stainless-Custom-Poll-Interval"
+	corsExposeHeaders = "Location, ETag, Retry-After, " + HeaderRegion + ", " + HeaderCluster + ", " + HeaderPOP + ", " + HeaderBackupPOP
+)
 
 type statusRecorder struct {
 	http.ResponseWriter

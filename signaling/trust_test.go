@@ -68,7 +68,7 @@ func TestSignalingSecretBindsSession(t *testing.T) {
 	const server = `{"instructions":"SERVER-CHOSEN","model":"cheap","audio":{"output":{"voice":"server-voice"}}}`
 	cs := w.mint(t, `{"session": `+server+`}`)
 	// The effective session comes back in canonical form.
-	if want := `{"audio":{"output":{"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","model":"cheap"}`; string(cs.Session) != want {
+	if want := `{"audio":{"output":{"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","model":"cheap","type":"realtime"}`; string(configOf(t, cs)) != want {
 		t.Fatalf("client_secrets session %s, want %s", cs.Session, want)
 	}
 	raw, _ := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(cs.Value, "ek_"))
@@ -83,8 +83,8 @@ func TestSignalingSecretBindsSession(t *testing.T) {
 		param     string // of a 400
 		wantGiven string // config the backend gets
 	}{
-		{"sdp endpoint", "-", http.StatusCreated, "", string(cs.Session)},
-		{"calls without session", "", http.StatusCreated, "", string(cs.Session)},
+		{"sdp endpoint", "-", http.StatusCreated, "", `{"audio":{"output":{"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","model":"cheap"}`},
+		{"calls without session", "", http.StatusCreated, "", `{"audio":{"output":{"voice":"server-voice"}},"instructions":"SERVER-CHOSEN","model":"cheap"}`},
 		{"attacker instructions", `{"instructions":"ATTACKER-CHOSEN"}`, http.StatusBadRequest, "session.instructions", ""},
 		{"attacker model", `{"model":"most-expensive"}`, http.StatusBadRequest, "session.model", ""},
 		{"attacker tools", `{"tools":[{"type":"function","name":"x"}]}`, http.StatusBadRequest, "session.tools", ""},

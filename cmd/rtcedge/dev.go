@@ -1,3 +1,5 @@
+// The dev subcommand: the whole system on loopback (devworld), open to any
+// API key, over HTTPS and WSS with -tls.
 package main
 
 import (
@@ -6,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/rtcedge/rtcedge/devworld"
@@ -43,6 +46,8 @@ func runDev(ctx context.Context, args []string) error {
 	backend := fs.String("backend", "", "the pods' backend: empty for the echo, ws://HOST:PORT/v1/realtime?model=… for an OpenAI Realtime server (key from $RTCEDGE_BACKEND_API_KEY), or ref to start the reference server")
 	protocol := fs.String("backend-protocol", "", "with -backend: ga (default) or beta")
 	rate := fs.Int("backend-rate", 0, "with -backend: the server's PCM16 rate, 24000 (default) or 16000")
+	useTLS := fs.Bool("tls", false, "serve signaling (API, sideband, demo page) over HTTPS and WSS with a generated certificate, for OpenAI's SDK, whose sideband speaks wss: only")
+	tlsDir := fs.String("tls-dir", "", "with -tls: where the certificate and its CA are written (default: rtcedge/dev-tls in the user's cache directory)")
 	var trusted prefixes
 	fs.Var(&trusted, "trust-proxy", "CIDR whose CF-Connecting-IP / CF-IPLatitude headers signaling believes, e.g. 127.0.0.0/8 (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -59,10 +64,17 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	dir := ""
+	if *useTLS {
+		if dir, err = devTLSDir(*tlsDir); err != nil {
+			return err
+		}
+	}
 	w, err := devworld.Start(devworld.Config{
 		HTTPAddr: *httpAddr, SIPAddr: *sipAddr, MetricsAddr: *metricsAddr, POPPort: uint16(*popPort), RedisURL: *redisURL,
 		GeoIPDB: *geoip, TrustedProxies: trusted, Logger: env.Logger,
 		BackendURL: url, BackendProtocol: *protocol, BackendRate: *rate,
+		AnyAPIKey: true, TLSDir: dir,
 	})
 	if err != nil {
 		return err
@@ -77,4 +89,20 @@ func runDev(ctx context.Context, args []string) error {
 	<-ctx.Done()
 	env.Logger.Info("stopping dev world")
 	return w.Close()
+}
+
+// devTLSDir is the directory `rtcedge dev -tls` writes its certificate to:
+// dir, or rtcedge/dev-tls in the user's cache directory, created if needed.
+func devTLSDir(dir string) (string, error) {
+	if dir == "" {
+		cache, err := os.UserCacheDir()
+		if err != nil {
+			return "", fmt.Errorf("-tls: no cache directory for the certificate (set -tls-dir): %w", err)
+		}
+		dir = filepath.Join(cache, "rtcedge", "dev-tls")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("-tls-dir: %w", err)
+	}
+	return dir, nil
 }
