@@ -33,7 +33,7 @@ func CanonicalSession(raw json.RawMessage) (json.RawMessage, error) {
 	if len(raw) > MaxSessionJSON {
 		return nil, fmt.Errorf("the session is over %d bytes", MaxSessionJSON)
 	}
-	obj, err := decodeObject(raw)
+	obj, err := DecodeObject(raw)
 	if err != nil || obj == nil {
 		return nil, errors.New("the session must be a JSON object")
 	}
@@ -58,12 +58,12 @@ func MergeSession(server, client json.RawMessage, p sessionapi.Caller) (json.Raw
 	var s, c map[string]any
 	var err error
 	if len(server) > 0 {
-		if s, err = decodeObject(server); err != nil {
+		if s, err = DecodeObject(server); err != nil {
 			return nil, fmt.Errorf("server session: %w", err)
 		}
 	}
 	if len(client) > 0 {
-		if c, err = decodeObject(client); err != nil {
+		if c, err = DecodeObject(client); err != nil {
 			return nil, errors.New("the session must be a JSON object")
 		}
 	}
@@ -90,10 +90,10 @@ func MergeSession(server, client json.RawMessage, p sessionapi.Caller) (json.Raw
 	return json.Marshal(s)
 }
 
-// decodeObject decodes a JSON object keeping numbers as written (a token
+// DecodeObject decodes a JSON object keeping numbers as written (a token
 // limit of 4096 stays 4096, not 4096.0 or a rounded float), and refuses
 // trailing data.
-func decodeObject(raw []byte) (map[string]any, error) {
+func DecodeObject(raw []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var obj map[string]any

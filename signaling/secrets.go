@@ -22,6 +22,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
+	"github.com/rtcedge/rtcedge/placement"
 )
 
 // Ephemeral client secrets let a server that holds an API key hand a
@@ -376,7 +377,7 @@ func sessionObject(secret string, session json.RawMessage) json.RawMessage {
 	obj := map[string]any{}
 	if len(session) > 0 {
 		var err error
-		if obj, err = decodeObject(session); err != nil {
+		if obj, err = placement.DecodeObject(session); err != nil {
 			return session // canonicalSession made it: cannot happen
 		}
 	}
