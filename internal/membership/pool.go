@@ -68,7 +68,12 @@ type Pool struct {
 // memberEntry is the pool's record of one node, kept across death so that
 // Members can report dead and left nodes for a while.
 type memberEntry struct {
-	member  Member
+	member Member
+	// node is a copy of what memberlist last told of the member (name,
+	// address, meta), taken in its event callback: Recheck judges this copy,
+	// since the *Node memberlist hands out is its own, updated under its
+	// node lock while we read.
+	node    memberlist.Node
 	ok      bool      // meta decoded; members with bad meta are not reported
 	leaving bool      // last meta announced a graceful leave
 	gone    time.Time // when it was declared dead or left; zero while alive
@@ -327,6 +332,9 @@ func (p *Pool) observeLocked(n *memberlist.Node, state State) {
 		p.members[n.Name] = e
 	}
 	isNew := e.member.Name == ""
+	if n != &e.node {
+		e.node = memberlist.Node{Name: n.Name, Addr: slices.Clone(n.Addr), Port: n.Port, Meta: slices.Clone(n.Meta)}
+	}
 	e.member.Name = n.Name
 	if ip, ok := netip.AddrFromSlice(n.Addr); ok {
 		e.member.Addr = netip.AddrPortFrom(ip.Unmap(), n.Port)
@@ -371,12 +379,11 @@ func (p *Pool) observeLocked(n *memberlist.Node, state State) {
 // key no longer held leaves Members, one proven by a key just installed
 // enters it, without waiting for its next metadata update.
 func (p *Pool) Recheck() {
-	nodes := p.ml.Members() // before mu: memberlist calls into the pool holding its own lock
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, n := range nodes {
-		if e := p.members[n.Name]; e != nil && e.gone.IsZero() && n.Name != p.name {
-			p.observeLocked(n, e.member.State)
+	for name, e := range p.members {
+		if e.gone.IsZero() && name != p.name {
+			p.observeLocked(&e.node, e.member.State)
 		}
 	}
 	p.notifyLocked()
