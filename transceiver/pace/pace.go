@@ -47,11 +47,13 @@ const idleRounds = 1
 // whole minute of reply at once); frames beyond it are dropped and counted.
 const DefaultMaxQueued = 60 * time.Second
 
-// DefaultMaxQueuedBytes bounds the bytes one call's queued frames hold: 1
-// MiB is about 21 s of raw 24 kHz PCM16 (the Realtime connector's frames)
-// and minutes of Opus. With the frame bound, what a backend that sends
-// faster than real time can make the pod hold per call.
-const DefaultMaxQueuedBytes = 1 << 20
+// DefaultMaxQueuedBytes bounds the bytes one call's queued frames hold: 768
+// KiB is 16 s of raw 24 kHz PCM16 (the Realtime connector's frames; the
+// audio of one delta of its largest event, 1 MiB) and minutes of Opus.
+// With the connector's read buffer it keeps what a model server that sends
+// faster than real time can make the pod hold per call under 2 MiB
+// (docs/operations.md, "Per-call bounds").
+const DefaultMaxQueuedBytes = 768 << 10
 
 // ErrClosed is returned by Push after Close.
 var ErrClosed = errors.New("pace: queue closed")
