@@ -41,7 +41,7 @@ func TestIntakeBound(t *testing.T) {
 	}{
 		{"real time", frames(3000, 20*time.Millisecond, 20*time.Millisecond), true},
 		{"stalls", stalls(), true},
-		{"38x voiced", frames(1350, 20*time.Millisecond/38, 20*time.Millisecond), false},   // 27 s in 0.7 s
+		{"38x voiced", frames(1350, 20*time.Millisecond/38, 20*time.Millisecond), false},      // 27 s in 0.7 s
 		{"234x silence", frames(2000, 120*time.Millisecond/234, 120*time.Millisecond), false}, // 120 ms claims
 		{"all at once", frames(5000, 0, 20*time.Millisecond), false},
 	} {
@@ -77,7 +77,7 @@ func TestIntakeBound(t *testing.T) {
 // timestamps claim less.
 func TestFrameAudio(t *testing.T) {
 	celt20x3 := []byte{31<<3 | 3, 3, 0, 0} // CELT 20 ms, code 3, three frames
-	silk60 := []byte{3 << 3, 0}             // SILK 60 ms, one frame
+	silk60 := []byte{3 << 3, 0}            // SILK 60 ms, one frame
 	for _, tc := range []struct {
 		p    []byte
 		d    time.Duration
