@@ -3,13 +3,13 @@ package netbackend
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/heaptest"
 )
 
 // markSink counts the events a call gets and closes done on the marker.
@@ -25,14 +25,6 @@ func (s *markSink) SendEvent(b []byte) error {
 		close(s.done)
 	}
 	return nil
-}
-
-func heapAfterGC() int64 {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
 }
 
 // TestBigFramesReleased: a backend that sends frames of the largest size
@@ -75,11 +67,11 @@ func TestBigFramesReleased(t *testing.T) {
 	}
 	quietAddr, floodAddr := startServer(t, script(0)), startServer(t, script(3))
 	closeQuiet := open(quietAddr)
-	base := heapAfterGC()
+	base := heaptest.Live()
 	closeQuiet()
 	closeFlood := open(floodAddr)
 	defer closeFlood()
-	per := (heapAfterGC() - base) / calls
+	per := (heaptest.Live() - base) / calls
 	t.Logf("a call that read 1 MiB frames holds %d KiB more than a quiet one", per>>10)
 	if per > 256<<10 {
 		t.Errorf("a call that read 1 MiB frames holds %d KiB more than a quiet one, want ≤ 256 KiB", per>>10)

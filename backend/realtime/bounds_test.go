@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/backend/realtime"
+	"github.com/rtcedge/rtcedge/internal/heaptest"
 	"github.com/rtcedge/rtcedge/internal/testmetrics"
 )
 
@@ -149,15 +149,6 @@ func TestOversizedEvent(t *testing.T) {
 	}
 }
 
-// heapAfterGC is the live heap once garbage is collected.
-func heapAfterGC() uint64 {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // TestBigDeltasReleased floods calls with audio deltas near the message
 // bound (each over 16 s of audio), then measures what the calls still
 // hold against as many quiet calls: the read buffer of an outsized event
@@ -219,11 +210,11 @@ func TestBigDeltasReleased(t *testing.T) {
 				}
 			}
 			_, closeQuiet := open(quiet)
-			base := heapAfterGC()
+			base := heaptest.Live()
 			closeQuiet()
 			sinks, closeFlood := open(flood)
 			defer closeFlood()
-			flooded := heapAfterGC()
+			flooded := heaptest.Live()
 			wantFrames := int64(deltas * samples / 480)
 			for _, s := range sinks {
 				if n := s.frames.Load(); n < wantFrames {
@@ -233,7 +224,7 @@ func TestBigDeltasReleased(t *testing.T) {
 					t.Fatalf("a flooded call ended: %s", s.ended)
 				}
 			}
-			per := (int64(flooded) - int64(base)) / calls
+			per := (flooded - base) / calls
 			t.Logf("a flooded call holds %d KiB more than a quiet one (deltas of %d KiB)", per>>10, len(big)>>10)
 			if per > 256<<10 {
 				t.Errorf("a flooded call holds %d KiB more than a quiet one; want ≤ 256 KiB", per>>10)

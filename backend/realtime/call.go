@@ -497,7 +497,7 @@ func (c *call) readMessage(r io.Reader) error {
 	c.rbuf = c.rbuf[:0]
 	for {
 		if len(c.rbuf) == cap(c.rbuf) {
-			c.rbuf = append(c.rbuf, 0)[:len(c.rbuf)]
+			c.rbuf = growReadBuffer(c.rbuf, c.b.cfg.MaxMessage)
 		}
 		n, err := r.Read(c.rbuf[len(c.rbuf):cap(c.rbuf)])
 		c.rbuf = c.rbuf[:len(c.rbuf)+n]
@@ -508,6 +508,23 @@ func (c *call) readMessage(r io.Reader) error {
 			return err
 		}
 	}
+}
+
+// growReadBuffer makes room in a full read buffer: doubling up to
+// keepReadBuffer, then four times over, and to the largest event (limit,
+// plus the byte the WebSocket's limit reads past it) once that is within
+// reach. Growing by append would end up to a quarter over the event, and
+// its last step holds the old buffer and the new one, both near the
+// limit, at once.
+func growReadBuffer(b []byte, limit int) []byte {
+	n := max(2*cap(b), 4<<10)
+	if n > keepReadBuffer {
+		n = 4 * cap(b)
+		if 2*n > limit {
+			n = max(limit+1, cap(b)+1)
+		}
+	}
+	return slices.Grow(b, n-len(b))
 }
 
 // handle routes one server event: audio deltas to the pod as Opus frames,

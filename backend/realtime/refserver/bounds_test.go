@@ -4,23 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"net"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
+	"github.com/rtcedge/rtcedge/internal/heaptest"
 )
-
-// heapAfterGC is the live heap once garbage is collected.
-func heapAfterGC() int64 {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
 
 // TestAppendFlood: clients append over a minute of audio each (1 MiB
 // appends) to a server with the defaults `rtcedge realtime-ref` runs with.
@@ -65,13 +56,13 @@ func TestAppendFlood(t *testing.T) {
 		}
 		return conn, s
 	}
-	base := heapAfterGC()
+	base := heaptest.Live()
 	var conns []*websocket.Conn
 	for range calls {
 		c, _ := open()
 		conns = append(conns, c)
 	}
-	quiet := heapAfterGC()
+	quiet := heaptest.Live()
 	pcm := make([]byte, 786432) // 16.4 s of silence at 24 kHz
 	msg := []byte(`{"type":"input_audio_buffer.append","audio":"` + base64.StdEncoding.EncodeToString(pcm) + `"}`)
 	var flooded []*websocket.Conn
@@ -96,7 +87,7 @@ func TestAppendFlood(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	full := heapAfterGC()
+	full := heaptest.Live()
 	perQuiet, perFlood := (quiet-base)/calls, (full-quiet)/calls
 	t.Logf("a quiet session holds %d KiB, a flooded one %d KiB", perQuiet>>10, perFlood>>10)
 	if perFlood-perQuiet > 2<<20 {
@@ -121,7 +112,7 @@ func TestAppendFlood(t *testing.T) {
 	if n := len(srv.Sessions()); n != calls {
 		t.Errorf("%d sessions listed, want the %d open ones", n, calls)
 	}
-	after := heapAfterGC()
+	after := heaptest.Live()
 	t.Logf("after the flooded sessions closed the server holds %d KiB more than before them", (after-quiet)>>10)
 	if after-quiet > calls*64<<10 {
 		t.Errorf("closed sessions still hold %d KiB", (after-quiet)>>10)

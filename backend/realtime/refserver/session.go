@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,6 +206,20 @@ func (s *Session) run() {
 	}
 }
 
+// growReadBuffer makes room in a full read buffer: doubling up to
+// keepReadBuffer, then four times over up to the read limit, so a large
+// event's buffer ends near its size, not a quarter over it, and the last
+// step does not hold two buffers near the limit at once.
+func growReadBuffer(b []byte) []byte {
+	n := max(2*cap(b), 4<<10)
+	if n > keepReadBuffer {
+		if n = 4 * cap(b); 2*n > readLimit {
+			n = max(readLimit+1, cap(b)+1)
+		}
+	}
+	return slices.Grow(b, n-len(b))
+}
+
 // release drops what a closed session holds beyond its State: the input
 // buffer, the conversation and the read buffers.
 func (s *Session) release() {
@@ -220,7 +235,14 @@ func (s *Session) readMessage(r io.Reader) error {
 	s.rbuf = s.rbuf[:0]
 	for {
 		if len(s.rbuf) == cap(s.rbuf) {
-			s.rbuf = append(s.rbuf, 0)[:len(s.rbuf)]
+			// Doubling up to keepReadBuffer, then at once to the read
+			// limit: doubling on would hold two buffers at once, the new
+			// one up to twice the event.
+			n := max(2*cap(s.rbuf), 4<<10)
+			if n > keepReadBuffer {
+				n = max(readLimit+1, cap(s.rbuf)+1)
+			}
+			s.rbuf = slices.Grow(s.rbuf, n-len(s.rbuf))
 		}
 		n, err := r.Read(s.rbuf[len(s.rbuf):cap(s.rbuf)])
 		s.rbuf = s.rbuf[:len(s.rbuf)+n]
