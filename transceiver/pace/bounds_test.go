@@ -2,24 +2,16 @@ package pace
 
 import (
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/heaptest"
 )
 
 type count struct{ n atomic.Int64 }
 
 func (c *count) Add(v float64) { c.n.Add(int64(v * 1000)) }
-
-// heapAfterGC is the live heap once garbage is collected.
-func heapAfterGC() int64 {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
 
 // TestBytesBound: a backend that writes raw 24 kHz frames far faster than
 // real time fills a queue up to MaxQueuedBytes, not to its minute of
@@ -30,7 +22,7 @@ func TestBytesBound(t *testing.T) {
 	s := New(Config{Shards: 1, Counters: Counters{Dropped: &dropped}})
 	const calls = 8
 	frame := make([]byte, 960) // 20 ms of PCM16 at 24 kHz
-	base := heapAfterGC()
+	base := heaptest.Live()
 	var qs []*Queue
 	for range calls {
 		q := s.NewQueue(nopOutput{})
@@ -42,7 +34,7 @@ func TestBytesBound(t *testing.T) {
 		}
 		qs = append(qs, q)
 	}
-	full := (heapAfterGC() - base) / calls
+	full := (heaptest.Live() - base) / calls
 	t.Logf("a full queue holds %d KiB", full>>10)
 	if full > DefaultMaxQueuedBytes+256<<10 {
 		t.Errorf("a full queue holds %d KiB, want ≤ %d KiB and its ring", full>>10, (DefaultMaxQueuedBytes+256<<10)>>10)
@@ -65,7 +57,7 @@ func TestBytesBound(t *testing.T) {
 			}
 		}
 	}
-	drained := (heapAfterGC() - base) / calls
+	drained := (heaptest.Live() - base) / calls
 	t.Logf("a drained queue holds %d KiB", drained>>10)
 	if drained > maxFreeBytes+16<<10 {
 		t.Errorf("a drained queue holds %d KiB, want ≤ %d KiB", drained>>10, (maxFreeBytes+16<<10)>>10)
@@ -99,11 +91,11 @@ func TestItemsBounded(t *testing.T) {
 	for i := range 1000 {
 		step(i)
 	}
-	base := heapAfterGC()
+	base := heaptest.Live()
 	for i := 1000; i < items; i++ {
 		step(i)
 	}
-	grown := heapAfterGC() - base
+	grown := heaptest.Live() - base
 	q.mu.Lock()
 	tracked, free := len(q.items), len(q.free)
 	q.mu.Unlock()
