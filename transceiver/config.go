@@ -66,12 +66,16 @@ type Config struct {
 	// wss://…/v1/realtime?model=…, docs/backends.md), sent BackendProtocol
 	// ("ga", default, or "beta") at BackendRate (its PCM16 rate, default
 	// 24000), with the API key of $RTCEDGE_BACKEND_API_KEY. Neither: the
-	// in-process echo. NewBackend builds the node's Backend from them.
-	BackendAddr     string         `yaml:"backend_addr"`
-	BackendURL      string         `yaml:"backend_url"`
-	BackendProtocol string         `yaml:"backend_protocol"`
-	BackendRate     int            `yaml:"backend_rate"`
-	Token           node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
+	// in-process echo. BackendMaxMessage bounds one event from the model
+	// server in bytes (default realtime.DefaultMaxMessage, 1 MiB): a
+	// larger one ends the call. NewBackend builds the node's Backend from
+	// them.
+	BackendAddr       string         `yaml:"backend_addr"`
+	BackendURL        string         `yaml:"backend_url"`
+	BackendProtocol   string         `yaml:"backend_protocol"`
+	BackendRate       int            `yaml:"backend_rate"`
+	BackendMaxMessage int            `yaml:"backend_max_message"`
+	Token             node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
 	// Hop are this cluster's inter-tier keys as configured (prefer
 	// $RTCEDGE_HOP_KEYS); Hop is built from them.
 	HopKeys node.HopKeys `yaml:"hop_keys"`
@@ -255,8 +259,8 @@ func (c *Config) checkBackend() error {
 	switch {
 	case c.BackendURL != "" && c.BackendAddr != "":
 		return errors.New("backend_url and backend_addr are exclusive: set backend_url for an OpenAI Realtime server, backend_addr for rtcedge's backend protocol")
-	case c.BackendURL == "" && (c.BackendProtocol != "" || c.BackendRate != 0):
-		return errors.New("backend_protocol and backend_rate need backend_url")
+	case c.BackendURL == "" && (c.BackendProtocol != "" || c.BackendRate != 0 || c.BackendMaxMessage != 0):
+		return errors.New("backend_protocol, backend_rate and backend_max_message need backend_url")
 	case c.BackendURL == "":
 		return nil
 	}
@@ -268,7 +272,8 @@ func (c *Config) checkBackend() error {
 }
 
 func (c *Config) realtimeConfig(getenv func(string) string) realtime.Config {
-	return realtime.Config{URL: c.BackendURL, Protocol: c.BackendProtocol, Rate: c.BackendRate, APIKey: getenv(realtime.APIKeyEnv)}
+	return realtime.Config{URL: c.BackendURL, Protocol: c.BackendProtocol, Rate: c.BackendRate, MaxMessage: c.BackendMaxMessage,
+		APIKey: getenv(realtime.APIKeyEnv)}
 }
 
 // NewBackend builds the backend c selects (after Validate): the OpenAI

@@ -29,6 +29,18 @@ const (
 	restartFailed   = "failed"
 )
 
+// Per-call bound drops, the "reason" label of rtcedge_transceiver_dropped_total.
+const (
+	// dropReplyItem: a call's pacer forgot its oldest reply item to stay
+	// within its bound (a backend that begins items and ends none).
+	dropReplyItem = "reply_item"
+	// dropCallerAudio: a caller frame over the caller's credit of audio
+	// (intake.go: 1.5x real time over a second).
+	dropCallerAudio = "caller_audio"
+)
+
+var dropReasons = []string{dropReplyItem, dropCallerAudio}
+
 // metrics are the session layer's metrics and, registered with them, the
 // packet layer's (net).
 type metrics struct {
@@ -43,6 +55,10 @@ type metrics struct {
 	addressChanges prometheus.Counter
 	iceRestarts    *prometheus.CounterVec
 	mediaPaths     *prometheus.CounterVec
+	// dropped counts what a call's bounds dropped (per-call bounds,
+	// docs/operations.md), by reason.
+	droppedVec *prometheus.CounterVec
+	dropped    map[string]prometheus.Counter // droppedVec's children, resolved once for the media path
 
 	// Turns (transceiver/pace, docs/backends.md "Paced output and
 	// barge-in"): pop is the POP of the session's selected path.
@@ -86,6 +102,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 		earlySelects:   counter("early_selects_total", "Sessions whose preferred POP pair was selected on the first check, before the client nominated."),
 		addressChanges: counter("address_changes_total", "Sessions whose selected pair moved to a new client address behind the same POP (NAT rebinding, network change), whichever side moved it: the transceiver once the old address was silent, or the client by nomination."),
 		iceRestarts:    counterVec("ice_restarts_total", "ICE restarts asked for by PATCH of the session resource, by result.", "result"),
+		droppedVec:     counterVec("dropped_total", "What a call's bounds dropped, by reason: reply_item (a reply item its pacer stopped tracking: a backend that begins items and ends no response), caller_audio (caller frames over 1.5x real time).", "reason"),
 		mediaPaths:     counterVec("media_paths_total", "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).", "path"),
 	}
 	m.replyDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rtcedge_turn_reply_delay_seconds",
@@ -117,6 +134,10 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	for _, d := range []string{"to_sideband", "from_sideband", "refused", "dropped"} {
 		m.sidebandEvents.WithLabelValues(d)
 	}
+	m.dropped = map[string]prometheus.Counter{}
+	for _, r := range dropReasons {
+		m.dropped[r] = m.droppedVec.WithLabelValues(r)
+	}
 	for _, p := range []string{"pod", "pion"} {
 		m.mediaPaths.WithLabelValues(p)
 	}
@@ -130,7 +151,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 		m.ended.WithLabelValues(r)
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
-		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths,
+		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths, m.droppedVec,
 		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands}, m.net.Collectors()...)...); err != nil {
 		return nil, err
 	}

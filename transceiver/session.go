@@ -87,6 +87,7 @@ type session struct {
 	// backend is closed (teardown), no Audio after it.
 	audioMu     sync.Mutex
 	audioClosed bool
+	intake      intake // the caller's audio credit (intake.go), under audioMu
 
 	// play paces the backend's audio to the caller (play.go); static
 	// after newSession. interrupter is the handler's, if it wants the
@@ -459,6 +460,11 @@ func (s *session) onTrack(track *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 func (s *session) audio(p []byte, d time.Duration) {
 	s.audioMu.Lock()
 	defer s.audioMu.Unlock()
+	s.audioLocked(p, d)
+}
+
+// audioLocked is audio with audioMu held.
+func (s *session) audioLocked(p []byte, d time.Duration) {
 	if !s.audioClosed {
 		if s.interrupter != nil {
 			s.edgeVAD(p)
@@ -477,9 +483,18 @@ func (s *session) closeAudio() {
 
 // Audio implements podnet.Session: one frame of the client's audio, from
 // the media path or Pion's track reader, counted as activity.
+// A frame beyond the caller's credit of audio (intake.go) is dropped and
+// counted.
 func (s *session) Audio(p []byte, d time.Duration) {
-	s.lastActivity.Store(s.t.cfg.Now().UnixNano())
-	s.audio(p, d)
+	now := s.t.cfg.Now()
+	s.lastActivity.Store(now.UnixNano())
+	s.audioMu.Lock()
+	defer s.audioMu.Unlock()
+	if !s.intake.admit(now, frameAudio(p, d)) {
+		s.t.m.dropped[dropCallerAudio].Inc()
+		return
+	}
+	s.audioLocked(p, d)
 }
 
 // Path implements podnet.Session: the selected pair.

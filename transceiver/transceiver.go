@@ -157,6 +157,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 		Generated: m.replyAudio.WithLabelValues(replyGenerated),
 		Sent:      m.replyAudio.WithLabelValues(replySent),
 		Dropped:   m.replyAudio.WithLabelValues(replyDropped),
+		Evicted:   m.dropped[dropReplyItem],
 	}, Batch: t.sock})
 
 	se := webrtc.SettingEngine{LoggerFactory: pionLoggers{t.log}}

@@ -271,8 +271,16 @@ func (h *handler) readLoop() {
 		case FrameControl:
 			h.onControl(payload)
 		}
+		if cap(buf) > keepReadBuffer {
+			buf = nil // a large frame's buffer is not the call's to keep
+		}
 	}
 }
+
+// keepReadBuffer is the largest read buffer a session keeps from one frame
+// to the next: audio frames and events are far smaller, and a frame of up
+// to MaxPayload gets a buffer of its own, released after it.
+const keepReadBuffer = 64 << 10
 
 // Close implements backend.Handler: it stops both loops and closes the
 // connection, which tells the backend the session is over.

@@ -40,8 +40,19 @@ const (
 	// appends); maxQueuedBytes bounds their bytes, as events may be big.
 	queueLen       = 64
 	maxQueuedBytes = 1 << 20
-	// readLimit is the largest server event read (a long audio delta).
-	readLimit = 16 << 20
+	// keepReadBuffer is the largest read buffer a call keeps from one
+	// server event to the next: a larger event (up to Config.MaxMessage)
+	// gets a buffer of its own, released after it. Events of a turn are
+	// a few KiB; a session's echo tens.
+	keepReadBuffer = 64 << 10
+	// deltaChunk is the base64 an audio delta is decoded by (a multiple
+	// of 4): a delta of any size costs the call deltaChunk*3/4 bytes of
+	// decoded PCM, not a buffer the size of its audio.
+	deltaChunk = 4 << 10
+	// maxIDLen bounds the item and response IDs of an audio delta the pod
+	// keeps (OpenAI's are under 40 bytes): every item is a pacer entry
+	// and its IDs are kept with it.
+	maxIDLen = 128
 	// closeWait bounds the close handshake with the server.
 	closeWait = time.Second
 	// frameDur is the Opus frame toward the caller.
@@ -119,7 +130,8 @@ type call struct {
 	bufs, bufSize int
 	queued        atomic.Int64
 
-	// Owned by the reader.
+	// Owned by the reader: the event read (released when it grew over
+	// keepReadBuffer) and one chunk of a delta's decoded PCM.
 	rbuf []byte
 	dbuf []byte
 
@@ -158,6 +170,7 @@ func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *webso
 	c.rawOut, _ = out.(backend.RawWriter)
 	c.await, _ = out.(backend.StartAwaiter)
 	c.opcm = make([]byte, 0, 2*enc.FrameSamples())
+	c.dbuf = make([]byte, deltaChunk/4*3)
 	return c
 }
 
@@ -460,10 +473,17 @@ func (c *call) readLoop() {
 			err = c.readMessage(r)
 		}
 		if err != nil {
-			c.fail(ReasonClosed, err)
+			reason := ReasonClosed
+			if errors.Is(err, websocket.ErrMessageTooBig) {
+				reason = ReasonOversized
+			}
+			c.fail(reason, err)
 			return
 		}
 		c.handle(c.rbuf)
+		if cap(c.rbuf) > keepReadBuffer {
+			c.rbuf = nil // an outsized event: its buffer is not the call's to keep
+		}
 	}
 }
 
@@ -472,7 +492,7 @@ func (c *call) readMessage(r io.Reader) error {
 	c.rbuf = c.rbuf[:0]
 	for {
 		if len(c.rbuf) == cap(c.rbuf) {
-			c.rbuf = append(c.rbuf, 0)[:len(c.rbuf)]
+			c.rbuf = growReadBuffer(c.rbuf, c.b.cfg.MaxMessage)
 		}
 		n, err := r.Read(c.rbuf[len(c.rbuf):cap(c.rbuf)])
 		c.rbuf = c.rbuf[:len(c.rbuf)+n]
@@ -483,6 +503,23 @@ func (c *call) readMessage(r io.Reader) error {
 			return err
 		}
 	}
+}
+
+// growReadBuffer makes room in a full read buffer: doubling up to
+// keepReadBuffer, then four times over, and to the largest event (limit,
+// plus the byte the WebSocket's limit reads past it) once that is within
+// reach. Growing by append would end up to a quarter over the event, and
+// its last step holds the old buffer and the new one, both near the
+// limit, at once.
+func growReadBuffer(b []byte, limit int) []byte {
+	n := max(2*cap(b), 4<<10)
+	if n > keepReadBuffer {
+		n = 4 * cap(b)
+		if 2*n > limit {
+			n = max(limit+1, cap(b)+1)
+		}
+	}
+	return slices.Grow(b, n-len(b))
 }
 
 // handle routes one server event: audio deltas to the pod as Opus frames,
@@ -556,8 +593,8 @@ func responseID(data []byte) string {
 			ID string `json:"id"`
 		} `json:"response"`
 	}
-	if json.Unmarshal(data, &ev) != nil {
-		return ""
+	if json.Unmarshal(data, &ev) != nil || len(ev.Response.ID) > maxIDLen {
+		return "" // a longer one is not the pod's to keep: its deltas are dropped (long_id)
 	}
 	return ev.Response.ID
 }
@@ -608,20 +645,21 @@ func ownError(data []byte) bool {
 	return json.Unmarshal(data, &ev) == nil && strings.HasPrefix(ev.Error.EventID, ownEventPrefix)
 }
 
-// audioDelta decodes a delta's base64 PCM16LE and writes the whole frames
-// it completes to the pod, which paces them and encodes each as it sends
-// it (or encodes them first, without backend.RawWriter).
+// audioDelta decodes a delta's base64 PCM16LE, deltaChunk at a time, and
+// writes the whole frames it completes to the pod, which paces them and
+// encodes each as it sends it (or encodes them first, without
+// backend.RawWriter). A delta that is not whole base64 of whole samples is
+// dropped; one with a bad character mid-way plays up to the chunk that
+// holds it (counted as bad_delta either way).
 func (c *call) audioDelta(responseID, itemID, delta []byte) {
-	need := base64.StdEncoding.DecodedLen(len(delta))
-	if cap(c.dbuf) < need {
-		c.dbuf = make([]byte, need)
-	}
-	n, err := base64.StdEncoding.Decode(c.dbuf[:need], delta)
-	if err != nil || n%2 != 0 {
+	if len(delta)%4 != 0 || decodedLen(delta)%2 != 0 {
 		c.b.m.dropped[dropBadDelta].Inc()
 		return
 	}
-	pcm := c.dbuf[:n]
+	if len(itemID) > maxIDLen || len(responseID) > maxIDLen {
+		c.b.m.dropped[dropLongID].Inc()
+		return
+	}
 	c.omu.Lock()
 	defer c.omu.Unlock()
 	if c.cancelled != "" && c.cancelled == string(responseID) { // no allocation: compared in place
@@ -633,15 +671,34 @@ func (c *call) audioDelta(responseID, itemID, delta []byte) {
 		c.play.BeginItem(c.curResp, c.curItem)
 	}
 	fs := cap(c.opcm)
-	for len(pcm) > 0 {
-		k := min(len(pcm), fs-len(c.opcm))
-		c.opcm = append(c.opcm, pcm[:k]...)
-		pcm = pcm[k:]
-		if len(c.opcm) == fs {
-			c.writeFrameLocked(c.opcm)
-			c.opcm = c.opcm[:0]
+	for len(delta) > 0 {
+		k := min(len(delta), deltaChunk)
+		n, err := base64.StdEncoding.Decode(c.dbuf, delta[:k])
+		if err != nil {
+			c.b.m.dropped[dropBadDelta].Inc()
+			return
+		}
+		delta = delta[k:]
+		for pcm := c.dbuf[:n]; len(pcm) > 0; {
+			k := min(len(pcm), fs-len(c.opcm))
+			c.opcm = append(c.opcm, pcm[:k]...)
+			pcm = pcm[k:]
+			if len(c.opcm) == fs {
+				c.writeFrameLocked(c.opcm)
+				c.opcm = c.opcm[:0]
+			}
 		}
 	}
+}
+
+// decodedLen is the length of padded base64 b decoded, len(b) a multiple
+// of 4.
+func decodedLen(b []byte) int {
+	n := len(b) / 4 * 3
+	for i := len(b) - 1; i >= 0 && i >= len(b)-2 && b[i] == '='; i-- {
+		n--
+	}
+	return n
 }
 
 // flushReplyLocked sends the reply's last partial frame, padded with
@@ -749,8 +806,9 @@ func (c *call) pingLoop() {
 
 // failMessages are what the caller reads: no URL, no key.
 var failMessages = map[string]string{
-	ReasonClosed:  "The model backend closed the session.",
-	ReasonStalled: "The model backend stopped responding.",
+	ReasonClosed:    "The model backend closed the session.",
+	ReasonStalled:   "The model backend stopped responding.",
+	ReasonOversized: "The model backend sent an event larger than the edge accepts.",
 }
 
 // fail ends the call from the backend's side, once: an error event to the

@@ -16,9 +16,11 @@ const (
 	ReasonSetup   = "backend_setup" // the first session.update failed, or no codec
 	ReasonClosed  = "backend_closed"
 	ReasonStalled = "backend_stalled" // no pong within StallTimeout
+	// ReasonOversized: the server sent an event over Config.MaxMessage.
+	ReasonOversized = "backend_oversized"
 )
 
-var failReasons = []string{ReasonRefused, ReasonDial, ReasonSetup, ReasonClosed, ReasonStalled}
+var failReasons = []string{ReasonRefused, ReasonDial, ReasonSetup, ReasonClosed, ReasonStalled, ReasonOversized}
 
 // Drop reasons: the label of rtcedge_realtime_dropped_total.
 const (
@@ -26,12 +28,13 @@ const (
 	dropAppendEvent = "append_event" // the caller sent input_audio_buffer.append on the data channel
 	dropDecode      = "decode"       // a caller's Opus frame did not decode
 	dropEncode      = "encode"       // a reply frame did not encode
-	dropBadDelta    = "bad_delta"    // an audio delta that was not base64 PCM16
+	dropBadDelta    = "bad_delta"    // an audio delta that was not base64 PCM16 (the rest of it from the first bad chunk)
+	dropLongID      = "long_id"      // an audio delta whose item_id or response_id is over maxIDLen bytes
 	dropOwnError    = "own_error"    // the server's error about the edge's own cancel or truncate (not forwarded)
 	dropSink        = "sink"         // the caller's side refused a frame or event
 )
 
-var dropReasons = []string{dropQueueFull, dropAppendEvent, dropDecode, dropEncode, dropBadDelta, dropOwnError, dropSink}
+var dropReasons = []string{dropQueueFull, dropAppendEvent, dropDecode, dropEncode, dropBadDelta, dropLongID, dropOwnError, dropSink}
 
 const (
 	toBackend = "to_backend"

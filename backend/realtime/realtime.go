@@ -46,6 +46,16 @@ import (
 // comes from (FromURL).
 const APIKeyEnv = "RTCEDGE_BACKEND_API_KEY"
 
+// DefaultMaxMessage is the default bound of one server event (Config.MaxMessage):
+// 1 MiB holds over 16 s of 24 kHz audio in one delta, and more than any
+// other event a model server sends (a session with long instructions and
+// tools is tens of KiB).
+const DefaultMaxMessage = 1 << 20
+
+// minMaxMessage is the smallest Config.MaxMessage: below it a session's
+// own echo (session.created, session.updated) might not fit.
+const minMaxMessage = 64 << 10
+
 // Protocols: the event names and session shape the connector sends.
 const (
 	ProtocolGA   = "ga"
@@ -75,7 +85,14 @@ type Config struct {
 	// StallTimeout ends a call whose server answers no ping for this
 	// long; pings go every StallTimeout/3. Default 10s.
 	StallTimeout time.Duration
-	Logger       *slog.Logger
+	// MaxMessage bounds one server event, in bytes; default
+	// DefaultMaxMessage. A larger one ends the call (ReasonOversized): the
+	// server is broken or hostile, or sends a whole reply's audio in one
+	// delta and needs a larger bound (docs/backends.md). The read buffer
+	// is released after a message over keepReadBuffer, so the bound is
+	// what a call holds while it reads one, not for its life.
+	MaxMessage int
+	Logger     *slog.Logger
 	// Registerer receives the rtcedge_realtime_* metrics; nil: none.
 	Registerer prometheus.Registerer
 }
@@ -110,6 +127,12 @@ func (c *Config) Validate() error {
 	}
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = 10 * time.Second
+	}
+	switch {
+	case c.MaxMessage == 0:
+		c.MaxMessage = DefaultMaxMessage
+	case c.MaxMessage < minMaxMessage:
+		return fmt.Errorf("realtime: max message %d bytes: want at least %d", c.MaxMessage, minMaxMessage)
 	}
 	config.Default(&c.Logger, slog.Default())
 	return nil
@@ -180,7 +203,7 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 		}
 		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, redactErr(err, b.cfg.URL)))
 	}
-	conn.SetReadLimit(readLimit)
+	conn.SetReadLimit(int64(b.cfg.MaxMessage))
 	c := newCall(b, info, out, conn, dec, enc)
 	if err := c.sendSession(info.Config); err != nil {
 		_ = conn.CloseNow()

@@ -26,7 +26,8 @@ func runRealtimeRef(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Rate, "rate", 24000, "PCM16 sample rate of the audio: 24000 or 16000 (a transceiver needs the same backend_rate)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "the only API key accepted (default $"+realtime.APIKeyEnv+", which the pods send; empty: none required)")
 	fs.IntVar(&cfg.MaxReplyMs, "max-reply-ms", 0, "cap on a reply's audio in ms (0: the server's default, 30000)")
-	fs.IntVar(&cfg.RecordMs, "record-ms", 0, "input audio each session keeps for inspection in ms (0: the server's default, 600000)")
+	fs.IntVar(&cfg.RecordMs, "record-ms", 0, "input audio each session keeps for inspection in ms (0: none)")
+	fs.IntVar(&cfg.MaxInputMs, "max-input-ms", 0, "cap on a session's input audio buffer in ms, the oldest audio dropped past it (0: the server's default, 30000)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -25,6 +25,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // DefaultComplexity is the complexity NewEncoder sets; Encoder.SetComplexity
@@ -88,4 +89,36 @@ func DecodePCM16LE(src []byte, pcm []int16) int {
 		pcm[i] = int16(binary.LittleEndian.Uint16(src[2*i:]))
 	}
 	return n
+}
+
+// PacketDuration is the audio an Opus packet holds by its TOC byte and
+// frame count (RFC 6716, 3.1), whatever the RTP timestamps around it
+// claim; 0 for an empty or malformed packet, at most 120 ms. It
+// allocates nothing.
+func PacketDuration(packet []byte) time.Duration {
+	if len(packet) == 0 {
+		return 0
+	}
+	toc := packet[0]
+	config := toc >> 3
+	var frame time.Duration
+	switch {
+	case config < 12: // SILK-only: 10, 20, 40, 60 ms
+		frame = [4]time.Duration{10, 20, 40, 60}[config&3] * time.Millisecond
+	case config < 16: // hybrid: 10, 20 ms
+		frame = [2]time.Duration{10, 20}[config&1] * time.Millisecond
+	default: // CELT-only: 2.5, 5, 10, 20 ms
+		frame = [4]time.Duration{2500, 5000, 10000, 20000}[config&3] * time.Microsecond
+	}
+	frames := 1
+	switch toc & 3 {
+	case 1, 2:
+		frames = 2
+	case 3:
+		if len(packet) < 2 {
+			return 0
+		}
+		frames = int(packet[1] & 0x3f)
+	}
+	return min(time.Duration(frames)*frame, 120*time.Millisecond)
 }

@@ -47,6 +47,14 @@ const idleRounds = 1
 // whole minute of reply at once); frames beyond it are dropped and counted.
 const DefaultMaxQueued = 60 * time.Second
 
+// DefaultMaxQueuedBytes bounds the bytes one call's queued frames hold: 768
+// KiB is 16 s of raw 24 kHz PCM16 (the Realtime connector's frames; the
+// audio of one delta of its largest event, 1 MiB) and minutes of Opus.
+// With the connector's read buffer it keeps what a model server that sends
+// faster than real time can make the pod hold per call under 2 MiB
+// (docs/operations.md, "Per-call bounds").
+const DefaultMaxQueuedBytes = 768 << 10
+
 // ErrClosed is returned by Push after Close.
 var ErrClosed = errors.New("pace: queue closed")
 
@@ -81,9 +89,11 @@ type Counter interface{ Add(float64) }
 
 // Counters are the seconds of reply audio a scheduler's queues were
 // written (Generated), sent to callers (Sent) and dropped (Dropped: by a
-// clear, a full queue, or audio of a cleared item). Nil fields count nothing.
+// clear, a full queue, or audio of a cleared item), and the items a queue
+// forgot to stay within its bound (Evicted). Nil fields count nothing.
 type Counters struct {
 	Generated, Sent, Dropped Counter
+	Evicted                  Counter
 }
 
 type nopCounter struct{}
@@ -94,11 +104,12 @@ func (nopCounter) Add(float64) {}
 // Scheduler that is not running only queues (up to each queue's bound).
 type Scheduler struct {
 	// Static after New.
-	shards []*shard
-	batch  Batcher // nil: frames go out one by one
-	c      Counters
-	max    int // frames a queue holds
-	now    func() time.Time
+	shards   []*shard
+	batch    Batcher // nil: frames go out one by one
+	c        Counters
+	max      int // frames a queue holds
+	maxBytes int // bytes a queue's frames hold
+	now      func() time.Time
 
 	next atomic.Uint32 // round-robin shard of the next queue
 }
@@ -110,7 +121,10 @@ type Config struct {
 	Shards int
 	// MaxQueued bounds the audio a queue holds; default DefaultMaxQueued.
 	MaxQueued time.Duration
-	Counters  Counters
+	// MaxQueuedBytes bounds the bytes of a queue's frames; default
+	// DefaultMaxQueuedBytes.
+	MaxQueuedBytes int
+	Counters       Counters
 	// Batch, if set, is corked while a shard sends one slot's frames, so
 	// every call due in the slot leaves in one batch of system calls.
 	Batch Batcher
@@ -124,12 +138,15 @@ func New(cfg Config) *Scheduler {
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = DefaultMaxQueued
 	}
-	for _, c := range []*Counter{&cfg.Counters.Generated, &cfg.Counters.Sent, &cfg.Counters.Dropped} {
+	if cfg.MaxQueuedBytes <= 0 {
+		cfg.MaxQueuedBytes = DefaultMaxQueuedBytes
+	}
+	for _, c := range []*Counter{&cfg.Counters.Generated, &cfg.Counters.Sent, &cfg.Counters.Dropped, &cfg.Counters.Evicted} {
 		if *c == nil {
 			*c = nopCounter{}
 		}
 	}
-	s := &Scheduler{c: cfg.Counters, max: int(cfg.MaxQueued / FrameDuration), now: time.Now}
+	s := &Scheduler{c: cfg.Counters, max: int(cfg.MaxQueued / FrameDuration), maxBytes: cfg.MaxQueuedBytes, now: time.Now}
 	for range cfg.Shards {
 		s.shards = append(s.shards, &shard{wake: make(chan struct{}, 1), now: s.now, batch: cfg.Batch})
 	}
@@ -153,7 +170,7 @@ func (s *Scheduler) Run(stop <-chan struct{}) {
 // NewQueue returns an empty queue whose frames go to out.
 func (s *Scheduler) NewQueue(out Output) *Queue {
 	sh := s.shards[int(s.next.Add(1))%len(s.shards)]
-	return &Queue{sh: sh, out: out, c: s.c, max: s.max, now: s.now, ring: make([]frame, 8)}
+	return &Queue{sh: sh, out: out, c: s.c, max: s.max, maxBytes: s.maxBytes, now: s.now, ring: make([]frame, initialRing)}
 }
 
 // shard is one scheduler goroutine's wheel.

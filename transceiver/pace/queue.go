@@ -11,21 +11,25 @@ import (
 // the scheduler sends. All state is guarded by mu.
 type Queue struct {
 	// Static after NewQueue.
-	sh  *shard
-	out Output
-	c   Counters
-	max int
-	now func() time.Time
+	sh       *shard
+	out      Output
+	c        Counters
+	max      int // frames
+	maxBytes int // buffer bytes of the queued frames
+	now      func() time.Time
 
 	mu        sync.Mutex
-	ring      []frame // frames from ring[head], n of them; each keeps its buffer
+	ring      []frame // frames from ring[head], n of them; only queued frames hold a buffer
 	head, n   int
-	items     []*item // items with frames queued or not yet stopped, oldest first
-	free      []*item // recycled items
-	cur       *item   // the item new frames belong to; nil: frames of no item (echo)
-	discard   bool    // the current item was cleared: its late frames are dropped
-	scheduled bool    // on the wheel
-	idle      int     // empty rounds while scheduled
+	held      int      // the capacity of the queued frames' buffers
+	bufs      [][]byte // buffers of sent frames, for the next pushes: at most maxFreeBytes
+	bufBytes  int      // their capacity
+	items     []*item  // items with frames queued or not yet stopped, oldest first; at most maxItems
+	free      []*item  // recycled items
+	cur       *item    // the item new frames belong to; nil: frames of no item (echo)
+	discard   bool     // the current item was cleared: its late frames are dropped
+	scheduled bool     // on the wheel
+	idle      int      // empty rounds while scheduled
 	closed    bool
 	sendBuf   []byte // the frame being sent; swapped with a ring buffer, never copied
 	encBuf    []byte // sendBuf encoded (PushRaw); the scheduler's only
@@ -59,6 +63,7 @@ type item struct {
 	queued             int           // frames in the ring
 	sent               time.Duration // audio sent to the caller
 	started, ended     bool          // a frame was sent; the response ended (no more audio comes)
+	evicted            bool          // forgotten with frames queued (evictLocked): they report nothing
 }
 
 // Push queues one frame of the current item (BeginItem), or of no item. A
@@ -82,7 +87,7 @@ func (q *Queue) push(payload []byte, d time.Duration, enc Encoder) error {
 		q.mu.Unlock()
 		return ErrClosed
 	}
-	if q.discard || q.n >= q.max {
+	if q.discard || q.n >= q.max || q.held+len(payload) > q.maxBytes {
 		q.mu.Unlock()
 		q.c.Dropped.Add(d.Seconds())
 		return nil
@@ -91,7 +96,8 @@ func (q *Queue) push(payload []byte, d time.Duration, enc Encoder) error {
 		q.growLocked()
 	}
 	f := &q.ring[(q.head+q.n)%len(q.ring)]
-	f.buf = append(f.buf[:0], payload...)
+	f.buf = append(q.takeBufLocked(len(payload)), payload...)
+	q.held += cap(f.buf)
 	f.d, f.it, f.enc = d, q.cur, enc
 	if q.cur != nil {
 		q.cur.queued++
@@ -105,6 +111,59 @@ func (q *Queue) push(payload []byte, d time.Duration, enc Encoder) error {
 		q.sh.add(q)
 	}
 	return nil
+}
+
+// Buffer recycling: a queue keeps the buffers of sent frames for the next
+// pushes, up to maxFreeBytes of buffers of at most maxKeptBuf each (a
+// 20 ms frame is under 2 KiB, raw PCM16 at 48 kHz included), so a call
+// that keeps up allocates nothing, and one that held a long reply, or
+// odd-sized frames, gives that memory back once they are sent.
+const (
+	maxKeptBuf   = 4 << 10
+	maxFreeBytes = 64 << 10
+	// initialRing is a new queue's ring; a drained queue's ring shrinks
+	// back to it.
+	initialRing = 8
+)
+
+// takeBufLocked returns an empty buffer for n bytes: a recycled one if it
+// fits, else a new one.
+func (q *Queue) takeBufLocked(n int) []byte {
+	if k := len(q.bufs); k > 0 {
+		b := q.bufs[k-1]
+		q.bufs[k-1] = nil
+		q.bufs = q.bufs[:k-1]
+		q.bufBytes -= cap(b)
+		if cap(b) >= n {
+			return b
+		}
+	}
+	return make([]byte, 0, n)
+}
+
+// putBufLocked recycles b, if it is small enough and the queue keeps few
+// enough.
+func (q *Queue) putBufLocked(b []byte) {
+	if b == nil || cap(b) > maxKeptBuf || q.bufBytes+cap(b) > maxFreeBytes {
+		return
+	}
+	q.bufs = append(q.bufs, b[:0])
+	q.bufBytes += cap(b)
+}
+
+// dropHeadLocked removes the head frame and returns its buffer, which is
+// the caller's now.
+func (q *Queue) dropHeadLocked() []byte {
+	f := &q.ring[q.head]
+	b := f.buf
+	q.held -= cap(b)
+	*f = frame{}
+	q.head = (q.head + 1) % len(q.ring)
+	q.n--
+	if q.n == 0 && len(q.ring) > initialRing {
+		q.ring, q.head = make([]frame, initialRing), 0 // a long reply's ring is not the call's to keep
+	}
+	return b
 }
 
 // growLocked doubles the ring (up to max frames), keeping the order.
@@ -126,6 +185,9 @@ func (q *Queue) BeginItem(responseID, itemID string) {
 	if q.cur != nil && q.cur.itemID == itemID && q.cur.responseID == responseID {
 		return
 	}
+	if len(q.items) >= maxItems {
+		q.evictLocked()
+	}
 	var it *item
 	if n := len(q.free); n > 0 {
 		it, q.free = q.free[n-1], q.free[:n-1]
@@ -136,6 +198,32 @@ func (q *Queue) BeginItem(responseID, itemID string) {
 	it.responseID, it.itemID = responseID, itemID
 	q.items = append(q.items, it)
 	q.cur = it
+}
+
+// maxItems bounds the items a queue tracks. A reply is one or two audio
+// items, and an item leaves the list once its response ended and its
+// frames were sent; a backend that begins item after item and never ends
+// a response (fresh IDs on every delta) would otherwise grow the list
+// with every delta.
+const maxItems = 64
+
+// evictLocked makes room for an item: it forgets the oldest one (its
+// queued frames still go out, as frames of an item no longer tracked:
+// they report no started or stopped). Counted as Evicted.
+func (q *Queue) evictLocked() {
+	it := q.items[0]
+	copy(q.items, q.items[1:])
+	q.items[len(q.items)-1] = nil
+	q.items = q.items[:len(q.items)-1]
+	if it.queued == 0 {
+		q.free = append(q.free, it) // no frame points to it
+	} else {
+		it.evicted = true
+	}
+	if it == q.cur {
+		q.cur = nil
+	}
+	q.c.Evicted.Add(1)
 }
 
 // EndResponse says response responseID has no more audio: once its queued
@@ -196,14 +284,16 @@ func (q *Queue) send(now time.Time) bool {
 		return keep
 	}
 	f := &q.ring[q.head]
-	q.sendBuf, f.buf = f.buf, q.sendBuf[:0]
-	payload, d, it, enc := q.sendBuf, f.d, f.it, f.enc
-	f.it, f.enc = nil, nil
-	q.head = (q.head + 1) % len(q.ring)
-	q.n--
+	d, it, enc := f.d, f.it, f.enc
+	q.putBufLocked(q.sendBuf) // the last frame this queue sent is done with
+	q.sendBuf = q.dropHeadLocked()
+	payload := q.sendBuf
 	q.idle = 0
 	started, delay := "", time.Duration(-1)
 	var stopped string
+	if it != nil && it.evicted {
+		it = nil
+	}
 	if it != nil {
 		it.queued--
 		it.sent += d
@@ -326,11 +416,8 @@ func (q *Queue) Clear() Cleared {
 		break
 	}
 	for q.n > 0 {
-		f := &q.ring[q.head]
-		c.Dropped += f.d
-		f.it, f.enc = nil, nil
-		q.head = (q.head + 1) % len(q.ring)
-		q.n--
+		c.Dropped += q.ring[q.head].d
+		q.putBufLocked(q.dropHeadLocked())
 	}
 	q.free = append(q.free, q.items...)
 	clear(q.items)
@@ -357,6 +444,7 @@ func (q *Queue) Close() {
 	q.mu.Lock()
 	q.closed = true
 	q.ring, q.n, q.head, q.items, q.cur, q.sendBuf = nil, 0, 0, nil, nil, nil
+	q.bufs, q.bufBytes, q.held = nil, 0, 0
 	q.wakeStartLocked()
 	q.mu.Unlock()
 }

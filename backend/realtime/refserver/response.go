@@ -36,7 +36,7 @@ func (s *Session) startLocked() {
 	s.st.Responses = append(s.st.Responses, Response{ID: r.id, ItemID: r.itemID, Status: "in_progress"})
 	s.notify()
 	prev := s.lastIDLocked()
-	s.items = append(s.items, &item{id: r.itemID, role: "assistant"})
+	s.addItemLocked(&item{id: r.itemID, role: "assistant"})
 	s.wg.Add(1)
 	go s.respond(r, prev)
 }
@@ -230,7 +230,7 @@ func (s *Session) startToolCallLocked(name string) {
 	s.st.Responses = append(s.st.Responses, Response{ID: r.id, ItemID: r.itemID, Status: "in_progress", ToolCall: name})
 	s.notify()
 	prev := s.lastIDLocked()
-	s.items = append(s.items, &item{id: r.itemID, typ: "function_call"})
+	s.addItemLocked(&item{id: r.itemID, typ: "function_call"})
 	callID := s.h.id("call")
 	args := fmt.Sprintf(`{"turn_ms":%d}`, ms)
 	s.wg.Add(1)

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,10 +67,15 @@ type Config struct {
 	ToneMs int `yaml:"tone_ms"`
 	// MaxReplyMs caps a reply's audio; default 30000.
 	MaxReplyMs int `yaml:"max_reply_ms"`
-	// RecordMs caps the input audio each session records in its State;
-	// default 600000 (10 minutes).
-	RecordMs int          `yaml:"record_ms"`
-	Logger   *slog.Logger `yaml:"-"`
+	// RecordMs caps the input audio each session records in its State
+	// (for tests: reftest.Start records 10 minutes); 0 records none.
+	RecordMs int `yaml:"record_ms"`
+	// MaxInputMs bounds a session's input audio buffer: past it, the
+	// oldest audio goes (State.InputDropped), as the buffer's start moves
+	// on. It also bounds the audio of one conversation.item.create.
+	// Default 30000 (1.4 MB at 24 kHz).
+	MaxInputMs int          `yaml:"max_input_ms"`
+	Logger     *slog.Logger `yaml:"-"`
 }
 
 func (c *Config) defaults() error {
@@ -90,8 +96,11 @@ func (c *Config) defaults() error {
 	if c.MaxReplyMs <= 0 {
 		c.MaxReplyMs = 30000
 	}
-	if c.RecordMs <= 0 {
-		c.RecordMs = 600000
+	if c.RecordMs < 0 {
+		return fmt.Errorf("refserver: negative record_ms %d", c.RecordMs)
+	}
+	if c.MaxInputMs <= 0 {
+		c.MaxInputMs = 30000
 	}
 	config.Default(&c.Logger, slog.Default())
 	return nil
@@ -107,7 +116,7 @@ type Handler struct {
 	next chan *Session // sessions not yet taken by NextSession
 
 	mu       sync.Mutex
-	sessions []*Session // guarded by mu: every session, in order of arrival
+	sessions []*Session // guarded by mu: the open sessions, in order of arrival
 	closed   bool       // guarded by mu
 	wg       sync.WaitGroup
 }
@@ -124,7 +133,7 @@ func (h *Handler) id(prefix string) string {
 	return string(appendID(make([]byte, 0, 24), prefix, h.ids.Add(1)))
 }
 
-// Sessions returns every session the handler accepted, in order.
+// Sessions returns the sessions open now, in order of arrival.
 func (h *Handler) Sessions() []*Session {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -187,7 +196,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default: // nobody is taking them (a server run by hand)
 	}
 	defer h.wg.Done()
-	s.run()
+	s.run() // forgets s (Handler.forget) before it reports Closed
+}
+
+// forget drops a closed session from the handler's list: a server that
+// runs for days holds its open sessions only (what NextSession has not
+// handed out yet stays in its queue, released: Session.release).
+func (h *Handler) forget(s *Session) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if i := slices.Index(h.sessions, s); i >= 0 {
+		h.sessions = slices.Delete(h.sessions, i, i+1)
+	}
 }
 
 // authorized checks the API key; proto is the subprotocol to echo when the

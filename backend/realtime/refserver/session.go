@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,21 @@ import (
 // readLimit is the largest client event accepted: OpenAI takes appends of
 // up to 15 MiB.
 const readLimit = 16 << 20
+
+// What one connection may make the server hold, whatever its client sends
+// (docs/operations.md, "Per-call bounds"):
+const (
+	// keepReadBuffer is the largest read buffer a session keeps from one
+	// event to the next; a larger event's is released after it.
+	keepReadBuffer = 64 << 10
+	// appendChunk is the base64 an append is decoded by (a multiple of 4).
+	appendChunk = 4 << 10
+	// maxRecorded bounds State.Received and State.Errors; later entries
+	// are not recorded.
+	maxRecorded = 4096
+	// maxItems bounds the conversation: the oldest item goes first.
+	maxItems = 256
+)
 
 // State is what a session has received and decided, for tests. It is
 // read under the session's lock (Session.Wait); never keep it.
@@ -32,6 +48,9 @@ type State struct {
 	// Config.RecordMs); InputSamples counts them all.
 	Input        []int16
 	InputSamples int64
+	// InputDropped counts the samples the input buffer let go to stay
+	// within Config.MaxInputMs.
+	InputDropped int64
 	Config       map[string]any // the effective session configuration
 	// SpeechStarted and SpeechStopped are the audio_start_ms and
 	// audio_end_ms of the VAD events sent.
@@ -41,7 +60,7 @@ type State struct {
 	Truncated                    []Truncation
 	// ToolOutputs are the function_call_output items created, in order.
 	ToolOutputs []ToolOutput
-	Errors      []string // codes of the error events sent
+	Errors      []string // codes of the error events sent (the first maxRecorded)
 	Closed      bool     // the connection ended
 }
 
@@ -88,8 +107,8 @@ type Session struct {
 	vad      vad           // guarded by mu
 	active   *response     // guarded by mu
 
-	// Owned by run's goroutine: the message read, the audio of an append
-	// decoded, reused from one event to the next.
+	// Owned by run's goroutine: the message read (released when it grew
+	// over keepReadBuffer), one chunk of an append decoded.
 	rbuf []byte
 	raw  []byte
 	pcm  []int16
@@ -162,6 +181,8 @@ func (s *Session) run() {
 		s.cancel()
 		_ = s.conn.CloseNow()
 		s.wg.Wait()
+		s.release()
+		s.h.forget(s)
 		s.mu.Lock()
 		s.st.Closed = true
 		s.notify()
@@ -184,7 +205,33 @@ func (s *Session) run() {
 			continue
 		}
 		s.handle(s.rbuf)
+		if cap(s.rbuf) > keepReadBuffer {
+			s.rbuf = nil
+		}
 	}
+}
+
+// growReadBuffer makes room in a full read buffer: doubling up to
+// keepReadBuffer, then four times over up to the read limit, so a large
+// event's buffer ends near its size, not a quarter over it, and the last
+// step does not hold two buffers near the limit at once.
+func growReadBuffer(b []byte) []byte {
+	n := max(2*cap(b), 4<<10)
+	if n > keepReadBuffer {
+		if n = 4 * cap(b); 2*n > readLimit {
+			n = max(readLimit+1, cap(b)+1)
+		}
+	}
+	return slices.Grow(b, n-len(b))
+}
+
+// release drops what a closed session holds beyond its State: the input
+// buffer, the conversation and the read buffers.
+func (s *Session) release() {
+	s.rbuf, s.raw, s.pcm = nil, nil, nil
+	s.mu.Lock()
+	s.buf, s.items = nil, nil
+	s.mu.Unlock()
 }
 
 // readMessage reads one message into s.rbuf, reusing its memory (the
@@ -193,7 +240,14 @@ func (s *Session) readMessage(r io.Reader) error {
 	s.rbuf = s.rbuf[:0]
 	for {
 		if len(s.rbuf) == cap(s.rbuf) {
-			s.rbuf = append(s.rbuf, 0)[:len(s.rbuf)]
+			// Doubling up to keepReadBuffer, then at once to the read
+			// limit: doubling on would hold two buffers at once, the new
+			// one up to twice the event.
+			n := max(2*cap(s.rbuf), 4<<10)
+			if n > keepReadBuffer {
+				n = max(readLimit+1, cap(s.rbuf)+1)
+			}
+			s.rbuf = slices.Grow(s.rbuf, n-len(s.rbuf))
 		}
 		n, err := r.Read(s.rbuf[len(s.rbuf):cap(s.rbuf)])
 		s.rbuf = s.rbuf[:len(s.rbuf)+n]
@@ -331,7 +385,9 @@ func (s *Session) recordEvent(data []byte) {
 
 func (s *Session) record(typ string) {
 	s.mu.Lock()
-	s.st.Received = append(s.st.Received, typ)
+	if len(s.st.Received) < maxRecorded {
+		s.st.Received = append(s.st.Received, typ)
+	}
 	s.notify()
 	s.mu.Unlock()
 }
@@ -343,28 +399,45 @@ func (s *Session) appendAudio(ev appendEvent) {
 		s.sendError(string(ev.eventID), "invalid_request_error", "missing_required_parameter", "audio", "Missing required parameter: 'audio'.")
 		return
 	}
-	if n := base64.StdEncoding.DecodedLen(len(ev.audio)); cap(s.raw) < n {
-		s.raw = make([]byte, n)
-	}
-	n, err := base64.StdEncoding.Decode(s.raw[:cap(s.raw)], ev.audio)
-	raw := s.raw[:n]
-	if err != nil || len(raw)%2 != 0 {
+	audio := ev.audio
+	if len(audio)%4 != 0 {
 		s.sendError(string(ev.eventID), "invalid_request_error", "invalid_value", "audio", "Invalid 'audio': expected base64-encoded PCM16 audio.")
 		return
 	}
-	if cap(s.pcm) < len(raw)/2 {
-		s.pcm = make([]int16, len(raw)/2)
+	for len(audio) > 0 {
+		k := min(len(audio), appendChunk)
+		if cap(s.raw) < appendChunk/4*3 {
+			s.raw, s.pcm = make([]byte, appendChunk/4*3), make([]int16, appendChunk/4*3/2)
+		}
+		n, err := base64.StdEncoding.Decode(s.raw[:cap(s.raw)], audio[:k])
+		raw := s.raw[:n]
+		if err != nil || len(raw)%2 != 0 {
+			s.sendError(string(ev.eventID), "invalid_request_error", "invalid_value", "audio", "Invalid 'audio': expected base64-encoded PCM16 audio.")
+			return
+		}
+		audio = audio[k:]
+		pcm := s.pcm[:len(raw)/2]
+		for i := range pcm {
+			pcm[i] = int16(uint16(raw[2*i]) | uint16(raw[2*i+1])<<8)
+		}
+		s.appendPCM(pcm)
 	}
-	pcm := s.pcm[:len(raw)/2]
-	for i := range pcm {
-		pcm[i] = int16(uint16(raw[2*i]) | uint16(raw[2*i+1])<<8)
-	}
+}
+
+// appendPCM appends samples to the input buffer, which keeps the newest
+// Config.MaxInputMs (the oldest go first: the buffer's start moves on).
+func (s *Session) appendPCM(pcm []int16) {
 	s.mu.Lock()
 	if limit := s.h.cfg.RecordMs * s.h.cfg.Rate / 1000; len(s.st.Input) < limit {
 		s.st.Input = append(s.st.Input, pcm[:min(len(pcm), limit-len(s.st.Input))]...)
 	}
 	s.st.InputSamples += int64(len(pcm))
 	s.buf = append(s.buf, pcm...)
+	if over := len(s.buf) - s.h.cfg.MaxInputMs*s.h.cfg.Rate/1000; over > 0 {
+		s.buf = s.buf[:copy(s.buf, s.buf[over:])]
+		s.bufStart += int64(over)
+		s.st.InputDropped += int64(over)
+	}
 	if td := s.turnDetection(); td != nil {
 		s.vadLocked(pcm, td)
 	} else {
@@ -397,6 +470,7 @@ func (s *Session) itemCreate(ev clientEvent) {
 	for _, c := range ev.Item.Content {
 		if c.Type == "input_audio" && c.Audio != "" {
 			if raw, err := base64.StdEncoding.DecodeString(c.Audio); err == nil {
+				raw = raw[:min(len(raw), 2*s.h.cfg.MaxInputMs*s.h.cfg.Rate/1000)]
 				for i := 0; i+1 < len(raw); i += 2 {
 					it.pcm = append(it.pcm, int16(uint16(raw[i])|uint16(raw[i+1])<<8))
 				}
@@ -408,7 +482,7 @@ func (s *Session) itemCreate(ev clientEvent) {
 	obj["id"], obj["object"], obj["status"] = it.id, "realtime.item", "completed"
 	s.mu.Lock()
 	prev := s.lastIDLocked()
-	s.items = append(s.items, it)
+	s.addItemLocked(it)
 	s.mu.Unlock()
 	s.sendItemAdded(prev, obj, true)
 }
@@ -465,7 +539,7 @@ func (s *Session) commitLocked(from int64, itemID string, byVAD bool) {
 	skip := max(0, min(int(from-s.bufStart), len(s.buf)))
 	it := &item{id: itemID, role: "user", pcm: append([]int16(nil), s.buf[skip:]...)}
 	prev := s.lastIDLocked()
-	s.items = append(s.items, it)
+	s.addItemLocked(it)
 	s.bufStart += int64(len(s.buf))
 	s.buf = s.buf[:0]
 	s.st.Commits++
@@ -481,6 +555,25 @@ func (s *Session) commitLocked(from int64, itemID string, byVAD bool) {
 			s.startLocked()
 		}
 	}
+}
+
+// addItemLocked adds it to the conversation. Only the newest item of a
+// role keeps its audio (what a reply parrots, or a truncate cuts), and the
+// conversation keeps its newest maxItems items; mu held.
+func (s *Session) addItemLocked(it *item) {
+	if len(it.pcm) > 0 || it.role == "assistant" {
+		for _, o := range s.items {
+			if o.role == it.role {
+				o.pcm = nil
+			}
+		}
+	}
+	if len(s.items) >= maxItems {
+		copy(s.items, s.items[1:])
+		s.items[len(s.items)-1] = nil
+		s.items = s.items[:len(s.items)-1]
+	}
+	s.items = append(s.items, it)
 }
 
 // sendItemAdded announces an item: conversation.item.added (and .done when
@@ -520,7 +613,9 @@ func (s *Session) write(data []byte) {
 
 func (s *Session) sendError(eventID, typ, code, param, msg string) {
 	s.mu.Lock()
-	s.st.Errors = append(s.st.Errors, code)
+	if len(s.st.Errors) < maxRecorded {
+		s.st.Errors = append(s.st.Errors, code)
+	}
 	s.notify()
 	s.mu.Unlock()
 	e := map[string]any{"type": typ, "code": code, "message": msg, "param": nil, "event_id": nil}

@@ -13,9 +13,13 @@ import (
 )
 
 // Start runs a reference server with cfg on 127.0.0.1:0 until the test
-// ends; a Run error then fails the test.
+// ends; a Run error then fails the test. Its sessions record 10 minutes
+// of input unless cfg.RecordMs says otherwise.
 func Start(tb testing.TB, cfg refserver.Config) *refserver.Server {
 	tb.Helper()
+	if cfg.RecordMs == 0 {
+		cfg.RecordMs = 600000 // what the tests compare
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
