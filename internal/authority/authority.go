@@ -257,9 +257,11 @@ func reportKey(member []byte) []byte {
 }
 
 // SteerAuthority is a cluster relay's keys for its pods' round-trip
-// reports: it mints tickets for the creates its front passes on and
-// checks the reports (internal/steer, report.go). Pods hold neither the
-// ticket keys nor another pod's report key.
+// reports: it mints tickets for the creates its front passes on, checks
+// the reports (internal/steer, report.go), and signs the samples it
+// passes on to signaling with the cluster's current relay key (wire.go;
+// steer.go). Pods hold neither the ticket keys nor another pod's report
+// key.
 func (s *Secrets) SteerAuthority(cluster uint16) (*steer.Authority, error) {
 	if !s.Has(cluster) {
 		return nil, fmt.Errorf("authority: no key for cluster %d", cluster)
@@ -269,8 +271,10 @@ func (s *Secrets) SteerAuthority(cluster uint16) (*steer.Authority, error) {
 		tickets[id] = derive(sec, labelTicket, cluster, 0, 32)
 	}
 	cache := newKeyCache(func(id uint8, pod uint16) []byte { return reportKey(s.memberKey(cluster, id, pod)) })
+	cur := s.current[cluster]
 	return &steer.Authority{
 		Cluster:   cluster,
+		Signer:    &steer.Signer{ID: steer.SignerID{Role: steer.SignerRelay, Cluster: cluster, KeyID: cur}, Key: s.relayKey(cluster, cur)},
 		TicketID:  s.current[cluster],
 		TicketKey: func(id uint8) []byte { return tickets[id] },
 		ReportKey: func(id uint8, pod uint16) []byte {
