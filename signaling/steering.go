@@ -59,8 +59,9 @@ type pin struct {
 	pops   []geo.POP
 }
 
-// steering is a Server's steering state: static after newSteering but for
-// the table, which is safe for concurrent use.
+// steering is a Server's steering state: static after newSteering (and
+// setSteerKeys, which the node calls before gossip delivers a message)
+// but for the table, which is safe for concurrent use.
 type steering struct {
 	table    *steer.Table
 	disabled bool

@@ -25,7 +25,8 @@
 // Members of the global pool prove their metadata with the key of their
 // role and scope (global.go): a cluster relay with its cluster's relay
 // key, a global relay with its POP's key, signaling with the signaling
-// key. Verifiers that hold no secret of a scope are given its public
+// key. The same keys sign the steering samples a cluster relay and
+// signaling pass on (steer.go). Verifiers that hold no secret of a scope are given its public
 // keys ("relay-pub:CLUSTER/ID:BASE64", "pop-pub:POP/ID:BASE64",
 // "signaling-pub/ID:BASE64"; Secrets.PublicSpecs prints them).
 //
