@@ -26,9 +26,10 @@
 // role and scope (global.go): a cluster relay with its cluster's relay
 // key, a global relay with its POP's key, signaling with the signaling
 // key. The same keys sign the steering samples a cluster relay and
-// signaling pass on (steer.go). Verifiers that hold no secret of a scope are given its public
-// keys ("relay-pub:CLUSTER/ID:BASE64", "pop-pub:POP/ID:BASE64",
-// "signaling-pub/ID:BASE64"; Secrets.PublicSpecs prints them).
+// signaling pass on (steer.go). Verifiers that hold no secret of a scope
+// are given its public keys ("relay-pub:CLUSTER/ID:BASE64",
+// "pop-pub:POP/ID:BASE64", "signaling-pub/ID:BASE64";
+// Secrets.PublicSpecs prints them).
 //
 // A pod is issued (Secrets.Pod) only its own keys, so it can mint routing
 // tokens, seal hop headers, answer the session API and prove gossip
@@ -276,7 +277,7 @@ func (s *Secrets) SteerAuthority(cluster uint16) (*steer.Authority, error) {
 	return &steer.Authority{
 		Cluster:   cluster,
 		Signer:    &steer.Signer{ID: steer.SignerID{Role: steer.SignerRelay, Cluster: cluster, KeyID: cur}, Key: s.relayKey(cluster, cur)},
-		TicketID:  s.current[cluster],
+		TicketID:  cur,
 		TicketKey: func(id uint8) []byte { return tickets[id] },
 		ReportKey: func(id uint8, pod uint16) []byte {
 			if s.by[cluster][id] == nil {
