@@ -20,7 +20,9 @@ import (
 // pod's tag and, per call, a ticket the front minted for that pod, that
 // caller's key and those POPs. It then sends the samples on stamped with
 // the pod as their reporter, so that signaling caps what each pod can
-// weigh (docs/steering.md). Reports that do not parse are dropped as
+// weigh (docs/steering.md), and signed with the cluster's relay key, so
+// that signaling takes pods of this cluster from this cluster's relays
+// only. Reports that do not parse are dropped as
 // invalid, those that fail a check as refused, both counted. It owns a
 // bounded queue; Run sends from it.
 type SteerForwarder struct {
@@ -33,9 +35,10 @@ type SteerForwarder struct {
 // SteerForwarderConfig is who the forwarder believes.
 type SteerForwarderConfig struct {
 	Cluster uint16
-	// Authority checks reports and tickets; nil without the deployment
-	// authority (shared keys): the pod a report names is then believed.
-	// It is asked for each report, so a key reload takes effect at once.
+	// Authority checks reports and tickets and signs the samples passed
+	// on; nil without the deployment authority (shared keys): the pod a
+	// report names is then believed, and the samples go unsigned. It is
+	// asked for each report, so a key reload takes effect at once.
 	Authority func() *steer.Authority
 	// Admitted reports whether gossip lists pod (with the authority, it
 	// proved its ID); nil admits every pod.
@@ -79,14 +82,20 @@ func (f *SteerForwarder) receive(msg []byte) {
 		f.msgs.WithLabelValues("invalid").Inc()
 		return
 	}
-	if err := f.check(&r); err != nil {
+	a := f.authority()
+	if err := f.check(a, &r); err != nil {
 		f.msgs.WithLabelValues("refused").Inc()
 		return
 	}
+	var sg *steer.Signer
+	if a != nil {
+		sg = a.Signer
+	}
 	samples := r.Samples()
 	from := steer.PodReporter(f.cfg.Cluster, r.Pod)
+	now := f.cfg.Now()
 	for len(samples) > 0 {
-		out, n := steer.AppendMessage(nil, steer.SourcePod, from, samples)
+		out, n := steer.AppendMessage(nil, sg, now, steer.SourcePod, from, samples)
 		samples = samples[n:]
 		select {
 		case f.queue <- out:
@@ -96,18 +105,24 @@ func (f *SteerForwarder) receive(msg []byte) {
 	}
 }
 
-// check believes r or says why not.
-func (f *SteerForwarder) check(r *steer.Report) error {
+// authority is the keys in use (nil: none).
+func (f *SteerForwarder) authority() *steer.Authority {
+	if f.cfg.Authority == nil {
+		return nil
+	}
+	return f.cfg.Authority()
+}
+
+// check believes r under a (nil: the format only) or says why not.
+func (f *SteerForwarder) check(a *steer.Authority, r *steer.Report) error {
 	if r.Cluster != f.cfg.Cluster {
 		return steer.ErrReport
 	}
 	if f.cfg.Admitted != nil && !f.cfg.Admitted(r.Pod) {
 		return steer.ErrReport
 	}
-	if f.cfg.Authority != nil {
-		if a := f.cfg.Authority(); a != nil {
-			return a.Check(r, f.cfg.Now())
-		}
+	if a != nil {
+		return a.Check(r, f.cfg.Now())
 	}
 	return nil
 }

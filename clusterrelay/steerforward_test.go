@@ -4,11 +4,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node/nodetest"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
@@ -90,9 +92,13 @@ func TestSteerReportsOnlyForTheirPodsCalls(t *testing.T) {
 	f.receive(report(7, 7, honest))
 	select {
 	case msg := <-f.queue:
-		src, who, samples, err := steer.ParseMessage(msg)
-		if err != nil || src != steer.SourcePod || who != steer.PodReporter(3, 7) || len(samples) != 2 || samples[1].RTT != 160*time.Millisecond {
-			t.Fatalf("forwarded %v %v %+v %v, want pod 3/7's 2 samples", src, who, samples, err)
+		m, err := steer.ParseMessage(msg)
+		if err != nil || m.Source != steer.SourcePod || m.From != steer.PodReporter(3, 7) || len(m.Samples) != 2 || m.Samples[1].RTT != 160*time.Millisecond {
+			t.Fatalf("forwarded %+v %v, want pod 3/7's 2 samples", m, err)
+		}
+		// Signed with cluster 3's relay key, as signaling checks it.
+		if d := sec.SteerVerifier().Verify(&m, now); d != steer.Accepted {
+			t.Fatalf("forwarded message: %v under cluster 3's relay key", d)
 		}
 	default:
 		t.Fatal("pod 7's report was not forwarded")
@@ -127,5 +133,66 @@ func TestSteerReportsOnlyForTheirPodsCalls(t *testing.T) {
 	m := testmetrics.Take(t, reg)
 	if r, i := m["rtcedge_clusterrelay_rtt_messages_total,result=refused"], m["rtcedge_clusterrelay_rtt_messages_total,result=invalid"]; r != 6 || i != 1 {
 		t.Errorf("refused %v, invalid %v; want 6 and 1", r, i)
+	}
+}
+
+// TestSteerForwarderSignsWithTheKeysInUse: the forwarder signs what it
+// passes on with the relay key of the authority it is given per report,
+// so a reload that makes a new cluster secret current (key ID 2) signs
+// the next message under ID 2, which signaling holding only the old
+// public key refuses and holding the new one believes.
+func TestSteerForwarderSignsWithTheKeysInUse(t *testing.T) {
+	old := testAuthority(t, 3)
+	next, err := authority.Parse([]string{authority.Spec(3, 2, nodetest.Secret(t)), authority.Spec(3, 1, nodetest.Secret(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inUse atomic.Pointer[steer.Authority]
+	for _, sec := range []*authority.Secrets{old, next} {
+		a, err := sec.SteerAuthority(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inUse.Store(a)
+		from := nodetest.Member(t, "cr", false, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3}, "")
+		to := nodetest.Member(t, "cr-global", true, membership.Meta{Role: membership.RoleClusterRelay, Cluster: 3}, "")
+		f, err := NewSteerForwarder(from, to, SteerForwarderConfig{Cluster: 3, Authority: inUse.Load}, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A report as the pod makes it, with its ticket for a new call.
+		k, _ := steer.ParseKey("198.51.100.0/24@48,2")
+		ticket, err := a.Mint(7, k, []uint16{1}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := sec.Pod(3, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, key, err := keys.SteerReportKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := steer.AppendReport(nil, 3, 7, id, key, []steer.Call{{Key: k, Ticket: ticket, POPs: []uint16{1}, RTTs: []steer.RTT{{POP: 1, RTT: 20 * time.Millisecond}}}})
+		f.receive(b)
+		if len(f.queue) != 1 {
+			t.Fatal("the report was not forwarded")
+		}
+		m, err := steer.ParseMessage(<-f.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := sec.Current(3); m.Signer != (steer.SignerID{Role: steer.SignerRelay, Cluster: 3, KeyID: want}) {
+			t.Fatalf("signed by %+v, want cluster 3's relay key ID %d", m.Signer, want)
+		}
+		if d := sec.SteerVerifier().Verify(&m, time.Now()); d != steer.Accepted {
+			t.Fatalf("under the keys in use: %v", d)
+		}
+		if sec == next {
+			if d := old.SteerVerifier().Verify(&m, time.Now()); d != steer.DropUnknown {
+				t.Fatalf("under the old keys only: %v, want %v", d, steer.DropUnknown)
+			}
+		}
 	}
 }

@@ -6,13 +6,16 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/devworld"
+	"github.com/rtcedge/rtcedge/internal/steer"
 )
 
 // TestPodRoundTripsReachSignalingAsTheirPods: in a dev world with the
 // deployment authority, one Pion call's round trips, measured by its pod,
 // go out in a report tagged with the pod's own key and carrying the ticket
 // the front gave the create; the cluster relay believes it (none refused)
-// and signaling files them as that pod's. Without the ticket or the tag
+// and passes the samples on signed with its cluster's relay key, and
+// signaling believes them under that key (none dropped) and files them as
+// that pod's. Without the ticket or the tag
 // the relay would refuse them (clusterrelay TestSteerReportsOnlyForTheirPodsCalls).
 func TestPodRoundTripsReachSignalingAsTheirPods(t *testing.T) {
 	w := startWorld(t, devworld.Config{})
@@ -31,6 +34,11 @@ func TestPodRoundTripsReachSignalingAsTheirPods(t *testing.T) {
 				}
 			}
 		}
+		for _, d := range steer.Drops {
+			if v := metricSum(t, w.Registry, "rtcedge_signaling_steering_messages_dropped_total", map[string]string{"reason": d.String()}); v != 0 {
+				t.Logf("rtcedge_signaling_steering_messages_dropped_total{reason=%s} %v", d, v)
+			}
+		}
 	}()
 	eventually(t, 15*time.Second, "signaling to accept the pod's samples", func() bool {
 		return metricSum(t, w.Registry, "rtcedge_signaling_steering_samples_total", map[string]string{"source": "pod", "result": "accepted"}) >= 1
@@ -40,5 +48,8 @@ func TestPodRoundTripsReachSignalingAsTheirPods(t *testing.T) {
 	}
 	if n := metricSum(t, w.Registry, "rtcedge_clusterrelay_rtt_messages_total", map[string]string{"result": "invalid"}); n != 0 {
 		t.Errorf("%v reports invalid at the cluster relays", n)
+	}
+	if n := metricSum(t, w.Registry, "rtcedge_signaling_steering_messages_dropped_total", nil); n != 0 {
+		t.Errorf("%v samples messages dropped by signaling", n)
 	}
 }

@@ -3,9 +3,12 @@ package signaling_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/rtcedge/rtcedge/internal/testleak"
 )
 
+// TestMain fails a passing run that leaves goroutines behind, after
+// giving memberlist's probes of the WAN-timed pools (steering_test.go)
+// the time they outlive their pool's Shutdown.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testleak.Main(m)
 }

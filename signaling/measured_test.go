@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/geo"
+	"github.com/rtcedge/rtcedge/internal/authority"
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/node"
@@ -26,13 +27,14 @@ const probeKey = "probe-key-0123456789abcdef"
 // probeKeys are three probes' keys: three reporters.
 var probeKeys = []signaling.APIKey{{Key: probeKey, Probe: true}, {Key: probeKey + "-2", Probe: true}, {Key: probeKey + "-3", Probe: true}}
 
-// replica starts a signaling node over cat with gossip, joining seed.
-func replica(t *testing.T, name string, cat *geo.Catalogue, seed string) *signaling.Node {
+// replica starts a signaling node over cat with gossip, joining seed,
+// with the authority keys given.
+func replica(t *testing.T, name string, cat *geo.Catalogue, seed string, keys []string) *signaling.Node {
 	t.Helper()
 	cfg := signaling.Config{ListenAddr: "127.0.0.1:0", CatalogueData: cat, GeoIPData: geo.DevGeoIPDB,
 		InternalProxies: []string{"127.0.0.0/8"}, AllowAnonymous: true, DrainDelay: time.Millisecond,
 		Keys:   []signaling.APIKey{{Key: probeKey, Probe: true}},
-		Gossip: nodetest.Gossip(name, seed)}
+		Gossip: nodetest.Gossip(name, seed), Authority: node.Authority{Keys: keys}}
 	cfg.Steering.ExploreEvery = -1
 	s, err := signaling.OpenSockets(cfg)
 	if err != nil {
@@ -75,16 +77,31 @@ func placedAt(h http.Header) string {
 }
 
 // TestMeasuredSteeringAcrossReplicas: two signaling replicas in one
-// gossip pool. Round trips a probe posts to one replica reach the other
-// (the replica passes them on over gossip), and round trips pods measured,
-// sent over gossip stamped as a cluster relay passes them on, reach both.
-// Each reporter counts once per POP: one probe key alone does not steer,
-// with two pods beside it the prefix is measured at both replicas.
+// gossip pool, with the deployment authority. Round trips a probe posts
+// to one replica reach the other (the replica passes them on over gossip,
+// signed with the signaling key), and round trips pods measured, sent
+// over gossip stamped and signed as cluster 1's relay passes them on,
+// reach both. Each reporter counts once per POP: one probe key alone does
+// not steer, with two pods beside it the prefix is measured at both
+// replicas.
 func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 	w := newWorld(t, worldConfig{}) // real pods for the three clusters
-	a := replica(t, "sig-a", w.cat, "")
-	b := replica(t, "sig-b", w.cat, a.Pool().LocalAddr().String())
-	relay := nodetest.Member(t, "relay", true, membership.Meta{Role: membership.RoleSignaling}, a.Pool().LocalAddr().String())
+	root := nodetest.Secret(t)
+	clusters := parseSecrets(t, authority.Spec(1, 1, authority.ClusterSecret(root, 1)), authority.Spec(2, 1, authority.ClusterSecret(root, 2)),
+		authority.Spec(3, 1, authority.ClusterSecret(root, 3)))
+	sigSpec := authority.SignalingSpec(1, authority.SignalingSecret(root))
+	keys := append([]string{sigSpec}, clusters.PublicSpecs()...)
+	a := replica(t, "sig-a", w.cat, "", keys)
+	b := replica(t, "sig-b", w.cat, a.Pool().LocalAddr().String(), keys)
+	// The member that sends the pods' samples: any member can carry them,
+	// what signaling believes is the relay key's signature.
+	sigMeta := membership.Meta{Role: membership.RoleSignaling}
+	prove, err := parseSecrets(t, sigSpec).GlobalProve(sigMeta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := nodetest.ProvenMember(t, "relay", true, sigMeta, a.Pool().LocalAddr().String(), prove)
+	signer := steerSigner(t, clusters, 1)
 	nodetest.Await(t, "the pool to converge", func() bool {
 		return len(a.Pool().Members()) == 3 && len(b.Pool().Members()) == 3 && len(relay.Members()) == 3
 	})
@@ -123,7 +140,7 @@ func TestMeasuredSteeringAcrossReplicas(t *testing.T) {
 			samples = append(samples, steer.Sample{Key: k, POP: x.POP, RTT: x.RTT})
 		}
 		for pod := range uint16(pods) {
-			msg, _ := steer.AppendMessage(nil, steer.SourcePod, steer.PodReporter(1, 1+pod), samples)
+			msg, _ := steer.AppendMessage(nil, signer, time.Now(), steer.SourcePod, steer.PodReporter(1, 1+pod), samples)
 			for _, n := range []*signaling.Node{a, b} {
 				if err := relay.Send(n.Pool().Name(), msg); err != nil {
 					t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/steer"
 )
 
 // Sockets are a signaling node's listeners: HTTP (required) and Metrics
@@ -116,7 +117,10 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	n.life.OnClose(func() error { n.srv.Close(); return nil }) // the sideband relays, after the HTTP server
 	if n.pool != nil {
 		// Samples from the pods (via the cluster relays) and from the
-		// other replicas' probes.
+		// other replicas' probes, signed by their roles' keys.
+		if n.auth.Load() != nil {
+			n.srv.setSteerKeys(func() (*steer.Signer, *steer.Verifier) { a := n.auth.Load(); return a.steerSigner, a.steerVerifier })
+		}
 		n.pool.SetHandler(n.srv.receiveSamples)
 	}
 	n.cfg, n.url = cfg, cfg.TLS.URL("http://"+s.HTTP.Addr().String())
@@ -178,6 +182,9 @@ func (n *Node) joinGossip(cfg *Config) (err error) {
 type globalAuth struct {
 	prove func([]byte) []byte // nil: no signaling secret
 	check func(membership.Member, []byte) error
+	// The steering samples' keys (internal/authority, steer.go).
+	steerSigner   *steer.Signer // nil: no signaling secret
+	steerVerifier *steer.Verifier
 }
 
 // newGlobalAuth builds signaling's proof and its check of the global
@@ -189,7 +196,7 @@ func newGlobalAuth(sec *authority.Secrets) (*globalAuth, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &globalAuth{prove: prove, check: sec.GlobalCheck(true)}, nil
+	return &globalAuth{prove: prove, check: sec.GlobalCheck(true), steerSigner: sec.SteerSigner(), steerVerifier: sec.SteerVerifier()}, nil
 }
 
 // Run serves until ctx ends, then drains: readiness fails at once so load

@@ -23,7 +23,10 @@ import (
 // synthetic clients (POST /v1/steering/samples with a probe key, passed
 // on by the replica that took them to the others), each counted as its
 // reporter's (the pod the relay checked and stamped, or the probe's key:
-// one sample per reporter and POP), and consults it for every offer.
+// one sample per reporter and POP), and consults it for every offer. With
+// the deployment authority a samples message is believed only under the
+// key of its reporter's role: a pod's under its own cluster's relay key,
+// a probe's under the signaling key (internal/steer, wire.go).
 
 // HeaderSteering says why the call's first POP was chosen: distance,
 // measured, explore or override.
@@ -56,31 +59,47 @@ type pin struct {
 	pops   []geo.POP
 }
 
-// steering is a Server's steering state: static after newSteering but for
-// the table, which is safe for concurrent use.
+// steering is a Server's steering state: static after newSteering (and
+// setSteerKeys, which the node calls before gossip delivers a message)
+// but for the table, which is safe for concurrent use.
 type steering struct {
 	table    *steer.Table
 	disabled bool
 	pins     []pin              // most specific first
 	region   map[uint16]string  // POP ID → its region
 	byName   map[string]geo.POP // POP name → POP
+	clusters map[uint16]bool    // the catalogue's clusters
+	now      func() time.Time
 	// fanOut passes a samples message on to the other replicas; nil
 	// without gossip.
-	fanOut  func(msg []byte)
+	fanOut func(msg []byte)
+	// keys are the signer of the samples this replica passes on and the
+	// verifier of those it receives, asked per message so that a key
+	// reload takes effect at once; nil without the deployment authority
+	// (messages go unsigned, and every well-formed one is believed).
+	// Set before gossip delivers messages (setSteerKeys).
+	keys    func() (*steer.Signer, *steer.Verifier)
 	choices *prometheus.CounterVec
 	samples *prometheus.CounterVec
+	dropped *prometheus.CounterVec
 }
 
 var steeringReasons = []string{steer.ByDistance.String(), steer.ByMeasure.String(), steer.ByExplore.String(), reasonOverride}
 
 func newSteering(cfg SteeringConfig, cat *geo.Catalogue, now func() time.Time, reg prometheus.Registerer) (*steering, error) {
-	st := &steering{disabled: cfg.Disabled, region: map[uint16]string{}, byName: map[string]geo.POP{},
+	st := &steering{disabled: cfg.Disabled, region: map[uint16]string{}, byName: map[string]geo.POP{}, clusters: map[uint16]bool{}, now: now,
 		choices: metric.CounterVec("rtcedge_signaling_steering_total", "Placed offers by why their first POP was chosen (distance, measured, explore, override).", "reason"),
-		samples: metric.CounterVec("rtcedge_signaling_steering_samples_total", "Round-trip samples received, by source (pod, probe) and result (accepted, invalid).", "source", "result"),
+		samples: metric.CounterVec("rtcedge_signaling_steering_samples_total", "Round-trip samples taken from believed messages and probes' posts, by source (pod, probe) and result (accepted, invalid).", "source", "result"),
+		dropped: metric.CounterVec("rtcedge_signaling_steering_messages_dropped_total", "Samples messages from the global pool dropped whole, by reason: invalid (malformed, or a POP the catalogue lacks), "+
+			"unsigned, unknown_signer (no key of the signing cluster or key ID, or a cluster the catalogue lacks), wrong_signer (pod samples not signed by their own cluster's relay, probe samples not by signaling), "+
+			"bad_signature, stale (signed over a minute ago or ahead of the clock).", "reason"),
 	}
 	for _, r := range cat.Regions {
 		for _, p := range r.POPs {
 			st.region[p.ID], st.byName[p.Name] = r.Name, p
+		}
+		for _, c := range r.Clusters {
+			st.clusters[c.ID] = true
 		}
 	}
 	tc := cfg.Config
@@ -115,7 +134,10 @@ func newSteering(cfg SteeringConfig, cat *geo.Catalogue, now func() time.Time, r
 		st.samples.WithLabelValues(src.String(), "accepted")
 		st.samples.WithLabelValues(src.String(), "invalid")
 	}
-	if err := metric.Register(reg, "signaling steering", st.choices, st.samples); err != nil {
+	for _, d := range steer.Drops {
+		st.dropped.WithLabelValues(d.String())
+	}
+	if err := metric.Register(reg, "signaling steering", st.choices, st.samples, st.dropped); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -229,24 +251,51 @@ func bool2int(b bool) int {
 	return 0
 }
 
+// setSteerKeys makes keys the source of the steering signer and
+// verifier (see steering.keys); call before gossip delivers messages.
+func (s *Server) setSteerKeys(keys func() (*steer.Signer, *steer.Verifier)) { s.steer.keys = keys }
+
 // receiveSamples takes a samples message from the gossip pool (runs on
 // its packet goroutine: no blocking). Each counts as its reporter's: the
 // pod a cluster relay checked and stamped (pods are not in the global
-// pool), or the probe key another replica took them from. A message
-// naming a POP the catalogue does not have is refused whole.
+// pool), or the probe key another replica took them from. Any member
+// holding the pool's key can send one, so with the deployment authority
+// it is believed only under its reporter's role key (steer.Verifier):
+// a pod's from its own cluster's relays, a probe's from signaling; a
+// pod of a cluster the catalogue lacks, or a POP it lacks, is refused
+// too. A message refused is dropped whole and counted by reason.
 func (s *Server) receiveSamples(msg []byte) {
 	if len(msg) == 0 || msg[0] != steer.MsgKind {
 		return
 	}
-	src, from, samples, err := steer.ParseMessage(msg)
-	if err == nil {
-		err = s.steer.known(samples)
-	}
+	m, err := steer.ParseMessage(msg)
 	if err != nil {
-		s.steer.samples.WithLabelValues(src.String(), "invalid").Inc()
+		s.steer.dropped.WithLabelValues(steer.DropInvalid.String()).Inc()
 		return
 	}
-	s.steer.add(src, from, samples)
+	if d := s.steer.believe(&m); d != steer.Accepted {
+		s.steer.dropped.WithLabelValues(d.String()).Inc()
+		return
+	}
+	s.steer.add(m.Source, m.From, m.Samples)
+}
+
+// believe says whether to take m, or why not.
+func (st *steering) believe(m *steer.Message) steer.Drop {
+	var v *steer.Verifier
+	if st.keys != nil {
+		_, v = st.keys()
+	}
+	if d := v.Verify(m, st.now()); d != steer.Accepted {
+		return d
+	}
+	if m.Source == steer.SourcePod && !st.clusters[m.From.Cluster()] {
+		return steer.DropUnknown
+	}
+	if st.known(m.Samples) != nil {
+		return steer.DropInvalid
+	}
+	return steer.Accepted
 }
 
 func (st *steering) known(samples []steer.Sample) error {
@@ -322,13 +371,24 @@ func (s *Server) handleSamples(w http.ResponseWriter, r *http.Request) {
 	}
 	from := steer.ProbeReporter(s.keys[cred.key].Key)
 	s.steer.add(steer.SourceProbe, from, samples)
-	if s.steer.fanOut != nil {
-		msg, _ := steer.AppendMessage(nil, steer.SourceProbe, from, samples) // 32 samples fit
-		s.steer.fanOut(msg)
-	}
+	s.steer.passOn(from, samples)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusAccepted)
 	_ = json.NewEncoder(w).Encode(map[string]any{"accepted": len(samples), "key": key.String()})
+}
+
+// passOn sends a probe's samples to the other replicas, signed with the
+// signaling key when this replica holds it.
+func (st *steering) passOn(from steer.Reporter, samples []steer.Sample) {
+	if st.fanOut == nil {
+		return
+	}
+	var sg *steer.Signer
+	if st.keys != nil {
+		sg, _ = st.keys()
+	}
+	msg, _ := steer.AppendMessage(nil, sg, st.now(), steer.SourceProbe, from, samples) // 32 samples fit
+	st.fanOut(msg)
 }
 
 // SteeringView is the answer of GET /v1/steering: what this replica's

@@ -25,9 +25,11 @@
 // Members of the global pool prove their metadata with the key of their
 // role and scope (global.go): a cluster relay with its cluster's relay
 // key, a global relay with its POP's key, signaling with the signaling
-// key. Verifiers that hold no secret of a scope are given its public
-// keys ("relay-pub:CLUSTER/ID:BASE64", "pop-pub:POP/ID:BASE64",
-// "signaling-pub/ID:BASE64"; Secrets.PublicSpecs prints them).
+// key. The same keys sign the steering samples a cluster relay and
+// signaling pass on (steer.go). Verifiers that hold no secret of a scope
+// are given its public keys ("relay-pub:CLUSTER/ID:BASE64",
+// "pop-pub:POP/ID:BASE64", "signaling-pub/ID:BASE64";
+// Secrets.PublicSpecs prints them).
 //
 // A pod is issued (Secrets.Pod) only its own keys, so it can mint routing
 // tokens, seal hop headers, answer the session API and prove gossip
@@ -257,9 +259,11 @@ func reportKey(member []byte) []byte {
 }
 
 // SteerAuthority is a cluster relay's keys for its pods' round-trip
-// reports: it mints tickets for the creates its front passes on and
-// checks the reports (internal/steer, report.go). Pods hold neither the
-// ticket keys nor another pod's report key.
+// reports: it mints tickets for the creates its front passes on, checks
+// the reports (internal/steer, report.go), and signs the samples it
+// passes on to signaling with the cluster's current relay key (wire.go;
+// steer.go). Pods hold neither the ticket keys nor another pod's report
+// key.
 func (s *Secrets) SteerAuthority(cluster uint16) (*steer.Authority, error) {
 	if !s.Has(cluster) {
 		return nil, fmt.Errorf("authority: no key for cluster %d", cluster)
@@ -269,9 +273,11 @@ func (s *Secrets) SteerAuthority(cluster uint16) (*steer.Authority, error) {
 		tickets[id] = derive(sec, labelTicket, cluster, 0, 32)
 	}
 	cache := newKeyCache(func(id uint8, pod uint16) []byte { return reportKey(s.memberKey(cluster, id, pod)) })
+	cur := s.current[cluster]
 	return &steer.Authority{
 		Cluster:   cluster,
-		TicketID:  s.current[cluster],
+		Signer:    &steer.Signer{ID: steer.SignerID{Role: steer.SignerRelay, Cluster: cluster, KeyID: cur}, Key: s.relayKey(cluster, cur)},
+		TicketID:  cur,
 		TicketKey: func(id uint8) []byte { return tickets[id] },
 		ReportKey: func(id uint8, pod uint16) []byte {
 			if s.by[cluster][id] == nil {

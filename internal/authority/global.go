@@ -189,6 +189,34 @@ func headOf(sc scope) string {
 	return kindNames[sc.kind] + ":" + strconv.Itoa(int(sc.n))
 }
 
+// globalPubs are the global pool's verification keys by public scope and
+// key ID: the public keys of every secret s holds and the public keys it
+// was given; and the kinds of scope it holds any key of.
+func (s *Secrets) globalPubs() (map[scope]map[uint8]ed25519.PublicKey, map[kind]bool) {
+	pubs := map[scope]map[uint8]ed25519.PublicKey{}
+	kinds := map[kind]bool{}
+	put := func(sc scope, id uint8, k ed25519.PublicKey) {
+		if pubs[sc] == nil {
+			pubs[sc] = map[uint8]ed25519.PublicKey{}
+		}
+		pubs[sc][id] = k
+		kinds[sc.kind] = true
+	}
+	for _, sc := range s.secretScopes() {
+		for _, id := range s.secretIDs(sc) {
+			put(scope{sc.kind.pub(), sc.n}, id, s.signer(sc, id).Public().(ed25519.PublicKey))
+		}
+	}
+	for sc, ks := range s.other {
+		if sc.kind.public() {
+			for id, k := range ks.ids {
+				put(sc, id, ed25519.PublicKey(k))
+			}
+		}
+	}
+	return pubs, kinds
+}
+
 // globalDomain starts what a global-pool proof signs, so that a
 // cluster-pool proof (the same relay key) never passes for one.
 const globalDomain = "rtcedge global pool v1\x00"
@@ -245,27 +273,7 @@ func (s *Secrets) GlobalProve(meta membership.Meta) (func([]byte) []byte, error)
 // of, while a global relay (not strict) passes relays of clusters it
 // serves by shared keys only, which it cannot check anyway.
 func (s *Secrets) GlobalCheck(strict bool) func(membership.Member, []byte) error {
-	pubs := map[scope]map[uint8]ed25519.PublicKey{}
-	kinds := map[kind]bool{}
-	put := func(sc scope, id uint8, k ed25519.PublicKey) {
-		if pubs[sc] == nil {
-			pubs[sc] = map[uint8]ed25519.PublicKey{}
-		}
-		pubs[sc][id] = k
-		kinds[sc.kind] = true
-	}
-	for _, sc := range s.secretScopes() {
-		for _, id := range s.secretIDs(sc) {
-			put(scope{sc.kind.pub(), sc.n}, id, s.signer(sc, id).Public().(ed25519.PublicKey))
-		}
-	}
-	for sc, ks := range s.other {
-		if sc.kind.public() {
-			for id, k := range ks.ids {
-				put(sc, id, ed25519.PublicKey(k))
-			}
-		}
-	}
+	pubs, kinds := s.globalPubs()
 	return func(m membership.Member, input []byte) error {
 		sc, ok := roleScope(m.Meta)
 		if !ok {

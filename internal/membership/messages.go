@@ -2,7 +2,7 @@ package membership
 
 import (
 	"fmt"
-	"slices"
+	"net/netip"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -35,12 +35,19 @@ func (p *Pool) Send(name string, msg []byte) error {
 	if p.isClosed() {
 		return fmt.Errorf("membership: send: %w", ErrClosed)
 	}
-	ms := p.ml.Members()
-	i := slices.IndexFunc(ms, func(n *memberlist.Node) bool { return n.Name == name })
-	if i < 0 {
+	var addr netip.AddrPort
+	p.mu.Lock()
+	if e := p.members[name]; e != nil && e.gone.IsZero() {
+		addr = e.member.Addr
+	}
+	p.mu.Unlock()
+	if !addr.IsValid() {
 		return fmt.Errorf("membership: send to %q: no such member", name)
 	}
-	if err := p.ml.SendBestEffort(ms[i], msg); err != nil {
+	// By the address the pool recorded, not through the *memberlist.Node
+	// memberlist's Members returns: memberlist rewrites those in place
+	// (a member's new metadata or incarnation) under a lock of its own.
+	if err := p.ml.SendToAddress(memberlist.Address{Addr: addr.String(), Name: name}, msg); err != nil {
 		return fmt.Errorf("membership: send to %q: %w", name, err)
 	}
 	return nil

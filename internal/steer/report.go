@@ -231,9 +231,14 @@ func ParseReport(b []byte) (Report, error) {
 
 // Authority is a cluster relay's side of reports and tickets: the keys
 // of its cluster that the deployment authority derives
-// (internal/authority). It is immutable and safe for concurrent use.
+// (internal/authority), and the key it signs the samples messages it
+// passes on with (wire.go). It is immutable and safe for concurrent use.
 type Authority struct {
 	Cluster uint16
+	// Signer signs the samples messages made of the reports believed:
+	// the cluster's relay key (nil: they go unsigned, and signaling
+	// replicas holding keys drop them).
+	Signer *Signer
 	// TicketID is the key ID tickets are minted under.
 	TicketID uint8
 	// TicketKey is the cluster's ticket key of an ID, nil if unknown.

@@ -47,6 +47,9 @@ func ProbeReporter(key string) Reporter {
 // IsPod reports whether r is a pod's (its cluster is not 0).
 func (r Reporter) IsPod() bool { return r>>16 != 0 }
 
+// Cluster is r's cluster: 0 for a probe's.
+func (r Reporter) Cluster() uint16 { return uint16(r >> 16) }
+
 // MaxRTT is the largest round trip a sample may carry (the 100 µs unit
 // in 16 bits).
 const MaxRTT = 6553 * time.Millisecond

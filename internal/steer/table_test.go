@@ -1,7 +1,6 @@
 package steer
 
 import (
-	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -242,47 +241,6 @@ func TestBounded(t *testing.T) {
 			t.Fatalf("pair %d, among the newest, was evicted", i)
 		}
 	}
-}
-
-func TestSamplesMessage(t *testing.T) {
-	in := []Sample{{key("198.51.100.1"), 1, 21 * time.Millisecond}, {key("2001:db8::1"), 2, 160 * time.Millisecond}}
-	pod := PodReporter(3, 7)
-	b, n := AppendMessage(nil, SourcePod, pod, in)
-	if n != 2 {
-		t.Fatalf("took %d", n)
-	}
-	src, from, out, err := ParseMessage(b)
-	if err != nil || src != SourcePod || from != pod || len(out) != 2 || out[0] != in[0] || out[1] != in[1] {
-		t.Fatalf("round trip: %v %v %v %+v", src, from, err, out)
-	}
-	for i := range b {
-		if _, _, _, err := ParseMessage(b[:i]); err == nil {
-			t.Fatalf("truncated at %d accepted", i)
-		}
-	}
-	// A pod's samples carry a pod reporter, a probe's a probe's.
-	if b, _ := AppendMessage(nil, SourcePod, ProbeReporter("k"), in); !errors.Is(parseErr(b), errMessage) {
-		t.Fatal("pod samples with a probe's reporter accepted")
-	}
-	if b, _ := AppendMessage(nil, SourceProbe, pod, in); !errors.Is(parseErr(b), errMessage) {
-		t.Fatal("probe samples with a pod's reporter accepted")
-	}
-	many := make([]Sample, 300)
-	for i := range many {
-		many[i] = in[1]
-	}
-	b, n = AppendMessage(nil, SourceProbe, ProbeReporter("probe"), many)
-	if len(b) > MaxMessage || n == 0 || n == 300 {
-		t.Fatalf("%d bytes, %d samples", len(b), n)
-	}
-	if _, _, out, err := ParseMessage(b); err != nil || len(out) != n {
-		t.Fatalf("full message: %v, %d", err, len(out))
-	}
-}
-
-func parseErr(b []byte) error {
-	_, _, _, err := ParseMessage(b)
-	return err
 }
 
 // BenchmarkChoose is the per-offer cost of consulting the table: four
