@@ -5,7 +5,9 @@ go 1.26.8
 require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
+	github.com/cilium/ebpf v0.22.0
 	github.com/cloudflare/cloudflare-go/v6 v6.10.0
+	github.com/coder/websocket v1.8.15
 	github.com/hashicorp/hcl/v2 v2.25.0
 	github.com/hashicorp/memberlist v0.7.0
 	github.com/maxmind/mmdbwriter v1.2.0
@@ -40,7 +42,6 @@ require (
 	github.com/apparentlymart/go-textseg/v17 v17.0.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/coder/websocket v1.8.15 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect

@@ -1,0 +1,131 @@
+package fastpath
+
+// The global relay's side: its workers, the cluster relays it takes
+// replies from, and its flows.
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+)
+
+// Global is a global relay's fast path: the global_relay program and its
+// maps. Install, Remove and the Set methods may be called from any
+// goroutine; the kernel reads the maps concurrently.
+type Global struct {
+	progs
+}
+
+// NewGlobal loads the programs; the error wraps ErrUnavailable when the
+// kernel refuses them.
+func NewGlobal() (*Global, error) {
+	g := &Global{}
+	if err := g.load(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Program is the program to attach (and to run in tests).
+func (g *Global) Program() *ebpf.Program { return g.objs.GlobalRelay }
+
+// Attach attaches the program at the ingress of interface ifindex.
+func (g *Global) Attach(ifindex int, mode Mode) error {
+	return g.attach(g.objs.GlobalRelay, ifindex, mode)
+}
+
+// AddWorker tells the program a worker's internal socket (replies arrive
+// there), the VIP its replies leave from and the relay's POP.
+func (g *Global) AddWorker(ingress, vip netip.AddrPort, pop uint16) error {
+	in, err := addr4(ingress)
+	if err != nil {
+		return err
+	}
+	v, err := addr4(vip)
+	if err != nil {
+		return err
+	}
+	if err := g.objs.GrWorkers.Put(in, fastpathGrWorker{Vip: v, Pop: pop}); err != nil {
+		return fmt.Errorf("fastpath: worker: %w", err)
+	}
+	return nil
+}
+
+// SetRelays replaces the cluster relays replies are taken from (data
+// address → cluster). IPv6 relays are left to user space.
+func (g *Global) SetRelays(relays map[netip.AddrPort]uint16) error {
+	want := map[fastpathFpAddr4]uint32{}
+	for a, c := range relays {
+		if k, err := addr4(a); err == nil {
+			want[k] = uint32(c)
+		}
+	}
+	if err := replace(g.objs.GrRelays, want); err != nil {
+		return fmt.Errorf("fastpath: relays: %w", err)
+	}
+	return nil
+}
+
+// SetKeys makes replies of cluster verify under every key of ring; pods
+// lists the pods whose derived keys to hold (those of installed flows).
+// Keys the ring no longer holds are dropped.
+func (g *Global) SetKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
+	if err := g.setKeys(cluster, ring, pods); err != nil {
+		return err
+	}
+	return g.dropKeys(cluster, ring)
+}
+
+// Install adds or replaces a flow. The counters of a flow already
+// installed carry over (increments between the read and the write are
+// lost, which only the counters see).
+func (g *Global) Install(f GlobalFlow) error {
+	k, err := f.key()
+	if err != nil {
+		return err
+	}
+	v, err := f.value()
+	if err != nil {
+		return err
+	}
+	var old fastpathGrFlow
+	if g.objs.GrFlows.Lookup(k, &old) == nil {
+		v.LastSeenNs, v.LastReplyNs, v.ReplyRelay = old.LastSeenNs, old.LastReplyNs, old.ReplyRelay
+		v.UpPackets, v.UpBytes, v.DownPackets, v.DownBytes = old.UpPackets, old.UpBytes, old.DownPackets, old.DownBytes
+	}
+	if err := g.objs.GrFlows.Put(k, v); err != nil {
+		return fmt.Errorf("fastpath: install flow %v: %w", f.Client, err)
+	}
+	return nil
+}
+
+// Remove takes a flow out of the kernel (expiry, takeover); its datagrams
+// go up from the next one on. Removing a flow that is not there is no
+// error.
+func (g *Global) Remove(client, vip netip.AddrPort) error {
+	k, err := (&GlobalFlow{Client: client, VIP: vip}).key()
+	if err != nil {
+		return nil // never installed
+	}
+	if err := g.objs.GrFlows.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("fastpath: remove flow %v: %w", client, err)
+	}
+	return nil
+}
+
+// Flow returns what the kernel counted for an installed flow.
+func (g *Global) Flow(client, vip netip.AddrPort) (FlowStats, bool) {
+	k, err := (&GlobalFlow{Client: client, VIP: vip}).key()
+	if err != nil {
+		return FlowStats{}, false
+	}
+	var v fastpathGrFlow
+	if g.objs.GrFlows.Lookup(k, &v) != nil {
+		return FlowStats{}, false
+	}
+	return v.stats(), true
+}
