@@ -41,6 +41,8 @@ type Net struct {
 	name    string
 	ns      *os.File
 	ifindex int
+	calls   chan func() // run on a thread inside the namespace
+	done    chan struct{}
 }
 
 // Require skips the test with a message saying what is missing when the
@@ -65,6 +67,10 @@ func NewNet(t testing.TB) *Net {
 	n := &Net{t: t, name: "rtcedge-fp-" + hex.EncodeToString(b[:])}
 	n.ip("netns", "add", n.name)
 	t.Cleanup(func() {
+		if n.calls != nil {
+			close(n.calls)
+			<-n.done
+		}
 		if n.ns != nil {
 			n.ns.Close()
 		}
@@ -89,7 +95,30 @@ func NewNet(t testing.TB) *Net {
 	if _, err := fmt.Sscanf(string(out), "%d:", &n.ifindex); err != nil {
 		t.Fatalf("ifindex of fp0 in %q: %v", out, err)
 	}
+	n.calls, n.done = make(chan func()), make(chan struct{})
+	entered := make(chan error, 1)
+	go n.serve(entered)
+	if err := <-entered; err != nil {
+		n.calls = nil
+		t.Fatal(err)
+	}
 	return n
+}
+
+// serve runs calls on a thread inside the namespace until calls closes.
+// The thread stays locked, so it ends with the goroutine rather than
+// going back to the pool inside the namespace.
+func (n *Net) serve(entered chan<- error) {
+	defer close(n.done)
+	runtime.LockOSThread()
+	if err := unix.Setns(int(n.ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		entered <- fmt.Errorf("setns: %w", err)
+		return
+	}
+	entered <- nil
+	for f := range n.calls {
+		f()
+	}
 }
 
 func (n *Net) ip(args ...string) {
@@ -136,21 +165,13 @@ func (n *Net) Run(prog *ebpf.Program, frame []byte) (int, []byte) {
 	return int(int32(ret)), opts.DataOut
 }
 
-// in runs f on a thread inside the namespace.
+// in runs f on the namespace's thread.
 func (n *Net) in(f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread is left locked, so it dies with the goroutine
-		// rather than going back to the pool inside the namespace when
-		// switching back fails.
-		runtime.LockOSThread()
-		if err := unix.Setns(int(n.ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
+	var err error
+	ran := make(chan struct{})
+	n.calls <- func() { err = f(); close(ran) }
+	<-ran
+	return err
 }
 
 // Frame builds an Ethernet/IPv4/UDP frame from src to dst carrying
