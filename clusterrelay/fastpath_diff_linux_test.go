@@ -87,7 +87,7 @@ func sealed(t testing.TB, k *encap.Keyring, h encap.Header, payload []byte) []by
 // forwarded.
 func (d *diffRig) check(t testing.TB, from netip.AddrPort, payload []byte) (kernel, user bool) {
 	frame := fptest.Frame(from, d.r.Addr(), payload)
-	verdict, out := d.n.Run(d.fp.Program(), frame)
+	verdict, out := d.n.Run(t, d.fp.Program(), frame)
 	buf := make([]byte, len(payload)+encap.MaxLen)
 	copy(buf, payload)
 	gout, gdst, ok := d.r.decide(buf, len(payload), from)

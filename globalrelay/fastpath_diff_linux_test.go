@@ -92,7 +92,7 @@ func (d *diffRig) check(t testing.TB, in diffInput) (kernel, user bool) {
 		dst = d.vip
 	}
 	frame := fptest.Frame(in.from, dst, in.payload)
-	verdict, out := d.n.Run(d.fp.Program(), frame)
+	verdict, out := d.n.Run(t, d.fp.Program(), frame)
 
 	n := len(in.payload)
 	var gout []byte

@@ -47,9 +47,8 @@ func (c *Cluster) Attach(ifindex int, mode Mode) error {
 	return c.attach(c.objs.ClusterRelay, ifindex, mode)
 }
 
-// SetPods replaces the pod directory (pod ID → data address). Pods with
-// IPv6 addresses are left to user space.
-func (c *Cluster) SetPods(pods map[uint16]netip.AddrPort) error {
+// setPods is SetPods without the lock against Close.
+func (c *Cluster) setPods(pods map[uint16]netip.AddrPort) error {
 	byID := map[uint32]fastpathFpAddr4{}
 	byAddr := map[fastpathFpAddr4]uint32{}
 	for id, a := range pods {
@@ -67,9 +66,8 @@ func (c *Cluster) SetPods(pods map[uint16]netip.AddrPort) error {
 	return nil
 }
 
-// AddIngress records a global relay ingress socket that has sent an
-// authenticated datagram toward a pod: replies may go to it.
-func (c *Cluster) AddIngress(a netip.AddrPort) error {
+// addIngress is AddIngress without the lock against Close.
+func (c *Cluster) addIngress(a netip.AddrPort) error {
 	k, err := addr4(a)
 	if err != nil {
 		return err
@@ -80,15 +78,14 @@ func (c *Cluster) AddIngress(a netip.AddrPort) error {
 	return nil
 }
 
-// ClearIngresses forgets every ingress (the relay's set was cleared).
-func (c *Cluster) ClearIngresses() error {
+// clearIngresses is ClearIngresses without the lock against Close.
+func (c *Cluster) clearIngresses() error {
 	return replace(c.objs.CrIngresses, map[fastpathFpAddr4]uint32{})
 }
 
-// SetKeys makes the program accept every key of ring; pods lists the pods
-// whose derived keys to hold. Keys the ring no longer holds are dropped.
-func (c *Cluster) SetKeys(ring *encap.Keyring, pods []uint16) error {
-	if err := c.setKeys(c.cluster, ring, pods); err != nil {
+// setKeys is SetKeys without the lock against Close.
+func (c *Cluster) setKeys(ring *encap.Keyring, pods []uint16) error {
+	if err := c.putKeys(c.cluster, ring, pods); err != nil {
 		return err
 	}
 	return c.dropKeys(c.cluster, ring)
@@ -119,4 +116,31 @@ func replace[K comparable, V comparable](m *ebpf.Map, want map[K]V) error {
 		}
 	}
 	return nil
+}
+
+// SetPods replaces the pod directory (pod ID → data address). Pods with
+// IPv6 addresses are left to user space.
+// It fails with net.ErrClosed after Close.
+func (c *Cluster) SetPods(pods map[uint16]netip.AddrPort) error {
+	return c.use(func() error { return c.setPods(pods) })
+}
+
+// AddIngress records a global relay ingress socket that has sent an
+// authenticated datagram toward a pod: replies may go to it.
+// It fails with net.ErrClosed after Close.
+func (c *Cluster) AddIngress(a netip.AddrPort) error {
+	return c.use(func() error { return c.addIngress(a) })
+}
+
+// ClearIngresses forgets every ingress (the relay's set was cleared).
+// It fails with net.ErrClosed after Close.
+func (c *Cluster) ClearIngresses() error {
+	return c.use(func() error { return c.clearIngresses() })
+}
+
+// SetKeys makes the program accept every key of ring; pods lists the pods
+// whose derived keys to hold. Keys the ring no longer holds are dropped.
+// It fails with net.ErrClosed after Close.
+func (c *Cluster) SetKeys(ring *encap.Keyring, pods []uint16) error {
+	return c.use(func() error { return c.setKeys(ring, pods) })
 }

@@ -38,9 +38,8 @@ func (g *Global) Attach(ifindex int, mode Mode) error {
 	return g.attach(g.objs.GlobalRelay, ifindex, mode)
 }
 
-// AddWorker tells the program a worker's internal socket (replies arrive
-// there), the VIP its replies leave from and the relay's POP.
-func (g *Global) AddWorker(ingress, vip netip.AddrPort, pop uint16) error {
+// addWorker is AddWorker without the lock against Close.
+func (g *Global) addWorker(ingress, vip netip.AddrPort, pop uint16) error {
 	in, err := addr4(ingress)
 	if err != nil {
 		return err
@@ -55,9 +54,8 @@ func (g *Global) AddWorker(ingress, vip netip.AddrPort, pop uint16) error {
 	return nil
 }
 
-// SetRelays replaces the cluster relays replies are taken from (data
-// address → cluster). IPv6 relays are left to user space.
-func (g *Global) SetRelays(relays map[netip.AddrPort]uint16) error {
+// setRelays is SetRelays without the lock against Close.
+func (g *Global) setRelays(relays map[netip.AddrPort]uint16) error {
 	want := map[fastpathFpAddr4]uint32{}
 	for a, c := range relays {
 		if k, err := addr4(a); err == nil {
@@ -70,20 +68,16 @@ func (g *Global) SetRelays(relays map[netip.AddrPort]uint16) error {
 	return nil
 }
 
-// SetKeys makes replies of cluster verify under every key of ring; pods
-// lists the pods whose derived keys to hold (those of installed flows).
-// Keys the ring no longer holds are dropped.
-func (g *Global) SetKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
-	if err := g.setKeys(cluster, ring, pods); err != nil {
+// setKeys is SetKeys without the lock against Close.
+func (g *Global) setKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
+	if err := g.putKeys(cluster, ring, pods); err != nil {
 		return err
 	}
 	return g.dropKeys(cluster, ring)
 }
 
-// Install adds or replaces a flow. The counters of a flow already
-// installed carry over (increments between the read and the write are
-// lost, which only the counters see).
-func (g *Global) Install(f GlobalFlow) error {
+// install is Install without the lock against Close.
+func (g *Global) install(f GlobalFlow) error {
 	k, err := f.key()
 	if err != nil {
 		return err
@@ -103,10 +97,8 @@ func (g *Global) Install(f GlobalFlow) error {
 	return nil
 }
 
-// Remove takes a flow out of the kernel (expiry, takeover); its datagrams
-// go up from the next one on. Removing a flow that is not there is no
-// error.
-func (g *Global) Remove(client, vip netip.AddrPort) error {
+// remove is Remove without the lock against Close.
+func (g *Global) remove(client, vip netip.AddrPort) error {
 	k, err := (&GlobalFlow{Client: client, VIP: vip}).key()
 	if err != nil {
 		return nil // never installed
@@ -118,7 +110,15 @@ func (g *Global) Remove(client, vip netip.AddrPort) error {
 }
 
 // Flow returns what the kernel counted for an installed flow.
-func (g *Global) Flow(client, vip netip.AddrPort) (FlowStats, bool) {
+func (g *Global) Flow(client, vip netip.AddrPort) (s FlowStats, ok bool) {
+	_ = g.use(func() error {
+		s, ok = g.flow(client, vip)
+		return nil
+	})
+	return s, ok
+}
+
+func (g *Global) flow(client, vip netip.AddrPort) (FlowStats, bool) {
 	k, err := (&GlobalFlow{Client: client, VIP: vip}).key()
 	if err != nil {
 		return FlowStats{}, false
@@ -128,4 +128,42 @@ func (g *Global) Flow(client, vip netip.AddrPort) (FlowStats, bool) {
 		return FlowStats{}, false
 	}
 	return v.stats(), true
+}
+
+// AddWorker tells the program a worker's internal socket (replies arrive
+// there), the VIP its replies leave from and the relay's POP.
+// It fails with net.ErrClosed after Close.
+func (g *Global) AddWorker(ingress, vip netip.AddrPort, pop uint16) error {
+	return g.use(func() error { return g.addWorker(ingress, vip, pop) })
+}
+
+// SetRelays replaces the cluster relays replies are taken from (data
+// address → cluster). IPv6 relays are left to user space.
+// It fails with net.ErrClosed after Close.
+func (g *Global) SetRelays(relays map[netip.AddrPort]uint16) error {
+	return g.use(func() error { return g.setRelays(relays) })
+}
+
+// SetKeys makes replies of cluster verify under every key of ring; pods
+// lists the pods whose derived keys to hold (those of installed flows).
+// Keys the ring no longer holds are dropped.
+// It fails with net.ErrClosed after Close.
+func (g *Global) SetKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
+	return g.use(func() error { return g.setKeys(cluster, ring, pods) })
+}
+
+// Install adds or replaces a flow. The counters of a flow already
+// installed carry over (increments between the read and the write are
+// lost, which only the counters see).
+// It fails with net.ErrClosed after Close.
+func (g *Global) Install(f GlobalFlow) error {
+	return g.use(func() error { return g.install(f) })
+}
+
+// Remove takes a flow out of the kernel (expiry, takeover); its datagrams
+// go up from the next one on. Removing a flow that is not there is no
+// error.
+// It fails with net.ErrClosed after Close.
+func (g *Global) Remove(client, vip netip.AddrPort) error {
+	return g.use(func() error { return g.remove(client, vip) })
 }

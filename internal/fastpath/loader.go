@@ -21,7 +21,9 @@ import (
 type progs struct {
 	objs fastpathObjects
 
-	mu     sync.Mutex // guards links and closed
+	// mu guards links and closed; map operations hold it shared (use),
+	// so Close never frees a map under one.
+	mu     sync.RWMutex
 	links  []link.Link
 	closed bool
 }
@@ -66,9 +68,9 @@ func (p *progs) attach(prog *ebpf.Program, ifindex int, mode Mode) error {
 	return nil
 }
 
-// setKeys makes the programs accept every key of ring for cluster: the
+// putKeys makes the programs accept every key of ring for cluster: the
 // static keys for every pod, and the derived keys of pods.
-func (p *progs) setKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
+func (p *progs) putKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
 	for _, id := range ring.KeyIDs() {
 		if k, perPod, ok := ring.PodKey(id, 0); ok && !perPod {
 			if err := p.objs.HopKeys.Put(fastpathFpKeyId{Cluster: cluster, KeyId: id, AnyPod: 1}, splitKey(k)); err != nil {
@@ -112,8 +114,26 @@ func (p *progs) dropKeys(cluster uint16, ring *encap.Keyring) error {
 	return nil
 }
 
+// use runs f on the maps unless Close has freed them (net.ErrClosed).
+func (p *progs) use(f func() error) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return net.ErrClosed
+	}
+	return f()
+}
+
 // Stats sums the programs' counters over CPUs, indexed by Reason.
-func (p *progs) Stats() ([NumReasons]Count, error) {
+func (p *progs) Stats() (out [NumReasons]Count, err error) {
+	err = p.use(func() error {
+		out, err = p.stats()
+		return err
+	})
+	return out, err
+}
+
+func (p *progs) stats() ([NumReasons]Count, error) {
 	var out [NumReasons]Count
 	var per []fastpathFpCount
 	for r := range uint32(NumReasons) {

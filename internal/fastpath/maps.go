@@ -29,6 +29,14 @@ var Reasons = [NumReasons]string{
 	"not_from_pod", "pod_mismatch", "ingress", "unknown_ingress", "fib", "adjust",
 }
 
+// The forwards; every other Reason is a pass.
+const (
+	ForwardUp     Reason = iota // global relay: client → cluster relay
+	ForwardDown                 // global relay: cluster relay → client
+	ForwardPod                  // cluster relay: → pod
+	ForwardClient               // cluster relay: → global relay ingress
+)
+
 // Forwarded reports whether r is a forward rather than a pass.
 func (r Reason) Forwarded() bool { return r < 4 }
 

@@ -110,7 +110,7 @@ func TestNeverPasses(t *testing.T) {
 				p, prog = &c.progs, c.Program()
 			}
 			before := stats(t, p)
-			verdict, out := n.Run(prog, tc.frame)
+			verdict, out := n.Run(t, prog, tc.frame)
 			if verdict != fptest.Pass || !bytes.Equal(out, tc.frame) {
 				t.Fatalf("verdict %d (changed: %v), want it passed up unchanged; counters %v", verdict, !bytes.Equal(out, tc.frame), stats(t, p))
 			}
@@ -122,10 +122,10 @@ func TestNeverPasses(t *testing.T) {
 	}
 
 	// And the datagrams that do pass, to show the world above is right.
-	if v, _ := n.Run(g.Program(), fptest.Frame(vRelay, vIngress, good)); v != fptest.Redirect {
+	if v, _ := n.Run(t, g.Program(), fptest.Frame(vRelay, vIngress, good)); v != fptest.Redirect {
 		t.Fatalf("a good reply: verdict %d", v)
 	}
-	if v, _ := n.Run(c.Program(), fptest.Frame(vIngress, vRelay, seal(toPod, dtls, ring))); v != fptest.Redirect {
+	if v, _ := n.Run(t, c.Program(), fptest.Frame(vIngress, vRelay, seal(toPod, dtls, ring))); v != fptest.Redirect {
 		t.Fatalf("a good datagram toward the pod: verdict %d", v)
 	}
 }
@@ -138,14 +138,14 @@ func TestMTU(t *testing.T) {
 	g := vectorGlobal(t, vectorRing(t))
 	payload := append([]byte{0x17}, make([]byte, 1500-20-8-1)...) // fills a 1500 MTU exactly
 	in := fptest.Frame(vClient, vVIP, payload)
-	if v, out := n.Run(g.Program(), in); v != fptest.Pass || !bytes.Equal(in, out) {
+	if v, out := n.Run(t, g.Program(), in); v != fptest.Pass || !bytes.Equal(in, out) {
 		t.Fatalf("verdict %d, want pass", v)
 	}
 	if s := stats(t, &g.progs); s["mtu"] != 1 {
 		t.Fatalf("counters %v", s)
 	}
 	n.MTU(1500 + encap.MinLen)
-	if v, _ := n.Run(g.Program(), in); v != fptest.Redirect {
+	if v, _ := n.Run(t, g.Program(), in); v != fptest.Redirect {
 		t.Fatalf("with room for the header: verdict %d", v)
 	}
 }

@@ -96,7 +96,7 @@ func TestSealedVectorsGlobal(t *testing.T) {
 	want := unhex(t, vectorV4)
 
 	dtls := append([]byte{0x16, 0xfe}, "payload"...)
-	verdict, out := n.Run(g.Program(), fptest.Frame(vClient, vVIP, dtls))
+	verdict, out := n.Run(t, g.Program(), fptest.Frame(vClient, vVIP, dtls))
 	if verdict != fptest.Redirect {
 		t.Fatalf("verdict %d, want redirect; counters %v", verdict, stats(t, &g.progs))
 	}
@@ -117,7 +117,7 @@ func TestSealedVectorsGlobal(t *testing.T) {
 	// The vector's own payload starts with 0x00: STUN, which is user
 	// space's, and goes up untouched.
 	in := fptest.Frame(vClient, vVIP, want[encap.MinLen:])
-	if verdict, out := n.Run(g.Program(), in); verdict != fptest.Pass || !bytes.Equal(out, in) {
+	if verdict, out := n.Run(t, g.Program(), in); verdict != fptest.Pass || !bytes.Equal(out, in) {
 		t.Fatalf("STUN: verdict %d, changed %v", verdict, !bytes.Equal(out, in))
 	}
 
@@ -128,7 +128,7 @@ func TestSealedVectorsGlobal(t *testing.T) {
 	must(t, err)
 	reply = append(reply, dtls...)
 	ring.Seal(reply, encap.MinLen)
-	verdict, out = n.Run(g.Program(), fptest.Frame(vRelay, vIngress, reply))
+	verdict, out = n.Run(t, g.Program(), fptest.Frame(vRelay, vIngress, reply))
 	if verdict != fptest.Redirect {
 		t.Fatalf("reply: verdict %d, want redirect; counters %v", verdict, stats(t, &g.progs))
 	}
@@ -152,7 +152,7 @@ func TestSealedVectorsCluster(t *testing.T) {
 	c := vectorCluster(t, vectorRing(t))
 	for _, v := range []string{vectorV4, vectorV4TCP} {
 		pkt := unhex(t, v)
-		verdict, out := n.Run(c.Program(), fptest.Frame(vIngress, vRelay, pkt))
+		verdict, out := n.Run(t, c.Program(), fptest.Frame(vIngress, vRelay, pkt))
 		if verdict != fptest.Redirect {
 			t.Fatalf("verdict %d, want redirect; counters %v", verdict, stats(t, &c.progs))
 		}
@@ -165,7 +165,7 @@ func TestSealedVectorsCluster(t *testing.T) {
 		}
 	}
 	in := fptest.Frame(vIngress, vRelay, unhex(t, vectorV6))
-	if verdict, out := n.Run(c.Program(), in); verdict != fptest.Pass || !bytes.Equal(out, in) {
+	if verdict, out := n.Run(t, c.Program(), in); verdict != fptest.Pass || !bytes.Equal(out, in) {
 		t.Fatalf("v6 header: verdict %d", verdict)
 	}
 }

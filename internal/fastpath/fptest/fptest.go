@@ -5,9 +5,7 @@
 package fptest
 
 import (
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -62,20 +60,7 @@ func Require(t testing.TB) {
 func NewNet(t testing.TB) *Net {
 	t.Helper()
 	Require(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	n := &Net{t: t, name: "rtcedge-fp-" + hex.EncodeToString(b[:])}
-	n.ip("netns", "add", n.name)
-	t.Cleanup(func() {
-		if n.calls != nil {
-			close(n.calls)
-			<-n.done
-		}
-		if n.ns != nil {
-			n.ns.Close()
-		}
-		_ = exec.Command("ip", "netns", "del", n.name).Run()
-	})
+	n := bareNet(t)
 	n.ip("-n", n.name, "link", "add", "fp0", "address", "02:00:00:00:00:01", "type", "veth", "peer", "name", "fp1")
 	n.ip("-n", n.name, "link", "set", "fp1", "up")
 	n.ip("-n", n.name, "link", "set", "fp0", "up")
@@ -83,25 +68,7 @@ func NewNet(t testing.TB) *Net {
 	// The programs route with bpf_fib_lookup, which wants forwarding on
 	// the interface (docs/fastpath.md).
 	n.ip("netns", "exec", n.name, "sysctl", "-qw", "net.ipv4.conf.fp0.forwarding=1")
-	f, err := os.Open("/run/netns/" + n.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.ns = f
-	out, err := exec.Command("ip", "-n", n.name, "-o", "link", "show", "fp0").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Sscanf(string(out), "%d:", &n.ifindex); err != nil {
-		t.Fatalf("ifindex of fp0 in %q: %v", out, err)
-	}
-	n.calls, n.done = make(chan func()), make(chan struct{})
-	entered := make(chan error, 1)
-	go n.serve(entered)
-	if err := <-entered; err != nil {
-		n.calls = nil
-		t.Fatal(err)
-	}
+	n.start(t, "fp0")
 	return n
 }
 
@@ -119,6 +86,19 @@ func (n *Net) serve(entered chan<- error) {
 	for f := range n.calls {
 		f()
 	}
+}
+
+// ifindex reads dev's index inside the namespace name.
+func ifindex(name, dev string) (int, error) {
+	out, err := exec.Command("ip", "-n", name, "-o", "link", "show", dev).Output()
+	if err != nil {
+		return 0, fmt.Errorf("ip link show %s: %w", dev, err)
+	}
+	var i int
+	if _, err := fmt.Sscanf(string(out), "%d:", &i); err != nil {
+		return 0, fmt.Errorf("ifindex of %s in %q: %w", dev, out, err)
+	}
+	return i, nil
 }
 
 func (n *Net) ip(args ...string) {
@@ -146,8 +126,9 @@ func (n *Net) MTU(mtu int) { n.ip("-n", n.name, "link", "set", "fp0", "mtu", fmt
 
 // Run runs prog on frame as if it had arrived on fp0, inside the
 // namespace, and returns the verdict and the frame as the program left it.
-func (n *Net) Run(prog *ebpf.Program, frame []byte) (int, []byte) {
-	n.t.Helper()
+// Failures go to t (a fuzz target's own T).
+func (n *Net) Run(t testing.TB, prog *ebpf.Program, frame []byte) (int, []byte) {
+	t.Helper()
 	var ctx [48]byte                                           // struct __sk_buff up to ifindex
 	binary.NativeEndian.PutUint32(ctx[36:], uint32(n.ifindex)) // ingress_ifindex
 	binary.NativeEndian.PutUint32(ctx[40:], uint32(n.ifindex)) // ifindex
@@ -160,7 +141,7 @@ func (n *Net) Run(prog *ebpf.Program, frame []byte) (int, []byte) {
 		return err
 	})
 	if err != nil {
-		n.t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
 	}
 	return int(int32(ret)), opts.DataOut
 }

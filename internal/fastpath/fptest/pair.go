@@ -1,0 +1,100 @@
+package fptest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// Pair is two network namespaces joined by a veth pair: A holds AddrA on
+// "fpa", B holds AddrB on "fpb", in 10.77.0.0/24, with IPv4 forwarding on
+// in B (where a relay's program attaches: IfindexB).
+type Pair struct {
+	A, B         *Net
+	AddrA, AddrB netip.Addr
+	IfindexB     int
+}
+
+// NewPair makes the namespaces; they are removed when the test ends.
+func NewPair(t testing.TB) *Pair {
+	t.Helper()
+	Require(t)
+	p := &Pair{AddrA: netip.MustParseAddr("10.77.0.1"), AddrB: netip.MustParseAddr("10.77.0.2")}
+	p.A, p.B = bareNet(t), bareNet(t)
+	p.A.ip("link", "add", "fpa", "netns", p.A.name, "type", "veth", "peer", "name", "fpb", "netns", p.B.name)
+	p.A.ip("-n", p.A.name, "addr", "add", "10.77.0.1/24", "dev", "fpa")
+	p.A.ip("-n", p.B.name, "addr", "add", "10.77.0.2/24", "dev", "fpb")
+	for _, n := range []*Net{p.A, p.B} {
+		n.ip("-n", n.name, "link", "set", "lo", "up")
+	}
+	p.A.ip("-n", p.A.name, "link", "set", "fpa", "up")
+	p.A.ip("-n", p.B.name, "link", "set", "fpb", "up")
+	p.A.ip("netns", "exec", p.B.name, "sysctl", "-qw", "net.ipv4.conf.fpb.forwarding=1")
+	p.A.start(t, "fpa")
+	p.B.start(t, "fpb")
+	p.IfindexB = p.B.ifindex
+	return p
+}
+
+// bareNet makes an empty namespace.
+func bareNet(t testing.TB) *Net {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	n := &Net{t: t, name: "rtcedge-fp-" + hex.EncodeToString(b[:])}
+	n.ip("netns", "add", n.name)
+	t.Cleanup(func() {
+		if n.calls != nil {
+			close(n.calls)
+			<-n.done
+		}
+		if n.ns != nil {
+			n.ns.Close()
+		}
+		_ = exec.Command("ip", "netns", "del", n.name).Run()
+	})
+	return n
+}
+
+// start opens the namespace, finds dev's index and starts its thread.
+func (n *Net) start(t testing.TB, dev string) {
+	t.Helper()
+	f, err := os.Open("/run/netns/" + n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.ns = f
+	if n.ifindex, err = ifindex(n.name, dev); err != nil {
+		t.Fatal(err)
+	}
+	n.calls, n.done = make(chan func()), make(chan struct{})
+	entered := make(chan error, 1)
+	go n.serve(entered)
+	if err := <-entered; err != nil {
+		n.calls = nil
+		t.Fatal(err)
+	}
+}
+
+// ListenUDP opens a UDP socket inside the namespace; it is closed when
+// the test ends.
+func (n *Net) ListenUDP(a netip.AddrPort) *net.UDPConn {
+	n.t.Helper()
+	var c *net.UDPConn
+	if err := n.in(func() error {
+		var err error
+		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
+		return err
+	}); err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// In runs f on a thread inside the namespace (to create sockets or
+// attach programs there).
+func (n *Net) In(f func() error) error { return n.in(f) }
