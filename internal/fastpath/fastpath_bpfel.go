@@ -82,6 +82,11 @@ type fastpathGrWorker struct {
 	Pad uint16
 }
 
+type fastpathScratch struct {
+	_ structs.HostLayout
+	B [516]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -90,6 +95,7 @@ const (
 	fastpathMapCrIngresses   = "cr_ingresses"
 	fastpathMapCrPodAt       = "cr_pod_at"
 	fastpathMapCrPods        = "cr_pods"
+	fastpathMapFpScratch     = "fp_scratch"
 	fastpathMapFpStats       = "fp_stats"
 	fastpathMapGrFlows       = "gr_flows"
 	fastpathMapGrRelays      = "gr_relays"
@@ -153,6 +159,7 @@ type fastpathMapSpecs struct {
 	CrIngresses *ebpf.MapSpec `ebpf:"cr_ingresses"`
 	CrPodAt     *ebpf.MapSpec `ebpf:"cr_pod_at"`
 	CrPods      *ebpf.MapSpec `ebpf:"cr_pods"`
+	FpScratch   *ebpf.MapSpec `ebpf:"fp_scratch"`
 	FpStats     *ebpf.MapSpec `ebpf:"fp_stats"`
 	GrFlows     *ebpf.MapSpec `ebpf:"gr_flows"`
 	GrRelays    *ebpf.MapSpec `ebpf:"gr_relays"`
@@ -190,6 +197,7 @@ type fastpathMaps struct {
 	CrIngresses *ebpf.Map `ebpf:"cr_ingresses"`
 	CrPodAt     *ebpf.Map `ebpf:"cr_pod_at"`
 	CrPods      *ebpf.Map `ebpf:"cr_pods"`
+	FpScratch   *ebpf.Map `ebpf:"fp_scratch"`
 	FpStats     *ebpf.Map `ebpf:"fp_stats"`
 	GrFlows     *ebpf.Map `ebpf:"gr_flows"`
 	GrRelays    *ebpf.Map `ebpf:"gr_relays"`
@@ -203,6 +211,7 @@ func (m *fastpathMaps) Close() error {
 		m.CrIngresses,
 		m.CrPodAt,
 		m.CrPods,
+		m.FpScratch,
 		m.FpStats,
 		m.GrFlows,
 		m.GrRelays,

@@ -152,6 +152,13 @@ func (g *Global) SetKeys(cluster uint16, ring *encap.Keyring, pods []uint16) err
 	return g.use(func() error { return g.setKeys(cluster, ring, pods) })
 }
 
+// AddKeys makes replies of cluster naming pods verify under every key of
+// ring, keeping the keys the kernel holds already.
+// It fails with net.ErrClosed after Close.
+func (g *Global) AddKeys(cluster uint16, ring *encap.Keyring, pods []uint16) error {
+	return g.use(func() error { return g.putKeys(cluster, ring, pods) })
+}
+
 // Install adds or replaces a flow. The counters of a flow already
 // installed carry over (increments between the read and the write are
 // lost, which only the counters see).

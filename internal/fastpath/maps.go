@@ -18,7 +18,7 @@ import (
 type Reason uint32
 
 // NumReasons is the number of verdicts (FP_NREASONS in fastpath.h).
-const NumReasons = 36
+const NumReasons = 37
 
 // Reasons holds the label of every Reason, in the order of enum fp_reason.
 var Reasons = [NumReasons]string{
@@ -26,7 +26,7 @@ var Reasons = [NumReasons]string{
 	"not_ipv4", "ip_options", "fragment", "not_udp", "not_ours", "short", "miss", "stun", "class",
 	"ssrc", "refresh", "empty", "oversize", "mtu", "probe", "bundle", "header", "key", "tag",
 	"direction", "pop", "not_from_cluster", "tcp", "flow_mismatch", "wrong_cluster", "unknown_pod",
-	"not_from_pod", "pod_mismatch", "ingress", "unknown_ingress", "fib", "adjust",
+	"not_from_pod", "pod_mismatch", "ingress", "unknown_ingress", "fib", "adjust", "csum",
 }
 
 // The forwards; every other Reason is a pass.

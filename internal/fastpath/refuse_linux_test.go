@@ -77,6 +77,7 @@ func TestNeverPasses(t *testing.T) {
 		{"IP options", "global", options(fptest.Frame(vClient, vVIP, dtls)), "ip_options"},
 		{"TCP", "global", proto(fptest.Frame(vClient, vVIP, dtls), 6), "not_udp"},
 		{"truncated UDP", "global", truncate(fptest.Frame(vClient, vVIP, dtls), 5), "short"},
+		{"bad UDP checksum", "global", corrupt(fptest.Frame(vClient, vVIP, dtls)), "csum"},
 		// The global relay, replies.
 		{"forged tag", "global", fptest.Frame(vRelay, vIngress, flip(good, encap.MinLen-1)), "tag"},
 		{"altered field", "global", fptest.Frame(vRelay, vIngress, flip(good, 17)), "tag"},
@@ -90,6 +91,7 @@ func TestNeverPasses(t *testing.T) {
 		{"wrong POP", "global", fptest.Frame(vRelay, vIngress, seal(wrongPOP, dtls, ring)), "pop"},
 		{"toward the transceiver", "global", fptest.Frame(vRelay, vIngress, seal(upward, dtls, ring)), "direction"},
 		{"TCP client", "global", fptest.Frame(vRelay, vIngress, seal(tcp, dtls, ring)), "tcp"},
+		{"reply with a bad UDP checksum", "global", corrupt(fptest.Frame(vRelay, vIngress, good)), "csum"},
 		{"empty reply", "global", fptest.Frame(vRelay, vIngress, seal(reply, nil, ring)), "empty"},
 		{"probe", "global", fptest.Frame(vRelay, vIngress, append([]byte{encap.ProbeMagic, 0x11}, make([]byte, 22)...)), "probe"},
 		{"bundle", "global", fptest.Frame(vRelay, vIngress, append([]byte{encap.BundleMagic, 0x10}, good...)), "bundle"},
@@ -121,6 +123,15 @@ func TestNeverPasses(t *testing.T) {
 		})
 	}
 
+	// A datagram without a UDP checksum (0) is forwarded without one.
+	noSum := fptest.Frame(vRelay, vIngress, good)
+	noSum[40], noSum[41] = 0, 0
+	if v, out := n.Run(t, g.Program(), noSum); v != fptest.Redirect {
+		t.Fatalf("a reply without checksum: verdict %d", v)
+	} else if d, err := fptest.Parse(out); err != nil || out[40] != 0 || out[41] != 0 || !bytes.Equal(d.Payload, dtls) {
+		t.Fatalf("a reply without checksum: %v, checksum %x%x", err, out[40], out[41])
+	}
+
 	// And the datagrams that do pass, to show the world above is right.
 	if v, _ := n.Run(t, g.Program(), fptest.Frame(vRelay, vIngress, good)); v != fptest.Redirect {
 		t.Fatalf("a good reply: verdict %d", v)
@@ -148,6 +159,13 @@ func TestMTU(t *testing.T) {
 	if v, _ := n.Run(t, g.Program(), in); v != fptest.Redirect {
 		t.Fatalf("with room for the header: verdict %d", v)
 	}
+}
+
+// corrupt changes the frame's last byte, leaving its UDP checksum wrong.
+func corrupt(b []byte) []byte {
+	b = bytes.Clone(b)
+	b[len(b)-1] ^= 0x40
+	return b
 }
 
 func vectorKey() []byte {

@@ -103,6 +103,19 @@ struct {
 	__type(value, __u32);
 } cr_ingresses SEC(".maps");
 
+/* Room to sum a datagram's bytes in (udp_csum_ok), per CPU. */
+#define CSUM_CHUNK 512
+struct scratch {
+	__u8 b[CSUM_CHUNK + 4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} fp_scratch SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, FP_NREASONS);
@@ -215,6 +228,69 @@ static __always_inline int parse(struct __sk_buff *skb, struct l4 *p)
 		return FP_PASS_SHORT;
 	p->n = tot - sizeof(struct iphdr) - sizeof(struct udphdr);
 	return 0;
+}
+
+/* udp_csum_ok verifies the UDP checksum of the datagram in full (0: none
+ * sent). The program changes checksums incrementally, which keeps a
+ * corrupted datagram corrupted, as the stack would have dropped it; and a
+ * datagram whose checksum is still to be computed (CHECKSUM_PARTIAL, from
+ * a socket on this host) fails here and goes up, as the programs cannot
+ * move the skb's checksum start when they change its length. */
+static __always_inline int udp_csum_ok(struct __sk_buff *skb, const struct l4 *p)
+{
+	__u64 len = p->n + sizeof(struct udphdr), off = 0, chunk, words;
+	__u32 zero = 0;
+	__be32 pseudo[3];
+	struct scratch *s;
+	__s64 sum;
+	int i;
+
+	if (p->udp.check == 0)
+		return 1;
+	s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s)
+		return 0;
+	pseudo[0] = p->ip.saddr;
+	pseudo[1] = p->ip.daddr;
+	pseudo[2] = bpf_htonl(IPPROTO_UDP << 16 | (__u32)len);
+	sum = bpf_csum_diff(0, 0, pseudo, sizeof(pseudo), 0);
+	for (i = 0; i < 4; i++) {
+		if (off >= len)
+			break;
+		chunk = len - off;
+		if (chunk >= CSUM_CHUNK) {
+			if (bpf_skb_load_bytes(skb, UDP_OFF + off, s->b, CSUM_CHUNK))
+				return 0;
+			sum = bpf_csum_diff(0, 0, (__be32 *)s->b, CSUM_CHUNK, sum);
+			if (sum < 0)
+				return 0;
+			off += CSUM_CHUNK;
+			continue;
+		}
+		/* The tail: its length checked where the verifier sees it. */
+		asm volatile("" : "+r"(chunk));
+		if (chunk < 1 || chunk > CSUM_CHUNK - 1)
+			return 0;
+		if (bpf_skb_load_bytes(skb, UDP_OFF + off, s->b, chunk))
+			return 0;
+		/* bpf_csum_diff sums whole words: zero what pads the last. */
+		s->b[chunk] = 0;
+		s->b[chunk + 1] = 0;
+		s->b[chunk + 2] = 0;
+		words = (chunk + 3) & ~3ULL;
+		asm volatile("" : "+r"(words));
+		if (words < 4 || words > CSUM_CHUNK)
+			return 0;
+		sum = bpf_csum_diff(0, 0, (__be32 *)s->b, words, sum);
+		if (sum < 0)
+			return 0;
+		off += chunk;
+	}
+	if (off < len)
+		return 0;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff;
 }
 
 /* A decoded header v2 with IPv4 addresses. */
@@ -423,6 +499,8 @@ static __always_inline int client_to_cluster(struct __sk_buff *skb, struct l4 *p
 		return pass(skb, FP_PASS_REFRESH);
 	if (b0 >= 128 && rtp_ssrc(skb, p->n, &ssrc) && (!f->has_ssrc || f->ssrc != ssrc))
 		return pass(skb, FP_PASS_SSRC);
+	if (!udp_csum_ok(skb, p))
+		return pass(skb, FP_PASS_CSUM);
 
 	__builtin_memcpy(h, f->hdr, ENCAP_SIGNED);
 	__builtin_memcpy(&ingress.port, &h[22], 2);
@@ -489,6 +567,8 @@ static __always_inline int cluster_to_client(struct __sk_buff *skb, struct l4 *p
 	f = bpf_map_lookup_elem(&gr_flows, &key);
 	if (!f)
 		return pass(skb, FP_PASS_MISS);
+	if (!udp_csum_ok(skb, p))
+		return pass(skb, FP_PASS_CSUM);
 	fc = (__u16)f->hdr[4] << 8 | f->hdr[5];
 	fp = (__u16)f->hdr[6] << 8 | f->hdr[7];
 	if (fc != h.cluster || fp != h.pod)

@@ -131,6 +131,7 @@ enum fp_reason {
 	FP_PASS_UNKNOWN_INGRESS,
 	FP_PASS_FIB,          /* no route or neighbour to the next hop */
 	FP_PASS_ADJUST,       /* the kernel would not make room for the header */
+	FP_PASS_CSUM,         /* a UDP checksum that does not verify, or is still to be computed */
 	FP_NREASONS
 };
 

@@ -51,8 +51,10 @@ func Require(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("fast path tests need root (CAP_BPF, CAP_NET_ADMIN): run them as root")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Fatal("fast path tests need iproute2's ip: apt-get install iproute2")
+	for _, tool := range []string{"ip", "ethtool"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("fast path tests need %s: apt-get install iproute2 ethtool", tool)
+		}
 	}
 }
 

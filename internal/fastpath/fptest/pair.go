@@ -12,7 +12,8 @@ import (
 
 // Pair is two network namespaces joined by a veth pair: A holds AddrA on
 // "fpa", B holds AddrB on "fpb", in 10.77.0.0/24, with IPv4 forwarding on
-// in B (where a relay's program attaches: IfindexB).
+// in B (where a relay's program attaches: IfindexB) and transmit checksum
+// offload off in A.
 type Pair struct {
 	A, B         *Net
 	AddrA, AddrB netip.Addr
@@ -20,7 +21,12 @@ type Pair struct {
 }
 
 // NewPair makes the namespaces; they are removed when the test ends.
-func NewPair(t testing.TB) *Pair {
+func NewPair(t testing.TB) *Pair { return NewPairOffload(t, false) }
+
+// NewPairOffload is NewPair with A's transmit checksum offload left on
+// when offload is true: A's datagrams then reach B still to be
+// checksummed, as from a socket on the same host.
+func NewPairOffload(t testing.TB, offload bool) *Pair {
 	t.Helper()
 	Require(t)
 	p := &Pair{AddrA: netip.MustParseAddr("10.77.0.1"), AddrB: netip.MustParseAddr("10.77.0.2")}
@@ -34,6 +40,14 @@ func NewPair(t testing.TB) *Pair {
 	p.A.ip("-n", p.A.name, "link", "set", "fpa", "up")
 	p.A.ip("-n", p.B.name, "link", "set", "fpb", "up")
 	p.A.ip("netns", "exec", p.B.name, "sysctl", "-qw", "net.ipv4.conf.fpb.forwarding=1")
+	// Datagrams reach the programs as from a NIC: checksummed in full. A
+	// veth with checksum offload hands them over still to be checksummed
+	// (CHECKSUM_PARTIAL), which the programs pass up (docs/fastpath.md).
+	if offload {
+		// left on
+	} else if out, err := exec.Command("ip", "netns", "exec", p.A.name, "ethtool", "-K", "fpa", "tx", "off").CombinedOutput(); err != nil {
+		t.Fatalf("ethtool -K fpa tx off: %v: %s", err, out)
+	}
 	p.A.start(t, "fpa")
 	p.B.start(t, "fpb")
 	p.IfindexB = p.B.ifindex
