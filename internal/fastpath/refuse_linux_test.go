@@ -22,6 +22,55 @@ func TestNeverPasses(t *testing.T) {
 	ring := vectorRing(t)
 	g := vectorGlobal(t, ring)
 	c := vectorCluster(t, ring)
+	cases, good, toPodPkt, dtls := refusals(t, ring)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, prog := &g.progs, g.Program()
+			if tc.prog == "cluster" {
+				p, prog = &c.progs, c.Program()
+			}
+			before := stats(t, p)
+			verdict, out := n.Run(t, prog, tc.frame)
+			if verdict != fptest.Pass || !bytes.Equal(out, tc.frame) {
+				t.Fatalf("verdict %d (changed: %v), want it passed up unchanged; counters %v", verdict, !bytes.Equal(out, tc.frame), stats(t, p))
+			}
+			after := stats(t, p)
+			if after[tc.reason] != before[tc.reason]+1 {
+				t.Fatalf("counted %v, want one more %q", after, tc.reason)
+			}
+		})
+	}
+
+	// A datagram without a UDP checksum (0) is forwarded without one.
+	noSum := fptest.Frame(vRelay, vIngress, good)
+	noSum[40], noSum[41] = 0, 0
+	if v, out := n.Run(t, g.Program(), noSum); v != fptest.Redirect {
+		t.Fatalf("a reply without checksum: verdict %d", v)
+	} else if d, err := fptest.Parse(out); err != nil || out[40] != 0 || out[41] != 0 || !bytes.Equal(d.Payload, dtls) {
+		t.Fatalf("a reply without checksum: %v, checksum %x%x", err, out[40], out[41])
+	}
+
+	// And the datagrams that do pass, to show the world above is right.
+	if v, _ := n.Run(t, g.Program(), fptest.Frame(vRelay, vIngress, good)); v != fptest.Redirect {
+		t.Fatalf("a good reply: verdict %d", v)
+	}
+	if v, _ := n.Run(t, c.Program(), fptest.Frame(vIngress, vRelay, toPodPkt)); v != fptest.Redirect {
+		t.Fatalf("a good datagram toward the pod: verdict %d", v)
+	}
+}
+
+// refusal is a datagram a program must pass up, and the reason it counts.
+type refusal struct {
+	name   string
+	prog   string // "global" or "cluster"
+	frame  []byte
+	reason string
+}
+
+// refusals lists TestNeverPasses's datagrams for the vectors' world; good
+// is a reply the global relay's program forwards, toPod a datagram the
+// cluster relay's forwards, dtls the payload of both.
+func refusals(t testing.TB, ring *encap.Keyring) (cases []refusal, good, toPodPkt, dtls []byte) {
 	other := netip.MustParseAddrPort("198.51.100.99:40000")
 
 	seal := func(h encap.Header, payload []byte, r *encap.Keyring) []byte {
@@ -31,7 +80,7 @@ func TestNeverPasses(t *testing.T) {
 		r.Seal(b, encap.MinLen)
 		return b
 	}
-	dtls := append([]byte{0x17, 0xfe, 0xfd}, bytes.Repeat([]byte{0xaa}, 40)...)
+	dtls = append([]byte{0x17, 0xfe, 0xfd}, bytes.Repeat([]byte{0xaa}, 40)...)
 	reply := vectorHeader()
 	reply.ToClient = true
 	toPod := vectorHeader()
@@ -58,14 +107,8 @@ func TestNeverPasses(t *testing.T) {
 	otherIngress := toPod
 	otherIngress.Ingress = netip.MustParseAddrPort("10.1.2.4:3478")
 
-	type tc struct {
-		name   string
-		prog   string // "global" or "cluster"
-		frame  []byte
-		reason string
-	}
-	good := seal(reply, dtls, ring)
-	cases := []tc{
+	good = seal(reply, dtls, ring)
+	cases = []refusal{
 		// The global relay, from a client.
 		{"unknown client", "global", fptest.Frame(other, vVIP, dtls), "miss"},
 		{"STUN", "global", fptest.Frame(vClient, vVIP, []byte{0, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42}), "stun"},
@@ -105,40 +148,7 @@ func TestNeverPasses(t *testing.T) {
 		{"cluster: not our address", "cluster", fptest.Frame(vIngress, vPod, seal(toPod, dtls, ring)), "not_ours"},
 		{"cluster: probe", "cluster", fptest.Frame(vIngress, vRelay, append([]byte{encap.ProbeMagic, 0x10}, make([]byte, 22)...)), "probe"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			p, prog := &g.progs, g.Program()
-			if tc.prog == "cluster" {
-				p, prog = &c.progs, c.Program()
-			}
-			before := stats(t, p)
-			verdict, out := n.Run(t, prog, tc.frame)
-			if verdict != fptest.Pass || !bytes.Equal(out, tc.frame) {
-				t.Fatalf("verdict %d (changed: %v), want it passed up unchanged; counters %v", verdict, !bytes.Equal(out, tc.frame), stats(t, p))
-			}
-			after := stats(t, p)
-			if after[tc.reason] != before[tc.reason]+1 {
-				t.Fatalf("counted %v, want one more %q", after, tc.reason)
-			}
-		})
-	}
-
-	// A datagram without a UDP checksum (0) is forwarded without one.
-	noSum := fptest.Frame(vRelay, vIngress, good)
-	noSum[40], noSum[41] = 0, 0
-	if v, out := n.Run(t, g.Program(), noSum); v != fptest.Redirect {
-		t.Fatalf("a reply without checksum: verdict %d", v)
-	} else if d, err := fptest.Parse(out); err != nil || out[40] != 0 || out[41] != 0 || !bytes.Equal(d.Payload, dtls) {
-		t.Fatalf("a reply without checksum: %v, checksum %x%x", err, out[40], out[41])
-	}
-
-	// And the datagrams that do pass, to show the world above is right.
-	if v, _ := n.Run(t, g.Program(), fptest.Frame(vRelay, vIngress, good)); v != fptest.Redirect {
-		t.Fatalf("a good reply: verdict %d", v)
-	}
-	if v, _ := n.Run(t, c.Program(), fptest.Frame(vIngress, vRelay, seal(toPod, dtls, ring))); v != fptest.Redirect {
-		t.Fatalf("a good datagram toward the pod: verdict %d", v)
-	}
+	return cases, good, seal(toPod, dtls, ring), dtls
 }
 
 // TestMTU: a datagram that would not fit the egress MTU once the header
