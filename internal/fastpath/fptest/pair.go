@@ -3,11 +3,16 @@ package fptest
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Pair is two network namespaces joined by a veth pair: A holds AddrA on
@@ -54,11 +59,14 @@ func NewPairOffload(t testing.TB, offload bool) *Pair {
 	return p
 }
 
-// bareNet makes an empty namespace.
+// bareNet makes an empty namespace, named after the process, and first
+// removes those left by processes that are gone (a fuzzing worker is
+// stopped without running its cleanups).
 func bareNet(t testing.TB) *Net {
+	sweep()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	n := &Net{t: t, name: "rtcedge-fp-" + hex.EncodeToString(b[:])}
+	n := &Net{t: t, name: fmt.Sprintf("%s%d-%s", prefix, os.Getpid(), hex.EncodeToString(b[:]))}
 	n.ip("netns", "add", n.name)
 	t.Cleanup(func() {
 		if n.calls != nil {
@@ -71,6 +79,23 @@ func bareNet(t testing.TB) *Net {
 		_ = exec.Command("ip", "netns", "del", n.name).Run()
 	})
 	return n
+}
+
+// prefix starts every namespace's name; the creating process's ID follows.
+const prefix = "rtcedge-fp-"
+
+// sweep deletes the namespaces of processes that no longer run.
+func sweep() {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(e.Name(), prefix), "-")
+		if !strings.HasPrefix(e.Name(), prefix) || !ok {
+			continue
+		}
+		if id, err := strconv.Atoi(pid); err == nil && id > 0 && unix.Kill(id, 0) == unix.ESRCH {
+			_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+		}
+	}
 }
 
 // start opens the namespace, finds dev's index and starts its thread.
