@@ -19,7 +19,7 @@ ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --ex
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
 
-.PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak
+.PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check
 
 run: build
 	./$(BIN) dev
@@ -90,9 +90,21 @@ bench-capacity: build
 bench-relay:
 	$(GO) run ./bench/relay/cmd/relaybench -json bin/bench-relay.json $(BENCH_RELAY_FLAGS)
 
-lint: build-deps
+lint: build-deps bpf-check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+# The kernel programs of the fast path (docs/fastpath.md): C under
+# internal/fastpath/bpf, compiled by bpf2go into committed objects so that
+# building needs no clang. `make bpf` regenerates them (needs clang, llvm
+# and libbpf-dev) and records the sources' hash; `make bpf-check` (part of
+# lint) fails when the C changed since.
+bpf:
+	@command -v clang >/dev/null || { echo "make bpf needs clang: apt-get install clang llvm libbpf-dev"; exit 1; }
+	$(GO) generate ./internal/fastpath
+
+bpf-check:
+	@cd internal/fastpath/bpf && sha256sum --quiet -c sources.sha256 || { echo "internal/fastpath/bpf changed since its objects were generated: run make bpf and commit the result"; exit 1; }
 
 clean:
 	rm -rf bin

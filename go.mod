@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
+	github.com/cilium/ebpf v0.22.0
 	github.com/cloudflare/cloudflare-go/v6 v6.10.0
 	github.com/emiago/sipgo v1.7.3
 	github.com/hashicorp/hcl/v2 v2.25.0

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
@@ -59,6 +60,7 @@ type Relay struct {
 	io         *udpio.Runner  // owns the socket
 	m          *metrics
 	keys       atomic.Pointer[encap.Keyring]
+	kernel     *kernelPath // the in-kernel fast path (fastpath.go); nil: off or unavailable
 
 	// ingresses are the global relay internal sockets that have sent
 	// authenticated datagrams toward pods through this relay: the only
@@ -76,6 +78,9 @@ type Relay struct {
 type ingressSet struct {
 	mu   sync.Mutex // serialises replacements
 	snap atomic.Pointer[map[netip.AddrPort]struct{}]
+	// onAdd, set before the relay runs, is told each new address and
+	// whether the set was cleared first (the fast path's copy).
+	onAdd func(a netip.AddrPort, cleared bool)
 }
 
 const maxIngresses = 1 << 12
@@ -96,13 +101,22 @@ func (s *ingressSet) add(a netip.AddrPort) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.snap.Load()
+	if old != nil {
+		if _, ok := (*old)[a]; ok {
+			return // another worker added it meanwhile
+		}
+	}
 	next := map[netip.AddrPort]struct{}{a: {}}
-	if old != nil && len(*old) < maxIngresses {
+	cleared := old != nil && len(*old) >= maxIngresses
+	if old != nil && !cleared {
 		for k := range *old {
 			next[k] = struct{}{}
 		}
 	}
 	s.snap.Store(&next)
+	if s.onAdd != nil {
+		s.onAdd(a, cleared)
+	}
 }
 
 // New returns a relay over conn. It takes ownership of conn.
@@ -125,6 +139,14 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 	if r.io, err = udpio.NewRunner(cfg.Tuning, r.log, []udpio.Path{r.path(conn)}); err != nil {
 		return nil, fmt.Errorf("clusterrelay: %w", err)
 	}
+	mode, err := fastpath.ParseMode(string(cfg.FastPath))
+	if err == nil {
+		err = r.startFastPath(mode)
+	}
+	if err != nil {
+		_ = r.io.Close()
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -133,6 +155,7 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 func (r *Relay) SetHopKeys(k *encap.Keyring) {
 	if k != nil {
 		r.keys.Store(k)
+		r.setKernelKeys(k)
 	}
 }
 
@@ -143,8 +166,13 @@ func (r *Relay) Addr() netip.AddrPort { return r.addr }
 func (r *Relay) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { r.Close() })
 	defer stop()
+	kctx, kstop := context.WithCancel(ctx)
+	kdone := make(chan struct{})
+	go func() { defer close(kdone); r.runKernel(kctx) }()
 	err := r.io.Run()
 	r.Close()
+	kstop()
+	<-kdone
 	if err != nil {
 		return fmt.Errorf("clusterrelay: %w", err)
 	}
@@ -169,7 +197,11 @@ func (r *Relay) path(conn *net.UDPConn) udpio.Path {
 
 // Close stops the relay. Idempotent.
 func (r *Relay) Close() error {
-	return r.io.Close()
+	err := r.io.Close()
+	if r.kernel != nil {
+		err = errors.Join(err, r.kernel.fp.Close())
+	}
+	return err
 }
 
 // decide is the whole forwarding logic: parse the header, check it, pick the
@@ -270,6 +302,7 @@ type metrics struct {
 	probes                    prometheus.Counter
 	drops                     *udpio.Drops[dropReason]
 	encapDrops                *udpio.Drops[encap.Reason]
+	fastMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -287,7 +320,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		drops:      udpio.NewDrops[dropReason](drops, "", dropLabels[:]...),
 		encapDrops: udpio.NewDrops[encap.Reason](drops, "encap_", encap.Reasons[:]...),
 	}
-	if err := metric.Register(reg, "clusterrelay", packets, bytes, drops, writeErrors, bundles, bundledPackets, probes); err != nil {
+	var fast []prometheus.Collector
+	m.fastMetrics, fast = newFastMetrics()
+	if err := metric.Register(reg, "clusterrelay", append(fast, packets, bytes, drops, writeErrors, bundles, bundledPackets, probes)...); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -41,6 +42,12 @@ type Config struct {
 	// toward pods and global relay ingresses (bundles are always read).
 	// Defaults: batches of 32 on an event loop.
 	udpio.Tuning `yaml:",inline"`
+	// FastPath is the in-kernel fast path (docs/fastpath.md): auto (the
+	// default) attaches it with TCX where the kernel allows and the
+	// relay's address is not on loopback, else stays in user space with
+	// one log line and a metric; tc attaches or fails; xdp is not built
+	// yet; off never attaches.
+	FastPath fastpath.Mode `yaml:"fast_path"`
 	// HopKeys are this cluster's inter-tier keys; prefer $RTCEDGE_HOP_KEYS.
 	HopKeys node.HopKeys `yaml:"hop_keys"`
 	// Authority is this cluster's authority secret (prefer
@@ -89,6 +96,9 @@ func (c *Config) ApplyEnv() error {
 func (c *Config) Defaults() {
 	c.Common.Defaults()
 	c.Tuning.Defaults()
+	if c.FastPath == "" {
+		c.FastPath = fastpath.ModeAuto
+	}
 }
 
 // hopKeyring builds the relay's keyring from HopKeys and Authority (it is
@@ -121,6 +131,9 @@ func (c *Config) Validate() error {
 		c.GlobalGossip.Validate("global_gossip"),
 	}
 	if _, err := c.hopKeyring(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := fastpath.ParseMode(string(c.FastPath)); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Cluster == 0 {

@@ -2,6 +2,7 @@ package clusterrelay
 
 import (
 	"net/netip"
+	"sync"
 	"sync/atomic"
 )
 
@@ -18,6 +19,9 @@ type PodDirectory interface {
 // whole with Set. Readers see an immutable snapshot; no lock on the path.
 type Pods struct {
 	snap atomic.Pointer[podSnapshot]
+
+	mu       sync.Mutex // serialises Set and follow
+	watchers []func(map[uint16]netip.AddrPort)
 }
 
 type podSnapshot struct {
@@ -39,8 +43,25 @@ func (p *Pods) Set(pods map[uint16]netip.AddrPort) {
 		s.byID[id] = a
 		s.byAddr[a] = id
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.snap.Store(s)
+	for _, f := range p.watchers {
+		f(s.byID)
+	}
 }
+
+// follow calls f with the directory now and after every Set (the fast
+// path's copy in the kernel). f must not keep or change the map.
+func (p *Pods) follow(f func(map[uint16]netip.AddrPort)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watchers = append(p.watchers, f)
+	f(p.snap.Load().byID)
+}
+
+// all returns the directory (not to be changed).
+func (p *Pods) all() map[uint16]netip.AddrPort { return p.snap.Load().byID }
 
 // PodAddr implements PodDirectory.
 func (p *Pods) PodAddr(pod uint16) (netip.AddrPort, bool) {

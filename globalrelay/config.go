@@ -13,6 +13,7 @@ import (
 	"github.com/rtcedge/rtcedge/geo"
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/node"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
@@ -59,6 +60,12 @@ type Config struct {
 	// poller. Bundle bundles only toward cluster relays (replies in
 	// bundles are always read). Defaults: batches of 32 on event loops.
 	udpio.Tuning `yaml:",inline"`
+	// FastPath is the in-kernel fast path (docs/fastpath.md): auto (the
+	// default) attaches it with TCX where the kernel allows, the sockets
+	// are not on loopback and IPv4 forwarding is on for their interfaces,
+	// else stays in user space with one log line and a metric; tc
+	// attaches or fails; xdp is not built yet; off never attaches.
+	FastPath fastpath.Mode `yaml:"fast_path"`
 	// Steering is how the kernel spreads the public SO_REUSEPORT
 	// sockets' datagrams: "hash" (default: by 4-tuple, a flow stays on
 	// one worker), "cpu" (the worker pinned to the CPU the datagram
@@ -188,6 +195,7 @@ func (c *Config) Defaults() {
 	config.Default(&c.Workers, udpio.Procs())
 	c.Tuning.Defaults()
 	config.Default(&c.ReadyWait, DefaultReadyWait)
+	config.Default(&c.FastPath, fastpath.ModeAuto)
 	c.relayDefaults()
 }
 
@@ -225,6 +233,9 @@ func (c *Config) Validate() error {
 		c.Gossip.Validate("gossip"),
 	}
 	if _, err := udpio.ParseSteering(c.Steering); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := fastpath.ParseMode(string(c.FastPath)); err != nil {
 		errs = append(errs, err)
 	}
 	if c.POP == 0 {

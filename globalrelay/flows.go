@@ -23,6 +23,9 @@ type flow struct {
 	// unconfirmed: restored from a reply's header (the return path) and
 	// no datagram from the client since; replies are not forwarded.
 	unconfirmed atomic.Bool
+	// kernel is what the fast path was given of the flow (fastpath.go);
+	// nil: the kernel does not have it.
+	kernel atomic.Pointer[kernelState]
 }
 
 // tokenKey identifies one minted token (one session's server ufrag).
@@ -59,6 +62,10 @@ type flowTable struct {
 
 	tmu    sync.Mutex
 	tokens map[tokenKey]int // flows per token; guarded by tmu
+
+	// gone, set before the relay runs, is told every flow that leaves
+	// the table or is replaced (under its shard's lock).
+	gone func(netip.AddrPort, *flow)
 }
 
 // putResult says why put did not store a flow.
@@ -126,6 +133,9 @@ func (t *flowTable) store(a netip.AddrPort, f *flow, replace bool) putResult {
 	}
 	if exists {
 		t.release(old)
+		if t.gone != nil {
+			t.gone(a, old)
+		}
 	} else {
 		t.count.Add(1)
 	}
@@ -166,6 +176,9 @@ func (t *flowTable) removeIf(gone func(*flow) bool) int {
 			if gone(f) {
 				delete(s.m, a)
 				t.release(f)
+				if t.gone != nil {
+					t.gone(a, f)
+				}
 				removed++
 			}
 		}
@@ -176,3 +189,24 @@ func (t *flowTable) removeIf(gone func(*flow) bool) int {
 }
 
 func (t *flowTable) len() int { return int(t.count.Load()) }
+
+// each calls f for every flow, one shard at a time, outside the locks.
+func (t *flowTable) each(f func(netip.AddrPort, *flow)) {
+	type entry struct {
+		a netip.AddrPort
+		f *flow
+	}
+	var batch []entry
+	for i := range t.shards {
+		s := &t.shards[i]
+		batch = batch[:0]
+		s.mu.RLock()
+		for a, fl := range s.m {
+			batch = append(batch, entry{a, fl})
+		}
+		s.mu.RUnlock()
+		for _, e := range batch {
+			f(e.a, e.f)
+		}
+	}
+}

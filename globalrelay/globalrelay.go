@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/metric"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 	"github.com/rtcedge/rtcedge/internal/token"
@@ -91,6 +92,7 @@ type Relay struct {
 	hopKeys atomic.Pointer[encap.ClusterKeys]
 	tokKeys atomic.Pointer[token.Keyring] // verifies routing tokens (SetTokenKeys)
 	tcp     atomic.Pointer[TCP]           // the TCP ingress, if any (tcp.go)
+	kernel  *kernelPath                   // the in-kernel fast path (fastpath.go); nil: off or unavailable
 
 	now atomic.Int64 // coarse clock, unix nanos, advanced by Run
 	// restores counts this second's return-path restores: the unix
@@ -173,6 +175,17 @@ func New(cfg Config, workers []Worker) (*Relay, error) {
 	for i := range r.workers {
 		r.workers[i].internal = r.io.Writer(r.workers[i].Internal)
 	}
+	mode, err := fastpath.ParseMode(string(cfg.FastPath))
+	if err == nil {
+		err = r.startFastPath(mode)
+	}
+	if err != nil {
+		_ = r.io.Close()
+		return nil, err
+	}
+	if r.kernel != nil {
+		r.flows.gone = r.forget
+	}
 	return r, nil
 }
 
@@ -184,7 +197,19 @@ func (r *Relay) directions(w *worker) []udpio.Path {
 	hooks := udpio.Hooks{WriteErr: r.writeErr, Oversize: func() { r.m.drops.Inc(dropOversize) }}
 	up := udpio.Path{From: w.Public, To: w.Internal, Headroom: encap.MaxLen, Limit: encap.MaxPayload, Hooks: hooks,
 		Decide: func(buf []byte, n int, from netip.AddrPort) ([]byte, netip.AddrPort, bool) {
-			return r.fromClient(buf, n, from, w.ingress)
+			if r.kernel == nil {
+				return r.fromClient(buf, n, from, w.ingress)
+			}
+			// The kernel passed it up: first what it saw of the flow,
+			// then the decision, then the flow back into the kernel.
+			if f := r.flows.get(from); f != nil {
+				r.foldKernel(from, f)
+			}
+			out, to, ok := r.fromClient(buf, n, from, w.ingress)
+			if ok {
+				r.offer(w, from, to)
+			}
+			return out, to, ok
 		}}
 	up.Hooks.Bundle, up.Hooks.Bundled = encap.BundleFormat{}, r.bundled
 	down := udpio.Path{From: w.Internal, To: w.Public, Limit: encap.MaxDatagram, Hooks: hooks, Decide: r.toClient}
@@ -206,6 +231,7 @@ func (r *Relay) SetTokenKeys(k *token.Keyring) {
 func (r *Relay) SetHopKeys(k *encap.ClusterKeys) {
 	if k != nil {
 		r.hopKeys.Store(k)
+		r.setKernelKeys()
 	}
 }
 
@@ -282,6 +308,7 @@ func (r *Relay) bundled(bundles, datagrams int) {
 }
 
 func (r *Relay) expire() {
+	r.syncKernel() // the kernel's last-seen times first
 	cutoff := r.cfg.Now().Add(-r.cfg.FlowIdle).UnixNano()
 	unconfirmed := r.cfg.Now().Add(-unconfirmedTTL).UnixNano()
 	if n := r.flows.expire(cutoff, unconfirmed) + r.flows.expireAbandoned(r.cfg.Now().UnixNano()); n > 0 { // abandon.go
@@ -296,6 +323,9 @@ func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		close(r.done)
 		_ = r.io.Close()
+		if r.kernel != nil {
+			_ = r.kernel.fp.Close()
+		}
 	})
 	return nil
 }
@@ -318,6 +348,7 @@ type metrics struct {
 	encapDrops                              *udpio.Drops[encap.Reason]
 	stunDrops                               *udpio.Drops[stunmsg.Reason]
 	tokenDrops                              *udpio.Drops[token.Reason]
+	fastMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -358,8 +389,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, result := range []string{ProbeSent, ProbeAnswered, ProbeUnanswered, ProbeLate} {
 		m.probes[result] = probes.WithLabelValues(result)
 	}
-	if err := metric.Register(reg, "globalrelay", flows, created, expired, followed, restored, packets, bytes, drops, writeErrors,
-		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects, refused, probes); err != nil {
+	var fast []prometheus.Collector
+	m.fastMetrics, fast = newFastMetrics()
+	if err := metric.Register(reg, "globalrelay", append(fast, flows, created, expired, followed, restored, packets, bytes, drops, writeErrors,
+		takeovers, cacheRejected, bundles, bundledPackets, repicks, suspects, refused, probes)...); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -46,6 +46,9 @@ type Replica struct {
 type Clusters struct {
 	snap atomic.Pointer[clusterSnapshot]
 	gen  atomic.Uint64
+
+	mu       sync.Mutex // serialises Set and follow
+	watchers []func(map[netip.AddrPort]uint16)
 }
 
 type clusterSnapshot struct {
@@ -70,6 +73,8 @@ func NewClusters(replicas []Replica) *Clusters {
 // draining, the draining ones stay usable: they still forward, and a
 // rollout without surge must not strand the cluster's calls.
 func (c *Clusters) Set(replicas []Replica) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	sorted := slices.Clone(replicas)
 	slices.SortFunc(sorted, func(a, b Replica) int {
 		if a.Cluster != b.Cluster {
@@ -105,6 +110,19 @@ func (c *Clusters) Set(replicas []Replica) {
 		}
 	}
 	c.snap.Store(s)
+	for _, f := range c.watchers {
+		f(s.known)
+	}
+}
+
+// follow calls f with every cluster relay known (address → cluster) now
+// and after every change (the fast path's copy in the kernel). f must
+// not keep or change the map.
+func (c *Clusters) follow(f func(map[netip.AddrPort]uint16)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.watchers = append(c.watchers, f)
+	f(c.snap.Load().known)
 }
 
 // Generation implements ClusterDirectory.

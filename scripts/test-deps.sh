@@ -35,6 +35,9 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 # drops all UDP.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+# The fast path's tests (internal/fastpath/fptest): namespaces with veth
+# pairs, one end's checksum offload turned off.
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 if [ "$(id -u)" -ne 0 ]; then
 	command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
 	command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)

@@ -5,8 +5,9 @@ import (
 	"net"
 	"runtime"
 
-	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 )
 
 // LockThread locks the calling goroutine to its OS thread and, when cpu >=
@@ -49,52 +50,10 @@ func Steer(conns []*net.UDPConn, s Steering, cpus []int) error {
 		}
 		return nil
 	case SteerCPU:
-		return AttachReuseportProgram(conns[0], cpuProgram(len(conns), cpuOf))
+		// The program lives with the project's other kernel programs.
+		return fastpath.AttachReuseport(conns[0], fastpath.CPUSteering(len(conns), cpuOf))
 	}
 	return fmt.Errorf("unknown steering %v", s)
-}
-
-// cpuProgram returns a classic BPF program mapping the processing CPU to
-// the index of the socket whose worker runs on it; CPUs with no worker
-// fall back to the CPU number mod the group size n.
-func cpuProgram(n int, cpuOf func(int) int) []bpf.Instruction {
-	ins := []bpf.Instruction{bpf.LoadExtension{Num: bpf.ExtCPUID}}
-	for i := range n {
-		// if A == cpu(i) return i
-		ins = append(ins, bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(cpuOf(i)), SkipTrue: 1}, bpf.RetConstant{Val: uint32(i)})
-	}
-	return append(ins, bpf.ALUOpConstant{Op: bpf.ALUOpMod, Val: uint32(n)}, bpf.RetA{})
-}
-
-// AttachReuseportProgram attaches a classic BPF program to c's SO_REUSEPORT
-// group (SO_ATTACH_REUSEPORT_CBPF): for each datagram the kernel runs it on
-// the UDP payload and hands the datagram to the group's socket with the
-// index it returns (sockets are numbered in the order they joined); an
-// index out of range falls back to the kernel's hash.
-func AttachReuseportProgram(c *net.UDPConn, ins []bpf.Instruction) error {
-	raw, err := bpf.Assemble(ins)
-	if err != nil {
-		return fmt.Errorf("assemble reuseport program: %w", err)
-	}
-	f := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		f[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
-	}
-	prog := &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_CBPF, prog)
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return fmt.Errorf("attach reuseport CBPF program: %w", serr)
-	}
-	return nil
 }
 
 // ReusePort reports whether c was bound with SO_REUSEPORT.

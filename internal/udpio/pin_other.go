@@ -6,8 +6,6 @@ import (
 	"errors"
 	"net"
 	"runtime"
-
-	"golang.org/x/net/bpf"
 )
 
 // LockThread locks the calling goroutine to its OS thread; CPU affinity is
@@ -23,11 +21,6 @@ func Steer(conns []*net.UDPConn, s Steering, cpus []int) error {
 		return nil
 	}
 	return errors.New("udpio: reuseport steering other than hash needs Linux")
-}
-
-// AttachReuseportProgram needs Linux.
-func AttachReuseportProgram(*net.UDPConn, []bpf.Instruction) error {
-	return errors.New("udpio: reuseport programs need Linux")
 }
 
 // ReusePort is false off Linux: no reuseport steering there.

@@ -26,9 +26,9 @@ import (
 	"time"
 
 	"github.com/pion/ice/v4"
-	"golang.org/x/net/bpf"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
@@ -328,13 +328,9 @@ func readerConns(c *net.UDPConn, n int) ([]*net.UDPConn, error) {
 		conns = append(conns, sib)
 	}
 	if shared {
-		// A datagram too short to hold a port goes to socket 0, whose
-		// reader drops it.
-		err := udpio.AttachReuseportProgram(c, []bpf.Instruction{
-			bpf.LoadAbsolute{Off: encap.ClientPortOffset, Size: 2},
-			bpf.ALUOpConstant{Op: bpf.ALUOpMod, Val: uint32(n)},
-			bpf.RetA{},
-		})
+		// By the header's client port (internal/fastpath, with the
+		// project's other kernel programs).
+		err := fastpath.AttachReuseport(c, fastpath.ClientPortSteering(n))
 		if err != nil {
 			closeConns(conns[1:])
 			return nil, fmt.Errorf("pod socket steering: %w", err)
