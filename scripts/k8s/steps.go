@@ -148,7 +148,7 @@ func replacing(ctx context.Context, tf *tofu) error {
 	if len(workloads) == 0 {
 		return fmt.Errorf("a cluster_id change replaces no workload (replaces %v): docs/deploy.md says it does", p["replace"])
 	}
-	fmt.Printf("test-k8s: a cluster_id change would replace %d resources, among them the workloads %v (not applied)\n", len(p["replace"]), workloads)
+	fmt.Printf("test-k8s: a cluster_id change would replace (not applied):\n\t%s\n", strings.Join(p["replace"], "\n\t"))
 	return nil
 }
 
