@@ -19,7 +19,7 @@ ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --ex
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
 
-.PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check
+.PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check test-k8s test-k8s-run
 
 run: build
 	./$(BIN) dev
@@ -58,6 +58,33 @@ test-allocs:
 sim:
 	RTCEDGE_SIM_CALLS=10 RTCEDGE_SIM_BROWSER=1 RTCEDGE_SIM_BROWSER_CALLS=20 RTCEDGE_SIM_REPORT_DIR=$(CURDIR)/bin/sim \
 		$(GO) test -count=1 -v -timeout 10m -run TestSimulation ./sim/
+
+# The Terraform modules applied, updated, rotated and destroyed against a
+# real kube-apiserver and etcd (scripts/k8s, docs/deploy.md); run it before
+# every change to terraform/. Not part of make test: the Kubernetes provider
+# is not served by the module proxy and must be built once from its source
+# into K8S_TOOLS (README.md, "Testing the Terraform modules"); without it
+# the target says so and skips.
+K8S_TOOLS    ?= $(HOME)/.cache/rtcedge-k8s
+K8S_PROVIDER := $(K8S_TOOLS)/providers/registry.opentofu.org/hashicorp/kubernetes/2.38.0/linux_amd64/terraform-provider-kubernetes_v2.38.0
+test-k8s:
+	@if [ ! -x "$(K8S_PROVIDER)" ]; then \
+		echo "************************************************************************"; \
+		echo "test-k8s: SKIPPED, nothing tested: no Kubernetes provider at"; \
+		echo "  $(K8S_PROVIDER)"; \
+		echo "Build it once from hashicorp/terraform-provider-kubernetes v2.38.0:"; \
+		echo "  go build -o <that path> .   (in the provider's source; README.md)"; \
+		echo "************************************************************************"; \
+	else \
+		$(MAKE) --no-print-directory test-k8s-run; \
+	fi
+
+# The run itself, once test-k8s has found the provider.
+test-k8s-run:
+	command -v etcd >/dev/null || ./scripts/apt-install.sh test-k8s etcd-server
+	cd scripts/k8s && $(GO) build -o $(K8S_TOOLS)/bin/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd scripts/k8s/tofu && $(GO) build -o $(K8S_TOOLS)/bin/tofu github.com/opentofu/opentofu/cmd/tofu
+	cd scripts/k8s && $(GO) run . -tools $(K8S_TOOLS) -modules $(CURDIR)/terraform/modules
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 $(BENCH_PKGS)

@@ -11,5 +11,9 @@
 // records from plan-time addresses, Cloudflare's ranges from the data source,
 // a NetworkPolicy for every container port, and make image's tag scheme. The
 // checks of the pods evaluate the workload module for every role's call.
+// names_test.go evaluates the variable validations and the names the modules
+// compose (every accepted input must give names the Kubernetes API server
+// takes) and which roles' pods a change of each Secret key rolls. `make
+// test-k8s` applies the modules to a real kube-apiserver (scripts/k8s).
 // See docs/deploy.md.
 package terraform

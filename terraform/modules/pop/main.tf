@@ -13,6 +13,13 @@
 # share a flow table.
 
 locals {
+  # SHA-256 of each value of the Secret this module manages, by key (null
+  # when it is managed out of band): each role's pod template carries a
+  # checksum of the keys it reads, so changing a key rolls exactly the pods
+  # that read it (modules/workload, secret_hashes). Read from the resource,
+  # so a roll starts only once the Secret holds the new values.
+  secret_hashes = nonsensitive(var.secrets == null) ? null : nonsensitive({ for k, v in kubernetes_secret_v1.rtcedge[0].data : k => sha256(v) })
+
   namespace = var.create_namespace ? kubernetes_namespace_v1.pop[0].metadata[0].name : coalesce(var.namespace, "rtcedge-pop-${var.name}")
 
   labels = {
@@ -85,6 +92,7 @@ module "globalrelay" {
   spread_over_nodes           = true
   termination_grace_seconds   = var.drain_timeout_seconds + 15
   secret_name                 = var.secret_name
+  secret_hashes               = local.secret_hashes
   secret_keys                 = ["RTCEDGE_GLOBAL_GOSSIP_KEY"]
   volumes                     = [{ name = "authority", mount_path = "/etc/rtcedge-authority", secret_key = "RTCEDGE_AUTHORITY_KEYS" }]
   readiness_period_seconds    = 2

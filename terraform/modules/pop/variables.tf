@@ -1,8 +1,15 @@
 # Inputs of one global relay POP: the public UDP ingress clients send media to.
 
 variable "region" {
-  description = "Region the POP belongs to (catalogue name)."
+  description = "Region the POP belongs to (catalogue name). It labels every object (rtcedge.example.com/region)."
   type        = string
+
+  # The Kubernetes API server refuses these at apply; checked here so that
+  # plan does (docs/deploy.md, "Names and their limits").
+  validation {
+    condition     = can(regex("^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", var.region))
+    error_message = "region \"${var.region}\" labels every object: it must be a Kubernetes label value, at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit."
+  }
 }
 
 variable "pop_id" {
@@ -16,14 +23,28 @@ variable "pop_id" {
 }
 
 variable "name" {
-  description = "The POP's name in the catalogue, e.g. fra."
+  description = "The POP's name in the catalogue, e.g. fra. It labels every object (rtcedge.example.com/pop) and, with namespace unset, names the namespace rtcedge-pop-<name>."
   type        = string
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", var.name))
+    error_message = "name \"${var.name}\" labels every object: it must be a Kubernetes label value, at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit."
+  }
+  validation {
+    condition     = var.namespace != null ? true : can(regex("^[a-z0-9]([-a-z0-9]{0,49}[a-z0-9])?$", var.name))
+    error_message = "name \"${var.name}\" names the namespace rtcedge-pop-<name> (namespace is unset), a DNS-1123 label of at most 63 characters: name must then be at most 51 lowercase letters, digits or '-', starting and ending with a letter or digit; or set namespace."
+  }
 }
 
 variable "namespace" {
   description = "Namespace of the POP; null = rtcedge-pop-<name>."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.namespace == null ? true : can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", var.namespace))
+    error_message = "namespace must be a DNS-1123 label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit."
+  }
 }
 
 variable "create_namespace" {
@@ -48,6 +69,11 @@ variable "secret_name" {
   description = "Secret holding RTCEDGE_AUTHORITY_KEYS (the authority secrets of every cluster this POP serves, rtcedge keys cluster, and this POP's own secret, rtcedge keys pop, which proves its relays in the global pool; docs/operations.md) and RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), and RTCEDGE_REDIS_URL when redis_url is not managed here."
   type        = string
   default     = "rtcedge-secrets"
+
+  validation {
+    condition     = try(length(var.secret_name) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", var.secret_name)), false)
+    error_message = "secret_name must be a Kubernetes object name (DNS-1123 subdomain): at most 253 lowercase letters, digits, '-' or '.'."
+  }
 }
 
 variable "secrets" {
@@ -55,6 +81,11 @@ variable "secrets" {
   type        = map(string)
   default     = null
   sensitive   = true
+
+  validation {
+    condition     = var.secrets == null ? true : alltrue([for k in keys(var.secrets) : can(regex("^[-._a-zA-Z0-9]{1,253}$", k))])
+    error_message = "Every key of secrets must be a Secret data key: at most 253 letters, digits, '-', '_' or '.'."
+  }
 }
 
 variable "replicas" {
@@ -84,6 +115,11 @@ variable "service_annotations" {
   description = "Annotations of the UDP LoadBalancer Service (cloud-specific: network load balancer type, health check settings)."
   type        = map(string)
   default     = {}
+
+  validation {
+    condition     = alltrue([for k in keys(var.service_annotations) : can(regex("^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", k)) && !can(regex("^[^/]{254,}/", k))])
+    error_message = "Every key of service_annotations must be a Kubernetes qualified name: an optional DNS subdomain prefix (at most 253 characters) and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit."
+  }
 }
 
 variable "workers" {
@@ -156,4 +192,10 @@ variable "network_policy" {
     node_cidrs           = optional(list(string), [])
   })
   default = {}
+
+  # It names a namespace (a kubernetes.io/metadata.name selector).
+  validation {
+    condition     = var.network_policy.monitoring_namespace == null ? true : can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", var.network_policy.monitoring_namespace))
+    error_message = "network_policy.monitoring_namespace must be a namespace name (DNS-1123 label): at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit."
+  }
 }

@@ -7,6 +7,13 @@
 # config files, and each container gets POD_IP from the downward API.
 
 locals {
+  # SHA-256 of each value of the Secret this module manages, by key (null
+  # when it is managed out of band): each role's pod template carries a
+  # checksum of the keys it reads, so changing a key rolls exactly the pods
+  # that read it (modules/workload, secret_hashes). Read from the resource,
+  # so a roll starts only once the Secret holds the new values.
+  secret_hashes = nonsensitive(var.secrets == null) ? null : nonsensitive({ for k, v in kubernetes_secret_v1.rtcedge[0].data : k => sha256(v) })
+
   namespace = var.create_namespace ? kubernetes_namespace_v1.region[0].metadata[0].name : coalesce(var.namespace, "rtcedge-${var.region}")
 
   common_labels = {
@@ -174,6 +181,7 @@ module "transceiver" {
   service_name              = kubernetes_service_v1.cluster_gossip.metadata[0].name
   termination_grace_seconds = local.termination_grace_seconds
   secret_name               = var.secret_name
+  secret_hashes             = local.secret_hashes
   secret_keys               = ["RTCEDGE_CLUSTER_GOSSIP_KEY"]
   # Token, hop, gossip-proof and session API keys: the pod's own only.
   # Its own Secret key, not the relays' (which they reload on change): a
@@ -204,6 +212,7 @@ module "clusterrelay" {
   replicas          = var.clusterrelay_replicas
   start_before_stop = true
   secret_name       = var.secret_name
+  secret_hashes     = local.secret_hashes
   secret_keys       = ["RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
   volumes           = [{ name = "authority", mount_path = "/etc/rtcedge-authority", secret_key = "RTCEDGE_AUTHORITY_KEYS" }]
   ports = [
@@ -238,16 +247,17 @@ resource "kubernetes_service_v1" "session_api" {
 }
 
 module "signaling" {
-  source      = "../workload"
-  name        = "signaling"
-  namespace   = local.namespace
-  labels      = local.signaling_labels
-  annotations = { "rtcedge.example.com/catalogue-sha" = sha256(var.catalogue_yaml) }
-  image       = var.image
-  config      = local.signaling_config
-  replicas    = var.signaling_replicas
-  secret_name = var.secret_name
-  secret_keys = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
+  source        = "../workload"
+  name          = "signaling"
+  namespace     = local.namespace
+  labels        = local.signaling_labels
+  annotations   = { "rtcedge.example.com/catalogue-sha" = sha256(var.catalogue_yaml) }
+  image         = var.image
+  config        = local.signaling_config
+  replicas      = var.signaling_replicas
+  secret_name   = var.secret_name
+  secret_hashes = local.secret_hashes
+  secret_keys   = ["RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY"]
   ports = [
     { name = "http", port = 8080, protocol = "TCP" },
     { name = "ggossip-tcp", port = 7947, protocol = "TCP" },

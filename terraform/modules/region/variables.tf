@@ -2,8 +2,19 @@
 # relays (session API front), and the region's signaling fronts.
 
 variable "region" {
-  description = "Region name as in the catalogue, e.g. eu-central."
+  description = "Region name as in the catalogue, e.g. eu-central. It labels every object (rtcedge.example.com/region) and, with namespace unset, names the namespace rtcedge-<region>."
   type        = string
+
+  # The Kubernetes API server refuses these at apply; checked here so that
+  # plan does (docs/deploy.md, "Names and their limits").
+  validation {
+    condition     = can(regex("^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", var.region))
+    error_message = "region \"${var.region}\" labels every object: it must be a Kubernetes label value, at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit."
+  }
+  validation {
+    condition     = var.namespace != null ? true : can(regex("^[a-z0-9]([-a-z0-9]{0,53}[a-z0-9])?$", var.region))
+    error_message = "region \"${var.region}\" names the namespace rtcedge-<region> (namespace is unset), a DNS-1123 label of at most 63 characters: region must be at most 55 lowercase letters, digits or '-', starting and ending with a letter or digit; or set namespace."
+  }
 }
 
 variable "cluster_id" {
@@ -20,6 +31,11 @@ variable "namespace" {
   description = "Namespace the region's workloads run in; null = rtcedge-<region>."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.namespace == null ? true : can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", var.namespace))
+    error_message = "namespace must be a DNS-1123 label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit."
+  }
 }
 
 variable "create_namespace" {
@@ -44,6 +60,11 @@ variable "secret_name" {
   description = "Secret holding RTCEDGE_AUTHORITY_KEYS (this cluster's authority secret, rtcedge keys cluster: the cluster relays read it as a file, reloaded on change), RTCEDGE_ISSUER_AUTHORITY_KEYS (the same secrets, current first as pods should use them: only the pods' key-issuer init container reads it, the transceiver container never; docs/operations.md), RTCEDGE_CLUSTER_GOSSIP_KEY (the cluster pool), RTCEDGE_GLOBAL_GOSSIP_KEY (the global pool), RTCEDGE_SIGNALING_AUTHORITY_KEYS (signaling's secret, rtcedge keys signaling: signaling only), RTCEDGE_API_KEYS and RTCEDGE_CLIENT_SECRET_KEY."
   type        = string
   default     = "rtcedge-secrets"
+
+  validation {
+    condition     = try(length(var.secret_name) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", var.secret_name)), false)
+    error_message = "secret_name must be a Kubernetes object name (DNS-1123 subdomain): at most 253 lowercase letters, digits, '-' or '.'."
+  }
 }
 
 variable "secrets" {
@@ -51,6 +72,11 @@ variable "secrets" {
   type        = map(string)
   default     = null
   sensitive   = true
+
+  validation {
+    condition     = var.secrets == null ? true : alltrue([for k in keys(var.secrets) : can(regex("^[-._a-zA-Z0-9]{1,253}$", k))])
+    error_message = "Every key of secrets must be a Secret data key: at most 253 letters, digits, '-', '_' or '.'."
+  }
 }
 
 variable "log_level" {
@@ -132,6 +158,11 @@ variable "signaling_service_annotations" {
   description = "Annotations of the signaling Service (cloud load balancer settings)."
   type        = map(string)
   default     = {}
+
+  validation {
+    condition     = alltrue([for k in keys(var.signaling_service_annotations) : can(regex("^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", k)) && !can(regex("^[^/]{254,}/", k))])
+    error_message = "Every key of signaling_service_annotations must be a Kubernetes qualified name: an optional DNS subdomain prefix (at most 253 characters) and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit."
+  }
 }
 
 variable "trusted_proxies" {
@@ -149,6 +180,11 @@ variable "geoip_claim_name" {
   description = "PersistentVolumeClaim holding GeoLite2-City.mmdb, mounted at /var/lib/geoip; null = no database (clients without CF location headers land in the default region)."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.geoip_claim_name == null ? true : length(var.geoip_claim_name) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", var.geoip_claim_name))
+    error_message = "geoip_claim_name must be a Kubernetes object name (DNS-1123 subdomain): at most 253 lowercase letters, digits, '-' or '.'."
+  }
 }
 
 variable "network_policy" {
@@ -173,4 +209,10 @@ variable "network_policy" {
     node_cidrs           = optional(list(string), [])
   })
   default = {}
+
+  # Both name namespaces (kubernetes.io/metadata.name selectors).
+  validation {
+    condition     = alltrue([for ns in [var.network_policy.ingress_namespace, var.network_policy.monitoring_namespace] : ns == null ? true : can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", ns))])
+    error_message = "network_policy.ingress_namespace and monitoring_namespace must be namespace names (DNS-1123 labels): at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit."
+  }
 }

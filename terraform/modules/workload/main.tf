@@ -17,9 +17,28 @@ locals {
   # Secret keys that may be absent: the binary has a default.
   optional_secret_keys = ["RTCEDGE_TOKEN_CURRENT"]
 
-  pod_labels  = merge(var.labels, var.pod_labels)
-  annotations = merge({ "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.this.data["config.yaml"]) }, var.annotations)
-  volumes     = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null, secret_key = null }], var.volumes)
+  pod_labels = merge(var.labels, var.pod_labels)
+
+  # Every key of secret_name the pods read, at start (environment, the key
+  # issuer) or as a reloaded file: a change of any of them rolls the pods
+  # through secret-sha. A reloaded file would reach running pods too, but
+  # only within the kubelet's sync period; the roll makes it certain, and
+  # Terraform's wait for the rollout orders the rotation's steps.
+  read_secret_keys = sort(distinct(concat(
+    var.secret_keys,
+    [for v in var.volumes : v.secret_key if v.secret_key != null],
+    var.key_issuer == null ? [] : [var.key_issuer.secret_key],
+  )))
+  secret_annotation = var.secret_hashes == null ? {} : {
+    "rtcedge.example.com/secret-sha" = sha256(jsonencode({ for k in local.read_secret_keys : k => lookup(var.secret_hashes, k, "") }))
+  }
+
+  annotations = merge(
+    { "rtcedge.example.com/config-sha" = sha256(kubernetes_config_map_v1.this.data["config.yaml"]) },
+    local.secret_annotation,
+    var.annotations,
+  )
+  volumes = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null, secret_key = null }], var.volumes)
 }
 
 resource "kubernetes_config_map_v1" "this" {
