@@ -1,0 +1,124 @@
+package relay
+
+// The -veth topology: every process of a trial on a host of its own, a
+// network namespace joined to one bridge by a veth pair, so that the
+// datagrams cross real interfaces (and the fast path's programs can
+// attach, docs/fastpath.md) instead of loopback.
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Hosts of the LAN and their addresses (10.79.0.0/24).
+const (
+	hostGen  = "gen"  // the load generator (this process, on a thread inside)
+	hostHop1 = "hop1" // the first hop
+	hostHop2 = "hop2" // a chain's second hop
+	hostEcho = "echo"
+)
+
+var lanHosts = map[string]netip.Addr{
+	hostGen:  netip.MustParseAddr("10.79.0.50"),
+	hostHop1: netip.MustParseAddr("10.79.0.10"),
+	hostHop2: netip.MustParseAddr("10.79.0.20"),
+	hostEcho: netip.MustParseAddr("10.79.0.30"),
+}
+
+// lan is the bridge and its hosts.
+type lan struct {
+	id    string
+	names map[string]string // host → namespace
+}
+
+// newLAN makes the namespaces. Every host has transmit checksum offload
+// off on its eth0, as a NIC delivers datagrams checksummed in full, and
+// IPv4 forwarding on, which the programs' route lookups need.
+func newLAN() (_ *lan, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("-veth makes network namespaces and loads BPF programs: run it as root")
+	}
+	for _, tool := range []string{"ip", "ethtool"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("-veth needs %s: apt-get install iproute2 ethtool", tool)
+		}
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	l := &lan{id: hex.EncodeToString(b[:]), names: map[string]string{}}
+	defer func() {
+		if err != nil {
+			l.close()
+		}
+	}()
+	sw := "relaybench-" + l.id + "-sw"
+	l.names["sw"] = sw
+	steps := [][]string{{"netns", "add", sw},
+		{"-n", sw, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"},
+		{"-n", sw, "link", "set", "br0", "up"}}
+	i := 0
+	for host, a := range lanHosts {
+		i++
+		ns := "relaybench-" + l.id + "-" + host
+		l.names[host] = ns
+		port := fmt.Sprintf("p%d", i)
+		steps = append(steps, []string{"netns", "add", ns},
+			[]string{"link", "add", port, "netns", sw, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"-n", sw, "link", "set", port, "master", "br0"},
+			[]string{"-n", sw, "link", "set", port, "up"},
+			[]string{"-n", ns, "addr", "add", a.String() + "/24", "dev", "eth0"},
+			[]string{"-n", ns, "link", "set", "lo", "up"},
+			[]string{"-n", ns, "link", "set", "eth0", "up"},
+			[]string{"netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.eth0.forwarding=1"},
+			[]string{"netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"})
+	}
+	for _, s := range steps {
+		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("ip %s: %v: %s", strings.Join(s, " "), err, out)
+		}
+	}
+	return l, nil
+}
+
+// close removes every namespace (and with them the veth pairs).
+func (l *lan) close() {
+	for _, ns := range l.names {
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+	}
+}
+
+// wrap turns exe args into the command line that runs them on host.
+func (l *lan) wrap(host, exe string, args []string) (string, []string) {
+	return "ip", append([]string{"netns", "exec", l.names[host], exe}, args...)
+}
+
+// in runs f on a thread inside host's namespace (to open sockets there).
+// The thread is never unlocked: it ends with its goroutine instead of
+// going back to the pool inside the namespace.
+func (l *lan) in(host string, f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ns, err := os.Open("/run/netns/" + l.names[host])
+		if err != nil {
+			done <- err
+			return
+		}
+		defer ns.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("setns %s: %w", host, err)
+			return
+		}
+		done <- f()
+	}()
+	return <-done
+}
