@@ -373,7 +373,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r := runner{cfg: cfg, cbin: cbin, keys: keys, keyHex: hex.EncodeToString(key)}
 	if cfg.Veth {
-		if r.lan, err = newLAN(); err != nil {
+		var rx map[string][]int
+		if cfg.GenCPUs != nil { // where each host's process runs (trial)
+			rx = map[string][]int{hostGen: cfg.GenCPUs, hostEcho: cfg.GenCPUs, hostHop1: {cfg.HopCPU}, hostHop2: cfg.GenCPUs}
+		}
+		if r.lan, err = newLAN(rx); err != nil {
 			return nil, err
 		}
 		defer r.lan.close()
@@ -382,6 +386,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("kernel.bpf_stats_enabled: %w", err)
 		}
 		defer stats.Close()
+		if cfg.RT > 0 {
+			restore, err := raiseSoftirqThreads(cfg.RT + 1)
+			if err != nil {
+				return nil, err
+			}
+			defer restore()
+		}
 	}
 	for _, load := range cfg.Loads {
 		for _, path := range cfg.Paths {

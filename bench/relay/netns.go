@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -42,8 +43,13 @@ type lan struct {
 
 // newLAN makes the namespaces. Every host has transmit checksum offload
 // off on its eth0, as a NIC delivers datagrams checksummed in full, and
-// IPv4 forwarding on, which the programs' route lookups need.
-func newLAN() (_ *lan, err error) {
+// IPv4 forwarding on, which the programs' route lookups need. cpus, when
+// set, says on which CPUs each host receives (RPS on its eth0): a veth
+// delivers on the sender's CPU, so without it a hop's receive work, and
+// all of the fast path's, would run on the load generator's core; with
+// it each host's receive runs where its process runs, as a NIC's queue
+// with its interrupt on the hop's core would.
+func newLAN(cpus map[string][]int) (_ *lan, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("-veth makes network namespaces and loads BPF programs: run it as root")
 	}
@@ -80,6 +86,9 @@ func newLAN() (_ *lan, err error) {
 			[]string{"-n", ns, "link", "set", "eth0", "up"},
 			[]string{"netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.eth0.forwarding=1"},
 			[]string{"netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"})
+		if mask := cpuMask(cpus[host]); mask != "" {
+			steps = append(steps, []string{"netns", "exec", ns, "sh", "-c", "echo " + mask + " > /sys/class/net/eth0/queues/rx-0/rps_cpus"})
+		}
 	}
 	for _, s := range steps {
 		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
@@ -87,6 +96,18 @@ func newLAN() (_ *lan, err error) {
 		}
 	}
 	return l, nil
+}
+
+// cpuMask is cpus as a hexadecimal mask ("" for none).
+func cpuMask(cpus []int) string {
+	var m uint64
+	for _, c := range cpus {
+		m |= 1 << c
+	}
+	if m == 0 {
+		return ""
+	}
+	return strconv.FormatUint(m, 16)
 }
 
 // close removes every namespace (and with them the veth pairs).
@@ -121,4 +142,50 @@ func (l *lan) in(host string, f func() error) error {
 		done <- f()
 	}()
 	return <-done
+}
+
+// raiseSoftirqThreads runs the kernel's softirq threads (ksoftirqd/N)
+// under SCHED_FIFO at priority rt for a -veth run with real-time hops, and
+// returns what puts them back. Over veth most of a datagram's work is
+// softirq; under load the kernel defers it to these threads, which in the
+// normal class wait behind the SCHED_FIFO hops until the RT throttle
+// (50 ms a second) lets them run: every path then shows 50 ms round trips
+// and loss (measured once). Above the hops they run when work is pending,
+// as softirq runs on an interrupt's exit when it is not deferred.
+func raiseSoftirqThreads(rt int) (restore func(), err error) {
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	type saved struct {
+		pid  int
+		attr *unix.SchedAttr
+	}
+	var done []saved
+	restore = func() {
+		for _, s := range done {
+			_ = unix.SchedSetAttr(s.pid, s.attr, 0)
+		}
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile("/proc/" + d.Name() + "/comm")
+		if err != nil || !strings.HasPrefix(string(comm), "ksoftirqd/") {
+			continue
+		}
+		old, err := unix.SchedGetAttr(pid, 0)
+		if err != nil {
+			restore()
+			return nil, fmt.Errorf("%s: %w", strings.TrimSpace(string(comm)), err)
+		}
+		if err := unix.SchedSetAttr(pid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: uint32(rt)}, 0); err != nil {
+			restore()
+			return nil, fmt.Errorf("SCHED_FIFO for %s: %w", strings.TrimSpace(string(comm)), err)
+		}
+		done = append(done, saved{pid, old})
+	}
+	return restore, nil
 }
