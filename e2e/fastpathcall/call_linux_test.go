@@ -26,7 +26,8 @@ const (
 // TestCallWithFastPath: a Pion call from a client behind a kernel NAT
 // through global relay → cluster relay → pod, each its own process on its
 // own host, with fast_path off and tc. The call connects and echoes; then
-// the NAT moves the client to a new port, then to a new IP, and the
+// an attacker on the LAN spoofs the tiers' datagrams with a key of its
+// own (forge), then the NAT moves the client to a new port, then to a new IP, and the
 // global relay is killed and restarted: each time the echo must come back
 // within the same bound, on the same session, with one address change per
 // rebind. With tc, the relays' kernel counters must show the call's media
@@ -56,6 +57,7 @@ func testCall(t *testing.T, mode string) {
 	}
 	proctest.Await(t, 10*time.Second, "25 echoes", func() bool { return call.Stats().Received >= 25 })
 	s.checkKernel("the call", s.kernel())
+	s.forge()
 
 	events := []struct {
 		name string

@@ -57,7 +57,8 @@ func newSite(t *testing.T, mode string) *site {
 	}
 	s := &site{t: t, mode: mode, bin: proctest.Build(t, "github.com/rtcedge/rtcedge/cmd/rtcedge"), dir: t.TempDir(),
 		hosts: map[string]*fptest.Net{}, procs: map[string]*proctest.Proc{}}
-	for name, a := range map[string]netip.Addr{"gr": grAddr, "cr": crAddr, "pod": podAddr, "sig": sigAddr, "client": clientAddr} {
+	for name, a := range map[string]netip.Addr{"gr": grAddr, "cr": crAddr, "pod": podAddr, "sig": sigAddr, "client": clientAddr,
+		"attacker": attackerAddr} {
 		s.hosts[name] = lan.Host(t, a)
 	}
 	s.gr, s.cr, s.client = s.hosts["gr"], s.hosts["cr"], s.hosts["client"]
