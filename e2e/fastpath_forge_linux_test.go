@@ -1,4 +1,4 @@
-package fastpathcall
+package e2e
 
 import (
 	"bytes"

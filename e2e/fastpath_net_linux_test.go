@@ -1,4 +1,12 @@
-package fastpathcall
+package e2e
+
+// The in-kernel fast path's end-to-end site (docs/fastpath.md): every role
+// of rtcedge as its own process, each on its own host — a network
+// namespace joined to one Ethernet bridge by a veth pair
+// (internal/fastpath/fptest.LAN) — and a client host behind a kernel NAT.
+// The tests need root (namespaces, BPF), iproute2, ethtool and nftables:
+// they skip saying so without root and fail naming what to install
+// otherwise.
 
 import (
 	"bufio"
@@ -119,7 +127,7 @@ func (s *site) start() {
 		"default_region: eu-central\nregions:\n  - name: eu-central\n    location: {lat: 50.11, lon: 8.68}\n"+
 			"    clusters:\n      - {id: 1, name: eu-central-1, session_api: %q}\n"+
 			"    pops:\n      - {id: 1, name: fra, vip: \"%s:3478\"}\n", s.crUp["api"], grAddr))
-	s.role("sig", "signaling", fmt.Sprintf("listen_addr: %s:8080\ndrain_delay: 200ms\ncatalogue: %s\nallow_anonymous: true\n"+
+	s.role("sig", "signaling", fmt.Sprintf("listen_addr: %s:8080\ndrain_delay: 200ms\ncatalogue: %s\nallow_anonymous: true\ndemo_page: true\n"+
 		"gossip:\n%s", sigAddr, catalogue, gossip("sig-1", sigAddr, s.crUp["global_gossip"]))).WaitLog(t, "signaling up", limit)
 	proctest.Await(t, limit, "signaling to see cluster 1 healthy and the POP up", func() bool {
 		body, err := s.get(fmt.Sprintf("http://%s:8080/v1/regions", sigAddr))
