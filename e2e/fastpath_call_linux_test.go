@@ -1,5 +1,8 @@
 package e2e
 
+// A Pion call through the fast path's site, fast path off and on, across
+// NAT rebinds and a global relay restart.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package e2e
 
+// Forged tier datagrams against the fast path's site: an attacker host
+// spoofing the relays' own addresses.
+
 import (
 	"bytes"
 	"crypto/rand"

@@ -58,15 +58,16 @@ func newLAN(cpus map[string][]int) (_ *lan, err error) {
 			return nil, fmt.Errorf("-veth needs %s: apt-get install iproute2 ethtool", tool)
 		}
 	}
+	sweepLANs()
 	var b [3]byte
 	_, _ = rand.Read(b[:])
-	l := &lan{id: hex.EncodeToString(b[:]), names: map[string]string{}}
+	l := &lan{id: fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(b[:])), names: map[string]string{}}
 	defer func() {
 		if err != nil {
 			l.close()
 		}
 	}()
-	sw := "relaybench-" + l.id + "-sw"
+	sw := lanPrefix + l.id + "-sw"
 	l.names["sw"] = sw
 	steps := [][]string{{"netns", "add", sw},
 		{"-n", sw, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"},
@@ -74,7 +75,7 @@ func newLAN(cpus map[string][]int) (_ *lan, err error) {
 	i := 0
 	for host, a := range lanHosts {
 		i++
-		ns := "relaybench-" + l.id + "-" + host
+		ns := lanPrefix + l.id + "-" + host
 		l.names[host] = ns
 		port := fmt.Sprintf("p%d", i)
 		steps = append(steps, []string{"netns", "add", ns},
@@ -108,6 +109,25 @@ func cpuMask(cpus []int) string {
 		return ""
 	}
 	return strconv.FormatUint(m, 16)
+}
+
+// lanPrefix starts every namespace's name; the creating process's ID
+// follows.
+const lanPrefix = "relaybench-"
+
+// sweepLANs removes the namespaces of runs whose process is gone (killed
+// before it could remove them).
+func sweepLANs() {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(e.Name(), lanPrefix), "-")
+		if !strings.HasPrefix(e.Name(), lanPrefix) || !ok {
+			continue
+		}
+		if id, err := strconv.Atoi(pid); err == nil && id > 0 && unix.Kill(id, 0) == unix.ESRCH {
+			_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+		}
+	}
 }
 
 // close removes every namespace (and with them the veth pairs).

@@ -1,5 +1,8 @@
 package fptest
 
+// One Ethernet segment of network namespaces, for tests that run whole
+// processes on hosts of their own.
+
 import (
 	"fmt"
 	"net/netip"
