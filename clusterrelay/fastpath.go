@@ -56,8 +56,15 @@ func (r *Relay) startFastPath(mode fastpath.Mode) error {
 	return nil
 }
 
+// followedPods is a pod directory the kernel can follow: *Pods, and
+// *Directory (the node's, which embeds one).
+type followedPods interface {
+	follow(f func(map[uint16]netip.AddrPort))
+	all() map[uint16]netip.AddrPort
+}
+
 func (r *Relay) attachFastPath(mode fastpath.Mode) (*kernelPath, error) {
-	pods, ok := r.cfg.Pods.(*Pods)
+	pods, ok := r.cfg.Pods.(followedPods)
 	if !ok {
 		return nil, errors.New("the pod directory cannot be followed")
 	}
@@ -121,7 +128,7 @@ func (r *Relay) setKernelKeys(k *encap.Keyring) {
 	if r.kernel == nil {
 		return
 	}
-	pods := r.cfg.Pods.(*Pods).all()
+	pods := r.cfg.Pods.(followedPods).all()
 	if err := r.kernel.fp.SetKeys(k, podIDs(pods)); err != nil {
 		r.log.Warn("fast path: hop keys", "err", err)
 	}

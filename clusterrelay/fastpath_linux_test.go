@@ -45,7 +45,8 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, label, value stri
 // of its own reached over a veth pair: the first datagram from a global
 // relay ingress goes up (user space records the ingress), the next ones
 // and the pod's replies are forwarded by the kernel, byte for byte, and
-// packets_total counts both paths.
+// packets_total counts both paths. The pods come from a Directory, as in
+// the node (NewNode), which the gossip watcher fills after the start.
 func TestFastPathOverVeth(t *testing.T) {
 	p := fptest.NewPair(t)
 	conn := p.B.ListenUDP(netip.AddrPortFrom(p.AddrB, 7100))
@@ -60,12 +61,14 @@ func TestFastPathOverVeth(t *testing.T) {
 		}
 	}
 	// New finds the interface and attaches inside the relay's namespace.
+	dir := NewDirectory()
 	must(p.B.In(func() error {
 		var err error
-		r, err = New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod)}), Hop: testHop,
+		r, err = New(Config{Cluster: 5, Pods: dir, Hop: testHop,
 			FastPath: fastpath.ModeTC, Logger: quiet, Registerer: reg}, conn)
 		return err
 	}))
+	dir.SetPods([]PodInfo{{ID: 1, Data: addrOf(pod)}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

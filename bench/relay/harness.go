@@ -10,6 +10,8 @@
 //	c-chain      → C forwarder → C forwarder → echo
 //	chain        → global relay → cluster relay → echo as the pod
 //	chain-bundle   the chain with both relays sending bundles (docs/bundle.md)
+//	fp-globalrelay the global relay with its in-kernel fast path (fast_path: tc, -veth only)
+//	fp-chain       the chain with both relays' fast paths (-veth only)
 //
 // at voice load (many flows at 50 pps) and at a flood (few flows, high
 // rate), and reports per path the CPU each forwarding process spends per
@@ -20,6 +22,14 @@
 // which the rest of the machine (other processes) used more than a
 // threshold of CPU is repeated, and the quietest attempt kept; the report
 // records the load average before and after. See docs/benchmarks.md.
+//
+// With Config.Veth every process runs on a host of its own, a network
+// namespace on one bridge (netns.go), so that datagrams cross veth pairs
+// instead of loopback and the fast path can attach. Its work then runs in
+// softirq, charged to whichever process raised it (these kernels have no
+// IRQ time accounting), so each trial also counts the whole machine's
+// non-idle CPU per datagram, reported minus the direct path's, beside the
+// programs' own run time (kernel.bpf_stats_enabled).
 package relay
 
 import (
@@ -39,6 +49,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/rtcedge/rtcedge/bench/capacity"
@@ -71,8 +82,19 @@ var AllPaths = []string{PathDirect, PathC, PathGoBlock, PathGoEpoll, PathNaive, 
 // PathGlobalRelayPoller is the global relay with event_loop: false.
 const PathGlobalRelayPoller = "globalrelay-poller"
 
+// The fast path's paths (Config.Veth only): the global relay alone and
+// the chain, each relay with fast_path: tc.
+const (
+	PathFPGlobalRelay = "fp-globalrelay"
+	PathFPChain       = "fp-chain"
+)
+
+// VethPaths is every path of a -veth run; the others bind loopback.
+var VethPaths = []string{PathDirect, PathC, PathGlobalRelay, PathFPGlobalRelay, PathCChain, PathChain, PathFPChain}
+
 // chainOptions are the options (grEnv and crEnv alike) of each chain path.
-var chainOptions = map[string]string{PathChain: "", PathChainBundle: "bundle=1", PathChainPoller: "loop=0", PathChainPollerBundle: "bundle=1 loop=0"}
+var chainOptions = map[string]string{PathChain: "", PathChainBundle: "bundle=1", PathChainPoller: "loop=0", PathChainPollerBundle: "bundle=1 loop=0",
+	PathFPChain: "fp=tc"}
 
 // isChain reports whether path is a chain of two hops.
 func isChain(path string) bool {
@@ -99,6 +121,7 @@ var Variants = map[string]struct {
 	"globalrelay-2w-hash-pinned": {"workers=2 cpus=0:1", true, false},
 	"globalrelay-2w-cpu":         {"workers=2 cpus=0:1 steer=cpu", true, false},
 	"globalrelay-2w-incoming":    {"workers=2 cpus=0:1 steer=incoming_cpu", true, false},
+	PathFPGlobalRelay:            {"fp=tc", false, false},
 }
 
 // Load is one offered load: Flows client addresses sending PPS datagrams a
@@ -144,7 +167,10 @@ type Config struct {
 	// cgroups that nice values do not reach, this is what gives each
 	// process its core for the length of a trial; the kernel's RT
 	// throttling still leaves the rest of the machine 5 %. [0]
-	RT       int
+	RT int
+	// Veth runs every process on a host of its own over veth pairs and a
+	// bridge (netns.go; root only), the paths of VethPaths. [false]
+	Veth     bool
 	Progress io.Writer // one line per trial [discarded]
 }
 
@@ -199,6 +225,18 @@ type Trial struct {
 	// chain's second hop, which share it, queue behind each other, and
 	// the RTTs measure that queue rather than the hops.
 	GenBusy float64 `json:"gen_core_busy"`
+	// MachinePerPkt is the whole machine's non-idle CPU (every process,
+	// softirq included) per forwarded datagram in ns; MachineAdded is it
+	// minus the direct path's at the same load (what the hops cost, with
+	// the same generator and echo), MachineVsC that over the same run's C
+	// path's (c-chain for chains). BPFPerPkt is the fast path programs'
+	// own run time per forwarded datagram, BPFRuns how often they ran.
+	// Set in -veth runs.
+	MachinePerPkt float64 `json:"machine_ns_per_pkt,omitempty"`
+	MachineAdded  float64 `json:"machine_added_ns_per_pkt,omitempty"`
+	MachineVsC    float64 `json:"machine_vs_c,omitempty"`
+	BPFPerPkt     float64 `json:"bpf_ns_per_pkt,omitempty"`
+	BPFRuns       uint64  `json:"bpf_runs,omitempty"`
 }
 
 // Hop is one forwarding process of a trial.
@@ -253,6 +291,9 @@ func (c *Config) defaults() error {
 	for _, p := range c.Paths {
 		if _, ok := Variants[p]; !ok && !contains(AllPaths, p) && !isChain(p) {
 			return fmt.Errorf("unknown path %q (want %s or a variant)", p, strings.Join(AllPaths, ", "))
+		}
+		if c.Veth != contains(VethPaths, p) && (c.Veth || p == PathFPGlobalRelay || p == PathFPChain) {
+			return fmt.Errorf("path %q: -veth runs %s, and those only", p, strings.Join(VethPaths, ", "))
 		}
 	}
 	return nil
@@ -331,6 +372,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r := runner{cfg: cfg, cbin: cbin, keys: keys, keyHex: hex.EncodeToString(key)}
+	if cfg.Veth {
+		var rx map[string][]int
+		if cfg.GenCPUs != nil { // where each host's process runs (trial)
+			rx = map[string][]int{hostGen: cfg.GenCPUs, hostEcho: cfg.GenCPUs, hostHop1: {cfg.HopCPU}, hostHop2: cfg.GenCPUs}
+		}
+		if r.lan, err = newLAN(rx); err != nil {
+			return nil, err
+		}
+		defer r.lan.close()
+		stats, err := enableBPFStats()
+		if err != nil {
+			return nil, fmt.Errorf("kernel.bpf_stats_enabled: %w", err)
+		}
+		defer stats.Close()
+		if cfg.RT > 0 {
+			restore, err := raiseSoftirqThreads(cfg.RT + 1)
+			if err != nil {
+				return nil, err
+			}
+			defer restore()
+		}
+	}
 	for _, load := range cfg.Loads {
 		for _, path := range cfg.Paths {
 			if ctx.Err() != nil {
@@ -386,6 +449,19 @@ func compare(ts []Trial) {
 		if c := find(base, t.Load.Name); c != nil && c.CPUPerPkt > 0 && t.CPUPerPkt > 0 {
 			t.VsC = t.CPUPerPkt / c.CPUPerPkt
 		}
+		if d := find(PathDirect, t.Load.Name); d != nil && t.MachinePerPkt > 0 {
+			t.MachineAdded = t.MachinePerPkt - d.MachinePerPkt
+		}
+	}
+	for i := range ts {
+		t := &ts[i]
+		base := PathC
+		if isChain(t.Path) {
+			base = PathCChain
+		}
+		if c := find(base, t.Load.Name); c != nil && c.MachineAdded > 0 && t.Path != PathDirect {
+			t.MachineVsC = t.MachineAdded / c.MachineAdded
+		}
 	}
 }
 
@@ -394,6 +470,7 @@ type runner struct {
 	cbin   string
 	keys   *token.Keyring
 	keyHex string
+	lan    *lan // -veth: the hosts; nil on loopback
 }
 
 // sample is what is read at the start and the end of a window.
@@ -406,9 +483,11 @@ type sample struct {
 	softirq time.Duration
 	rcvbuf  int64
 	gen     time.Duration // busy time of the generator's cores
+	bpf     time.Duration // the fast path programs' run time
+	bpfRuns uint64
 }
 
-func (r *runner) sample(hops []*child, echo *child) (sample, error) {
+func (r *runner) sample(hops []*child, echo *child, progs ebpf.ProgramID) (sample, error) {
 	s := sample{at: time.Now()}
 	for _, pid := range append([]int{os.Getpid(), echo.pid()}, pids(hops)...) {
 		cpu, err := procCPU(pid)
@@ -429,6 +508,9 @@ func (r *runner) sample(hops []*child, echo *child) (sample, error) {
 	s.softirq = softirqTime()
 	s.gen = cpusBusy(r.cfg.GenCPUs)
 	s.rcvbuf = capacity.UDPRcvbufErrors()
+	if r.lan != nil {
+		s.bpf, s.bpfRuns = bpfRuntime(progs)
+	}
 	return s, nil
 }
 
@@ -449,7 +531,13 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 			stops[i].stop()
 		}
 	}()
-	start := func(name string, cpus []int, rt int, exe string, env []string, args ...string) (*child, error) {
+	progs := lastProgramID()
+	// start starts a child on host (-veth; else on loopback).
+	start := func(host, name string, cpus []int, rt int, exe string, env []string, args ...string) (*child, error) {
+		if r.lan != nil {
+			env = append(env, bindEnv+"="+lanHosts[host].String())
+			exe, args = r.lan.wrap(host, exe, args)
+		}
 		c, err := startChild(name, cpus, cfg.Nice, rt, exe, env, args...)
 		if err == nil {
 			stops = append(stops, c)
@@ -464,8 +552,8 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	if Variants[path].EchoBundle {
 		echoOpts = "bundle=1"
 	}
-	goRole := func(role string, cpus []int, rt int, target string) (*child, error) {
-		return start(role, cpus, rt, cfg.Exe, []string{RoleEnv + "=" + role, keyEnv + "=" + r.keyHex,
+	goRole := func(host, role string, cpus []int, rt int, target string) (*child, error) {
+		return start(host, role, cpus, rt, cfg.Exe, []string{RoleEnv + "=" + role, keyEnv + "=" + r.keyHex,
 			grEnv + "=" + grOpts, crEnv + "=" + crOpts, echoEnv + "=" + echoOpts}, target)
 	}
 	hopRT := 0
@@ -482,7 +570,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	if path == PathDirect {
 		echoCPUs = hopCPUs
 	}
-	echo, err := goRole(roleEcho, echoCPUs, cfg.RT, "-")
+	echo, err := goRole(hostEcho, roleEcho, echoCPUs, cfg.RT, "-")
 	if err != nil {
 		return nil, err
 	}
@@ -497,34 +585,43 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		return nil
 	}
 	target := echo.rd.Addr
-	cfwd := func(cpus []int, to string) (*child, error) {
+	cfwd := func(host string, cpus []int, to string) (*child, error) {
 		ap, err := netip.ParseAddrPort(to)
 		if err != nil {
 			return nil, err
 		}
-		return start("c", cpus, hopRT, r.cbin, nil, ap.Addr().String(), strconv.Itoa(int(ap.Port())), "32")
+		if r.lan == nil {
+			return start(host, "c", cpus, hopRT, r.cbin, nil, ap.Addr().String(), strconv.Itoa(int(ap.Port())), "32")
+		}
+		bind := lanHosts[host]
+		c, err := start(host, "c", cpus, hopRT, r.cbin, nil, ap.Addr().String(), strconv.Itoa(int(ap.Port())), "32", bind.String())
+		if err == nil { // it reports its ports only
+			_, port, _ := strings.Cut(c.rd.Addr, ":")
+			c.rd.Addr = bind.String() + ":" + port
+		}
+		return c, err
 	}
 	switch {
 	case path == PathDirect:
 	case path == PathC:
-		err = add(cfwd(hopCPUs, target))
+		err = add(cfwd(hostHop1, hopCPUs, target))
 	case path == PathNaive:
-		err = add(goRole(roleNaive, hopCPUs, hopRT, target))
+		err = add(goRole(hostHop1, roleNaive, hopCPUs, hopRT, target))
 	case path == PathGoEpoll:
-		err = add(goRole(roleGoEpoll, hopCPUs, hopRT, target))
+		err = add(goRole(hostHop1, roleGoEpoll, hopCPUs, hopRT, target))
 	case path == PathGoBlock:
-		err = add(goRole(roleGoBlock, hopCPUs, hopRT, target))
+		err = add(goRole(hostHop1, roleGoBlock, hopCPUs, hopRT, target))
 	case path == PathGlobalRelay:
 		keys = r.keys
-		err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, target))
+		err = add(goRole(hostHop1, roleGlobalRelay, hopCPUs, hopRT, target))
 	case path == PathCChain:
-		if err = add(cfwd(cfg.GenCPUs, target)); err == nil {
-			err = add(cfwd(hopCPUs, hops[0].rd.Addr))
+		if err = add(cfwd(hostHop2, cfg.GenCPUs, target)); err == nil {
+			err = add(cfwd(hostHop1, hopCPUs, hops[0].rd.Addr))
 		}
 	case relayChain:
 		keys = r.keys
-		if err = add(goRole(roleClusterRelay, cfg.GenCPUs, hopRT, target)); err == nil {
-			err = add(goRole(roleGlobalRelay, hopCPUs, hopRT, hops[0].rd.Addr))
+		if err = add(goRole(hostHop2, roleClusterRelay, cfg.GenCPUs, hopRT, target)); err == nil {
+			err = add(goRole(hostHop1, roleGlobalRelay, hopCPUs, hopRT, hops[0].rd.Addr))
 		}
 	default: // a variant of the global relay alone (defaults checked it)
 		keys = r.keys
@@ -537,7 +634,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 				cpus = append(cpus, c)
 			}
 		}
-		err = add(goRole(roleGlobalRelay, cpus, hopRT, target))
+		err = add(goRole(hostHop1, roleGlobalRelay, cpus, hopRT, target))
 	}
 	if err != nil {
 		return nil, err
@@ -549,7 +646,16 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	if err != nil {
 		return nil, err
 	}
-	g, err := newGen(load.Flows)
+	var g *gen
+	if r.lan == nil {
+		g, err = newGen(load.Flows, netip.AddrFrom4([4]byte{127, 0, 0, 1}))
+	} else {
+		err = r.lan.in(hostGen, func() error {
+			var err error
+			g, err = newGen(load.Flows, lanHosts[hostGen])
+			return err
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -572,7 +678,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	defer stopSend()
 
 	time.Sleep(cfg.Warmup)
-	s0, err := r.sample(hops, echo)
+	s0, err := r.sample(hops, echo, progs)
 	if err != nil {
 		return nil, err
 	}
@@ -580,7 +686,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	g.winStart.Store(time.Since(g.epoch).Nanoseconds())
 	time.Sleep(cfg.Window)
 	g.winEnd.Store(time.Since(g.epoch).Nanoseconds())
-	s1, err := r.sample(hops, echo)
+	s1, err := r.sample(hops, echo, progs)
 	if err != nil {
 		return nil, err
 	}
@@ -612,6 +718,11 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 		}
 		t.CPUPerPkt += hop.CPUPerPkt
 		t.Hops = append(t.Hops, hop)
+	}
+	if forwarded > 0 {
+		t.MachinePerPkt = float64((s1.machine.Busy - s0.machine.Busy).Nanoseconds()) / forwarded
+		t.BPFPerPkt = float64((s1.bpf - s0.bpf).Nanoseconds()) / forwarded
+		t.BPFRuns = s1.bpfRuns - s0.bpfRuns
 	}
 	busy := (s1.machine.Busy - s0.machine.Busy) - (s1.softirq - s0.softirq)
 	t.OtherLoad = max(0, (busy-(s1.ours-s0.ours)).Seconds()/wall)
@@ -701,7 +812,28 @@ func Table(rep *Report) string {
 	b.WriteString("ns/pkt: CPU (utime+stime) of the forwarding processes per forwarded datagram; xC: against c (c-chain for chain);\n")
 	b.WriteString("+p50/+p99: round trip added over direct; other: cores the rest of the machine used (! = over the threshold in every try)\n")
 	b.WriteString("gen%: how busy the generator's core was (it also runs the echo and a chain's second hop); near 100 the RTTs are its queue\n")
+	machineTable(&b, rep)
 	return b.String()
+}
+
+// machineTable adds the -veth columns: the whole machine's CPU per
+// datagram, minus the direct path's, against C, and the fast path
+// programs' own run time.
+func machineTable(b *strings.Builder, rep *Report) {
+	if !slices.ContainsFunc(rep.Trials, func(t Trial) bool { return t.MachinePerPkt > 0 }) {
+		return
+	}
+	fmt.Fprintf(b, "\n%-15s %-5s %8s %12s %10s %6s %10s %9s\n", "path", "load", "loss%", "machine ns", "-direct", "xC", "bpf ns", "bpf runs")
+	for _, t := range rep.Trials {
+		vs := "-"
+		if t.MachineVsC > 0 {
+			vs = fmt.Sprintf("%.2f", t.MachineVsC)
+		}
+		fmt.Fprintf(b, "%-15s %-5s %8.3f %12.0f %10.0f %6s %10.1f %9d\n",
+			t.Path, t.Load.Name, 100*t.Loss, t.MachinePerPkt, t.MachineAdded, vs, t.BPFPerPkt, t.BPFRuns)
+	}
+	b.WriteString("machine ns: every CPU's non-idle time (all processes, softirq included) per forwarded datagram; -direct: minus the\n")
+	b.WriteString("direct path's (the hops' cost); xC: that against c (c-chain for chains); bpf ns: the programs' own run time per datagram\n")
 }
 
 // WriteJSON writes the report to path.

@@ -47,11 +47,12 @@ type gen struct {
 	wg sync.WaitGroup
 }
 
-func newGen(n int) (*gen, error) {
+// newGen opens n client sockets on bind.
+func newGen(n int, bind netip.Addr) (*gen, error) {
 	g := &gen{epoch: time.Now(), id: uint32(time.Now().UnixNano())}
 	g.winStart.Store(1 << 62)
 	for range n {
-		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(bind, 0)))
 		if err != nil {
 			g.close()
 			return nil, fmt.Errorf("load generator socket: %w", err)

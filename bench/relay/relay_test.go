@@ -75,3 +75,43 @@ func TestSmoke(t *testing.T) {
 		t.Error("empty table")
 	}
 }
+
+// TestSmokeVeth runs the -veth paths briefly: every path carries traffic
+// both ways without loss at a small load, the fast path's programs ran on
+// every datagram through each relay of the fp paths and on none
+// elsewhere (the other relays run with fast_path off, not the node's
+// auto, which would attach here), and every trial has the machine columns.
+func TestSmokeVeth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the -veth run makes network namespaces and loads BPF programs: run as root")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Exe: exe, Dir: t.TempDir(), Veth: true, Paths: VethPaths,
+		Loads:  []Load{{Name: "voice", Flows: 8, PPS: 50}},
+		Warmup: 300 * time.Millisecond, Window: 500 * time.Millisecond, Drain: 200 * time.Millisecond,
+		Attempts: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relays := map[string]uint64{PathFPGlobalRelay: 1, PathFPChain: 2}
+	for _, tr := range rep.Trials {
+		if tr.Sent == 0 || tr.Echoed != tr.Sent || tr.Stray != 0 {
+			t.Errorf("%s: sent %d, echoed %d, stray %d", tr.Path, tr.Sent, tr.Echoed, tr.Stray)
+		}
+		if tr.MachinePerPkt <= 0 {
+			t.Errorf("%s: no machine CPU measured", tr.Path)
+		}
+		n := relays[tr.Path]
+		if forwarded := uint64(tr.Sent + tr.Echoed); tr.BPFRuns < n*forwarded || (n == 0) != (tr.BPFRuns == 0) {
+			t.Errorf("%s: the fast path programs ran %d times for %d datagrams through %d relays", tr.Path, tr.BPFRuns, forwarded, n)
+		}
+	}
+	t.Log("\n" + Table(rep))
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/rtcedge/rtcedge/clusterrelay"
 	"github.com/rtcedge/rtcedge/globalrelay"
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
@@ -38,6 +39,10 @@ const keyEnv = "RTCEDGE_RELAYBENCH_KEY"
 // grEnv carries a global relay variant's options to its child:
 // "workers=N lock=1 cpus=0:1 steer=cpu", every part optional.
 const grEnv = "RTCEDGE_RELAYBENCH_GR"
+
+// bindEnv, when set, is the IPv4 address a child binds its sockets to
+// instead of 127.0.0.1: its host's address in a -veth run.
+const bindEnv = "RTCEDGE_RELAYBENCH_BIND"
 
 // crEnv carries the cluster relay's options (bundle=1, loop=1; parsed as
 // grEnv's) and echoEnv "bundle=1" to the echo, which then bundles its
@@ -57,10 +62,14 @@ type grOptions struct {
 	bundle  bool
 	loop    bool // event_loop (default true, as the node's)
 	batch   int  // 0: udpio.DefaultBatch
+	// fastPath is the relay's fast_path: off unless "fp=tc" (the node's
+	// default, auto, would attach in a -veth run to paths meant to
+	// measure user space).
+	fastPath fastpath.Mode
 }
 
 func parseGROptions(s string) (grOptions, error) {
-	o := grOptions{loop: true}
+	o := grOptions{loop: true, fastPath: fastpath.ModeOff}
 	for _, f := range strings.Fields(s) {
 		k, v, _ := strings.Cut(f, "=")
 		var err error
@@ -85,6 +94,8 @@ func parseGROptions(s string) (grOptions, error) {
 			o.loop = v != "0"
 		case "batch":
 			o.batch, err = strconv.Atoi(v)
+		case "fp":
+			o.fastPath, err = fastpath.ParseMode(v)
 
 		default:
 			err = fmt.Errorf("unknown option %q", k)
@@ -148,6 +159,13 @@ func runRole(role, target string) error {
 		}
 	}
 	loop := netip.MustParseAddrPort("127.0.0.1:0")
+	if b := os.Getenv(bindEnv); b != "" {
+		a, err := netip.ParseAddr(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", bindEnv, err)
+		}
+		loop = netip.AddrPortFrom(a, 0)
+	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	key, err := hex.DecodeString(os.Getenv(keyEnv))
 	if err != nil {
@@ -187,7 +205,7 @@ func runRole(role, target string) error {
 			return err
 		}
 		r, err := clusterrelay.New(clusterrelay.Config{Cluster: benchCluster, Hop: hop, Pods: clusterrelay.NewPods(map[uint16]netip.AddrPort{benchPod: to}),
-			Tuning: udpio.Tuning{Batch: udpio.DefaultBatch, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, c)
+			Tuning: udpio.Tuning{Batch: udpio.DefaultBatch, Bundle: opt.bundle, EventLoop: &opt.loop}, FastPath: opt.fastPath, Logger: quiet}, c)
 		if err != nil {
 			c.Close()
 			return err
@@ -226,7 +244,8 @@ func runRole(role, target string) error {
 		r, err := globalrelay.New(globalrelay.Config{POP: benchPOP, Keys: keys,
 			Hop:       encap.NewClusterKeys(map[uint16]*encap.Keyring{benchCluster: hop}),
 			Directory: globalrelay.NewClusters([]globalrelay.Replica{{Cluster: benchCluster, Addr: to}}),
-			Tuning:    udpio.Tuning{Batch: opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: &opt.loop}, Logger: quiet}, ws)
+			Tuning:    udpio.Tuning{Batch: opt.batch, LockThreads: opt.lock, CPUs: opt.cpus, Bundle: opt.bundle, EventLoop: &opt.loop},
+			FastPath:  opt.fastPath, Logger: quiet}, ws)
 		if err != nil {
 			for i := range pubs {
 				pubs[i].Close()
@@ -299,6 +318,13 @@ const (
 // datagram per system call, the C forwarder's header and protocol.
 func runNaive(ctx context.Context, target netip.AddrPort) error {
 	loop := netip.MustParseAddrPort("127.0.0.1:0")
+	if b := os.Getenv(bindEnv); b != "" {
+		a, err := netip.ParseAddr(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", bindEnv, err)
+		}
+		loop = netip.AddrPortFrom(a, 0)
+	}
 	front, err := udpio.Listen(loop)
 	if err != nil {
 		return err

@@ -6,9 +6,9 @@
  * recvmmsg (MSG_WAITFORONE: it returns what is queued once one datagram is
  * there), so a batch costs exactly one recvmmsg and one sendmmsg.
  *
- *   fwd <target-ip> <target-port> [batch]
+ *   fwd <target-ip> <target-port> [batch [bind-ip]]
  *
- * It binds two IPv4 sockets on 127.0.0.1 with kernel-chosen ports and prints
+ * It binds two IPv4 sockets on bind-ip (default 127.0.0.1) with kernel-chosen ports and prints
  * "front <port> back <port>" on stdout:
  *
  *   front: a datagram from a client gets the header
@@ -40,6 +40,8 @@
 #define HDRLEN 8
 #define MAGIC 0xC0
 
+static struct in_addr bind_ip; /* where both sockets bind */
+
 static int open_socket(void) {
 	int fd = socket(AF_INET, SOCK_DGRAM, 0);
 	if (fd < 0) {
@@ -49,7 +51,7 @@ static int open_socket(void) {
 	int sz = 4 << 20; /* the same buffers the relays ask for */
 	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
 	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr = bind_ip};
 	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
 		perror("bind");
 		exit(1);
@@ -168,7 +170,7 @@ static void *run_down(void *arg) {
 
 int main(int argc, char **argv) {
 	if (argc < 3) {
-		fprintf(stderr, "usage: fwd <target-ip> <target-port> [batch]\n");
+		fprintf(stderr, "usage: fwd <target-ip> <target-port> [batch [bind-ip]]\n");
 		return 2;
 	}
 	target.sin_family = AF_INET;
@@ -178,6 +180,11 @@ int main(int argc, char **argv) {
 		return 2;
 	}
 	batch = argc > 3 ? atoi(argv[3]) : 32;
+	bind_ip.s_addr = htonl(INADDR_LOOPBACK);
+	if (argc > 4 && inet_pton(AF_INET, argv[4], &bind_ip) != 1) {
+		fprintf(stderr, "fwd: bad bind address %s\n", argv[4]);
+		return 2;
+	}
 	if (batch < 1 || batch > MAXBATCH)
 		batch = 32;
 	signal(SIGPIPE, SIG_IGN);

@@ -4,9 +4,13 @@
 // naive Go forwarder, the global relay, and the global →
 // cluster relay chain against two chained C forwarders, at voice and flood
 // load, each forwarder pinned to its own core. It prints a table and writes
-// the report as JSON. See docs/benchmarks.md.
+// the report as JSON. With -veth (root), every process runs on a host of
+// its own over veth pairs, and the relays' in-kernel fast path joins
+// (fp-globalrelay, fp-chain), measured by the whole machine's CPU. See
+// docs/benchmarks.md.
 //
 //	go run ./bench/relay/cmd/relaybench -json bin/bench-relay.json
+//	go run ./bench/relay/cmd/relaybench -veth -voice 500x50 -flood 128x500
 package main
 
 import (
@@ -44,11 +48,17 @@ func run() error {
 	jsonOut := flag.String("json", "bin/bench-relay.json", "write the report here (empty: do not)")
 	rounds := flag.Int("rounds", 1, "runs of every path, one after another; more than 1 also prints each path's median and range against each run's C path")
 	limit := flag.Duration("timeout", 10*time.Minute, "bound on the whole run (on each run, with -rounds)")
+	veth := flag.Bool("veth", false, "every process on a host of its own (network namespaces, veth pairs, a bridge; root), the fast path's paths included; paths default to "+strings.Join(relay.VethPaths, ","))
 	flag.Parse()
 
-	cfg := relay.Config{Window: *window, Warmup: *warmup, Quiet: *quiet, Attempts: *attempts, Nice: *nice, RT: *rt, Progress: os.Stderr}
-	if *paths != "" {
+	cfg := relay.Config{Window: *window, Warmup: *warmup, Quiet: *quiet, Attempts: *attempts, Nice: *nice, RT: *rt, Veth: *veth, Progress: os.Stderr}
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "paths" })
+	if *paths != "" && (explicit || !*veth) {
 		cfg.Paths = strings.Split(*paths, ",")
+	}
+	if *veth && !explicit {
+		cfg.Paths = relay.VethPaths
 	}
 	for _, l := range []struct{ name, spec string }{{"voice", *voice}, {"flood", *flood}} {
 		if l.spec == "" {
