@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/opus"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
 )
 
@@ -57,7 +58,7 @@ func (s *session) EndResponse(responseID string) { s.play.EndResponse(responseID
 
 // AwaitStart implements backend.StartAwaiter: at most two rounds of the
 // scheduler, so a late wheel delays the backend's reader only that long.
-func (s *session) AwaitStart(responseID string) { s.play.AwaitStart(responseID, 2*pace.FrameDuration) }
+func (s *session) AwaitStart(responseID string) { s.play.AwaitStart(responseID, 2*opus.FrameDuration) }
 
 // SpeechStopped implements backend.Player.
 func (s *session) SpeechStopped() { s.play.SpeechStopped(time.Now()) }

@@ -89,7 +89,7 @@ type Config struct {
 	// DefaultMaxMessage. A larger one ends the call (ReasonOversized): the
 	// server is broken or hostile, or sends a whole reply's audio in one
 	// delta and needs a larger bound (docs/backends.md). The read buffer
-	// is released after a message over keepReadBuffer, so the bound is
+	// is released after a message over readbuf.Keep, so the bound is
 	// what a call holds while it reads one, not for its life.
 	MaxMessage int
 	Logger     *slog.Logger
