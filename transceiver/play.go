@@ -9,6 +9,7 @@ import (
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/opus"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
+	"github.com/rtcedge/rtcedge/transceiver/vad"
 )
 
 // The session's side of paced output and barge-in (package pace): it is the
@@ -93,14 +94,14 @@ func (s *session) clearReply(source string, onset time.Time) pace.Cleared {
 func (s *session) edgeVAD(p []byte) {
 	now := time.Now()
 	switch s.vad.Frame(p, now) {
-	case pace.SpeechStarted:
+	case vad.SpeechStarted:
 		if !s.play.Playing() {
 			return
 		}
 		if c := s.clearReply(backend.ClearEdge, s.vad.Onset()); c.Active {
 			s.interrupter.Interrupted(backend.ClearEdge, c.ItemID, c.Played)
 		}
-	case pace.SpeechStopped:
+	case vad.SpeechStopped:
 		s.play.SpeechStopped(s.vad.Onset())
 		s.interrupter.SpeechStopped()
 	}

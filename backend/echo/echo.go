@@ -19,6 +19,11 @@ func (Backend) Open(_ context.Context, info backend.SessionInfo, out backend.Sin
 	return &handler{id: info.ID, out: out}, nil
 }
 
+var (
+	_ backend.Backend = Backend{}
+	_ backend.Handler = (*handler)(nil)
+)
+
 type handler struct {
 	id  string
 	out backend.Sink

@@ -78,6 +78,17 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 
 // handler is one session's connection. Audio and Event enqueue; one
 // goroutine writes, one reads replies and hands them to the Sink.
+// The backend reports its readiness (backend.Ready); a session's handler
+// takes the sideband's events (backend.ServerEvents) and the edge's
+// barge-in (backend.Interrupter): the inference backend has no VAD of its
+// own to stop a reply.
+var (
+	_ backend.Ready        = (*Backend)(nil)
+	_ backend.Handler      = (*handler)(nil)
+	_ backend.ServerEvents = (*handler)(nil)
+	_ backend.Interrupter  = (*handler)(nil)
+)
+
 type handler struct {
 	b    *Backend
 	conn net.Conn

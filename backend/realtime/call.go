@@ -114,6 +114,13 @@ type call struct {
 	wg        sync.WaitGroup // the writer, the reader and the pinger
 }
 
+// A call takes the caller's audio and events (backend.Handler) and the
+// sideband's (backend.ServerEvents).
+var (
+	_ backend.Handler      = (*call)(nil)
+	_ backend.ServerEvents = (*call)(nil)
+)
+
 // newCall makes the call over an open WebSocket; start starts its loops.
 func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
 	rate := b.cfg.Rate

@@ -216,6 +216,8 @@ type replyEncoder struct {
 	pcm []int16       // one frame
 }
 
+var _ backend.FrameEncoder = (*replyEncoder)(nil)
+
 func newReplyEncoder(enc *opus.Encoder, m *metrics) *replyEncoder {
 	return &replyEncoder{m: m, enc: enc, pcm: make([]int16, enc.FrameSamples())}
 }

@@ -168,6 +168,13 @@ func FromURL(rawURL, protocol string, getenv func(string) string, log *slog.Logg
 	return New(Config{URL: rawURL, APIKey: getenv(APIKeyEnv), Protocol: protocol, Logger: log, Registerer: reg})
 }
 
+// The connector is a backend.Backend that tells the pod its PCM rate (the
+// pod offers Opus no richer than that).
+var (
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.InputRater = (*Backend)(nil)
+)
+
 // Open implements backend.Backend: it dials the server, sends the first
 // session.update and starts the call's loops.
 func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backend.Sink) (backend.Handler, error) {

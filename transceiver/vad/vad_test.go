@@ -1,4 +1,4 @@
-package pace
+package vad
 
 import (
 	"math/rand/v2"
