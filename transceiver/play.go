@@ -21,7 +21,7 @@ var eventSeq atomic.Uint64 // event_id suffix of the events the pod makes
 
 // podEvent sends one event the pod makes on the caller's data channel.
 func (s *session) podEvent(fields map[string]any) {
-	fields["event_id"] = "event_rtcedge_" + strconv.FormatUint(eventSeq.Add(1), 10)
+	fields["event_id"] = backend.EventIDPrefix + strconv.FormatUint(eventSeq.Add(1), 10)
 	b, err := json.Marshal(fields)
 	if err != nil {
 		return
@@ -42,7 +42,7 @@ func (s *session) Started(responseID string, replyDelay time.Duration) {
 	s.podEvent(map[string]any{"type": "output_audio_buffer.started", "response_id": responseID})
 	if replyDelay >= 0 {
 		s.t.m.replyDelay.WithLabelValues(s.popLabel()).Observe(replyDelay.Seconds())
-		s.podEvent(map[string]any{"type": "rtcedge.turn", "response_id": responseID, "reply_delay_ms": replyDelay.Milliseconds()})
+		s.podEvent(map[string]any{"type": backend.EventTurn, "response_id": responseID, "reply_delay_ms": replyDelay.Milliseconds()})
 	}
 }
 
@@ -82,7 +82,7 @@ func (s *session) clearReply(source string, onset time.Time) pace.Cleared {
 	s.t.m.bargeins.WithLabelValues(source).Inc()
 	s.t.m.bargeinStop.WithLabelValues(s.popLabel()).Observe(stop.Seconds())
 	s.podEvent(map[string]any{"type": "output_audio_buffer.cleared", "response_id": c.ResponseID})
-	s.podEvent(map[string]any{"type": "rtcedge.turn", "response_id": c.ResponseID, "item_id": c.ItemID, "bargein_source": source,
+	s.podEvent(map[string]any{"type": backend.EventTurn, "response_id": c.ResponseID, "item_id": c.ItemID, "bargein_source": source,
 		"bargein_stop_ms": stop.Milliseconds(), "audio_end_ms": c.Played.Milliseconds()})
 	return c
 }

@@ -73,7 +73,8 @@ var sbAttachResults = []string{sbAttached, sbNotFound, sbTooMany, sbUpgrade}
 
 // errReadOnly is what a sideband hears when it sends an event to a backend
 // that takes none from it.
-var errReadOnly = []byte(`{"type":"error","event_id":"event_rtcedge_sideband_read_only","error":{"type":"invalid_request_error","code":"sideband_read_only","message":"This call's backend takes no events from a sideband; it only sees the call's events.","param":null,"event_id":null}}`)
+var errReadOnly = oaievents.ErrorEvent("invalid_request_error", "sideband_read_only", "",
+	"This call's backend takes no events from a sideband; it only sees the call's events.", "")
 
 // sidebands is a session's attached sidebands and its replay of recent
 // events; guarded by session.sendMu.

@@ -43,7 +43,7 @@ type Reply struct {
 }
 
 func (h *handler) Event(data []byte) {
-	r := Reply{Type: "rtcedge.echo", Session: h.id}
+	r := Reply{Type: backend.EventEcho, Session: h.id}
 	if json.Valid(data) {
 		r.Echo = json.RawMessage(data)
 	} else {

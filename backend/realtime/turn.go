@@ -3,7 +3,7 @@ package realtime
 // The turn: the server's events that start and end a response and detect
 // the caller's speech, read for the pod's output (responseID, interrupts),
 // and the barge-in that stops a reply (bargeIn) with the events the
-// connector sends the server about it, which carry ownEventPrefix so that
+// connector sends the server about it, which carry backend.EventIDPrefix so that
 // the server's errors about them stay the edge's.
 
 import (
@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/rtcedge/rtcedge/backend"
 )
 
 // responseID is the response.id of a response event, "" if it has none.
@@ -57,19 +59,17 @@ func interrupts(data []byte) bool {
 	return true
 }
 
-// ownEventPrefix starts the event_id of the events the connector makes
-// itself (a barge-in's cancel and truncate): the server's errors about
-// them (a response the server's VAD cancelled already) are not the
-// caller's business.
-const ownEventPrefix = "event_rtcedge_"
-
+// ownError reports an error about an event the connector made itself
+// (backend.EventIDPrefix: a barge-in's cancel and truncate): the server's
+// errors about them (a response the server's VAD cancelled already) are
+// not the caller's business.
 func ownError(data []byte) bool {
 	var ev struct {
 		Error struct {
 			EventID string `json:"event_id"`
 		} `json:"error"`
 	}
-	return json.Unmarshal(data, &ev) == nil && strings.HasPrefix(ev.Error.EventID, ownEventPrefix)
+	return json.Unmarshal(data, &ev) == nil && strings.HasPrefix(ev.Error.EventID, backend.EventIDPrefix)
 }
 
 // bargeIn stops the reply: the pod drops what it has queued (the caller
@@ -97,10 +97,10 @@ func (c *call) bargeIn(source string) {
 	active := c.active != ""
 	c.omu.Unlock()
 	if active {
-		c.toServer(fmt.Appendf(nil, `{"type":"response.cancel","event_id":"%scancel_%d","response_id":%q}`, ownEventPrefix, c.b.ids.Add(1), resp))
+		c.toServer(fmt.Appendf(nil, `{"type":"response.cancel","event_id":"%scancel_%d","response_id":%q}`, backend.EventIDPrefix, c.b.ids.Add(1), resp))
 	}
 	if playing && itemID != "" {
 		c.toServer(fmt.Appendf(nil, `{"type":"conversation.item.truncate","event_id":"%struncate_%d","item_id":%q,"content_index":0,"audio_end_ms":%d}`,
-			ownEventPrefix, c.b.ids.Add(1), itemID, played.Milliseconds()))
+			backend.EventIDPrefix, c.b.ids.Add(1), itemID, played.Milliseconds()))
 	}
 }
