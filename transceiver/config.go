@@ -1,5 +1,9 @@
 package transceiver
 
+// The transceiver's configuration: the typed Config with defaults,
+// environment overrides and validation, the backend it names, and the
+// sockets a node opens for it.
+
 import (
 	"context"
 	"encoding/hex"

@@ -1,5 +1,9 @@
 package transceiver
 
+// A session: one caller's PeerConnection and its backend. Its state and
+// who owns each part, how it is made from a create request, its media and
+// events in both directions, and its teardown.
+
 import (
 	"bytes"
 	"context"

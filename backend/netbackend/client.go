@@ -1,5 +1,10 @@
 package netbackend
 
+// The pod's side of the protocol: the Backend that dials the inference
+// backend once per session, and the session's handler, whose writer drains
+// a bounded queue toward it and whose reader hands its audio, events and
+// controls to the pod.
+
 import (
 	"bytes"
 	"context"

@@ -41,8 +41,8 @@ const closeWait = time.Second
 // the pod (Player.BeginItem, RawWriter.WriteRaw, Sink.WriteAudio, which
 // take pace.Queue's mu) and into enc (replyEncoder.mu), never the other
 // way round: the pod calls Player.Clear before omu is taken (bargeIn), and
-// the pacer calls enc.EncodeFrame with its queue's mu released.
-// lockorder_test.go checks both.
+// the pacer calls enc.EncodeFrame and its Output with its queue's mu
+// released (transceiver/pace's TestQueueCallsOutWithoutItsLock).
 type call struct {
 	// Static after newCall.
 	b      *Backend

@@ -1,5 +1,9 @@
 package pace
 
+// One call's queue of reply frames: what the backend pushes, what the
+// scheduler (pace.go) sends from it each round, and the turn's events and
+// barge-in that change it.
+
 import (
 	"sync"
 	"time"

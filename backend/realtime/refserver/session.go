@@ -1,5 +1,9 @@
 package refserver
 
+// One client's WebSocket: its State (what a test reads back), the bounds
+// on what the client can make the server hold, and the read loop that
+// hands each event to the handler.
+
 import (
 	"bytes"
 	"context"
