@@ -95,17 +95,22 @@ var (
 )
 
 type handler struct {
+	// Static after Open.
 	b    *Backend
 	conn net.Conn
 	out  backend.Sink
 	log  *slog.Logger
 	// caller translates the caller's events (safe for concurrent use).
 	caller *oaievents.Caller
-	queue  chan []byte
+
+	// The queue toward the backend: sent on under mu.RLock, closed by
+	// Close under mu, drained by writeLoop.
+	queue chan []byte
 	// queued is the bytes of the frames in queue or being written: the
 	// queue is bounded in frames, and an event may be 256 KiB.
 	queued atomic.Int64
 
+	// Lifecycle.
 	closeOnce sync.Once
 	mu        sync.RWMutex // guards sends on queue against its close
 	closed    bool         // guarded by mu

@@ -174,6 +174,7 @@ func (s *Scheduler) NewQueue(out Output) *Queue {
 
 // shard is one scheduler goroutine's wheel.
 type shard struct {
+	// Static after the Scheduler made it.
 	now   func() time.Time
 	batch Batcher       // nil: none
 	wake  chan struct{} // cap 1: a queue was added to an idle wheel
