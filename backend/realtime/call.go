@@ -40,7 +40,7 @@ const closeWait = time.Second
 // Lock order: mu (read) is taken alone. omu is held while calling into
 // the pod (Player.BeginItem, RawWriter.WriteRaw, Sink.WriteAudio, which
 // take pace.Queue's mu) and into enc (replyEncoder.mu), never the other
-// way round: the pod calls Player.Clear before omu is taken (bargeIn), and
+// way round: bargeIn calls Player.Clear before it takes omu, and
 // the pacer calls enc.EncodeFrame and its Output with its queue's mu
 // released (transceiver/pace's TestQueueCallsOutWithoutItsLock).
 type call struct {
