@@ -9,6 +9,21 @@ import (
 	"time"
 )
 
+// The names of what the edge itself says, written once.
+const (
+	// EventIDPrefix starts the event_id of every event the edge makes
+	// itself (the pod's output_audio_buffer events and refusals, a
+	// connector's cancel and truncate): the IDs cannot collide with a
+	// caller's, and a model server's error about one is the edge's
+	// business, not the caller's.
+	EventIDPrefix = "event_rtcedge_"
+	// EventTurn is the pod's event of a turn's timing (reply delay,
+	// barge-in), sent to the caller and the sidebands.
+	EventTurn = "rtcedge.turn"
+	// EventEcho is the echo backends' answer to a data-channel event.
+	EventEcho = "rtcedge.echo"
+)
+
 // Backend is the inference side of a session: it hears the caller's audio
 // and data-channel events and talks back. Implementations must be safe for
 // concurrent use; Open is called once per session.

@@ -1,5 +1,9 @@
 package transceiver
 
+// The pod's session API over HTTP: the routes (create, delete, ICE
+// restart, the sideband in sideband.go, the pod's status and health) and
+// the JSON errors each answers with.
+
 import (
 	"context"
 	"encoding/json"

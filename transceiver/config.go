@@ -1,5 +1,9 @@
 package transceiver
 
+// The transceiver's configuration: the typed Config with defaults,
+// environment overrides and validation, the backend it names, and the
+// sockets a node opens for it.
+
 import (
 	"context"
 	"encoding/hex"
@@ -299,20 +303,21 @@ func (c *Config) NewBackend(getenv func(string) string, log *slog.Logger, reg pr
 	return dialReady{b, net.JoinHostPort(u.Hostname(), port)}, nil
 }
 
-// InputRate implements backend.InputRater with the connector's rate.
-func (d dialReady) InputRate() int {
-	if r, ok := d.Backend.(backend.InputRater); ok {
-		return r.InputRate()
-	}
-	return 0
-}
-
-// dialReady is a backend that is ready while addr accepts TCP connections.
+// dialReady is the Realtime connector, ready while addr (its server)
+// accepts TCP connections. It embeds the connector itself, so every
+// optional interface the connector implements (backend.InputRater) is
+// the wrapper's too, checked below at compile time.
 type dialReady struct {
-	backend.Backend
+	*realtime.Backend
 	addr string
 }
 
+var (
+	_ backend.Ready      = dialReady{}
+	_ backend.InputRater = dialReady{}
+)
+
+// Ready implements backend.Ready: a TCP connect to the server within ctx.
 func (b dialReady) Ready(ctx context.Context) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", b.addr)

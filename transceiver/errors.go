@@ -1,5 +1,8 @@
 package transceiver
 
+// The transceiver's sentinel errors and what each means to a caller of
+// the API.
+
 import "errors"
 
 // Errors of CreateSession and EndSession. The session API maps them to HTTP

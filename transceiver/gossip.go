@@ -1,5 +1,8 @@
 package transceiver
 
+// The pod's part in the cluster's gossip: it publishes its load and
+// state, and follows the relays it may send through.
+
 import (
 	"context"
 	"net/netip"

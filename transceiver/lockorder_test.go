@@ -105,3 +105,45 @@ func TestBindingRequestHandlerLeavesThePeerConnection(t *testing.T) {
 		t.Error("the walk did not reach Probe: it no longer follows the handler's calls")
 	}
 }
+
+// TestSidebandOfferUnderSendMu: a sideband's queue is bounded in bytes by
+// a check and an add (offer) that only session.sendMu keeps from racing,
+// and sendMu is also what keeps the events in one order. So every call
+// of offer is in a function that takes sendMu or whose doc comment says
+// it is held ("sendMu held").
+func TestSidebandOfferUnderSendMu(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "sideband.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	for _, d := range f.Decls {
+		fd, ok := d.(*ast.FuncDecl)
+		if !ok || fd.Body == nil || fd.Name.Name == "offer" {
+			continue
+		}
+		locks, offers := false, []token.Pos{}
+		ast.Inspect(fd.Body, func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok {
+				if inner, ok := sel.X.(*ast.SelectorExpr); ok && inner.Sel.Name == "sendMu" && sel.Sel.Name == "Lock" {
+					locks = true
+				}
+				if sel.Sel.Name == "offer" {
+					offers = append(offers, sel.Pos())
+				}
+			}
+			return true
+		})
+		held := fd.Doc != nil && strings.Contains(fd.Doc.Text(), "sendMu held")
+		for _, p := range offers {
+			calls++
+			if !locks && !held {
+				t.Errorf("%s calls offer at %s without session.sendMu", fd.Name.Name, fset.Position(p))
+			}
+		}
+	}
+	if calls == 0 {
+		t.Error("no call of offer found: the walk no longer finds them")
+	}
+}

@@ -1,5 +1,8 @@
 package transceiver
 
+// The transceiver's metrics: sessions, drops by reason (every label zeroed
+// at start-up), turns and barge-ins, sidebands.
+
 import (
 	"github.com/prometheus/client_golang/prometheus"
 

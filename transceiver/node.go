@@ -1,5 +1,8 @@
 package transceiver
 
+// The transceiver as a node: the sockets and backend it is given, its
+// lifecycle and readiness.
+
 import (
 	"context"
 	"errors"

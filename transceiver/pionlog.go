@@ -1,5 +1,9 @@
 package transceiver
 
+// Pion's loggers on the pod's slog logger: rate-limited, with Pion's
+// warnings about I/O on closed connections demoted to debug, so that a
+// teardown does not bury the warnings that matter.
+
 import (
 	"context"
 	"errors"

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/backend"
+	"github.com/rtcedge/rtcedge/internal/opus"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
+	"github.com/rtcedge/rtcedge/transceiver/vad"
 )
 
 // The session's side of paced output and barge-in (package pace): it is the
@@ -19,7 +21,7 @@ var eventSeq atomic.Uint64 // event_id suffix of the events the pod makes
 
 // podEvent sends one event the pod makes on the caller's data channel.
 func (s *session) podEvent(fields map[string]any) {
-	fields["event_id"] = "event_rtcedge_" + strconv.FormatUint(eventSeq.Add(1), 10)
+	fields["event_id"] = backend.EventIDPrefix + strconv.FormatUint(eventSeq.Add(1), 10)
 	b, err := json.Marshal(fields)
 	if err != nil {
 		return
@@ -40,7 +42,7 @@ func (s *session) Started(responseID string, replyDelay time.Duration) {
 	s.podEvent(map[string]any{"type": "output_audio_buffer.started", "response_id": responseID})
 	if replyDelay >= 0 {
 		s.t.m.replyDelay.WithLabelValues(s.popLabel()).Observe(replyDelay.Seconds())
-		s.podEvent(map[string]any{"type": "rtcedge.turn", "response_id": responseID, "reply_delay_ms": replyDelay.Milliseconds()})
+		s.podEvent(map[string]any{"type": backend.EventTurn, "response_id": responseID, "reply_delay_ms": replyDelay.Milliseconds()})
 	}
 }
 
@@ -57,7 +59,7 @@ func (s *session) EndResponse(responseID string) { s.play.EndResponse(responseID
 
 // AwaitStart implements backend.StartAwaiter: at most two rounds of the
 // scheduler, so a late wheel delays the backend's reader only that long.
-func (s *session) AwaitStart(responseID string) { s.play.AwaitStart(responseID, 2*pace.FrameDuration) }
+func (s *session) AwaitStart(responseID string) { s.play.AwaitStart(responseID, 2*opus.FrameDuration) }
 
 // SpeechStopped implements backend.Player.
 func (s *session) SpeechStopped() { s.play.SpeechStopped(time.Now()) }
@@ -80,7 +82,7 @@ func (s *session) clearReply(source string, onset time.Time) pace.Cleared {
 	s.t.m.bargeins.WithLabelValues(source).Inc()
 	s.t.m.bargeinStop.WithLabelValues(s.popLabel()).Observe(stop.Seconds())
 	s.podEvent(map[string]any{"type": "output_audio_buffer.cleared", "response_id": c.ResponseID})
-	s.podEvent(map[string]any{"type": "rtcedge.turn", "response_id": c.ResponseID, "item_id": c.ItemID, "bargein_source": source,
+	s.podEvent(map[string]any{"type": backend.EventTurn, "response_id": c.ResponseID, "item_id": c.ItemID, "bargein_source": source,
 		"bargein_stop_ms": stop.Milliseconds(), "audio_end_ms": c.Played.Milliseconds()})
 	return c
 }
@@ -92,14 +94,14 @@ func (s *session) clearReply(source string, onset time.Time) pace.Cleared {
 func (s *session) edgeVAD(p []byte) {
 	now := time.Now()
 	switch s.vad.Frame(p, now) {
-	case pace.SpeechStarted:
+	case vad.SpeechStarted:
 		if !s.play.Playing() {
 			return
 		}
 		if c := s.clearReply(backend.ClearEdge, s.vad.Onset()); c.Active {
 			s.interrupter.Interrupted(backend.ClearEdge, c.ItemID, c.Played)
 		}
-	case pace.SpeechStopped:
+	case vad.SpeechStopped:
 		s.play.SpeechStopped(s.vad.Onset())
 		s.interrupter.SpeechStopped()
 	}

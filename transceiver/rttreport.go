@@ -99,10 +99,12 @@ func (s *session) measureRTT() {
 
 // rttReporter batches samples for ReportRTT.
 type rttReporter struct {
-	keyID   uint8  // of key
-	key     []byte // the pod's report key; nil without pod keys: reports go untagged
+	// Static after newRTTReporter.
+	keyID uint8  // of key
+	key   []byte // the pod's report key; nil without pod keys: reports go untagged
+
 	mu      sync.Mutex
-	pending []pendingRTT
+	pending []pendingRTT           // guarded by mu: added by the sessions, taken by the reporting loop
 	samples *prometheus.CounterVec // by result: sent, dropped (queue full), unsent (no relay, send failed)
 }
 

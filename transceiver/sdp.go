@@ -1,5 +1,9 @@
 package transceiver
 
+// The answer the pod gives: its candidates rewritten to the POPs'
+// addresses and priorities, the Opus rate capped at the backend's, and the
+// client's ICE credentials read from the offer.
+
 import (
 	"fmt"
 	"net/netip"

@@ -1,5 +1,9 @@
 package transceiver
 
+// A session: one caller's PeerConnection and its backend. Its state and
+// who owns each part, how it is made from a create request, its media and
+// events in both directions, and its teardown.
+
 import (
 	"bytes"
 	"context"
@@ -24,6 +28,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
+	"github.com/rtcedge/rtcedge/transceiver/vad"
 )
 
 // EventsLabel is the data channel label OpenAI-style clients use for events.
@@ -95,7 +100,7 @@ type session struct {
 	// the audio path (under audioMu).
 	play        *pace.Queue
 	interrupter backend.Interrupter
-	vad         pace.Detector
+	vad         vad.Detector
 
 	// The outgoing audio stream: one RTP packet per Opus frame, header
 	// state reused across frames.
@@ -131,6 +136,12 @@ type session struct {
 	teardownOnce sync.Once
 }
 
+// newSession makes the session of one create request: fresh ICE
+// credentials and ID, a PeerConnection over the pod's shared POP muxes,
+// the offer applied, the outgoing track, the backend opened (before the
+// answer, so a refusing backend fails the request) and the answer
+// gathered and shaped for the POPs. On an error after the session exists
+// it is returned with the error, for the caller to tear down.
 func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*session, string, error) {
 	muxes, err := t.muxesFor(req.POPs)
 	if err != nil {
@@ -148,16 +159,38 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	if err != nil {
 		return nil, "", err
 	}
+	s := t.sessionFor(req, id, ufrag, pwd)
+	if err := s.newPeerConnection(muxes, req.POPs); err != nil {
+		return nil, "", err
+	}
+	if err := s.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: req.Offer}); err != nil {
+		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
+	}
+	if s.client, err = iceFragment(req.Offer); err != nil {
+		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
+	}
+	if err := s.addTrack(); err != nil {
+		return s, "", err
+	}
+	s.handler, err = t.cfg.Backend.Open(ctx, t.sessionInfo(id, req), s)
+	if err != nil {
+		return s, "", fmt.Errorf("open backend: %w", err)
+	}
+	s.interrupter, _ = s.handler.(backend.Interrupter)
+	out, err := s.answer(ctx, req.POPs)
+	return s, out, err
+}
 
-	// A SettingEngine copy per session carries its credentials and the
-	// subset of POP muxes it advertises; the muxes themselves are shared.
+// sessionFor is the session's static state: its credentials, its POPs and
+// the steering it measures for (a bad key or ticket measures nothing).
+func (t *Transceiver) sessionFor(req CreateRequest, id, ufrag, pwd string) *session {
 	s := &session{id: id, t: t, created: t.cfg.Now(), ufrag: ufrag, pwd: pwd, popByVIP: make(map[netip.AddrPort]uint16, len(req.POPs))}
 	for _, p := range req.POPs {
 		s.popByVIP[p.VIP] = p.ID
 	}
 	s.preferredPOP = req.POPs[0].ID
 	s.play = t.pacer.NewQueue(s)
-	s.rtt.key, _ = steer.ParseKey(req.Steer) // a bad key measures nothing
+	s.rtt.key, _ = steer.ParseKey(req.Steer)
 	s.rtt.ticket, _ = steer.ParseTicket(req.SteerTicket)
 	if s.rtt.ticket == (steer.Ticket{}) && t.rttOut.key != nil {
 		// The relays would refuse the whole report this call's samples
@@ -167,64 +200,73 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 	for _, p := range req.POPs[:min(len(req.POPs), steer.MaxTicketPOPs)] {
 		s.rtt.pops = append(s.rtt.pops, p.ID)
 	}
+	return s
+}
+
+// newPeerConnection makes the session's PeerConnection. A SettingEngine
+// copy per session carries its credentials and the subset of POP muxes it
+// advertises; the muxes themselves are shared.
+func (s *session) newPeerConnection(muxes []ice.UDPMux, pops []POPAddr) error {
+	t := s.t
 	se := t.base
-	se.SetICECredentials(ufrag, pwd)
+	se.SetICECredentials(s.ufrag, s.pwd)
 	se.SetICEUDPMux(ice.NewMultiUDPMuxDefault(muxes...))
-	t.setupTCP(&se, s, req.POPs) // passive TCP candidates
+	t.setupTCP(&se, s, pops) // passive TCP candidates
 	se.SetICEBindingRequestHandler(s.onBindingRequest)
 	api := webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(t.me), webrtc.WithInterceptorRegistry(t.ir))
 	pc, err := api.NewPeerConnection(webrtc.Configuration{BundlePolicy: webrtc.BundlePolicyMaxBundle})
 	if err != nil {
-		return nil, "", fmt.Errorf("new peer connection: %w", err)
+		return fmt.Errorf("new peer connection: %w", err)
 	}
 	s.pc = pc
-	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
-		var oldPeer, newPeer *netip.AddrPort
-		s.selectedTCP.Store(p.Local.Protocol == webrtc.ICEProtocolTCP)
-		if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
-			peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
-			oldPeer, newPeer = s.selectedPeer.Swap(&peer), &peer
-		}
-		// Every move to another POP or another client address counts,
-		// whichever side made it: the transceiver after silence
-		// (onBindingRequest), or the client by nominating another pair (a
-		// browser on ICE-TCP does as soon as its connection to the failed
-		// POP is reset; a browser whose NAT rebound may nominate its new
-		// address before the pod has followed it).
-		pop := uint32(s.popOf(p.Local.Address, p.Local.Port))
-		switch old := s.selectedPOP.Swap(pop); {
-		case old != 0 && pop != 0 && old != pop:
-			s.t.m.popSwitches.Inc()
-		case old != 0 && old == pop && oldPeer != nil && newPeer != nil && *oldPeer != *newPeer:
-			s.t.m.addressChanges.Inc()
-		}
-	})
+	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(s.onSelectedPair)
 	pc.OnConnectionStateChange(s.onState)
 	pc.OnTrack(s.onTrack)
 	pc.OnDataChannel(s.onDataChannel)
+	return nil
+}
 
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: req.Offer}); err != nil {
-		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
+// onSelectedPair records the selected candidate pair's POP, client address
+// and transport. Every move to another POP or another client address
+// counts, whichever side made it: the transceiver after silence
+// (onBindingRequest), or the client by nominating another pair (a browser
+// on ICE-TCP does as soon as its connection to the failed POP is reset; a
+// browser whose NAT rebound may nominate its new address before the pod
+// has followed it).
+func (s *session) onSelectedPair(p *webrtc.ICECandidatePair) {
+	var oldPeer, newPeer *netip.AddrPort
+	s.selectedTCP.Store(p.Local.Protocol == webrtc.ICEProtocolTCP)
+	if ip, err := netip.ParseAddr(p.Remote.Address); err == nil {
+		peer := netip.AddrPortFrom(ip.Unmap(), p.Remote.Port)
+		oldPeer, newPeer = s.selectedPeer.Swap(&peer), &peer
 	}
-	if s.client, err = iceFragment(req.Offer); err != nil {
-		return s, "", fmt.Errorf("%w: %w", ErrBadOffer, err)
+	pop := uint32(s.popOf(p.Local.Address, p.Local.Port))
+	switch old := s.selectedPOP.Swap(pop); {
+	case old != 0 && pop != 0 && old != pop:
+		s.t.m.popSwitches.Inc()
+	case old != 0 && old == pop && oldPeer != nil && newPeer != nil && *oldPeer != *newPeer:
+		s.t.m.addressChanges.Inc()
 	}
-	// A static RTP track written frame by frame rather than Pion's sample
-	// track: its packetizer allocates a packet, a slice and a payload copy
-	// for every 20 ms frame, the largest share of the pod's per-packet
-	// garbage. The packets are the same: random initial sequence number and
-	// timestamp, marker set, one Opus frame each.
+}
+
+// addTrack adds the outgoing audio track. A static RTP track written frame
+// by frame rather than Pion's sample track: its packetizer allocates a
+// packet, a slice and a payload copy for every 20 ms frame, the largest
+// share of the pod's per-packet garbage. The packets are the same: random
+// initial sequence number and timestamp, marker set, one Opus frame each.
+func (s *session) addTrack() error {
 	s.outPkt.Header = rtp.Header{Version: 2, Marker: true, SequenceNumber: uint16(rand.Uint32()), Timestamp: rand.Uint32()}
+	var err error
 	s.track, err = webrtc.NewTrackLocalStaticRTP(opusCapability, "audio", "rtcedge")
 	if err != nil {
-		return s, "", fmt.Errorf("local track: %w", err)
+		return fmt.Errorf("local track: %w", err)
 	}
-	sender, err := pc.AddTrack(s.track)
+	sender, err := s.pc.AddTrack(s.track)
 	if err != nil {
-		return s, "", fmt.Errorf("add track: %w", err)
+		return fmt.Errorf("add track: %w", err)
 	}
 	s.sender = sender
-	if !t.mediaPath {
+	if !s.t.mediaPath {
 		// Pion's media path (Config.PionMedia): reading the sender's RTCP
 		// passes the client's sender reports (which Pion delivers to
 		// every SSRC they name, ours included) through the receiver-report
@@ -232,9 +274,9 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 		// from which the browser computes its round-trip time. The RTCP of
 		// the client's own stream is not read; its buffer is bounded
 		// (rtcpReadBuffer).
-		t.wg.Add(1)
+		s.t.wg.Add(1)
 		go func() {
-			defer t.wg.Done()
+			defer s.t.wg.Done()
 			buf := make([]byte, 1500)
 			for {
 				if _, _, err := sender.Read(buf); err != nil {
@@ -243,34 +285,35 @@ func (t *Transceiver) newSession(ctx context.Context, req CreateRequest) (*sessi
 			}
 		}()
 	}
+	return nil
+}
 
-	s.handler, err = t.cfg.Backend.Open(ctx, t.sessionInfo(id, req), s)
-	if err != nil {
-		return s, "", fmt.Errorf("open backend: %w", err)
-	}
-	s.interrupter, _ = s.handler.(backend.Interrupter)
+// answer creates the answer, waits for its candidates (until ctx ends) and
+// shapes it for the POPs, the Opus rate capped at what the backend takes.
+func (s *session) answer(ctx context.Context, pops []POPAddr) (string, error) {
+	pc := s.pc
 	answer, err := pc.CreateAnswer(nil)
 	if err != nil {
-		return s, "", fmt.Errorf("%w: create answer: %w", ErrBadOffer, err)
+		return "", fmt.Errorf("%w: create answer: %w", ErrBadOffer, err)
 	}
 	s.dtlsClient = strings.Contains(answer.SDP, "a=setup:active")
 	gathered := webrtc.GatheringCompletePromise(pc)
 	if err := pc.SetLocalDescription(answer); err != nil {
-		return s, "", fmt.Errorf("set local description: %w", err)
+		return "", fmt.Errorf("set local description: %w", err)
 	}
 	select {
 	case <-gathered:
 	case <-ctx.Done():
-		return s, "", fmt.Errorf("gather candidates: %w", ctx.Err())
+		return "", fmt.Errorf("gather candidates: %w", ctx.Err())
 	}
-	out, err := shapeAnswer(pc.LocalDescription().SDP, req.POPs)
+	out, err := shapeAnswer(pc.LocalDescription().SDP, pops)
 	if err != nil {
-		return s, "", err
+		return "", err
 	}
-	if r, ok := t.cfg.Backend.(backend.InputRater); ok {
+	if r, ok := s.t.cfg.Backend.(backend.InputRater); ok {
 		out = limitOpusRate(out, r.InputRate())
 	}
-	return s, out, nil
+	return out, nil
 }
 
 // popSwitchSilence is how long the selected address must have carried
@@ -603,8 +646,12 @@ func (s *session) WriteAudio(payload []byte, d time.Duration) error {
 	return s.play.Push(payload, d)
 }
 
-// The session is the Sink every backend gets, with the pod's paced output.
+// The session is the Sink every backend gets, with the pod's paced output,
+// and the Ender a backend that fails calls; it is the pacer's Output.
 var (
+	_ backend.Sink         = (*session)(nil)
+	_ backend.Ender        = (*session)(nil)
+	_ pace.Output          = (*session)(nil)
 	_ backend.Player       = (*session)(nil)
 	_ backend.RawWriter    = (*session)(nil)
 	_ backend.StartAwaiter = (*session)(nil)

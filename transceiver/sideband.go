@@ -73,7 +73,8 @@ var sbAttachResults = []string{sbAttached, sbNotFound, sbTooMany, sbUpgrade}
 
 // errReadOnly is what a sideband hears when it sends an event to a backend
 // that takes none from it.
-var errReadOnly = []byte(`{"type":"error","event_id":"event_rtcedge_sideband_read_only","error":{"type":"invalid_request_error","code":"sideband_read_only","message":"This call's backend takes no events from a sideband; it only sees the call's events.","param":null,"event_id":null}}`)
+var errReadOnly = oaievents.ErrorEvent("invalid_request_error", "sideband_read_only", "",
+	"This call's backend takes no events from a sideband; it only sees the call's events.", "")
 
 // sidebands is a session's attached sidebands and its replay of recent
 // events; guarded by session.sendMu.
@@ -112,17 +113,22 @@ func (r *replay) add(data []byte) {
 	r.bytes += len(data)
 }
 
-// sideband is one attached WebSocket.
+// sideband is one attached WebSocket: one reader goroutine hands the app's
+// events to the backend, one writer (runSideband) drains queue.
 type sideband struct {
+	// Static after newSideband.
 	conn   *websocket.Conn
-	queue  chan []byte
-	queued atomic.Int64 // bytes in queue
-	ctx    context.Context
+	ctx    context.Context // ends the reads and a blocked write
 	cancel context.CancelFunc
 
+	// Filled by offer under session.sendMu, drained by the writer.
+	queue  chan []byte
+	queued atomic.Int64 // bytes in queue: added by offer, taken by the writer
+
+	// Written once by stop, before stopped closes; read after it.
 	stopOnce sync.Once
 	stopped  chan struct{} // closed by stop
-	reason   string        // set by stop before stopped closes
+	reason   string
 	code     websocket.StatusCode
 	timer    *time.Timer // ends a write still blocked sidebandCloseWait after stop
 }
@@ -153,7 +159,8 @@ func (sb *sideband) isStopped() bool {
 }
 
 // offer queues a copy of data, or stops a sideband that is too far behind.
-// Called under session.sendMu.
+// Called under session.sendMu (fanOut, attach's replay, toSideband), so
+// the bytes bound's check-then-add is never raced.
 func (sb *sideband) offer(data []byte) {
 	if sb.isStopped() {
 		return
@@ -168,6 +175,14 @@ func (sb *sideband) offer(data []byte) {
 	default:
 		sb.stop(sessionapi.CloseSlow, sbCloseSlow)
 	}
+}
+
+// toSideband answers one sideband alone (an error about the event it
+// sent), in order with the call's events.
+func (s *session) toSideband(sb *sideband, ev []byte) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	sb.offer(ev)
 }
 
 // fanOut hands an event to the replay and every sideband; sendMu held.
@@ -289,7 +304,7 @@ func (s *session) runSideband(sb *sideband) {
 			h, ok := s.handler.(backend.ServerEvents)
 			if !ok {
 				s.t.m.sidebandEvents.WithLabelValues("from_sideband").Inc()
-				sb.offer(errReadOnly)
+				s.toSideband(sb, errReadOnly)
 				continue
 			}
 			// The app's events are trusted in what they say, not in how:
@@ -298,7 +313,7 @@ func (s *session) runSideband(sb *sideband) {
 			ev, _, err := oaievents.Canonical(data)
 			if err != nil {
 				s.t.m.sidebandEvents.WithLabelValues("refused").Inc()
-				sb.offer(oaievents.ErrorEvent("invalid_request_error", "invalid_event", "", "The event was refused: "+err.Error()+".", ""))
+				s.toSideband(sb, oaievents.ErrorEvent("invalid_request_error", "invalid_event", "", "The event was refused: "+err.Error()+".", ""))
 				continue
 			}
 			s.t.m.sidebandEvents.WithLabelValues("from_sideband").Inc()

@@ -3,7 +3,7 @@
 // DTLS and SCTP, the session lifecycle, the session API, ICE restarts).
 //
 // All sessions of a pod share one UDP socket, owned by the packet layer
-// (package podnet): it strips the relay encapsulation header (WIRE.md
+// (package podnet): it strips the relay encapsulation header (docs/wire.md
 // section 2), so Pion sees the client's real address, and presents one ICE
 // mux per POP whose local address is that POP's VIP, so the only host
 // candidates a session advertises are relay VIPs. The server runs ICE-lite

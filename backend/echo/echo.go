@@ -19,6 +19,11 @@ func (Backend) Open(_ context.Context, info backend.SessionInfo, out backend.Sin
 	return &handler{id: info.ID, out: out}, nil
 }
 
+var (
+	_ backend.Backend = Backend{}
+	_ backend.Handler = (*handler)(nil)
+)
+
 type handler struct {
 	id  string
 	out backend.Sink
@@ -38,7 +43,7 @@ type Reply struct {
 }
 
 func (h *handler) Event(data []byte) {
-	r := Reply{Type: "rtcedge.echo", Session: h.id}
+	r := Reply{Type: backend.EventEcho, Session: h.id}
 	if json.Valid(data) {
 		r.Echo = json.RawMessage(data)
 	} else {

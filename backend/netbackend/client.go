@@ -1,5 +1,10 @@
 package netbackend
 
+// The pod's side of the protocol: the Backend that dials the inference
+// backend once per session, and the session's handler, whose writer drains
+// a bounded queue toward it and whose reader hands its audio, events and
+// controls to the pod.
+
 import (
 	"bytes"
 	"context"
@@ -78,18 +83,34 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 
 // handler is one session's connection. Audio and Event enqueue; one
 // goroutine writes, one reads replies and hands them to the Sink.
+// The backend reports its readiness (backend.Ready); a session's handler
+// takes the sideband's events (backend.ServerEvents) and the edge's
+// barge-in (backend.Interrupter): the inference backend has no VAD of its
+// own to stop a reply.
+var (
+	_ backend.Ready        = (*Backend)(nil)
+	_ backend.Handler      = (*handler)(nil)
+	_ backend.ServerEvents = (*handler)(nil)
+	_ backend.Interrupter  = (*handler)(nil)
+)
+
 type handler struct {
+	// Static after Open.
 	b    *Backend
 	conn net.Conn
 	out  backend.Sink
 	log  *slog.Logger
 	// caller translates the caller's events (safe for concurrent use).
 	caller *oaievents.Caller
-	queue  chan []byte
+
+	// The queue toward the backend: sent on under mu.RLock, closed by
+	// Close under mu, drained by writeLoop.
+	queue chan []byte
 	// queued is the bytes of the frames in queue or being written: the
 	// queue is bounded in frames, and an event may be 256 KiB.
 	queued atomic.Int64
 
+	// Lifecycle.
 	closeOnce sync.Once
 	mu        sync.RWMutex // guards sends on queue against its close
 	closed    bool         // guarded by mu

@@ -1,5 +1,8 @@
 package netbackend
 
+// The inference node's configuration: its listen address, defaults and
+// validation.
+
 import (
 	"fmt"
 

@@ -1,5 +1,8 @@
 package netbackend
 
+// The inference backend as a node: its lifecycle and readiness, and the
+// Backend a pod reaches it by.
+
 import (
 	"context"
 	"fmt"

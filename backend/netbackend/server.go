@@ -1,5 +1,8 @@
 package netbackend
 
+// The inference side of the protocol: Serve accepts the pods' connections
+// and a Conn reads and writes one session's frames.
+
 import (
 	"context"
 	"encoding/binary"
@@ -10,6 +13,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/rtcedge/rtcedge/backend"
 )
 
 // Conn is the backend's side of one session.
@@ -196,7 +201,7 @@ func EchoHandler(_ context.Context, c *Conn) {
 				return
 			}
 		case FrameEvent:
-			reply := map[string]any{"type": "rtcedge.echo", "session": c.Hello.Session}
+			reply := map[string]any{"type": backend.EventEcho, "session": c.Hello.Session}
 			if len(c.Hello.Config) > 0 && json.Valid(c.Hello.Config) {
 				reply["config"] = c.Hello.Config
 			}

@@ -18,7 +18,7 @@ func cpuTime(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkTranslate is the per-event cost of strict translation (issue
+// BenchmarkTranslate is the per-event cost of strict translation (the
 // goal: at most 20 µs and 10 allocations for a typical event). The
 // baseline is encoding/json's Valid over the same bytes, the least a pod
 // that forwarded raw events could have done to look at them. Read

@@ -25,6 +25,7 @@ import (
 
 	"github.com/go-json-experiment/json/jsontext"
 
+	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 )
 
@@ -256,6 +257,6 @@ func ErrorEvent(typ, code, param, msg, eventID string) []byte {
 	if eventID != "" {
 		e["event_id"] = eventID
 	}
-	b, _ := json.Marshal(map[string]any{"type": "error", "event_id": "event_rtcedge_" + code, "error": e})
+	b, _ := json.Marshal(map[string]any{"type": "error", "event_id": backend.EventIDPrefix + code, "error": e})
 	return b
 }

@@ -1,10 +1,16 @@
 package realtime
 
+// The server's events as the connector reads them: the few top-level
+// fields it routes by, scanned in place (backend/internal/jsonscan), the
+// event names it acts on, and the session.update it sends in the shape
+// the server speaks (GA or beta).
+
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 
+	"github.com/rtcedge/rtcedge/backend/internal/jsonscan"
 	"github.com/rtcedge/rtcedge/backend/oaievents"
 )
 
@@ -20,27 +26,27 @@ type fields struct {
 // It reports false for anything but a well-formed object.
 func scanEvent(data []byte, f *fields) bool {
 	*f = fields{}
-	i := skipWS(data, 0)
+	i := jsonscan.SkipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return false
 	}
-	i = skipWS(data, i+1)
+	i = jsonscan.SkipSpace(data, i+1)
 	if i < len(data) && data[i] == '}' {
 		return true
 	}
 	for i < len(data) && data[i] == '"' {
-		end, esc := scanString(data, i)
+		end, esc := jsonscan.String(data, i)
 		if end < 0 || esc {
 			return false
 		}
 		key := data[i+1 : end-1]
-		i = skipWS(data, end)
+		i = jsonscan.SkipSpace(data, end)
 		if i >= len(data) || data[i] != ':' {
 			return false
 		}
-		i = skipWS(data, i+1)
+		i = jsonscan.SkipSpace(data, i+1)
 		if i < len(data) && data[i] == '"' {
-			end, esc = scanString(data, i)
+			end, esc = jsonscan.String(data, i)
 			if end < 0 {
 				return false
 			}
@@ -60,80 +66,19 @@ func scanEvent(data []byte, f *fields) bool {
 				f.escaped = f.escaped || esc
 			}
 			i = end
-		} else if i = skipValue(data, i); i < 0 {
+		} else if i = jsonscan.SkipValue(data, i); i < 0 {
 			return false
 		}
-		i = skipWS(data, i)
+		i = jsonscan.SkipSpace(data, i)
 		if i < len(data) && data[i] == '}' {
 			return true
 		}
 		if i >= len(data) || data[i] != ',' {
 			return false
 		}
-		i = skipWS(data, i+1)
+		i = jsonscan.SkipSpace(data, i+1)
 	}
 	return false
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// scanString returns the index after the string starting at b[i] == '"'
-// (-1 if unterminated) and whether it holds escapes.
-func scanString(b []byte, i int) (int, bool) {
-	esc := false
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			esc = true
-			j++
-		case '"':
-			return j + 1, esc
-		}
-	}
-	return -1, esc
-}
-
-// skipValue returns the index after the non-string JSON value at b[i].
-func skipValue(b []byte, i int) int {
-	depth := 0
-	for i < len(b) {
-		switch c := b[i]; c {
-		case '"':
-			end, _ := scanString(b, i)
-			if end < 0 {
-				return -1
-			}
-			i = end
-			if depth == 0 {
-				return i
-			}
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth == 0 {
-				return i
-			}
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i
-			}
-		}
-		i++
-	}
-	if depth == 0 {
-		return i
-	}
-	return -1
 }
 
 // unescape decodes the fields through encoding/json when scanEvent found

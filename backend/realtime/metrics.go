@@ -1,5 +1,8 @@
 package realtime
 
+// The connector's metrics: failure and drop reasons (each a label, zeroed
+// at start-up), events and audio each way, and the server's ping RTT.
+
 import (
 	"fmt"
 

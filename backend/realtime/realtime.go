@@ -89,7 +89,7 @@ type Config struct {
 	// DefaultMaxMessage. A larger one ends the call (ReasonOversized): the
 	// server is broken or hostile, or sends a whole reply's audio in one
 	// delta and needs a larger bound (docs/backends.md). The read buffer
-	// is released after a message over keepReadBuffer, so the bound is
+	// is released after a message over readbuf.Keep, so the bound is
 	// what a call holds while it reads one, not for its life.
 	MaxMessage int
 	Logger     *slog.Logger
@@ -167,6 +167,13 @@ func New(cfg Config) (*Backend, error) {
 func FromURL(rawURL, protocol string, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (*Backend, error) {
 	return New(Config{URL: rawURL, APIKey: getenv(APIKeyEnv), Protocol: protocol, Logger: log, Registerer: reg})
 }
+
+// The connector is a backend.Backend that tells the pod its PCM rate (the
+// pod offers Opus no richer than that).
+var (
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.InputRater = (*Backend)(nil)
+)
 
 // Open implements backend.Backend: it dials the server, sends the first
 // session.update and starts the call's loops.

@@ -201,7 +201,7 @@ func newEncoder(rate int, app C.int, complexity, loss int) (*Encoder, error) {
 		C.opus_encoder_destroy(st)
 		return nil, fmt.Errorf("opus: configure %d Hz encoder: %s", rate, C.GoString(C.opus_strerror(code)))
 	}
-	e := &Encoder{st: st, rate: rate, frame: rate / 50}
+	e := &Encoder{st: st, rate: rate, frame: rate * int(FrameDuration.Milliseconds()) / 1000}
 	e.cleanup = runtime.AddCleanup(e, func(st *C.OpusEncoder) { C.opus_encoder_destroy(st) }, st)
 	return e, nil
 }

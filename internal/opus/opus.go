@@ -28,6 +28,12 @@ import (
 	"time"
 )
 
+// FrameDuration is the frame the edge encodes toward the caller and paces
+// (transceiver/pace): one RTP packet, one slot of the scheduler's round.
+// 20 ms is WebRTC's usual Opus frame: shorter costs more packets and
+// headers per second, longer adds its length to the reply's delay.
+const FrameDuration = 20 * time.Millisecond
+
 // DefaultComplexity is the complexity NewEncoder sets; Encoder.SetComplexity
 // changes it. Measured in docs/benchmarks.md ("Audio codec"): for NewEncoder's
 // CELT on 24 kHz speech, 0 costs two thirds of 1 to 3 and under half of 5 to

@@ -1,5 +1,8 @@
 package opus
 
+// Voice activity read from a packet's header bits, without decoding, and
+// the level under which decoded audio counts as quiet.
+
 // Inactive reports whether packet is one the caller's encoder marked as
 // carrying no speech, read from its header bits without decoding it: a DTX
 // packet (2 bytes or fewer, which libopus's encoder makes in a pause with
@@ -7,6 +10,11 @@ package opus
 // (VoiceActivity). Packets that carry no flags report false. It allocates
 // nothing. The VAD is the sender's and it calls a steady sound inactive
 // after a while: see Quiet.
+//
+// It answers the transcoder's question, "may this packet's decode be
+// skipped", so a packet without flags counts as active (decode it); the
+// edge's barge-in asks "is the caller speaking" (transceiver/vad), where a
+// large packet without flags counts as voiced.
 func Inactive(packet []byte) bool {
 	if len(packet) <= 2 {
 		return len(packet) > 0

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
 // cpuTime is the process's user and system CPU time.
@@ -40,7 +42,7 @@ func (p *timerPacer) push(b []byte) {
 
 func (p *timerPacer) run() {
 	defer close(p.done)
-	timer := time.NewTimer(FrameDuration)
+	timer := time.NewTimer(opus.FrameDuration)
 	next := time.Now()
 	for {
 		p.mu.Lock()
@@ -51,9 +53,9 @@ func (p *timerPacer) run() {
 		}
 		p.mu.Unlock()
 		if f != nil {
-			p.out.SendFrame(f, FrameDuration)
+			p.out.SendFrame(f, opus.FrameDuration)
 		}
-		next = next.Add(FrameDuration)
+		next = next.Add(opus.FrameDuration)
 		timer.Reset(time.Until(next))
 		select {
 		case <-timer.C:
@@ -87,7 +89,7 @@ func BenchmarkPacing(b *testing.B) {
 					go func() { defer close(done); s.Run(st) }()
 					feed = func() {
 						for _, q := range qs {
-							_ = q.Push(payload, FrameDuration)
+							_ = q.Push(payload, opus.FrameDuration)
 						}
 					}
 					stop = func() { close(st); <-done }
@@ -113,7 +115,7 @@ func BenchmarkPacing(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				cpu0 := cpuTime(b)
-				tick := time.NewTicker(FrameDuration)
+				tick := time.NewTicker(opus.FrameDuration)
 				for range b.N {
 					feed()
 					<-tick.C

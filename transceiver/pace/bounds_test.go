@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/heaptest"
+	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
 type count struct{ n atomic.Int64 }
@@ -28,7 +29,7 @@ func TestBytesBound(t *testing.T) {
 		q := s.NewQueue(nopOutput{})
 		q.BeginItem("resp_1", "item_1")
 		for range 3000 { // 60 s
-			if err := q.Push(frame, FrameDuration); err != nil {
+			if err := q.Push(frame, opus.FrameDuration); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -82,7 +83,7 @@ func TestItemsBounded(t *testing.T) {
 	const items = 20000
 	step := func(i int) {
 		q.BeginItem("resp_1", fmt.Sprint("item_", i))
-		_ = q.Push(frame, FrameDuration)
+		_ = q.Push(frame, opus.FrameDuration)
 		if i%2 == 1 { // half of them still queued when the next begins
 			q.send(now)
 			q.send(now)

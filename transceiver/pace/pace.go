@@ -18,17 +18,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
-// FrameDuration is the frame the scheduler sends per call per round.
-const FrameDuration = 20 * time.Millisecond
-
-// The wheel: a round of FrameDuration is nslots slots. A queue that has
+// The wheel: a round of opus.FrameDuration is nslots slots. A queue that has
 // audio again sends its first frame within one slot; after that it sends
-// on its slot every FrameDuration.
+// on its slot every opus.FrameDuration.
 const (
 	slotDur = 5 * time.Millisecond
-	nslots  = int(FrameDuration / slotDur)
+	nslots  = int(opus.FrameDuration / slotDur)
 )
 
 // idleRounds is how many empty rounds a queue keeps its slot: one. A
@@ -146,7 +145,7 @@ func New(cfg Config) *Scheduler {
 			*c = nopCounter{}
 		}
 	}
-	s := &Scheduler{c: cfg.Counters, max: int(cfg.MaxQueued / FrameDuration), maxBytes: cfg.MaxQueuedBytes, now: time.Now}
+	s := &Scheduler{c: cfg.Counters, max: int(cfg.MaxQueued / opus.FrameDuration), maxBytes: cfg.MaxQueuedBytes, now: time.Now}
 	for range cfg.Shards {
 		s.shards = append(s.shards, &shard{wake: make(chan struct{}, 1), now: s.now, batch: cfg.Batch})
 	}
@@ -175,6 +174,7 @@ func (s *Scheduler) NewQueue(out Output) *Queue {
 
 // shard is one scheduler goroutine's wheel.
 type shard struct {
+	// Static after the Scheduler made it.
 	now   func() time.Time
 	batch Batcher       // nil: none
 	wake  chan struct{} // cap 1: a queue was added to an idle wheel
@@ -221,7 +221,7 @@ func (sh *shard) run(stop <-chan struct{}) {
 				return
 			}
 		}
-		if now := sh.now(); next.IsZero() || now.Sub(next) > FrameDuration {
+		if now := sh.now(); next.IsZero() || now.Sub(next) > opus.FrameDuration {
 			next = now // (re)start the clock: idle, or far behind
 		}
 		sh.tick()

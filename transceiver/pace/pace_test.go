@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rtcedge/rtcedge/internal/opus"
 	"go.uber.org/goleak"
 )
 
@@ -101,7 +102,7 @@ func TestBurstIsPaced(t *testing.T) {
 	defer q.Close()
 	q.BeginItem("resp_1", "item_1")
 	for range 150 {
-		if err := q.Push([]byte{0xf8, 0xff, 0xfe}, FrameDuration); err != nil {
+		if err := q.Push([]byte{0xf8, 0xff, 0xfe}, opus.FrameDuration); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -130,7 +131,7 @@ func TestClearStopsWithinAFrame(t *testing.T) {
 	defer q.Close()
 	q.BeginItem("resp_1", "item_1")
 	for range 100 {
-		_ = q.Push([]byte{1, 2, 3}, FrameDuration)
+		_ = q.Push([]byte{1, 2, 3}, opus.FrameDuration)
 	}
 	r.await(t, 5*time.Second, "10 frames", func(r *recorder) bool { return len(r.at) >= 10 })
 	c := q.Clear()
@@ -138,8 +139,8 @@ func TestClearStopsWithinAFrame(t *testing.T) {
 	r.mu.Lock()
 	sentAtClear := len(r.at)
 	r.mu.Unlock()
-	_ = q.Push([]byte{1, 2, 3}, FrameDuration) // late audio of the cleared item
-	time.Sleep(5 * FrameDuration)              // nothing to await: the absence of frames is the point
+	_ = q.Push([]byte{1, 2, 3}, opus.FrameDuration) // late audio of the cleared item
+	time.Sleep(5 * opus.FrameDuration)              // nothing to await: the absence of frames is the point
 	r.mu.Lock()
 	after := len(r.at) - sentAtClear
 	var last time.Time
@@ -150,18 +151,18 @@ func TestClearStopsWithinAFrame(t *testing.T) {
 	if !c.Active || c.ItemID != "item_1" || c.ResponseID != "resp_1" {
 		t.Fatalf("cleared %+v", c)
 	}
-	if after > 1 || last.Sub(at) > FrameDuration {
+	if after > 1 || last.Sub(at) > opus.FrameDuration {
 		t.Errorf("%d frames sent after the clear, the last %v after it", after, last.Sub(at))
 	}
-	if d := c.Played - time.Duration(sentAtClear)*FrameDuration; d < -FrameDuration || d > FrameDuration {
+	if d := c.Played - time.Duration(sentAtClear)*opus.FrameDuration; d < -opus.FrameDuration || d > opus.FrameDuration {
 		t.Errorf("played %v, %d frames were sent", c.Played, sentAtClear)
 	}
-	if c.Dropped < time.Duration(100-sentAtClear-1)*FrameDuration {
+	if c.Dropped < time.Duration(100-sentAtClear-1)*opus.FrameDuration {
 		t.Errorf("dropped %v", c.Dropped)
 	}
 	// A new item plays again.
 	q.BeginItem("resp_2", "item_2")
-	_ = q.Push([]byte{1, 2, 3}, FrameDuration)
+	_ = q.Push([]byte{1, 2, 3}, opus.FrameDuration)
 	q.EndResponse("resp_2")
 	r.await(t, 5*time.Second, "the next response", func(r *recorder) bool { return slices.Contains(r.events, "stopped resp_2") })
 	if slices.Contains(r.events, "stopped resp_1") {
@@ -179,7 +180,7 @@ func TestReplyDelay(t *testing.T) {
 	q.SpeechStopped(time.Now().Add(-300 * time.Millisecond))
 	for i, id := range []string{"resp_1", "resp_2"} {
 		q.BeginItem(id, "item")
-		_ = q.Push([]byte{1}, FrameDuration)
+		_ = q.Push([]byte{1}, opus.FrameDuration)
 		q.EndResponse(id)
 		r.await(t, 5*time.Second, "stopped", func(r *recorder) bool { return len(r.events) == 2*(i+1) })
 	}
@@ -195,14 +196,14 @@ func TestFramesOfNoItem(t *testing.T) {
 	r := newRecorder()
 	q := s.NewQueue(r)
 	for range 20 {
-		_ = q.Push([]byte{1}, FrameDuration)
+		_ = q.Push([]byte{1}, opus.FrameDuration)
 	}
 	r.await(t, 5*time.Second, "10 frames", func(r *recorder) bool { return len(r.at) == 10 })
 	if c := q.Clear(); c.Active || len(r.events) > 0 {
 		t.Errorf("clear %+v, events %v", c, r.events)
 	}
 	q.Close()
-	if err := q.Push([]byte{1}, FrameDuration); err != ErrClosed {
+	if err := q.Push([]byte{1}, opus.FrameDuration); err != ErrClosed {
 		t.Errorf("push after close: %v", err)
 	}
 }
@@ -216,7 +217,7 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	payload := make([]byte, 80)
 	now := time.Now()
 	frame := func() {
-		_ = q.Push(payload, FrameDuration)
+		_ = q.Push(payload, opus.FrameDuration)
 		q.send(now)
 	}
 	for range 100 {
@@ -227,7 +228,7 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	}
 	enc := &countingEncoder{}
 	raw := func() {
-		_ = q.PushRaw(payload, FrameDuration, enc)
+		_ = q.PushRaw(payload, opus.FrameDuration, enc)
 		q.send(now)
 	}
 	for range 100 {
@@ -238,7 +239,7 @@ func TestNoAllocsPerFrame(t *testing.T) {
 	}
 	bargeIn := func() {
 		for range 5 {
-			_ = q.Push(payload, FrameDuration)
+			_ = q.Push(payload, opus.FrameDuration)
 		}
 		q.Clear()
 		q.BeginItem("resp_1", "item_1")
@@ -303,7 +304,7 @@ func TestSlotIsCorked(t *testing.T) {
 	const calls = 10
 	for range calls {
 		q := s.NewQueue(corkedOutput{c: c})
-		_ = q.Push([]byte{1}, FrameDuration) // all on the next slot
+		_ = q.Push([]byte{1}, opus.FrameDuration) // all on the next slot
 	}
 	s.shards[0].tick()
 	if c.sentCorked != calls || c.sentUncorked != 0 || c.corks != 1 || c.depth != 0 {
@@ -337,7 +338,7 @@ func TestRawFramesEncodedAtSend(t *testing.T) {
 	enc := &countingEncoder{}
 	q.BeginItem("resp_1", "item_1")
 	for i := range 10 {
-		if err := q.PushRaw([]byte{'0' + byte(i)}, FrameDuration, enc); err != nil {
+		if err := q.PushRaw([]byte{'0' + byte(i)}, opus.FrameDuration, enc); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -345,7 +346,7 @@ func TestRawFramesEncodedAtSend(t *testing.T) {
 	for range 3 {
 		q.send(now)
 	}
-	if c := q.Clear(); c.Dropped != 7*FrameDuration {
+	if c := q.Clear(); c.Dropped != 7*opus.FrameDuration {
 		t.Errorf("clear dropped %v, want 7 frames", c.Dropped)
 	}
 	q.send(now)
@@ -363,8 +364,8 @@ func TestAwaitStart(t *testing.T) {
 	start := time.Now()
 	q.AwaitStart("resp_1", time.Minute) // nothing queued
 	q.BeginItem("resp_1", "item_1")
-	_ = q.Push([]byte{1}, FrameDuration)
-	_ = q.Push([]byte{2}, FrameDuration)
+	_ = q.Push([]byte{1}, opus.FrameDuration)
+	_ = q.Push([]byte{2}, opus.FrameDuration)
 	q.AwaitStart("resp_1", 10*time.Millisecond) // never sent: the bound
 	done := make(chan struct{})
 	go func() {

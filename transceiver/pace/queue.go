@@ -1,5 +1,9 @@
 package pace
 
+// One call's queue of reply frames: what the backend pushes, what the
+// scheduler (pace.go) sends from it each round, and the turn's events and
+// barge-in that change it.
+
 import (
 	"sync"
 	"time"
@@ -18,6 +22,8 @@ type Queue struct {
 	maxBytes int // buffer bytes of the queued frames
 	now      func() time.Time
 
+	// The frames and items, guarded by mu: pushed by the backend's
+	// writer, sent by the shard's loop, cleared by a barge-in.
 	mu        sync.Mutex
 	ring      []frame // frames from ring[head], n of them; only queued frames hold a buffer
 	head, n   int
@@ -31,8 +37,10 @@ type Queue struct {
 	scheduled bool     // on the wheel
 	idle      int      // empty rounds while scheduled
 	closed    bool
-	sendBuf   []byte // the frame being sent; swapped with a ring buffer, never copied
-	encBuf    []byte // sendBuf encoded (PushRaw); the scheduler's only
+	sendBuf   []byte // the frame being sent; swapped with a ring buffer under mu, read by send after it
+	encBuf    []byte // sendBuf encoded (PushRaw); owned by the shard's loop (send), no lock
+
+	// The turn's state, guarded by mu.
 
 	startWait   chan struct{} // closed when an item starts, is cleared or the queue closes (AwaitStart)
 	lastStarted string        // the last response whose start was reported

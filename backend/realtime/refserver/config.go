@@ -1,5 +1,9 @@
 package refserver
 
+// A session's configuration as the reference server keeps it: its
+// defaults, the session.update that changes it (audio formats checked) and
+// the turn detection read from it.
+
 import (
 	"encoding/json"
 	"fmt"

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"strconv"
+
+	"github.com/rtcedge/rtcedge/backend/internal/jsonscan"
 )
 
 // The hot events, without encoding/json: a call appends 50 input buffers
@@ -27,30 +29,30 @@ type appendEvent struct {
 // (another type, nesting, escapes, other keys, invalid JSON) returns false:
 // json.Unmarshal decides it.
 func scanAppend(msg []byte) (ev appendEvent, ok bool) {
-	i := skipSpace(msg, 0)
+	i := jsonscan.SkipSpace(msg, 0)
 	if i >= len(msg) || msg[i] != '{' {
 		return ev, false
 	}
-	i = skipSpace(msg, i+1)
+	i = jsonscan.SkipSpace(msg, i+1)
 	var seen [3]bool // type, event_id, audio
 	for {
 		if i >= len(msg) || msg[i] != '"' {
 			return ev, false
 		}
-		key, j, ok := scanString(msg, i)
+		key, j, ok := jsonscan.PlainString(msg, i)
 		if !ok {
 			return ev, false
 		}
-		i = skipSpace(msg, j)
+		i = jsonscan.SkipSpace(msg, j)
 		if i >= len(msg) || msg[i] != ':' {
 			return ev, false
 		}
-		i = skipSpace(msg, i+1)
+		i = jsonscan.SkipSpace(msg, i+1)
 		var val []byte
 		null := false
 		switch {
 		case i < len(msg) && msg[i] == '"':
-			if val, i, ok = scanString(msg, i); !ok {
+			if val, i, ok = jsonscan.PlainString(msg, i); !ok {
 				return ev, false
 			}
 		case bytes.HasPrefix(msg[i:], []byte("null")):
@@ -77,7 +79,7 @@ func scanAppend(msg []byte) (ev appendEvent, ok bool) {
 			return ev, false
 		}
 		seen[k] = true
-		i = skipSpace(msg, i)
+		i = jsonscan.SkipSpace(msg, i)
 		if i >= len(msg) {
 			return ev, false
 		}
@@ -87,31 +89,9 @@ func scanAppend(msg []byte) (ev appendEvent, ok bool) {
 		if msg[i] != ',' {
 			return ev, false
 		}
-		i = skipSpace(msg, i+1)
+		i = jsonscan.SkipSpace(msg, i+1)
 	}
-	return ev, seen[0] && skipSpace(msg, i+1) == len(msg)
-}
-
-// scanString reads the JSON string at msg[i] (a '"'), accepting only
-// printable ASCII without backslashes; it returns its contents and the
-// index after the closing quote.
-func scanString(msg []byte, i int) (s []byte, next int, ok bool) {
-	for j := i + 1; j < len(msg); j++ {
-		switch c := msg[j]; {
-		case c == '"':
-			return msg[i+1 : j], j + 1, true
-		case c == '\\' || c < 0x20 || c >= 0x7f:
-			return nil, 0, false
-		}
-	}
-	return nil, 0, false
-}
-
-func skipSpace(msg []byte, i int) int {
-	for i < len(msg) && (msg[i] == ' ' || msg[i] == '\t' || msg[i] == '\n' || msg[i] == '\r') {
-		i++
-	}
-	return i
+	return ev, seen[0] && jsonscan.SkipSpace(msg, i+1) == len(msg)
 }
 
 // appendID appends an ID as Handler.id makes it ("%s_%06d").

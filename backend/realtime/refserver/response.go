@@ -1,5 +1,10 @@
 package refserver
 
+// A response: how one starts (the session's first tool, or the parrot of
+// the caller's last audio, or a tone), and its stream of events in
+// OpenAI's order, from response.created through the audio deltas to
+// response.done.
+
 import (
 	"fmt"
 	"math"
@@ -97,36 +102,47 @@ func (s *Session) responseObject(r *response, status string, details, output any
 // and the closing events, in OpenAI's order.
 func (s *Session) respond(r *response, prev any) {
 	defer s.wg.Done()
-	rate := s.h.cfg.Rate
-	base := map[string]any{"response_id": r.id, "item_id": r.itemID, "output_index": 0, "content_index": 0}
-	with := func(kv ...any) map[string]any {
-		m := make(map[string]any, len(base)+len(kv)/2)
-		for k, v := range base {
-			m[k] = v
-		}
-		for i := 0; i+1 < len(kv); i += 2 {
-			m[kv[i].(string)] = kv[i+1]
-		}
-		return m
+	transcript := fmt.Sprintf("Parrot: %d ms of audio.", len(r.audio)*1000/s.h.cfg.Rate)
+	s.send(map[string]any{"type": "response.created", "response": s.responseObject(r, "in_progress", nil, []any{})})
+	s.sendItemAdded(prev, s.replyItem(r, "in_progress", ""), false)
+	s.send(map[string]any{"type": "response.output_item.added", "response_id": r.id, "output_index": 0, "item": s.replyItem(r, "in_progress", "")})
+	s.send(partEvent(r, "type", "response.content_part.added", "part", map[string]any{"type": "audio", "transcript": ""}))
+	s.send(partEvent(r, "type", s.name("response.output_audio_transcript.delta"), "delta", transcript))
+	sent := s.streamAudio(r)
+	s.finish(r, prev, sent, transcript)
+}
+
+// partEvent is an event about r's audio content part: its IDs and indexes
+// with the key-value pairs kv.
+func partEvent(r *response, kv ...any) map[string]any {
+	m := map[string]any{"response_id": r.id, "item_id": r.itemID, "output_index": 0, "content_index": 0}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
 	}
+	return m
+}
+
+// replyItem is r's assistant item as the events carry it: no content while
+// in progress, its audio part with transcript once over.
+func (s *Session) replyItem(r *response, status, transcript string) map[string]any {
 	audioType := "output_audio"
 	if s.h.cfg.Beta {
 		audioType = "audio"
 	}
-	itemObj := func(status, transcript string) map[string]any {
-		content := []any{}
-		if status != "in_progress" {
-			content = []any{map[string]any{"type": audioType, "transcript": transcript}}
-		}
-		return map[string]any{"id": r.itemID, "object": "realtime.item", "type": "message", "status": status, "role": "assistant", "content": content}
+	content := []any{}
+	if status != "in_progress" {
+		content = []any{map[string]any{"type": audioType, "transcript": transcript}}
 	}
-	s.send(map[string]any{"type": "response.created", "response": s.responseObject(r, "in_progress", nil, []any{})})
-	s.sendItemAdded(prev, itemObj("in_progress", ""), false)
-	s.send(map[string]any{"type": "response.output_item.added", "response_id": r.id, "output_index": 0, "item": itemObj("in_progress", "")})
-	s.send(with("type", "response.content_part.added", "part", map[string]any{"type": "audio", "transcript": ""}))
-	transcript := fmt.Sprintf("Parrot: %d ms of audio.", len(r.audio)*1000/rate)
-	s.send(with("type", s.name("response.output_audio_transcript.delta"), "delta", transcript))
+	return map[string]any{"id": r.itemID, "object": "realtime.item", "type": "message", "status": status, "role": "assistant", "content": content}
+}
 
+// streamAudio sends r's audio as deltas of Config.DeltaMs, paced by
+// Config.Speed if set, until it is all sent, r is cancelled or the session
+// ends; it returns the samples sent. The item holds each delta's audio
+// before the client can hear it: a truncate the client sends on hearing a
+// delta must find it.
+func (s *Session) streamAudio(r *response) int {
+	rate := s.h.cfg.Rate
 	chunk := s.h.cfg.DeltaMs * rate / 1000
 	start := time.Now()
 	sent := 0
@@ -143,31 +159,34 @@ func (s *Session) respond(r *response, prev any) {
 		}
 		select {
 		case <-r.done:
+			return sent
 		case <-s.ctx.Done():
+			return sent
 		default:
-			n := min(chunk, len(r.audio)-sent)
-			b := buf[:2*n]
-			for i, v := range r.audio[sent : sent+n] {
-				b[2*i], b[2*i+1] = byte(v), byte(uint16(v)>>8)
-			}
-			// The item holds the audio before the client can hear it: a
-			// truncate the client sends on hearing this delta must find it.
-			sent += n
-			s.mu.Lock()
-			if i := s.findLocked(r.itemID); i >= 0 { // a truncate may come before the response ends
-				s.items[i].pcm = r.audio[:sent]
-			}
-			s.st.Responses[r.rec].Samples = sent
-			s.notify()
-			s.mu.Unlock()
-			evID = appendID(evID[:0], "event", s.h.ids.Add(1))
-			ev = appendDelta(ev[:0], deltaType, r.id, r.itemID, evID, b)
-			s.write(ev)
-			continue
 		}
-		break
+		n := min(chunk, len(r.audio)-sent)
+		b := buf[:2*n]
+		for i, v := range r.audio[sent : sent+n] {
+			b[2*i], b[2*i+1] = byte(v), byte(uint16(v)>>8)
+		}
+		sent += n
+		s.mu.Lock()
+		if i := s.findLocked(r.itemID); i >= 0 { // a truncate may come before the response ends
+			s.items[i].pcm = r.audio[:sent]
+		}
+		s.st.Responses[r.rec].Samples = sent
+		s.notify()
+		s.mu.Unlock()
+		evID = appendID(evID[:0], "event", s.h.ids.Add(1))
+		ev = appendDelta(ev[:0], deltaType, r.id, r.itemID, evID, b)
+		s.write(ev)
 	}
+	return sent
+}
 
+// finish sends r's closing events, completed or cancelled (r.reason), with
+// the item holding the sent samples of its audio.
+func (s *Session) finish(r *response, prev any, sent int, transcript string) {
 	s.mu.Lock()
 	reason := r.reason
 	if i := s.findLocked(r.itemID); i >= 0 {
@@ -179,10 +198,10 @@ func (s *Session) respond(r *response, prev any) {
 		status, itemStatus = "cancelled", "incomplete"
 		details = map[string]any{"type": "cancelled", "reason": reason}
 	}
-	final := itemObj(itemStatus, transcript)
-	s.send(with("type", s.name("response.output_audio.done")))
-	s.send(with("type", s.name("response.output_audio_transcript.done"), "transcript", transcript))
-	s.send(with("type", "response.content_part.done", "part", map[string]any{"type": "audio", "transcript": transcript}))
+	final := s.replyItem(r, itemStatus, transcript)
+	s.send(partEvent(r, "type", s.name("response.output_audio.done")))
+	s.send(partEvent(r, "type", s.name("response.output_audio_transcript.done"), "transcript", transcript))
+	s.send(partEvent(r, "type", "response.content_part.done", "part", map[string]any{"type": "audio", "transcript": transcript}))
 	s.send(map[string]any{"type": "response.output_item.done", "response_id": r.id, "output_index": 0, "item": final})
 	if !s.h.cfg.Beta {
 		s.send(map[string]any{"type": "conversation.item.done", "previous_item_id": prev, "item": final})

@@ -1,20 +1,22 @@
 package refserver
 
+// One client's WebSocket: its State (what a test reads back), the bounds
+// on what the client can make the server hold, and the read loop that
+// hands each event to the handler.
+
 import (
 	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/rtcedge/rtcedge/backend/internal/readbuf"
 )
 
 // readLimit is the largest client event accepted: OpenAI takes appends of
@@ -24,9 +26,6 @@ const readLimit = 16 << 20
 // What one connection may make the server hold, whatever its client sends
 // (docs/operations.md, "Per-call bounds"):
 const (
-	// keepReadBuffer is the largest read buffer a session keeps from one
-	// event to the next; a larger event's is released after it.
-	keepReadBuffer = 64 << 10
 	// appendChunk is the base64 an append is decoded by (a multiple of 4).
 	appendChunk = 4 << 10
 	// maxRecorded bounds State.Received and State.Errors; later entries
@@ -108,8 +107,8 @@ type Session struct {
 	active   *response     // guarded by mu
 
 	// Owned by run's goroutine: the message read (released when it grew
-	// over keepReadBuffer), one chunk of an append decoded.
-	rbuf []byte
+	// over readbuf.Keep), one chunk of an append decoded.
+	rbuf readbuf.Buffer
 	raw  []byte
 	pcm  []int16
 }
@@ -191,8 +190,9 @@ func (s *Session) run() {
 	s.send(map[string]any{"type": "session.created", "session": s.st.Config}) // st.Config only changes on this goroutine
 	for {
 		typ, r, err := s.conn.Reader(s.ctx)
+		var data []byte
 		if err == nil {
-			err = s.readMessage(r)
+			data, err = s.rbuf.Read(r, readLimit)
 		}
 		if err != nil {
 			return
@@ -204,60 +204,19 @@ func (s *Session) run() {
 			s.sendError("", "invalid_request_error", "invalid_event", "", "Binary messages are not supported; send JSON text.")
 			continue
 		}
-		s.handle(s.rbuf)
-		if cap(s.rbuf) > keepReadBuffer {
-			s.rbuf = nil
-		}
+		s.handle(data)
+		s.rbuf.Release()
 	}
-}
-
-// growReadBuffer makes room in a full read buffer: doubling up to
-// keepReadBuffer, then four times over up to the read limit, so a large
-// event's buffer ends near its size, not a quarter over it, and the last
-// step does not hold two buffers near the limit at once.
-func growReadBuffer(b []byte) []byte {
-	n := max(2*cap(b), 4<<10)
-	if n > keepReadBuffer {
-		if n = 4 * cap(b); 2*n > readLimit {
-			n = max(readLimit+1, cap(b)+1)
-		}
-	}
-	return slices.Grow(b, n-len(b))
 }
 
 // release drops what a closed session holds beyond its State: the input
 // buffer, the conversation and the read buffers.
 func (s *Session) release() {
-	s.rbuf, s.raw, s.pcm = nil, nil, nil
+	s.rbuf.Drop()
+	s.raw, s.pcm = nil, nil
 	s.mu.Lock()
 	s.buf, s.items = nil, nil
 	s.mu.Unlock()
-}
-
-// readMessage reads one message into s.rbuf, reusing its memory (the
-// read limit bounds it).
-func (s *Session) readMessage(r io.Reader) error {
-	s.rbuf = s.rbuf[:0]
-	for {
-		if len(s.rbuf) == cap(s.rbuf) {
-			// Doubling up to keepReadBuffer, then at once to the read
-			// limit: doubling on would hold two buffers at once, the new
-			// one up to twice the event.
-			n := max(2*cap(s.rbuf), 4<<10)
-			if n > keepReadBuffer {
-				n = max(readLimit+1, cap(s.rbuf)+1)
-			}
-			s.rbuf = slices.Grow(s.rbuf, n-len(s.rbuf))
-		}
-		n, err := r.Read(s.rbuf[len(s.rbuf):cap(s.rbuf)])
-		s.rbuf = s.rbuf[:len(s.rbuf)+n]
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
 }
 
 // clientEvent is the union of the client events' fields the server reads.

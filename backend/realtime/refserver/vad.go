@@ -1,5 +1,9 @@
 package refserver
 
+// The reference server's server_vad: an energy detector over the appended
+// audio with OpenAI's parameters (threshold, prefix padding, silence
+// duration), which starts and stops the caller's turn.
+
 import "math"
 
 // VAD timing: speech starts after startMs over the threshold and stops

@@ -1,4 +1,4 @@
-package pace
+package vad
 
 import (
 	"math/rand/v2"
@@ -109,9 +109,9 @@ func TestDetectorEvidence(t *testing.T) {
 	var starts, stops []int
 	t0 := time.Unix(0, 0)
 	for i, p := range pk {
-		switch d.Frame(p, t0.Add(time.Duration(i)*FrameDuration)) {
+		switch d.Frame(p, t0.Add(time.Duration(i)*opus.FrameDuration)) {
 		case SpeechStarted:
-			starts = append(starts, int(d.Onset().Sub(t0)/FrameDuration))
+			starts = append(starts, int(d.Onset().Sub(t0)/opus.FrameDuration))
 		case SpeechStopped:
 			stops = append(stops, i)
 		}

@@ -1,12 +1,4 @@
-package pace
-
-import (
-	"time"
-
-	"github.com/rtcedge/rtcedge/internal/opus"
-)
-
-// The edge's voice activity detector, for backends that have none of
+// Package vad is the edge's voice activity detector, for backends that have none of
 // their own (netbackend, echo): it reads the caller's Opus packets without
 // decoding them, so it costs a few nanoseconds per frame on the media
 // path, where a decode would cost tens of microseconds (docs/backends.md,
@@ -21,6 +13,19 @@ import (
 //   - CELT-only packets carry no such bit: there a packet larger than
 //     celtVoicedBytes counts as voiced (a DTX or near-silent frame is a few
 //     bytes).
+//
+// It decides "is the caller speaking" for barge-in and the reply-delay
+// clock. The transcoder's opus.Inactive decides another question, "may
+// this packet's decode be skipped": a packet without the encoder's flag
+// counts as active there (decode it), while here a large one counts as
+// voiced. Both read the flag through opus.VoiceActivity.
+package vad
+
+import (
+	"time"
+
+	"github.com/rtcedge/rtcedge/internal/opus"
+)
 
 // Detector timing, in 20 ms frames: speech starts after onsetFrames voiced
 // frames in a row (one voiced frame is a click), and stops after
