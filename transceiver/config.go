@@ -46,6 +46,7 @@ type Config struct {
 	MaxSessions    int           `yaml:"max_sessions"`    // capacity; default 500
 	ConnectTimeout time.Duration `yaml:"connect_timeout"` // a session not connected by then is freed; default 30s
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`    // a connected session with no media or events for this long ends; default 60s
+	RTPTimeout     time.Duration `yaml:"rtp_timeout"`     // a phone call without RTP from its carrier for this long ends (docs/sip.md); default 30s
 	// RouteTTL is how long a client's return route is kept without
 	// packets from it; default 2m.
 	RouteTTL time.Duration `yaml:"route_ttl"`
@@ -185,6 +186,7 @@ func (c *Config) Defaults() {
 	config.Default(&c.MaxSessions, 500)
 	config.Default(&c.ConnectTimeout, 30*time.Second)
 	config.Default(&c.IdleTimeout, 60*time.Second)
+	config.Default(&c.RTPTimeout, 30*time.Second)
 	config.Default(&c.DisconnectedTimeout, 5*time.Second)
 	config.Default(&c.FailedTimeout, 15*time.Second)
 	config.Default(&c.SCTPRTOMax, time.Second)
@@ -214,6 +216,7 @@ func (c *Config) Validate() error {
 		node.NotNegative("max_sessions", c.MaxSessions),
 		node.NotNegative("connect_timeout", c.ConnectTimeout),
 		node.NotNegative("idle_timeout", c.IdleTimeout),
+		node.NotNegative("rtp_timeout", c.RTPTimeout),
 		node.NotNegative("route_ttl", c.RouteTTL),
 		node.NotNegative("readers", c.Readers),
 		c.Gossip.Validate("gossip"),
