@@ -23,6 +23,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -118,9 +119,21 @@ type Config struct {
 	// default podnet.DefaultReaders.
 	Readers int `yaml:"-"`
 
-	Keys    *token.Keyring  `yaml:"-"` // mints server ufrags; default: built from Token
-	Hop     *encap.Keyring  `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from HopKeys. SetHopKeys replaces them
-	Backend backend.Backend `yaml:"-"` // the inference side of every session
+	Keys *token.Keyring `yaml:"-"` // mints server ufrags; default: built from Token
+	Hop  *encap.Keyring `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from HopKeys. SetHopKeys replaces them
+	// RedisURL is the global relays' route cache (their redis_url): the
+	// pod writes the route of each phone call's media address there
+	// (docs/wire.md §6). Empty, with no CacheStore: phone calls get no
+	// route and their carrier's RTP reaches no pod. Prefer
+	// $RTCEDGE_REDIS_URL for URLs with passwords.
+	RedisURL string `yaml:"redis_url"`
+	// CacheStore, when redis_url is empty, is the in-process route cache
+	// the dev world's relays share.
+	CacheStore *routecache.MemoryStore `yaml:"-"`
+	// RouteCache is the route cache itself (built by NewNode from
+	// RedisURL or CacheStore; New takes it as given, nil: none).
+	RouteCache routecache.Cache `yaml:"-"`
+	Backend    backend.Backend  `yaml:"-"` // the inference side of every session
 	// Relays, when set, limits the datagrams the pod accepts to those from
 	// the cluster's relays (FollowRelays keeps it in step with gossip).
 	Relays     *RelaySet             `yaml:"-"`
@@ -141,6 +154,9 @@ func (c *Config) ApplyEnv() error {
 	c.HopKeys.ApplyEnv()
 	if err := c.Token.ApplyEnv(); err != nil {
 		return err
+	}
+	if env := os.Getenv(routecache.EnvRedisURL); env != "" {
+		c.RedisURL = env
 	}
 	if env := os.Getenv(EnvPodKeys); env != "" {
 		c.PodKeysFile = env

@@ -24,6 +24,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/opus"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/transceiver/g711"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
@@ -66,8 +67,9 @@ type rtpCall struct {
 	interrupter backend.Interrupter
 	play        *pace.Queue
 
-	lastRTP atomic.Int64  // unix nanos of the last RTP taken; creation before
-	pop     atomic.Uint32 // POP of the carrier's last datagram; 0 before one
+	lastRTP    atomic.Int64  // unix nanos of the last RTP taken; creation before
+	lastStored atomic.Int64  // unix nanos the call's route entry was last written
+	pop        atomic.Uint32 // POP of the carrier's last datagram; 0 before one
 
 	// The caller's side, owned by the socket readers (one at a time under
 	// inMu).
@@ -143,7 +145,36 @@ func (t *Transceiver) CreateCall(ctx context.Context, req CallRequest) (CreateRe
 	}
 	t.m.created.Inc()
 	t.m.calls.Inc()
+	c.storeRoute(t.cfg.Now())
 	return CreateResult{ID: c.id, Answer: answer}, nil
+}
+
+// callRouteRefresh is how often a call's route entry is written again
+// until its carrier's first datagram arrives (a slow ACK): the global
+// relays' cache_refresh, so that an entry is never older than they take.
+const callRouteRefresh = 20 * time.Second
+
+// storeRoute writes the call's pod-sealed route entry (docs/wire.md §6):
+// the carrier's address → this pod, under the call's token. From the
+// carrier's first datagram on, the global relay that opened the flow
+// keeps the entry fresh under its own key.
+func (c *rtpCall) storeRoute(now time.Time) {
+	rc := c.t.cfg.RouteCache
+	if rc == nil {
+		return
+	}
+	c.lastStored.Store(now.UnixNano())
+	rt := routecache.Route{Cluster: c.t.cfg.Cluster, Pod: c.t.cfg.Pod, Token: c.nonce, Stored: uint32(now.Unix())}
+	rt.KeyID, rt.Tag = c.t.sock.SealPodRoute(c.media, c.nonce, rt.Stored)
+	rc.Store(c.media, rt)
+}
+
+// refreshRoute rewrites the call's entry every callRouteRefresh while its
+// carrier has sent nothing (housekeep).
+func (c *rtpCall) refreshRoute(now time.Time) {
+	if c.pop.Load() == 0 && now.UnixNano()-c.lastStored.Load() >= int64(callRouteRefresh) {
+		c.storeRoute(now)
+	}
 }
 
 func (t *Transceiver) newCall(ctx context.Context, req CallRequest, o carrierOffer) (*rtpCall, string, error) {
@@ -423,6 +454,9 @@ func (c *rtpCall) end(reason string) {
 func (c *rtpCall) teardown() {
 	c.teardownOnce.Do(func() {
 		c.t.sock.RemoveRTP(c.media, c)
+		if rc := c.t.cfg.RouteCache; rc != nil && c.lastStored.Load() != 0 {
+			rc.Delete(c.media) // the relays' flow idles out by itself
+		}
 		c.inMu.Lock()
 		c.inClosed = true
 		c.inMu.Unlock()

@@ -257,6 +257,8 @@ func (t *Transceiver) housekeep() {
 	for _, c := range t.calls {
 		if c.rtpSilent(now, t.cfg.RTPTimeout) {
 			silent = append(silent, c)
+		} else {
+			c.refreshRoute(now)
 		}
 	}
 	t.mu.Unlock()

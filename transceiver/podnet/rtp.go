@@ -152,3 +152,9 @@ func (s *Socket) SendRTP(pop uint16, client netip.AddrPort, b []byte) error {
 	_, err := s.send(&r.hdr, r.relay, b)
 	return err
 }
+
+// SealPodRoute seals a phone call's route-cache entry in this pod's name
+// with its current hop key (encap.Keyring.SealPodRoute).
+func (s *Socket) SealPodRoute(client netip.AddrPort, token [6]byte, stored uint32) (keyID uint8, tag uint64) {
+	return s.keys.Load().SealPodRoute(client, s.cluster, s.pod, token, stored)
+}
