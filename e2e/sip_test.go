@@ -22,19 +22,7 @@ func TestSIPInviteReachesAPod(t *testing.T) {
 	if w.SIPURI == "" {
 		t.Fatal("the dev world printed no SIP URI")
 	}
-	var to sip.Uri
-	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
-		t.Fatalf("parse %s: %v", w.SIPURI, err)
-	}
-	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
-	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	to, cli := sipCarrier(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -70,4 +58,24 @@ func TestSIPInviteReachesAPod(t *testing.T) {
 		t.Fatalf("%d sessions left on the pods", n)
 	}
 	eventually(t, 5*time.Second, "the front's dialog to end", func() bool { return w.SIP.Front().Dialogs() == 0 })
+}
+
+// sipCarrier is a carrier's SIP client (sipgo) on loopback, the dev trunk,
+// and the dev world's URI to call; it is closed when the test ends.
+func sipCarrier(t *testing.T, w *devworld.World) (sip.Uri, *sipgo.Client) {
+	t.Helper()
+	var to sip.Uri
+	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
+		t.Fatalf("parse %s: %v", w.SIPURI, err)
+	}
+	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ua.Close() })
+	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return to, cli
 }

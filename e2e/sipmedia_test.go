@@ -33,24 +33,12 @@ var (
 // leaves no session.
 func TestSIPMediaThroughRelays(t *testing.T) {
 	w := startWorld(t, devworld.Config{SIPAddr: "127.0.0.1:0", PodsPerCluster: 1, RelaysPerCluster: 1})
-	var to sip.Uri
-	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
-		t.Fatal(err)
-	}
+	to, cli := sipCarrier(t, w)
 	media, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer media.Close()
-	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
-	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dua := &sipgo.DialogUA{Client: cli, ContactHDR: sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: 5999}}}
