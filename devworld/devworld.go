@@ -483,7 +483,10 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
 		BackendAddr: w.backend, Gossip: w.gossip(name, clusterSeed),
 		BackendURL: w.cfg.BackendURL, BackendProtocol: w.cfg.BackendProtocol, BackendRate: w.cfg.BackendRate,
-		APITLS: w.apiTLS,
+		APITLS: w.apiTLS, RedisURL: w.cfg.RedisURL,
+	}
+	if !w.cfg.NoRouteCache {
+		cfg.CacheStore = w.memStore // phone calls' routes (docs/wire.md §6)
 	}
 	// The pod holds only what the issuer derives for it, as in production.
 	keys, err := w.auth.Pod(spec.Cluster, id)

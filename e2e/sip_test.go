@@ -2,7 +2,7 @@ package e2e
 
 import (
 	"context"
-	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,29 +14,15 @@ import (
 
 // TestSIPInviteReachesAPod places a phone call through the dev world's SIP
 // front: trunk admission, the shared placement and the cluster's session
-// API front reach a real pod. Pods do not terminate RTP yet (docs/sip.md,
-// "Status"), so the pod refuses the create as an offer it cannot take and
-// the carrier gets 488 — from the pod, not from the front — with nothing
-// left behind anywhere. When the pod's RTP session lands, this test turns
-// into the answered call.
+// API front reach a real pod, which answers with its RTP session's SDP
+// (the POP's media port, PCMU); the carrier's BYE ends it, with nothing
+// left behind anywhere.
 func TestSIPInviteReachesAPod(t *testing.T) {
 	w := startWorld(t, devworld.Config{SIPAddr: "127.0.0.1:0", PodsPerCluster: 1, RelaysPerCluster: 1})
 	if w.SIPURI == "" {
 		t.Fatal("the dev world printed no SIP URI")
 	}
-	var to sip.Uri
-	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
-		t.Fatalf("parse %s: %v", w.SIPURI, err)
-	}
-	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
-	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	to, cli := sipCarrier(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -52,21 +38,44 @@ func TestSIPInviteReachesAPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer call.Close()
-	err = call.WaitAnswer(ctx, sipgo.AnswerOptions{})
-	var refused *sipgo.ErrDialogResponse
-	if !errors.As(err, &refused) || refused.Res.StatusCode != 488 {
-		t.Fatalf("INVITE: %v, want 488 from the pod", err)
+	if err := call.WaitAnswer(ctx, sipgo.AnswerOptions{}); err != nil {
+		t.Fatalf("INVITE: %v, want 200 with the pod's answer", err)
 	}
-	eventually(t, 5*time.Second, "the INVITE's count", func() bool {
-		return metricSum(t, w.Registry, "rtcedge_sipfront_requests_total", map[string]string{"method": "INVITE", "result": "rejected"}) == 1
-	})
-	if n := metricSum(t, w.Registry, "rtcedge_sipfront_cluster_attempts_total", map[string]string{"result": "rejected"}); n != 1 {
-		t.Fatalf("%v cluster attempts rejected, want 1 (the pod's refusal)", n)
+	if body := string(call.InviteResponse.Body()); !strings.Contains(body, " RTP/AVP 0") || !strings.Contains(body, "a=rtpmap:0 PCMU/8000") {
+		t.Fatalf("the answer takes no PCMU:\n%s", body)
 	}
+	if err := call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.Sessions(); n != 1 {
+		t.Fatalf("%d sessions on the pods during the call, want 1", n)
+	}
+	if err := call.Bye(ctx); err != nil {
+		t.Fatalf("BYE: %v", err)
+	}
+	eventually(t, 5*time.Second, "the call's session to end", func() bool { return w.Sessions() == 0 })
 	if n := w.Sessions(); n != 0 {
 		t.Fatalf("%d sessions left on the pods", n)
 	}
-	if n := w.SIP.Front().Dialogs(); n != 0 {
-		t.Fatalf("%d dialogs left on the front", n)
+	eventually(t, 5*time.Second, "the front's dialog to end", func() bool { return w.SIP.Front().Dialogs() == 0 })
+}
+
+// sipCarrier is a carrier's SIP client (sipgo) on loopback, the dev trunk,
+// and the dev world's URI to call; it is closed when the test ends.
+func sipCarrier(t *testing.T, w *devworld.World) (sip.Uri, *sipgo.Client) {
+	t.Helper()
+	var to sip.Uri
+	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
+		t.Fatalf("parse %s: %v", w.SIPURI, err)
 	}
+	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ua.Close() })
+	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return to, cli
 }

@@ -414,7 +414,7 @@ func (r *Relay) RestoreFlow(client netip.AddrPort, route routecache.Route) {
 	if route.Cluster == 0 {
 		return
 	}
-	if err := r.hopKeys.Load().For(route.Cluster).VerifyRoute(client, route.Cluster, route.Pod, route.Token, route.Stored, route.KeyID, route.Tag); err != nil {
+	if err := r.verifyEntry(client, route); err != nil {
 		r.m.cacheRejected.Inc()
 		return
 	}

@@ -4,7 +4,7 @@
 # nftables for the UDP-blocked browser test, npm for the SDK tests, and podman with
 # runc for the container image tests (deploy/imagetest), espeak-ng and sox
 # for the speech the audio tests send (internal/audiotest), sip-tester (SIPp)
-# for the SIP front's tests with real SIP software. What the build
+# and baresip-core for the SIP tests with real SIP software. What the build
 # needs (libopus-dev, pkg-config) comes from scripts/build-deps.sh, which the
 # Makefile's test-deps target runs first. Safe to run again; does nothing
 # when everything is there.
@@ -30,6 +30,10 @@ command -v sipp >/dev/null 2>&1 || need+=(sip-tester)
 # npm (a Node.js 22 for them comes from the npm registry when the system's
 # is older).
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# baresip (its core package: aufile, sndfile, alsa, g711) places a phone
+# call through the dev world with a WAV in and records what it hears
+# (e2e TestBaresipCallsEcho).
+command -v baresip >/dev/null 2>&1 || need+=(baresip-core)
 # The UDP-blocked browser test (e2e TestBrowserOverTCPWithUDPBlocked):
 # a network namespace with a veth pair (iproute2) whose nftables ruleset
 # drops all UDP.

@@ -92,18 +92,24 @@ func (t *Transceiver) handleCreate(w http.ResponseWriter, r *http.Request) {
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, "invalid_json", "request body is not valid JSON: "+err.Error(), 0)
 		return
 	}
-	if req.Kind != sessionapi.KindWebRTC {
-		// Phone calls (sessionapi.KindRTP) are not terminated by pods yet
-		// (docs/sip.md): refused as an offer this pod cannot take, so the
-		// front answers its caller instead of trying every cluster.
+	if req.Kind != sessionapi.KindWebRTC && req.Kind != sessionapi.KindRTP {
+		// Refused as an offer this pod cannot take, so a front answers its
+		// caller instead of trying every cluster.
 		apierr.Write(w, http.StatusBadRequest, apierr.TypeInvalidRequest, sessionapi.CodeUnsupportedKind,
 			fmt.Sprintf("this pod does not terminate sessions of kind %q", req.Kind), 0)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), CreateTimeout)
 	defer cancel()
-	res, err := t.CreateSession(ctx, CreateRequest{Offer: req.Offer, POPs: req.POPs, Config: req.Config, Caller: req.Caller,
-		Steer: req.Steer, SteerTicket: r.Header.Get(sessionapi.HeaderSteerTicket)})
+	var res CreateResult
+	var err error
+	if req.Kind == sessionapi.KindRTP {
+		// A phone call (rtpcall.go): the carrier's offer, no ICE.
+		res, err = t.CreateCall(ctx, CallRequest{Offer: req.Offer, POPs: req.POPs, Config: req.Config, Caller: req.Caller})
+	} else {
+		res, err = t.CreateSession(ctx, CreateRequest{Offer: req.Offer, POPs: req.POPs, Config: req.Config, Caller: req.Caller,
+			Steer: req.Steer, SteerTicket: r.Header.Get(sessionapi.HeaderSteerTicket)})
+	}
 	if err != nil {
 		t.writeCreateError(w, err)
 		return

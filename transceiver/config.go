@@ -27,6 +27,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/config"
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -50,6 +51,7 @@ type Config struct {
 	MaxSessions    int           `yaml:"max_sessions"`    // capacity; default 500
 	ConnectTimeout time.Duration `yaml:"connect_timeout"` // a session not connected by then is freed; default 30s
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`    // a connected session with no media or events for this long ends; default 60s
+	RTPTimeout     time.Duration `yaml:"rtp_timeout"`     // a phone call without RTP from its carrier for this long ends (docs/sip.md); default 30s
 	// RouteTTL is how long a client's return route is kept without
 	// packets from it; default 2m.
 	RouteTTL time.Duration `yaml:"route_ttl"`
@@ -125,9 +127,21 @@ type Config struct {
 	// default podnet.DefaultReaders.
 	Readers int `yaml:"-"`
 
-	Keys    *token.Keyring  `yaml:"-"` // mints server ufrags; default: built from Token
-	Hop     *encap.Keyring  `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from HopKeys. SetHopKeys replaces them
-	Backend backend.Backend `yaml:"-"` // the inference side of every session
+	Keys *token.Keyring `yaml:"-"` // mints server ufrags; default: built from Token
+	Hop  *encap.Keyring `yaml:"-"` // the cluster's inter-tier MAC keys; default: built from HopKeys. SetHopKeys replaces them
+	// RedisURL is the global relays' route cache (their redis_url): the
+	// pod writes the route of each phone call's media address there
+	// (docs/wire.md §6). Empty, with no CacheStore: phone calls get no
+	// route and their carrier's RTP reaches no pod. Prefer
+	// $RTCEDGE_REDIS_URL for URLs with passwords.
+	RedisURL string `yaml:"redis_url"`
+	// CacheStore, when redis_url is empty, is the in-process route cache
+	// the dev world's relays share.
+	CacheStore *routecache.MemoryStore `yaml:"-"`
+	// RouteCache is the route cache itself (built by NewNode from
+	// RedisURL or CacheStore; New takes it as given, nil: none).
+	RouteCache routecache.Cache `yaml:"-"`
+	Backend    backend.Backend  `yaml:"-"` // the inference side of every session
 	// Relays, when set, limits the datagrams the pod accepts to those from
 	// the cluster's relays (FollowRelays keeps it in step with gossip).
 	Relays     *RelaySet             `yaml:"-"`
@@ -148,6 +162,9 @@ func (c *Config) ApplyEnv() error {
 	c.HopKeys.ApplyEnv()
 	if err := c.Token.ApplyEnv(); err != nil {
 		return err
+	}
+	if env := os.Getenv(routecache.EnvRedisURL); env != "" {
+		c.RedisURL = env
 	}
 	if env := os.Getenv(EnvPodKeys); env != "" {
 		c.PodKeysFile = env
@@ -193,6 +210,7 @@ func (c *Config) Defaults() {
 	config.Default(&c.MaxSessions, 500)
 	config.Default(&c.ConnectTimeout, 30*time.Second)
 	config.Default(&c.IdleTimeout, 60*time.Second)
+	config.Default(&c.RTPTimeout, 30*time.Second)
 	config.Default(&c.DisconnectedTimeout, 5*time.Second)
 	config.Default(&c.FailedTimeout, 15*time.Second)
 	config.Default(&c.SCTPRTOMax, time.Second)
@@ -222,6 +240,7 @@ func (c *Config) Validate() error {
 		node.NotNegative("max_sessions", c.MaxSessions),
 		node.NotNegative("connect_timeout", c.ConnectTimeout),
 		node.NotNegative("idle_timeout", c.IdleTimeout),
+		node.NotNegative("rtp_timeout", c.RTPTimeout),
 		node.NotNegative("route_ttl", c.RouteTTL),
 		node.NotNegative("readers", c.Readers),
 		c.Gossip.Validate("gossip"),

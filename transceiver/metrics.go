@@ -21,7 +21,27 @@ const (
 	endDrainDeadline  = "drain_deadline"
 	endRemoteClosed   = "closed"
 	endBackend        = "backend_closed"
+	endRTPTimeout     = "rtp_timeout" // a phone call's carrier sent no RTP for Config.RTPTimeout
 )
+
+// What became of a phone call's datagrams, the "result" label of
+// rtcedge_transceiver_call_packets_total (rtpcall.go).
+const (
+	callAudio       = iota // RTP of the call's codec, heard by the backend
+	callRTCP               // RTCP (rtcp-mux): not needed, not read
+	callDTMF               // RFC 4733 events: not taken yet
+	callPayloadType        // another payload type than the answer's
+	callSSRC               // another SSRC while the call's is live
+	callLate               // a duplicate, or overtaken by a later one
+	callMalformed          // not RTP
+	callCodec              // a frame the codec refused
+	callSent               // reply RTP sent to the carrier
+	callNoRoute            // reply RTP before the carrier's first datagram
+	numCallResults
+)
+
+var callResultLabels = [numCallResults]string{callAudio: "audio", callRTCP: "rtcp", callDTMF: "dtmf", callPayloadType: "payload_type",
+	callSSRC: "ssrc", callLate: "late", callMalformed: "malformed", callCodec: "codec", callSent: "sent", callNoRoute: "no_route"}
 
 // ICE restart outcomes, the "result" label of ice_restarts_total.
 const (
@@ -62,6 +82,10 @@ type metrics struct {
 	// docs/operations.md), by reason.
 	droppedVec *prometheus.CounterVec
 	dropped    map[string]prometheus.Counter // droppedVec's children, resolved once for the media path
+	// Phone calls (rtpcall.go).
+	calls       prometheus.Counter
+	callPackets [numCallResults]prometheus.Counter
+	callPktVec  *prometheus.CounterVec
 
 	// Turns (transceiver/pace, docs/backends.md "Paced output and
 	// barge-in"): pop is the POP of the session's selected path.
@@ -108,6 +132,11 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 		droppedVec:     counterVec("dropped_total", "What a call's bounds dropped, by reason: reply_item (a reply item its pacer stopped tracking: a backend that begins items and ends no response), caller_audio (caller frames over 1.5x real time).", "reason"),
 		mediaPaths:     counterVec("media_paths_total", "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).", "path"),
 	}
+	m.calls = counter("calls_created_total", "Phone calls created (session kind rtp; also counted in sessions_created_total).")
+	m.callPktVec = counterVec("call_packets_total", "Phone calls' datagrams by what became of them: audio, rtcp, dtmf (not taken yet), payload_type, ssrc, late, malformed, codec (dropped), and the reply's sent and no_route.", "result")
+	for i, l := range callResultLabels {
+		m.callPackets[i] = m.callPktVec.WithLabelValues(l)
+	}
 	m.replyDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rtcedge_turn_reply_delay_seconds",
 		Help:    "Time from the end of the caller's speech (the backend's speech_stopped, or the edge's VAD) to the first reply frame sent, by the POP of the call's path.",
 		Buckets: []float64{.05, .1, .2, .3, .5, .75, 1, 1.5, 2, 3, 5, 10}}, []string{"pop"})
@@ -150,12 +179,12 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{rejectDraining, rejectFull, rejectBadOffer, rejectBadPOP, rejectInternal, rejectBackend} {
 		m.rejected.WithLabelValues(r)
 	}
-	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed, endBackend} {
+	for _, r := range []string{endDeleted, endConnectTimeout, endICEFailed, endIdle, endShutdown, endDrainDeadline, endRemoteClosed, endBackend, endRTPTimeout} {
 		m.ended.WithLabelValues(r)
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
 		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths, m.droppedVec,
-		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands}, m.net.Collectors()...)...); err != nil {
+		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands, m.calls, m.callPktVec}, m.net.Collectors()...)...); err != nil {
 		return nil, err
 	}
 	if turnReg == nil {

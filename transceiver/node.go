@@ -15,6 +15,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/metacheck"
 	"github.com/rtcedge/rtcedge/internal/node"
+	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
@@ -69,6 +70,13 @@ func NewNode(cfg Config, s Sockets, backend backend.Backend, env node.Env) (_ *N
 	}()
 	if s.Data, n.data, err = node.DataSocket(s.Data, cfg.DataAddr, cfg.DataAdvertise, env.Logger); err != nil {
 		return nil, err
+	}
+	if cfg.RouteCache, err = openRouteCache(cfg, env); err != nil {
+		return nil, err
+	}
+	if c := cfg.RouteCache; c != nil {
+		n.life.OnClose(c.Close)
+		n.life.Go("route cache", c.Run)
 	}
 	if n.tr, err = New(cfg, s.Data); err != nil {
 		return nil, err
@@ -187,3 +195,27 @@ func (n *Node) Data() netip.AddrPort { return n.data }
 
 // ID is the pod's ID.
 func (n *Node) ID() uint16 { return n.cfg.Pod }
+
+// openRouteCache opens the route cache phone calls' routes are written to
+// (Config.RedisURL, else CacheStore); nil when neither is set. The pod only
+// writes: it looks nothing up.
+func openRouteCache(cfg Config, env node.Env) (routecache.Cache, error) {
+	ccfg := routecache.Config{Logger: env.Logger, Registerer: env.Registerer}
+	switch {
+	case cfg.RouteCache != nil:
+		return cfg.RouteCache, nil
+	case cfg.RedisURL != "":
+		c, err := routecache.Open(cfg.RedisURL, ccfg)
+		if err != nil {
+			return nil, fmt.Errorf("route cache: %w", err)
+		}
+		return c, nil
+	case cfg.CacheStore != nil:
+		c, err := routecache.NewMemoryOn(cfg.CacheStore, ccfg)
+		if err != nil {
+			return nil, fmt.Errorf("route cache: %w", err)
+		}
+		return c, nil
+	}
+	return nil, nil
+}

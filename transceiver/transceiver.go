@@ -88,6 +88,7 @@ type Transceiver struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
+	calls    map[string]*rtpCall // phone calls (rtpcall.go), guarded by mu
 	reserved int                 // sessions being created, guarded by mu
 	draining bool                // guarded by mu
 	closed   bool                // guarded by mu
@@ -146,6 +147,7 @@ func New(cfg Config, conn *net.UDPConn) (*Transceiver, error) {
 
 		mediaPath: mediaPath,
 		sessions:  map[string]*session{},
+		calls:     map[string]*rtpCall{},
 		runDone:   make(chan struct{}),
 
 		stateChanged: make(chan struct{}, 1),
@@ -252,9 +254,20 @@ func (t *Transceiver) housekeep() {
 			idle = append(idle, s)
 		}
 	}
+	var silent []*rtpCall
+	for _, c := range t.calls {
+		if c.rtpSilent(now, t.cfg.RTPTimeout) {
+			silent = append(silent, c)
+		} else {
+			c.refreshRoute(now)
+		}
+	}
 	t.mu.Unlock()
 	for _, s := range idle {
 		s.end(endIdle)
+	}
+	for _, c := range silent {
+		c.end(endRTPTimeout)
 	}
 	t.sock.Sweep(t.cfg.RouteTTL)
 }
@@ -263,7 +276,7 @@ func (t *Transceiver) housekeep() {
 func (t *Transceiver) Sessions() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.sessions) + t.reserved
+	return len(t.sessions) + len(t.calls) + t.reserved
 }
 
 // Draining reports whether Drain has been called.
@@ -288,7 +301,7 @@ func (t *Transceiver) Drain() <-chan struct{} {
 }
 
 func (t *Transceiver) maybeDrainedLocked() {
-	if t.draining && len(t.sessions) == 0 && t.reserved == 0 {
+	if t.draining && len(t.sessions) == 0 && len(t.calls) == 0 && t.reserved == 0 {
 		select {
 		case <-t.drained:
 		default:
@@ -304,9 +317,16 @@ func (t *Transceiver) endAll(reason string) {
 	for _, s := range t.sessions {
 		all = append(all, s)
 	}
+	calls := make([]*rtpCall, 0, len(t.calls))
+	for _, c := range t.calls {
+		calls = append(calls, c)
+	}
 	t.mu.Unlock()
 	for _, s := range all {
 		s.end(reason)
+	}
+	for _, c := range calls {
+		c.end(reason)
 	}
 	t.wg.Wait()
 }
@@ -329,8 +349,12 @@ func (t *Transceiver) Close() error {
 // EndSession ends a session as the caller's DELETE asks.
 func (t *Transceiver) EndSession(id string) error {
 	t.mu.Lock()
-	s := t.sessions[id]
+	s, c := t.sessions[id], t.calls[id]
 	t.mu.Unlock()
+	if c != nil {
+		c.end(endDeleted)
+		return nil
+	}
 	if s == nil {
 		return ErrNotFound
 	}
@@ -348,7 +372,7 @@ func (t *Transceiver) reserve() error {
 	case t.draining:
 		t.m.rejected.WithLabelValues(rejectDraining).Inc()
 		return ErrDraining
-	case len(t.sessions)+t.reserved >= t.cfg.MaxSessions:
+	case len(t.sessions)+len(t.calls)+t.reserved >= t.cfg.MaxSessions:
 		t.m.rejected.WithLabelValues(rejectFull).Inc()
 		return ErrFull
 	}
@@ -415,7 +439,7 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 			err = ErrBackendEnded
 		} else {
 			t.sessions[s.id] = s
-			t.m.sessions.Set(float64(len(t.sessions)))
+			t.setSessionsGaugeLocked()
 			t.indexUfrag(s.ufrag, s)
 		}
 	}
@@ -428,18 +452,44 @@ func (t *Transceiver) CreateSession(ctx context.Context, req CreateRequest) (Cre
 			s.endOnce.Do(func() {})
 			s.teardown()
 		}
-		if errors.Is(err, ErrBadPOP) {
-			t.m.rejected.WithLabelValues(rejectBadPOP).Inc()
-		} else if errors.Is(err, ErrBackendEnded) {
-			t.m.rejected.WithLabelValues(rejectBackend).Inc()
-		} else if !errors.Is(err, ErrClosed) {
-			t.m.rejected.WithLabelValues(rejectInternal).Inc()
-		}
+		t.countRejected(err)
 		return CreateResult{}, err
 	}
 	t.m.created.Inc()
 	s.armConnectTimer(t.cfg.ConnectTimeout)
 	return CreateResult{ID: s.id, Answer: answer}, nil
+}
+
+// countRejected counts a create that failed past reserve.
+func (t *Transceiver) countRejected(err error) {
+	switch {
+	case errors.Is(err, ErrBadPOP):
+		t.m.rejected.WithLabelValues(rejectBadPOP).Inc()
+	case errors.Is(err, ErrBackendEnded):
+		t.m.rejected.WithLabelValues(rejectBackend).Inc()
+	case !errors.Is(err, ErrClosed):
+		t.m.rejected.WithLabelValues(rejectInternal).Inc()
+	}
+}
+
+// setSessionsGaugeLocked sets the sessions gauge: WebRTC sessions and
+// phone calls. t.mu held.
+func (t *Transceiver) setSessionsGaugeLocked() {
+	t.m.sessions.Set(float64(len(t.sessions) + len(t.calls)))
+}
+
+// forgetCall removes an ended phone call, counting its teardown in t.wg
+// (as forget does for a session).
+func (t *Transceiver) forgetCall(c *rtpCall) {
+	t.mu.Lock()
+	t.wg.Add(1)
+	c.forgotten = true
+	if t.calls[c.id] == c {
+		delete(t.calls, c.id)
+		t.setSessionsGaugeLocked()
+	}
+	t.maybeDrainedLocked()
+	t.mu.Unlock()
 }
 
 // forget removes an ended session.
@@ -453,7 +503,7 @@ func (t *Transceiver) forget(s *session) {
 	s.forgotten = true
 	if t.sessions[s.id] == s {
 		delete(t.sessions, s.id)
-		t.m.sessions.Set(float64(len(t.sessions)))
+		t.setSessionsGaugeLocked()
 	}
 	t.byNonce.remove(s)
 	t.maybeDrainedLocked()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/testsdp"
 	"github.com/rtcedge/rtcedge/internal/token"
@@ -351,7 +352,7 @@ func TestSessionAPI(t *testing.T) {
 		{"no POPs", `{"offer":` + string(offer) + `,"pops":[]}`, http.StatusBadRequest, "invalid_pops"},
 		// A phone call (docs/sip.md) until pods terminate RTP: refused as
 		// an offer, so the SIP front answers 488 at once.
-		{"RTP kind", `{"kind":"rtp","offer":"v=0","pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, sessionapi.CodeUnsupportedKind},
+		{"RTP kind, bad offer", `{"kind":"rtp","offer":"v=0","pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, sdpcheck.CodeInvalidSDP},
 		{"unknown kind", `{"kind":"fax","offer":` + string(offer) + `,"pops":[{"id":1,"vip":"127.0.0.2:3478"}]}`, http.StatusBadRequest, sessionapi.CodeUnsupportedKind},
 		{"too large", `{"offer":"` + strings.Repeat("a", sessionapi.MaxRequestBody) + `"}`, http.StatusRequestEntityTooLarge, "body_too_large"},
 	} {

@@ -108,6 +108,10 @@ type Config struct {
 	OnFound func(client netip.AddrPort, r Route)
 }
 
+// EnvRedisURL names the route cache's Redis URL in the environment of
+// every role that uses it (URLs with passwords stay out of config files).
+const EnvRedisURL = "RTCEDGE_REDIS_URL"
+
 // Default configuration values.
 const (
 	DefaultTTL           = 60 * time.Second

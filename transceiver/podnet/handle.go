@@ -134,11 +134,22 @@ func (s *Socket) handle(buf *podBuf, n int, from netip.AddrPort) bool {
 		s.m.drop(dropUnknownPOP)
 		return false
 	}
+	call, isCall := s.rtp.lookup(h.Client)
+	if isCall && h.Token != call.nonce {
+		// Another flow's token at a phone call's address: neither the
+		// call's media nor a route for it (rtp.go).
+		s.m.drop(dropRTPToken)
+		return false
+	}
 	if !pc.learn(h, from, n-hl, s.now().UnixNano()) {
 		s.m.drop(dropRouteTable)
 		return false
 	}
 	payload := pkt[hl:]
+	if isCall {
+		s.handleRTP(pc, call, h.Client, payload)
+		return false
+	}
 	if pc.answer(h.Client, payload) {
 		return false // the answer to our own probe: not Pion's
 	}

@@ -50,6 +50,10 @@ const (
 	// because it would take the bytes sent there past ampFactor times the
 	// bytes received from it (route.go).
 	dropAmplification
+	// dropRTPToken: a datagram from a phone call's negotiated media
+	// address whose header names another routing token than the call's
+	// (rtp.go).
+	dropRTPToken
 	numDropReasons
 )
 
@@ -61,7 +65,7 @@ var dropLabels = [numDropReasons]string{
 	dropProvisional: "route_provisional", dropProvisionalEvicted: "provisional_evicted",
 	dropHeldOverflow: "held_overflow", dropHeldExpired: "held_expired", dropSRTP: "srtp",
 	dropSSRC: "ssrc", dropEventBacklog: "event_backlog",
-	dropAmplification: "amplification_limit",
+	dropAmplification: "amplification_limit", dropRTPToken: "rtp_token",
 }
 
 // Causes of a session's path change, the "cause" label of

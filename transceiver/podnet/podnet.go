@@ -87,6 +87,7 @@ type Socket struct {
 	now      func() time.Time
 	keys     atomic.Pointer[encap.Keyring]
 	restarts restartTable // checks of ICE-restarted sessions
+	rtp      rtpTable     // phone calls by their negotiated media address (rtp.go)
 	out      *outQueue    // batched sends
 	tcp      tcpSide      // ICE-TCP clients
 
