@@ -18,6 +18,12 @@ IMAGE      ?= $(IMAGE_REPO):$(VERSION)
 ALLOC_FILES = $(shell grep -rl --include='*_test.go' 'testing.AllocsPerRun' --exclude-dir=.git .)
 ALLOC_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /testing\.AllocsPerRun/ { print n }' $(ALLOC_FILES) | sort -u | paste -sd'|')
 ALLOC_PKGS  = $(sort $(dir $(ALLOC_FILES)))
+# The tests that cannot run under -race (files tagged //go:build !race,
+# each saying why): `make test` runs every test of theirs once more without
+# it, so none is left out of the suite.
+NORACE_FILES = $(shell grep -rl --include='*_test.go' '^//go:build !race' --exclude-dir=.git .)
+NORACE_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n); print n }' $(NORACE_FILES) | sort -u | paste -sd'|')
+NORACE_PKGS  = $(sort $(dir $(NORACE_FILES)))
 
 .PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check test-k8s test-k8s-run
 
@@ -52,6 +58,7 @@ test: test-deps
 test-allocs:
 	@test -n "$(ALLOC_TESTS)" || { echo "no allocation tests found"; exit 1; }
 	$(GO) test -count=1 -run '^($(ALLOC_TESTS))$$' $(ALLOC_PKGS)
+	@test -z "$(NORACE_FILES)" || $(GO) test -count=1 -timeout 20m -run '^($(NORACE_TESTS))$$' $(NORACE_PKGS)
 
 # The multi-region simulation, verbose, with more calls, Chromium when
 # installed, and its report in bin/sim/ (see docs/simulation.md).
