@@ -18,7 +18,7 @@ type flow struct {
 	lastSeen     atomic.Int64 // coarse unix nanos of the last packet from the client
 	lastStored   atomic.Int64 // coarse unix nanos of the last write to the route cache
 	choice       atomic.Pointer[relayChoice]
-	watch        relayWatch    // is the chosen relay still answering? (relaychoice.go)
+	watch        relayWatch    // is the chosen relay still answering? (failover.go)
 	ssrc         atomic.Uint64 // 1<<32 | the SSRC of the client's audio, 0 before any (ssrc.go)
 	// unconfirmed: restored from a reply's header (the return path) and
 	// no datagram from the client since; replies are not forwarded.
@@ -41,7 +41,7 @@ type tokenKey struct {
 const maxFlowsPerToken = 8
 
 // relayChoice caches the flow's relay for one directory generation and one
-// generation of the suspects (relaychoice.go).
+// generation of the suspects (failover.go, suspects.go).
 type relayChoice struct {
 	gen, sgen uint64
 	addr      netip.AddrPort
