@@ -183,7 +183,7 @@ func (s *Socket) send(hdr *encap.Header, relay netip.AddrPort, b []byte) (int, e
 	hl, err := hdr.Put(buf[:])
 	if err != nil || len(b) > encap.MaxPayload {
 		s.m.drop(dropOversize)
-		return 0, errors.New("podnet: datagram too large")
+		return 0, errTooLarge
 	}
 	copy(buf[hl:], b)
 	s.keys.Load().Seal(buf[:hl+len(b)], hl)

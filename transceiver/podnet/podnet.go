@@ -154,7 +154,7 @@ func (s *Socket) popConn(id uint16, vip netip.AddrPort) (*popConn, bool, error) 
 		s.mu.Unlock()
 	}
 	if pc.vip != vip {
-		return nil, false, errors.New("podnet: POP ID already bound to another VIP")
+		return nil, false, errPOPRebound
 	}
 	return pc, false, nil
 }
@@ -353,7 +353,7 @@ func dupUDP(c *net.UDPConn) (*net.UDPConn, error) {
 	uc, ok := pc.(*net.UDPConn)
 	if !ok {
 		_ = pc.Close()
-		return nil, errors.New("duplicate is not a UDP conn")
+		return nil, errNotUDPConn
 	}
 	return uc, nil
 }

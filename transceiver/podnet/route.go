@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -13,14 +12,6 @@ import (
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
-
-// errNoRoute is returned by writes toward a client address that has sent
-// nothing through this pod recently: there is no header to answer with.
-var errNoRoute = errors.New("podnet: no relay route to client")
-
-// errProvisional is returned by writes of anything but STUN toward a client
-// address Pion has not authenticated yet.
-var errProvisional = errors.New("podnet: route to client not yet authenticated")
 
 // route is how to reach one client through one POP: the to-client header
 // (built from the last header the client's packets carried) and the cluster

@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -322,7 +321,7 @@ func (c *tcpICEConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
 func (c *tcpICEConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	ta, ok := addr.(*net.TCPAddr)
 	if !ok {
-		return 0, errors.New("podnet: not a TCP address")
+		return 0, errNotTCPAddr
 	}
 	return c.WriteToAddrPort(b, ta.AddrPort())
 }
@@ -364,7 +363,7 @@ type sessionTCPMux struct {
 func (m *sessionTCPMux) GetAllConns(ufrag string, _ bool, local net.IP) ([]net.PacketConn, error) {
 	ip, ok := netip.AddrFromSlice(local)
 	if !ok {
-		return nil, errors.New("podnet: bad local address")
+		return nil, errBadLocalAddr
 	}
 	var out []net.PacketConn
 	for _, p := range m.pops {
@@ -382,7 +381,7 @@ func (m *sessionTCPMux) GetConnByUfrag(ufrag string, isIPv6 bool, local net.IP) 
 		return nil, err
 	}
 	if len(all) == 0 {
-		return nil, errors.New("podnet: no TCP POP at that address")
+		return nil, errNoTCPPOP
 	}
 	for _, c := range all[1:] {
 		_ = c.Close()
@@ -428,7 +427,7 @@ func (n *vipNet) InterfaceByIndex(index int) (*transport.Interface, error) {
 	if index == n.iface.Index {
 		return n.iface, nil
 	}
-	return nil, errors.New("podnet: no such interface")
+	return nil, errNoInterface
 }
 
 // InterfaceByName returns the virtual interface for its name.
@@ -436,7 +435,7 @@ func (n *vipNet) InterfaceByName(name string) (*transport.Interface, error) {
 	if name == n.iface.Name {
 		return n.iface, nil
 	}
-	return nil, errors.New("podnet: no such interface")
+	return nil, errNoInterface
 }
 
 // podNet is the pod's real network, which vipNet wraps; created once.
