@@ -1,7 +1,7 @@
 // Package globalrelay is rtcedge's public UDP ingress, one per POP.
 //
 // A client's first datagram to the POP's VIP must be a STUN Binding Request
-// whose USERNAME starts with a valid routing token (the server ufrag, WIRE.md
+// whose USERNAME starts with a valid routing token (the server ufrag, docs/wire.md
 // section 1). Only then does the relay create a flow: client address →
 // (cluster, pod), and a cluster relay replica of that cluster chosen by the
 // client's address. Every later datagram of the flow (STUN, DTLS, SRTP,
