@@ -1,5 +1,8 @@
 package globalrelay
 
+// The global relay's config: the file's keys, their defaults, their
+// validation, and the keys and clusters derived from them.
+
 import (
 	"errors"
 	"fmt"

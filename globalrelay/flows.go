@@ -1,5 +1,8 @@
 package globalrelay
 
+// The flow table: what the relay remembers per client address (flow),
+// sharded for the workers, with a global cap and a cap per token.
+
 import (
 	"hash/maphash"
 	"net/netip"

@@ -1,5 +1,9 @@
 package globalrelay
 
+// The global relay as a process runs it (Node): the relay, its route
+// cache, gossip, key reloads, readiness and drain, built from the sockets
+// cmd/ or the dev world opens.
+
 import (
 	"context"
 	"errors"

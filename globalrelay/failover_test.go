@@ -1,5 +1,10 @@
 package globalrelay
 
+// Tests of the data-plane failover (failover.go, suspects.go,
+// relayprobe.go): silent and unanswering relays left, suspicion only on
+// several sessions' evidence confirmed by the relay's silence and its
+// probe, back-off, healthy flows kept.
+
 import (
 	"bytes"
 	"context"
