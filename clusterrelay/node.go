@@ -68,6 +68,7 @@ func (s Sockets) Close() error {
 // cluster's session API front, the cluster pool it learns pods from and the
 // global pool it announces itself in.
 type Node struct {
+	// Static after NewNode.
 	cfg         Config
 	env         node.Env
 	life        node.Life
@@ -76,8 +77,11 @@ type Node struct {
 	apiURL      string
 	clusterPool *membership.Pool
 	globalPool  *membership.Pool
-	stopping    atomic.Bool
-	// The keys in use, swapped whole by setKeys on a reload.
+	// Set once when the drain begins (Run), read by the aggregate
+	// publisher.
+	stopping atomic.Bool
+	// The keys in use, swapped whole by setKeys on a reload (under keyMu,
+	// which serialises the watchers' reloads); read lock-free.
 	keyMu     sync.Mutex
 	auth      atomic.Pointer[relayAuth]
 	staticHop atomic.Pointer[encap.Keyring]

@@ -46,11 +46,12 @@ type Replica struct {
 // Clusters is a ClusterDirectory replaced whole with Set by a membership
 // watcher or a test.
 type Clusters struct {
+	// Replaced whole by Set (under mu), read lock-free on the packet path.
 	snap atomic.Pointer[clusterSnapshot]
 	gen  atomic.Uint64
 
-	mu       sync.Mutex // serialises Set and follow
-	watchers []func(map[netip.AddrPort]uint16)
+	mu       sync.Mutex                        // serialises Set and follow
+	watchers []func(map[netip.AddrPort]uint16) // guarded by mu
 }
 
 type clusterSnapshot struct {

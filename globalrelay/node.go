@@ -100,6 +100,7 @@ const RestoreLimit = 5 * time.Second
 // route cache, and its membership of the global pool, from which it
 // learns the cluster relays.
 type Node struct {
+	// Static after NewNode.
 	cfg      Config
 	env      node.Env
 	life     node.Life
@@ -108,9 +109,12 @@ type Node struct {
 	clusters *Clusters
 	served   []uint16
 	pool     *membership.Pool
+	// Set once each (warm by Ready itself, restored by the route cache's
+	// load), read by Ready.
 	warm     atomic.Bool // Ready's start-up gate has passed
 	restored atomic.Bool // the bulk load of the route cache is over (or there is none)
-	// The keys in use, swapped by setKeys on a reload.
+	// The keys in use, swapped by setKeys on a reload (under keyMu, which
+	// serialises the watchers' reloads); read lock-free.
 	keyMu     sync.Mutex
 	staticTok *token.Keyring // token.keys (not reloaded); nil: none
 	staticHop atomic.Pointer[encap.ClusterKeys]

@@ -187,8 +187,10 @@ func (s *suspects) count(now int64) int {
 // with no round trip of its own yet (a new call, or every flow a restarted
 // replica restored) is judged by its cluster's instead of a blind second.
 type clusterAnswers struct {
-	mu sync.Mutex
-	m  atomic.Pointer[map[uint16]*atomic.Int64] // immutable map; entries updated in place
+	mu sync.Mutex // serialises adding a cluster; lookups take no lock
+	// m is an immutable map, replaced under mu when a cluster is added;
+	// its entries are updated in place by the return path (observe).
+	m atomic.Pointer[map[uint16]*atomic.Int64]
 }
 
 // get returns cluster's answer time, 0 when none was measured.
@@ -224,8 +226,5 @@ func (c *clusterAnswers) observe(cluster uint16, rtt int64) {
 		}
 		c.mu.Unlock()
 	}
-	if old := v.Load(); old > 0 {
-		rtt = old + (rtt-old)/4
-	}
-	v.Store(max(rtt, 1))
+	foldRTT(v, rtt) // every flow's workers fold into one entry: compare-and-swap
 }

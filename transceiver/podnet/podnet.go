@@ -373,6 +373,8 @@ func closeConns(cs []*net.UDPConn) {
 // the return route of its client, so only the cluster's own relays may
 // send them. Lookups are lock-free; Set replaces the whole set.
 type RelaySet struct {
+	// Replaced whole by Set (the gossip watcher), read lock-free by the
+	// socket's readers; the map is immutable.
 	addrs  atomic.Pointer[map[netip.AddrPort]struct{}]
 	joined atomic.Bool // has held at least one relay
 }

@@ -23,12 +23,14 @@ import (
 // provisional route carries only STUN responses, never DTLS or media, is
 // capped per POP (the oldest is evicted) and expires after provisionalTTL.
 type route struct {
-	hdr       encap.Header
-	relay     netip.AddrPort
+	// Static once in the table: a new header or relay makes a new route (learn).
+	hdr     encap.Header
+	relay   netip.AddrPort
+	created int64  // unix nanoseconds when the client address was first seen
+	reach   *reach // shared by the routes of one address
+	// Written by the readers and Pion's hook, read by anyone.
 	lastSeen  atomic.Int64 // unix nanoseconds of the last packet from the client
-	created   int64        // unix nanoseconds when the client address was first seen
 	confirmed atomic.Bool  // Pion authenticated a check from the address (for some session)
-	reach     *reach       // shared by the routes of one address
 }
 
 const (

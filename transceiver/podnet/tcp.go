@@ -75,9 +75,11 @@ type tcpPeerKey struct {
 // session conn its first check named, with the return route its datagrams
 // carry. hdr and relay are replaced with the whole peer, never mutated.
 type tcpPeer struct {
-	conn     *tcpICEConn
-	hdr      encap.Header // to-client, TCP flag set, key ID cleared
-	relay    netip.AddrPort
+	// Static: a new header or relay makes a new peer.
+	conn  *tcpICEConn
+	hdr   encap.Header // to-client, TCP flag set, key ID cleared
+	relay netip.AddrPort
+	// Written by the readers, read by the sweep and LastSeen.
 	lastSeen atomic.Int64 // unix nanoseconds of the last datagram from the client
 }
 
