@@ -26,9 +26,47 @@ type suspects struct {
 	// cluster's round trips (weaker than their own), guarded by mu.
 	votes map[netip.AddrPort]vote
 	// heard is when each cluster relay last delivered a verified datagram
-	// to any flow of this replica (coarse unix nanos): immutable map,
-	// entries updated in place; new relays are added under mu.
-	heard atomic.Pointer[map[netip.AddrPort]*atomic.Int64]
+	// to any flow of this replica (coarse unix nanos).
+	heard atomicMap[netip.AddrPort]
+}
+
+// atomicMap holds an atomic value per key, read and updated without a
+// lock: the map itself is immutable, replaced whole (under mu) only when
+// a key is added, and its values are updated in place.
+type atomicMap[K comparable] struct {
+	mu sync.Mutex // serialises adding a key
+	m  atomic.Pointer[map[K]*atomic.Int64]
+}
+
+// get returns k's value, nil when k has none yet.
+func (a *atomicMap[K]) get(k K) *atomic.Int64 {
+	if m := a.m.Load(); m != nil {
+		return (*m)[k]
+	}
+	return nil
+}
+
+// add returns k's value, adding a zero one if k has none. The other keys
+// whose values keep reports false for are dropped with the copy.
+func (a *atomicMap[K]) add(k K, keep func(v int64) bool) *atomic.Int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.m.Load()
+	if old != nil && (*old)[k] != nil {
+		return (*old)[k] // another worker added it meanwhile
+	}
+	next := map[K]*atomic.Int64{}
+	if old != nil {
+		for key, x := range *old {
+			if keep(x.Load()) {
+				next[key] = x
+			}
+		}
+	}
+	v := new(atomic.Int64)
+	next[k] = v
+	a.m.Store(&next)
+	return v
 }
 
 // vote is which sessions' flows left a relay since first.
@@ -98,10 +136,8 @@ func (s *suspects) vote(addr netip.AddrPort, tok tokenKey, since, now int64) (su
 
 // lastHeard returns when relay last delivered to a flow, 0 never.
 func (s *suspects) lastHeard(relay netip.AddrPort) int64 {
-	if m := s.heard.Load(); m != nil {
-		if v := (*m)[relay]; v != nil {
-			return v.Load()
-		}
+	if v := s.heard.get(relay); v != nil {
+		return v.Load()
 	}
 	return 0
 }
@@ -109,30 +145,12 @@ func (s *suspects) lastHeard(relay netip.AddrPort) int64 {
 // hear records a verified datagram from relay at now (coarse): on the
 // return path, one map lookup and, once per clock tick, a store.
 func (s *suspects) hear(relay netip.AddrPort, now int64) {
-	var v *atomic.Int64
-	if m := s.heard.Load(); m != nil {
-		v = (*m)[relay]
-	}
+	v := s.heard.get(relay)
 	if v == nil {
-		s.mu.Lock()
-		old := s.heard.Load()
-		next := map[netip.AddrPort]*atomic.Int64{}
-		if old != nil {
-			for a, x := range *old {
-				if now-x.Load() < int64(heardKeep) {
-					next[a] = x
-				}
-			}
-		}
-		if v = next[relay]; v == nil {
-			v = new(atomic.Int64)
-			next[relay] = v
-		}
-		s.heard.Store(&next)
-		s.mu.Unlock()
+		v = s.heard.add(relay, func(last int64) bool { return now-last < int64(heardKeep) })
 	}
 	if v.Load() != now {
-		v.Store(now)
+		v.Store(now) // a time, not a read-modify-write: the latest writer is as good as any
 	}
 }
 
@@ -187,44 +205,22 @@ func (s *suspects) count(now int64) int {
 // with no round trip of its own yet (a new call, or every flow a restarted
 // replica restored) is judged by its cluster's instead of a blind second.
 type clusterAnswers struct {
-	mu sync.Mutex // serialises adding a cluster; lookups take no lock
-	// m is an immutable map, replaced under mu when a cluster is added;
-	// its entries are updated in place by the return path (observe).
-	m atomic.Pointer[map[uint16]*atomic.Int64]
+	m atomicMap[uint16] // updated in place by the return path (observe)
 }
 
 // get returns cluster's answer time, 0 when none was measured.
 func (c *clusterAnswers) get(cluster uint16) int64 {
-	if m := c.m.Load(); m != nil {
-		if v := (*m)[cluster]; v != nil {
-			return v.Load()
-		}
+	if v := c.m.get(cluster); v != nil {
+		return v.Load()
 	}
 	return 0
 }
 
 // observe folds one answer time into cluster's (weight 1/4).
 func (c *clusterAnswers) observe(cluster uint16, rtt int64) {
-	rtt = max(rtt, 1)
-	var v *atomic.Int64
-	if m := c.m.Load(); m != nil {
-		v = (*m)[cluster]
-	}
+	v := c.m.get(cluster)
 	if v == nil {
-		c.mu.Lock()
-		old := c.m.Load()
-		next := map[uint16]*atomic.Int64{}
-		if old != nil {
-			for k, x := range *old {
-				next[k] = x
-			}
-		}
-		if v = next[cluster]; v == nil {
-			v = new(atomic.Int64)
-			next[cluster] = v
-			c.m.Store(&next)
-		}
-		c.mu.Unlock()
+		v = c.m.add(cluster, func(int64) bool { return true })
 	}
-	foldRTT(v, rtt) // every flow's workers fold into one entry: compare-and-swap
+	foldRTT(v, max(rtt, 1)) // every flow's workers fold into one entry: compare-and-swap
 }
