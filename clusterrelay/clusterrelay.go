@@ -5,7 +5,7 @@
 // the global relay replica (ingress address) their header names. It keeps no
 // per-flow state: the only inputs to a forwarding decision are the header and
 // the pod directory, so any replica can carry any packet and a dead replica
-// loses nothing. See WIRE.md section 2.
+// loses nothing. The header is docs/wire.md section 2.
 package clusterrelay
 
 import (

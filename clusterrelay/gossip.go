@@ -31,7 +31,9 @@ func (p PodInfo) Ready() bool {
 // its Pods (every live pod, draining ones included, since their calls go on);
 // the session API front and the load publisher read PodInfos.
 type Directory struct {
-	*Pods
+	*Pods // the addresses, for the packet path
+	// infos is replaced whole by FollowPods (its one writer) and read by
+	// the front and the aggregate publisher; the slice is immutable.
 	infos atomic.Pointer[[]PodInfo]
 }
 

@@ -68,6 +68,7 @@ func (s Sockets) Close() error {
 // cluster's session API front, the cluster pool it learns pods from and the
 // global pool it announces itself in.
 type Node struct {
+	// Static after NewNode.
 	cfg         Config
 	env         node.Env
 	life        node.Life
@@ -76,8 +77,11 @@ type Node struct {
 	apiURL      string
 	clusterPool *membership.Pool
 	globalPool  *membership.Pool
-	stopping    atomic.Bool
-	// The keys in use, swapped whole by setKeys on a reload.
+	// Set once when the drain begins (Run), read by the aggregate
+	// publisher.
+	stopping atomic.Bool
+	// The keys in use, swapped whole by setKeys on a reload (under keyMu,
+	// which serialises the watchers' reloads); read lock-free.
 	keyMu     sync.Mutex
 	auth      atomic.Pointer[relayAuth]
 	staticHop atomic.Pointer[encap.Keyring]
@@ -108,6 +112,30 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if _, data, err = node.DataSocket(s.Data, "", cfg.DataAdvertise, env.Logger); err != nil {
 		return nil, err
 	}
+	if err := n.loadKeys(&cfg); err != nil {
+		return nil, err
+	}
+	cfg.Pods, cfg.Advertise, cfg.Logger, cfg.Registerer, n.cfg = n.dir, data, env.Logger, env.Registerer, cfg
+	if n.relay, err = New(cfg, s.Data); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.relay.Close)
+	n.life.Go("relay", n.relay.Run)
+	n.watchKeys(cfg)
+	steerCfg, err := n.serveAPI(&cfg, s.API)
+	if err != nil {
+		return nil, err
+	}
+	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	if err := n.joinPools(cfg, data, steerCfg); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// loadKeys sets up the keys the node starts with, all checked by
+// Validate: the hop keyring and the cluster's authority.
+func (n *Node) loadKeys(cfg *Config) error {
 	cfg.Hop, _ = cfg.hopKeyring() // checked by Validate
 	if cfg.HopKeys.Set() {
 		static, _ := cfg.HopKeys.Keyring(cfg.Cluster) // checked by Validate
@@ -116,16 +144,17 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 	if sec, _ := cfg.Authority.Secrets(); sec != nil { // checked by Validate
 		a, err := newRelayAuth(sec, cfg.Cluster)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		n.auth.Store(a)
 	}
-	cfg.Pods, cfg.Advertise, cfg.Logger, cfg.Registerer, n.cfg = n.dir, data, env.Logger, env.Registerer, cfg
-	if n.relay, err = New(cfg, s.Data); err != nil {
-		return nil, err
-	}
-	n.life.OnClose(n.relay.Close)
-	n.life.Go("relay", n.relay.Run)
+	return nil
+}
+
+// watchKeys reloads the hop keys, and the authority's when there is one,
+// until the node closes.
+func (n *Node) watchKeys(cfg Config) {
+	env := n.env
 	n.life.Go("hop keys", func(ctx context.Context) error {
 		return node.WatchHopKeys(ctx, cfg.HopKeys, env, func(k *encap.ClusterKeys) error {
 			hop := k.For(cfg.Cluster)
@@ -146,40 +175,56 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 			})
 		})
 	}
-	podClient, err := cfg.APITLS.Client(env.HTTPClient)
-	if err != nil {
-		return nil, err
-	}
-	fc := FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger, Now: env.Now}
+}
+
+// serveAPI serves the session API (the front to the cluster's pods) on
+// ln. With an authority, the front, the steering forwarder it returns the
+// config of and the cluster pool's proofs read the keys in use.
+func (n *Node) serveAPI(cfg *Config, ln net.Listener) (SteerForwarderConfig, error) {
+	env := n.env
 	steerCfg := SteerForwarderConfig{Cluster: cfg.Cluster, Now: env.Now,
 		Admitted: func(pod uint16) bool { _, ok := n.dir.PodAddr(pod); return ok }}
+	podClient, err := cfg.APITLS.Client(env.HTTPClient)
+	if err != nil {
+		return steerCfg, err
+	}
+	fc := FrontConfig{Cluster: cfg.Cluster, Pods: n.dir, Secret: cfg.SessionAPISecret, HTTPClient: podClient, Logger: env.Logger, Now: env.Now}
 	if n.auth.Load() != nil {
 		fc.Steer = func() *steer.Authority { return n.auth.Load().steer }
 		steerCfg.Authority = fc.Steer
 		// Every use reads the keys in use, so a reload (setKeys) takes
 		// effect at once.
-		fc.PodSecret = func(pod uint16) string { return n.auth.Load().sec.SessionAPICredential(cfg.Cluster, pod) }
+		cluster := cfg.Cluster
+		fc.PodSecret = func(pod uint16) string { return n.auth.Load().sec.SessionAPICredential(cluster, pod) }
 		cfg.ClusterGossip.Prove = func(in []byte) []byte { return n.auth.Load().clusterProve(in) }
 		cfg.ClusterGossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().clusterCheck(m, in) }
 	}
 	front := NewFront(fc)
-	if n.apiURL, err = node.AdvertisedURL(s.API, cfg.APIAdvertise); err != nil {
-		return nil, err
+	if n.apiURL, err = node.AdvertisedURL(ln, cfg.APIAdvertise); err != nil {
+		return steerCfg, err
 	}
 	n.apiURL = cfg.APITLS.URL(n.apiURL)
-	api, err := cfg.APITLS.Listener(s.API)
+	api, err := cfg.APITLS.Listener(ln)
 	if err != nil {
-		return nil, err
+		return steerCfg, err
 	}
 	n.life.Serve("session API", api, node.NewHTTPServer(front.Handler(), env.Logger))
 	n.life.OnClose(func() error { front.Close(); return nil }) // sideband relays, after the server
-	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	return steerCfg, nil
+}
+
+// joinPools joins the cluster pool (where the pods are) and the global
+// pool (where the global relays and signaling are) with its data address,
+// forwards the pods' steering samples from one to the other, follows the
+// pods and publishes the cluster's aggregate.
+func (n *Node) joinPools(cfg Config, data netip.AddrPort, steerCfg SteerForwarderConfig) (err error) {
+	env := n.env
 	meta := membership.Meta{Role: membership.RoleClusterRelay, Region: cfg.Region, Cluster: cfg.Cluster, Data: data}
 	// Members are believed only within bounds (internal/metacheck).
 	cfg.ClusterGossip.CheckMeta = metacheck.OfCluster(cfg.Cluster, metacheck.Bounds{})
 	cfg.GlobalGossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{})
 	if n.clusterPool, err = n.life.JoinPool(cfg.ClusterGossip, "cluster", "", false, meta, env); err != nil {
-		return nil, err
+		return err
 	}
 	meta.API, meta.Draining = n.apiURL, true // draining until it hears of a ready pod (PublishAggregate)
 	if n.auth.Load() != nil {
@@ -190,11 +235,11 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		cfg.GlobalGossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().globalCheck(m, in) }
 	}
 	if n.globalPool, err = n.life.JoinPool(cfg.GlobalGossip, "global", "@global", true, meta, env); err != nil {
-		return nil, err
+		return err
 	}
 	fwd, err := NewSteerForwarder(n.clusterPool, n.globalPool, steerCfg, env.Registerer)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	n.life.Go("steering samples", fwd.Run)
 	n.life.Go("follow pods", func(ctx context.Context) error {
@@ -205,7 +250,7 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		PublishAggregate(ctx, n.globalPool, n.dir, n.stopping.Load)
 		return nil
 	})
-	return n, nil
+	return nil
 }
 
 // relayAuth is what a cluster relay builds from its authority secrets;

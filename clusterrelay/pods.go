@@ -18,10 +18,11 @@ type PodDirectory interface {
 // Pods is a PodDirectory that a membership watcher (or a test) replaces
 // whole with Set. Readers see an immutable snapshot; no lock on the path.
 type Pods struct {
+	// Replaced whole by Set, read lock-free on the packet path.
 	snap atomic.Pointer[podSnapshot]
 
-	mu       sync.Mutex // serialises Set and follow
-	watchers []func(map[uint16]netip.AddrPort)
+	mu       sync.Mutex                        // serialises Set and follow
+	watchers []func(map[uint16]netip.AddrPort) // guarded by mu
 }
 
 type podSnapshot struct {

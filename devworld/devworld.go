@@ -358,35 +358,8 @@ func cmp(v, def int) int {
 func (w *World) start() error {
 	cfg := w.cfg
 	w.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	root := make([]byte, authority.KeyLen)
-	if _, err := rand.Read(root); err != nil {
+	if err := w.mintKeys(); err != nil {
 		return err
-	}
-	for _, spec := range cfg.Regions {
-		w.authKeys.Keys = append(w.authKeys.Keys, authority.Spec(spec.Cluster, 1, authority.ClusterSecret(root, spec.Cluster)))
-	}
-	var err error
-	if w.auth, err = w.authKeys.Secrets(); err != nil {
-		return err
-	}
-	w.popKeys = map[uint16]string{}
-	sig := authority.SignalingSpec(1, authority.SignalingSecret(root))
-	all := append([]string{sig}, w.authKeys.Keys...)
-	for _, spec := range cfg.Regions {
-		w.popKeys[spec.POP] = authority.POPSpec(spec.POP, 1, authority.POPSecret(root, spec.POP))
-		all = append(all, w.popKeys[spec.POP])
-	}
-	allSec, err := authority.Parse(all)
-	if err != nil {
-		return err
-	}
-	w.sigKeys = []string{sig}
-	for _, k := range allSec.PublicSpecs() {
-		if strings.HasPrefix(k, "signaling-pub/") {
-			w.sigPub = append(w.sigPub, k)
-		} else {
-			w.sigKeys = append(w.sigKeys, k) // signaling checks relays and POPs
-		}
 	}
 	if cfg.NetBackend {
 		b, err := netbackend.NewNode(netbackend.NodeConfig{Listen: "127.0.0.1:0"}, nil, nil, w.env("backend"))
@@ -416,37 +389,9 @@ func (w *World) start() error {
 		w.clusters = append(w.clusters, spec.Cluster)
 		w.apiSecrets[spec.Cluster] = randomKey(24, base64.RawURLEncoding)
 	}
-	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
-	for _, spec := range cfg.Regions {
-		rg := &Region{Spec: spec}
-		w.Regions = append(w.Regions, rg)
-		var clusterSeed []string
-		for i := range cfg.PodsPerCluster {
-			p, err := w.startPod(spec, uint16(i+1), clusterSeed)
-			if err != nil {
-				return err
-			}
-			clusterSeed = []string{p.Pool.LocalAddr().String()}
-			rg.Pods = append(rg.Pods, p)
-		}
-		for i := range cfg.RelaysPerCluster {
-			cr, err := w.startClusterRelay(spec, i+1, clusterSeed)
-			if err != nil {
-				return err
-			}
-			rg.ClusterRelays = append(rg.ClusterRelays, cr)
-		}
-	}
-	for _, rg := range w.Regions {
-		if _, err := w.startPOPReplica(rg, netip.AddrPortFrom(rg.Spec.POPIP, cfg.POPPort)); err != nil {
-			return err
-		}
-		spec := rg.Spec
-		cat.Regions = append(cat.Regions, geo.Region{
-			Name: spec.Name, Location: spec.Location,
-			Clusters: []geo.Cluster{{ID: spec.Cluster, Name: spec.Name + "-1", Location: spec.Location, SessionAPI: rg.ClusterRelays[0].Front}},
-			POPs:     []geo.POP{{ID: spec.POP, Name: spec.POPName, VIP: rg.GlobalRelay.PublicAddr(), TCPPort: rg.TCPAddr.Port(), Location: spec.Location}},
-		})
+	cat, err := w.startRegions()
+	if err != nil {
+		return err
 	}
 	if err := cat.Validate(); err != nil {
 		return err
@@ -467,6 +412,83 @@ func (w *World) start() error {
 		limit = 30 * time.Second
 	}
 	return w.awaitConverged(limit)
+}
+
+// mintKeys derives the world's authority keys from one random root, as
+// the deployment's issuer would: a secret per cluster and per POP,
+// signaling's own, and the public keys signaling checks the others with.
+func (w *World) mintKeys() error {
+	root := make([]byte, authority.KeyLen)
+	if _, err := rand.Read(root); err != nil {
+		return err
+	}
+	for _, spec := range w.cfg.Regions {
+		w.authKeys.Keys = append(w.authKeys.Keys, authority.Spec(spec.Cluster, 1, authority.ClusterSecret(root, spec.Cluster)))
+	}
+	var err error
+	if w.auth, err = w.authKeys.Secrets(); err != nil {
+		return err
+	}
+	w.popKeys = map[uint16]string{}
+	sig := authority.SignalingSpec(1, authority.SignalingSecret(root))
+	all := append([]string{sig}, w.authKeys.Keys...)
+	for _, spec := range w.cfg.Regions {
+		w.popKeys[spec.POP] = authority.POPSpec(spec.POP, 1, authority.POPSecret(root, spec.POP))
+		all = append(all, w.popKeys[spec.POP])
+	}
+	allSec, err := authority.Parse(all)
+	if err != nil {
+		return err
+	}
+	w.sigKeys = []string{sig}
+	for _, k := range allSec.PublicSpecs() {
+		if strings.HasPrefix(k, "signaling-pub/") {
+			w.sigPub = append(w.sigPub, k)
+		} else {
+			w.sigKeys = append(w.sigKeys, k) // signaling checks relays and POPs
+		}
+	}
+	return nil
+}
+
+// startRegions starts every region's pods and cluster relays, then (once
+// every cluster relay can seed the global pool) its POP, and returns the
+// catalogue of what runs.
+func (w *World) startRegions() (*geo.Catalogue, error) {
+	cfg := w.cfg
+	cat := &geo.Catalogue{DefaultRegion: cfg.Regions[0].Name}
+	for _, spec := range cfg.Regions {
+		rg := &Region{Spec: spec}
+		w.Regions = append(w.Regions, rg)
+		var clusterSeed []string
+		for i := range cfg.PodsPerCluster {
+			p, err := w.startPod(spec, uint16(i+1), clusterSeed)
+			if err != nil {
+				return nil, err
+			}
+			clusterSeed = []string{p.Pool.LocalAddr().String()}
+			rg.Pods = append(rg.Pods, p)
+		}
+		for i := range cfg.RelaysPerCluster {
+			cr, err := w.startClusterRelay(spec, i+1, clusterSeed)
+			if err != nil {
+				return nil, err
+			}
+			rg.ClusterRelays = append(rg.ClusterRelays, cr)
+		}
+	}
+	for _, rg := range w.Regions {
+		if _, err := w.startPOPReplica(rg, netip.AddrPortFrom(rg.Spec.POPIP, cfg.POPPort)); err != nil {
+			return nil, err
+		}
+		spec := rg.Spec
+		cat.Regions = append(cat.Regions, geo.Region{
+			Name: spec.Name, Location: spec.Location,
+			Clusters: []geo.Cluster{{ID: spec.Cluster, Name: spec.Name + "-1", Location: spec.Location, SessionAPI: rg.ClusterRelays[0].Front}},
+			POPs:     []geo.POP{{ID: spec.POP, Name: spec.POPName, VIP: rg.GlobalRelay.PublicAddr(), TCPPort: rg.TCPAddr.Port(), Location: spec.Location}},
+		})
+	}
+	return cat, nil
 }
 
 // randomKey is n random bytes in enc.

@@ -87,7 +87,7 @@ func (c *echoCall) medianEchoRTT() time.Duration {
 }
 
 // tokenPlace reads the cluster and pod a routing token (server ufrag)
-// names (WIRE.md section 1); the MAC is the relays' business.
+// names (docs/wire.md section 1); the MAC is the relays' business.
 func tokenPlace(t *testing.T, ufrag string) (cluster, pod uint16) {
 	t.Helper()
 	raw, err := base64.RawStdEncoding.DecodeString(ufrag)

@@ -239,109 +239,128 @@ func (r *rawCatalogue) build() (*Catalogue, error) {
 // entries naming known countries or continents and, without repeats, regions
 // that have a cluster.
 func (c *Catalogue) Validate() error {
-	var errs []error
-	fail := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidCatalogue}, args...)...))
-	}
-
-	withClusters := map[string]bool{} // by region name
-	ids := map[string]map[uint16]bool{"cluster": {}, "pop": {}}
-	names := map[string]map[string]bool{"cluster": {}, "pop": {}}
-	// unique checks a cluster's or a POP's ID and name: set, and unique
-	// among its kind.
-	unique := func(kind, region string, id uint16, name string) {
-		switch {
-		case id == 0:
-			fail("region %q: %s %q: id must be 1..65535", region, kind, name)
-		case ids[kind][id]:
-			fail("%s %d: duplicate id", kind, id)
-		}
-		ids[kind][id] = true
-		switch {
-		case name == "":
-			fail("%s %d: name is required", kind, id)
-		case names[kind][name]:
-			fail("%s %q: duplicate name", kind, name)
-		}
-		names[kind][name] = true
+	k := catalogueCheck{
+		withClusters: map[string]bool{},
+		ids:          map[string]map[uint16]bool{"cluster": {}, "pop": {}},
+		names:        map[string]map[string]bool{"cluster": {}, "pop": {}},
 	}
 	nClusters := 0
 	for i, r := range c.Regions {
-		switch _, dup := withClusters[r.Name]; {
-		case r.Name == "":
-			fail("region #%d: name is required", i+1)
-		case dup:
-			fail("region %q: duplicate name", r.Name)
-		}
-		withClusters[r.Name] = len(r.Clusters) > 0
-		if !r.Location.Valid() {
-			fail("region %q: location %v out of range", r.Name, r.Location)
-		}
-		if len(r.Clusters) == 0 && len(r.POPs) == 0 {
-			fail("region %q: needs at least one cluster or pop", r.Name)
-		}
+		k.region(i, r)
 		nClusters += len(r.Clusters)
-
-		for _, cl := range r.Clusters {
-			unique("cluster", r.Name, cl.ID, cl.Name)
-			if !cl.Location.Valid() {
-				fail("cluster %d: location %v out of range", cl.ID, cl.Location)
-			}
-			if cl.SessionAPI != "" {
-				if u, err := url.Parse(cl.SessionAPI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					fail("cluster %d: session_api %q is not an absolute http(s) URL", cl.ID, cl.SessionAPI)
-				}
-			}
-		}
-		for _, p := range r.POPs {
-			unique("pop", r.Name, p.ID, p.Name)
-			if !p.VIP.IsValid() || p.VIP.Port() == 0 || p.VIP.Addr().IsUnspecified() {
-				fail("pop %d: vip %q must be a specific address with a non-zero port", p.ID, p.VIP)
-			}
-			if !p.Location.Valid() {
-				fail("pop %d: location %v out of range", p.ID, p.Location)
-			}
-		}
 	}
 	if nClusters == 0 {
-		fail("at least one cluster is required")
+		k.fail("at least one cluster is required")
 	}
-	switch _, ok := withClusters[c.DefaultRegion]; {
+	switch _, ok := k.withClusters[c.DefaultRegion]; {
 	case c.DefaultRegion == "":
-		fail("default_region is required")
+		k.fail("default_region is required")
 	case !ok:
-		fail("default_region %q is not a region", c.DefaultRegion)
-	}
-	checkPrefs := func(what string, prefs []string) {
-		if len(prefs) == 0 {
-			fail("steering %s: no regions listed", what)
-		}
-		seen := map[string]bool{}
-		for _, name := range prefs {
-			switch has, ok := withClusters[name]; {
-			case !ok:
-				fail("steering %s: %q is not a region", what, name)
-			case !has:
-				fail("steering %s: region %q has no cluster to steer calls to", what, name)
-			case seen[name]:
-				fail("steering %s: region %q listed twice", what, name)
-			}
-			seen[name] = true
-		}
+		k.fail("default_region %q is not a region", c.DefaultRegion)
 	}
 	for _, cc := range sortedKeys(c.Steering.Countries) {
 		if !KnownCountry(cc) {
-			fail("steering countries: %q is not an ISO 3166-1 alpha-2 country code (upper case)", cc)
+			k.fail("steering countries: %q is not an ISO 3166-1 alpha-2 country code (upper case)", cc)
 		}
-		checkPrefs("countries "+cc, c.Steering.Countries[cc])
+		k.prefs("countries "+cc, c.Steering.Countries[cc])
 	}
 	for _, cont := range sortedKeys(c.Steering.Continents) {
 		if CountriesOf(cont) == nil {
-			fail("steering continents: %q is not a continent code (AF, AN, AS, EU, NA, OC, SA)", cont)
+			k.fail("steering continents: %q is not a continent code (AF, AN, AS, EU, NA, OC, SA)", cont)
 		}
-		checkPrefs("continents "+cont, c.Steering.Continents[cont])
+		k.prefs("continents "+cont, c.Steering.Continents[cont])
 	}
-	return errors.Join(errs...)
+	return errors.Join(k.errs...)
+}
+
+// catalogueCheck is one run of Validate: the problems found so far and
+// what the later checks compare against.
+type catalogueCheck struct {
+	errs         []error
+	withClusters map[string]bool            // by region name: whether it has clusters
+	ids          map[string]map[uint16]bool // by kind ("cluster", "pop")
+	names        map[string]map[string]bool // by kind
+}
+
+// fail records a problem, wrapping ErrInvalidCatalogue.
+func (k *catalogueCheck) fail(format string, args ...any) {
+	k.errs = append(k.errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidCatalogue}, args...)...))
+}
+
+// unique checks a cluster's or a POP's ID and name: set, and unique among
+// its kind.
+func (k *catalogueCheck) unique(kind, region string, id uint16, name string) {
+	switch {
+	case id == 0:
+		k.fail("region %q: %s %q: id must be 1..65535", region, kind, name)
+	case k.ids[kind][id]:
+		k.fail("%s %d: duplicate id", kind, id)
+	}
+	k.ids[kind][id] = true
+	switch {
+	case name == "":
+		k.fail("%s %d: name is required", kind, id)
+	case k.names[kind][name]:
+		k.fail("%s %q: duplicate name", kind, name)
+	}
+	k.names[kind][name] = true
+}
+
+// region checks the i-th region, its clusters and its POPs.
+func (k *catalogueCheck) region(i int, r Region) {
+	switch _, dup := k.withClusters[r.Name]; {
+	case r.Name == "":
+		k.fail("region #%d: name is required", i+1)
+	case dup:
+		k.fail("region %q: duplicate name", r.Name)
+	}
+	k.withClusters[r.Name] = len(r.Clusters) > 0
+	if !r.Location.Valid() {
+		k.fail("region %q: location %v out of range", r.Name, r.Location)
+	}
+	if len(r.Clusters) == 0 && len(r.POPs) == 0 {
+		k.fail("region %q: needs at least one cluster or pop", r.Name)
+	}
+	for _, cl := range r.Clusters {
+		k.unique("cluster", r.Name, cl.ID, cl.Name)
+		if !cl.Location.Valid() {
+			k.fail("cluster %d: location %v out of range", cl.ID, cl.Location)
+		}
+		if cl.SessionAPI != "" {
+			if u, err := url.Parse(cl.SessionAPI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				k.fail("cluster %d: session_api %q is not an absolute http(s) URL", cl.ID, cl.SessionAPI)
+			}
+		}
+	}
+	for _, p := range r.POPs {
+		k.unique("pop", r.Name, p.ID, p.Name)
+		if !p.VIP.IsValid() || p.VIP.Port() == 0 || p.VIP.Addr().IsUnspecified() {
+			k.fail("pop %d: vip %q must be a specific address with a non-zero port", p.ID, p.VIP)
+		}
+		if !p.Location.Valid() {
+			k.fail("pop %d: location %v out of range", p.ID, p.Location)
+		}
+	}
+}
+
+// prefs checks a steering preference list: regions that exist, have
+// clusters, and are listed once.
+func (k *catalogueCheck) prefs(what string, prefs []string) {
+	if len(prefs) == 0 {
+		k.fail("steering %s: no regions listed", what)
+	}
+	seen := map[string]bool{}
+	for _, name := range prefs {
+		switch has, ok := k.withClusters[name]; {
+		case !ok:
+			k.fail("steering %s: %q is not a region", what, name)
+		case !has:
+			k.fail("steering %s: region %q has no cluster to steer calls to", what, name)
+		case seen[name]:
+			k.fail("steering %s: region %q listed twice", what, name)
+		}
+		seen[name] = true
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

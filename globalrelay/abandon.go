@@ -1,5 +1,9 @@
 package globalrelay
 
+// Abandoned flows: a client that moved to a new address leaves its old
+// flow behind; expireAbandoned drops it at the next scan instead of
+// after FlowIdle.
+
 import "time"
 
 // abandonQuiet is how long a flow must have been silent, while another flow

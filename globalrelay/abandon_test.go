@@ -1,5 +1,8 @@
 package globalrelay
 
+// Tests of expireAbandoned: a rebinding caller's old flow goes at the next
+// scan, a lone quiet flow does not.
+
 import (
 	"net/netip"
 	"testing"

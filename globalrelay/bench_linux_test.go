@@ -1,5 +1,10 @@
 package globalrelay
 
+// Benchmarks of one forwarding hop on real sockets (Linux), as CPU time
+// of the forwarding thread per datagram: the authenticated hop against
+// the unauthenticated one, and the TCP ingress against the UDP one, each
+// direction, in the same run.
+
 import (
 	"context"
 	"encoding/binary"

@@ -1,5 +1,7 @@
 package globalrelay
 
+// Tests of bundling toward cluster relays: many datagrams in one.
+
 import (
 	"bytes"
 	"context"

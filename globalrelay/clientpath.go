@@ -5,7 +5,7 @@ package globalrelay
 // socket, finds or opens its flow (a verified routing token, the SSRC of a
 // caller whose NAT rebound, or a route-cache lookup in the background) and
 // writes the header in front of it toward the flow's cluster relay, chosen
-// in relaychoice.go; toClient verifies a reply from a cluster relay,
+// in failover.go from directory.go; toClient verifies a reply from a cluster relay,
 // checks it against the client's flow (restoring a lost one from its
 // header) and strips the header for the public socket. The table they
 // read is flows.go; the TCP ingress joins them in tcp.go.

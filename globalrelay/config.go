@@ -1,5 +1,8 @@
 package globalrelay
 
+// The global relay's config: the file's keys, their defaults, their
+// validation, and the keys and clusters derived from them.
+
 import (
 	"errors"
 	"fmt"
@@ -121,7 +124,7 @@ type Config struct {
 	// are refused whatever it says.
 	AllowSource func(netip.Addr) bool `yaml:"-"`
 	// SilenceAfter, CheckTimeout and AvoidFor tune the data-plane failure
-	// detection (relaychoice.go): a flow leaves its cluster relay when
+	// detection (failover.go): a flow leaves its cluster relay when
 	// replies stop for SilenceAfter (or 3× their usual interval) or a
 	// check goes unanswered for CheckTimeout (or 4× the flow's check
 	// round trip), and avoids it for AvoidFor. CheckTimeout also bounds

@@ -1,5 +1,8 @@
 package globalrelay
 
+// The kernel fast path against the user-space path: the same datagrams
+// must get the same verdicts (a test and a fuzz target).
+
 import (
 	"bytes"
 	"encoding/binary"

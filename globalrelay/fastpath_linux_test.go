@@ -1,5 +1,8 @@
 package globalrelay
 
+// The fast path end to end over a veth pair in a network namespace of the
+// test's own.
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,8 @@
 package globalrelay
 
+// The flow table: what the relay remembers per client address (flow),
+// sharded for the workers, with a global cap and a cap per token.
+
 import (
 	"hash/maphash"
 	"net/netip"
@@ -11,6 +14,10 @@ import (
 // cluster and pod (from its token) and the cluster relay it currently uses.
 // cluster and pod never change; a new token from the same address replaces
 // the flow.
+//
+// Static after the flow is put in the table: cluster, pod, tok, created.
+// The rest is written by whichever worker handles the client's or the
+// relay's datagram (and the fast path's sync), hence atomic.
 type flow struct {
 	cluster, pod uint16
 	tok          tokenKey     // the token that opened the flow (restored flows: from the cache entry or header)
@@ -18,7 +25,7 @@ type flow struct {
 	lastSeen     atomic.Int64 // coarse unix nanos of the last packet from the client
 	lastStored   atomic.Int64 // coarse unix nanos of the last write to the route cache
 	choice       atomic.Pointer[relayChoice]
-	watch        relayWatch    // is the chosen relay still answering? (relaychoice.go)
+	watch        relayWatch    // is the chosen relay still answering? (failover.go: who writes what)
 	ssrc         atomic.Uint64 // 1<<32 | the SSRC of the client's audio, 0 before any (ssrc.go)
 	// unconfirmed: restored from a reply's header (the return path) and
 	// no datagram from the client since; replies are not forwarded.
@@ -41,7 +48,7 @@ type tokenKey struct {
 const maxFlowsPerToken = 8
 
 // relayChoice caches the flow's relay for one directory generation and one
-// generation of the suspects (relaychoice.go).
+// generation of the suspects (failover.go, suspects.go).
 type relayChoice struct {
 	gen, sgen uint64
 	addr      netip.AddrPort
@@ -80,7 +87,7 @@ const (
 
 type flowShard struct {
 	mu sync.RWMutex
-	m  map[netip.AddrPort]*flow
+	m  map[netip.AddrPort]*flow // guarded by mu
 }
 
 func newFlowTable(max int) *flowTable {

@@ -1,7 +1,7 @@
 // Package globalrelay is rtcedge's public UDP ingress, one per POP.
 //
 // A client's first datagram to the POP's VIP must be a STUN Binding Request
-// whose USERNAME starts with a valid routing token (the server ufrag, WIRE.md
+// whose USERNAME starts with a valid routing token (the server ufrag, docs/wire.md
 // section 1). Only then does the relay create a flow: client address →
 // (cluster, pod), and a cluster relay replica of that cluster chosen by the
 // client's address. Every later datagram of the flow (STUN, DTLS, SRTP,
@@ -98,16 +98,16 @@ type Relay struct {
 	// restores counts this second's return-path restores: the unix
 	// second in the high 32 bits, the count in the low (restoreBudget).
 	restores  atomic.Uint64
-	suspects  suspects    // cluster relays avoided on data-plane evidence (relaychoice.go)
+	suspects  suspects    // cluster relays avoided on data-plane evidence (suspects.go)
 	probes    relayProbes // asked before a relay becomes suspect (relayprobe.go)
 	draining  atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{}
 
 	// repickTrace, when set, is called at each change of a flow's cluster
-	// relay (SetRepickTrace, relaychoice.go).
+	// relay (SetRepickTrace, failover.go).
 	repickTrace atomic.Pointer[func(RepickEvent)]
-	// answers is how long each cluster's pods take to answer (relaychoice.go).
+	// answers is how long each cluster's pods take to answer (suspects.go).
 	answers clusterAnswers
 }
 
@@ -340,7 +340,7 @@ type metrics struct {
 	writeErrors                             prometheus.Counter
 	takeovers, cacheRejected                prometheus.Counter
 	bundles, bundledPackets                 prometheus.Counter
-	repicks                                 map[string]prometheus.Counter // by reason (relaychoice.go)
+	repicks                                 map[string]prometheus.Counter // by reason (failover.go)
 	suspects                                prometheus.Gauge
 	suspicionsRefused                       prometheus.Counter            // votes of enough sessions against a relay that still answers others
 	probes                                  map[string]prometheus.Counter // by result (relayprobe.go)

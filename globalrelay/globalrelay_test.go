@@ -1,5 +1,9 @@
 package globalrelay
 
+// Tests of the relay's packet path: forwarding both ways, bad input
+// dropped and counted, the return path's trust, the flow table's caps
+// and expiry, drain, the directory, and the no-allocation guards.
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,7 @@
 package globalrelay
 
+// The package's tests leave no goroutine behind (goleak).
+
 import (
 	"testing"
 

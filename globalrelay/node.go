@@ -1,5 +1,9 @@
 package globalrelay
 
+// The global relay as a process runs it (Node): the relay, its route
+// cache, gossip, key reloads, readiness and drain, built from the sockets
+// cmd/ or the dev world opens.
+
 import (
 	"context"
 	"errors"
@@ -96,6 +100,7 @@ const RestoreLimit = 5 * time.Second
 // route cache, and its membership of the global pool, from which it
 // learns the cluster relays.
 type Node struct {
+	// Static after NewNode.
 	cfg      Config
 	env      node.Env
 	life     node.Life
@@ -104,9 +109,12 @@ type Node struct {
 	clusters *Clusters
 	served   []uint16
 	pool     *membership.Pool
+	// Set once each (warm by Ready itself, restored by the route cache's
+	// load), read by Ready.
 	warm     atomic.Bool // Ready's start-up gate has passed
 	restored atomic.Bool // the bulk load of the route cache is over (or there is none)
-	// The keys in use, swapped by setKeys on a reload.
+	// The keys in use, swapped by setKeys on a reload (under keyMu, which
+	// serialises the watchers' reloads); read lock-free.
 	keyMu     sync.Mutex
 	staticTok *token.Keyring // token.keys (not reloaded); nil: none
 	staticHop atomic.Pointer[encap.ClusterKeys]
@@ -132,8 +140,46 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		return nil, errors.New("globalrelay: no worker sockets")
 	}
 	node.WarnSmallBuffer(env.Logger, s.Workers[0].Public)
-	if n.served, err = cfg.servedClusters(); err != nil {
+	meta := membership.Meta{Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP}
+	if err := n.loadKeys(&cfg, meta); err != nil {
 		return nil, err
+	}
+	cfg.Directory, cfg.Logger, cfg.Registerer, cfg.Now = n.clusters, env.Logger, env.Registerer, env.Now
+	cache, err := n.openCache(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Cache, n.cfg = cache, cfg
+	if n.relay, err = New(cfg, s.Workers); err != nil {
+		return nil, err
+	}
+	n.life.OnClose(n.relay.Close)
+	if s.TCP != nil {
+		if err := n.openTCP(cfg, s.TCP, env); err != nil {
+			return nil, err
+		}
+	}
+	n.restoreFlows(cache)
+	n.life.Go("relay", func(ctx context.Context) error {
+		n.awaitReady(ctx)
+		return n.relay.Run(ctx)
+	})
+	// The UDP load balancer's health check reads /readyz: a replica gets
+	// clients once it knows where to send them, and none while draining.
+	n.life.ServeHealth(s.Metrics, env, n.Ready)
+	meta.Data = n.relay.PublicAddr()
+	if err := n.joinGlobal(cfg, meta); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// loadKeys sets up the keys the node starts with, all checked by
+// Validate: the clusters it serves, the token and hop keyrings, and the
+// POP's authority (which proves its metadata in gossip).
+func (n *Node) loadKeys(cfg *Config, meta membership.Meta) (err error) {
+	if n.served, err = cfg.servedClusters(); err != nil {
+		return err
 	}
 	cfg.Keys, _ = cfg.tokenKeyring() // checked by Validate
 	cfg.Hop, _ = cfg.clusterKeys()   // checked by Validate
@@ -144,20 +190,26 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		static, _ := cfg.HopKeys.ClusterKeys() // checked by Validate
 		n.staticHop.Store(static)
 	}
-	meta := membership.Meta{Role: membership.RoleGlobalRelay, Region: cfg.Region, POP: cfg.POP}
 	if sec, _ := cfg.Authority.Secrets(); sec != nil { // checked by Validate
 		a, err := newPOPAuth(sec, meta)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if a.prove == nil {
-			env.Logger.Warn("no authority key of this POP: its metadata goes unproven, and signaling holding POP keys ignores it", "pop", cfg.POP)
+			n.env.Logger.Warn("no authority key of this POP: its metadata goes unproven, and signaling holding POP keys ignores it", "pop", cfg.POP)
 		}
 		n.auth.Store(a)
 	}
-	cfg.Directory, cfg.Logger, cfg.Registerer, cfg.Now = n.clusters, env.Logger, env.Registerer, env.Now
+	return nil
+}
+
+// openCache opens the route cache the config names (Redis, or a shared
+// in-process store), nil for none, and runs it until the node closes.
+// Flows it finds are restored into the relay.
+func (n *Node) openCache(cfg Config) (routecache.Cache, error) {
 	var cache routecache.Cache
-	ccfg := routecache.Config{Logger: env.Logger, Registerer: env.Registerer,
+	var err error
+	ccfg := routecache.Config{Logger: n.env.Logger, Registerer: n.env.Registerer,
 		OnFound: func(c netip.AddrPort, r routecache.Route) { n.relay.RestoreFlow(c, r) }}
 	switch {
 	case cfg.RedisURL != "":
@@ -172,38 +224,34 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		n.life.OnClose(cache.Close)
 		n.life.Go("route cache", cache.Run)
 	}
-	cfg.Cache, n.cfg = cache, cfg
-	if n.relay, err = New(cfg, s.Workers); err != nil {
-		return nil, err
-	}
-	n.life.OnClose(n.relay.Close)
-	if s.TCP != nil {
-		if err := n.openTCP(cfg, s.TCP, env); err != nil {
-			return nil, err
-		}
-	}
-	if loader, ok := cache.(routecache.Loader); ok {
-		// A restarted replica takes its POP's recent flows in bulk before
-		// it reports ready, instead of one lookup per lost datagram.
-		n.life.Go("route cache load", func(ctx context.Context) error {
-			defer n.restored.Store(true)
-			ctx, cancel := context.WithTimeout(ctx, RestoreLimit)
-			defer cancel()
-			if k, err := loader.Load(ctx); err != nil {
-				env.Logger.Warn("route cache load failed; flows recover by lookups", "restored", k, "err", err)
-			}
-			return nil
-		})
-	} else {
+	return cache, nil
+}
+
+// restoreFlows takes the POP's recent flows from the cache in bulk, when
+// it can, before the node reports ready: a restarted replica then needs
+// no lookup per lost datagram. Without such a cache the node is restored
+// at once.
+func (n *Node) restoreFlows(cache routecache.Cache) {
+	loader, ok := cache.(routecache.Loader)
+	if !ok {
 		n.restored.Store(true)
+		return
 	}
-	n.life.Go("relay", func(ctx context.Context) error {
-		n.awaitReady(ctx)
-		return n.relay.Run(ctx)
+	n.life.Go("route cache load", func(ctx context.Context) error {
+		defer n.restored.Store(true)
+		ctx, cancel := context.WithTimeout(ctx, RestoreLimit)
+		defer cancel()
+		if k, err := loader.Load(ctx); err != nil {
+			n.env.Logger.Warn("route cache load failed; flows recover by lookups", "restored", k, "err", err)
+		}
+		return nil
 	})
-	// The UDP load balancer's health check reads /readyz: a replica gets
-	// clients once it knows where to send them, and none while draining.
-	n.life.ServeHealth(s.Metrics, env, n.Ready)
+}
+
+// joinGlobal joins the global gossip pool as meta, follows the cluster
+// relays it lists, and watches the hop and authority keys.
+func (n *Node) joinGlobal(cfg Config, meta membership.Meta) (err error) {
+	env := n.env
 	cfg.Gossip.CheckMeta = metacheck.Bounded(metacheck.Bounds{}) // believed only within bounds
 	if n.auth.Load() != nil {
 		// It proves its POP with the POP's key, and takes for a cluster
@@ -218,9 +266,8 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 		}
 		cfg.Gossip.CheckMember = func(m membership.Member, in []byte) error { return n.auth.Load().check(m, in) }
 	}
-	meta.Data = n.relay.PublicAddr()
 	if n.pool, err = n.life.JoinPool(cfg.Gossip, "global", "", true, meta, env); err != nil {
-		return nil, err
+		return err
 	}
 	n.life.Go("follow clusters", func(ctx context.Context) error { FollowClusters(ctx, n.pool, n.clusters); return nil })
 	n.life.Go("hop keys", func(ctx context.Context) error {
@@ -237,7 +284,7 @@ func NewNode(cfg Config, s Sockets, env node.Env) (_ *Node, err error) {
 			})
 		})
 	}
-	return n, nil
+	return nil
 }
 
 // popAuth is what a global relay builds from its authority secrets; a

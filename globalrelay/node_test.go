@@ -1,5 +1,8 @@
 package globalrelay
 
+// Tests of Node: readiness (cluster relays known, routes restored),
+// drain.
+
 import (
 	"context"
 	"errors"

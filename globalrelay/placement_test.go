@@ -1,5 +1,8 @@
 package globalrelay
 
+// Tests of the workers' placement settings in the node's config (CPUs,
+// steering, bundling).
+
 import (
 	"strings"
 	"testing"

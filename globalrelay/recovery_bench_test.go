@@ -1,5 +1,8 @@
 package globalrelay
 
+// Benchmark of a restarted replica's recovery of its POP's flows from the
+// route cache.
+
 import (
 	"context"
 	"encoding/binary"

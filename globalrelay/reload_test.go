@@ -1,5 +1,7 @@
 package globalrelay
 
+// Tests of the authority file's reload by a running node.
+
 import (
 	"testing"
 	"time"

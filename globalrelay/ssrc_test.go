@@ -1,5 +1,8 @@
 package globalrelay
 
+// Tests of following a caller's audio to a new address by its SSRC, and
+// the bounds of the SSRC index.
+
 import (
 	"encoding/binary"
 	"net"

@@ -594,7 +594,7 @@ func (c *tcpConn) readLoop() {
 			_ = c.nc.SetReadDeadline(time.Unix(0, now).Add(s.cfg.IdleTimeout))
 		}
 		if c.forward(buf[:], n, now) && stunmsg.IsBindingRequest(pkt) {
-			watchCheck(&c.f, now) // the pod must answer it (relaychoice.go)
+			watchCheck(&c.f, now) // the pod must answer it (failover.go)
 		}
 	}
 }
@@ -654,7 +654,7 @@ func (c *tcpConn) forward(buf []byte, n int, now int64) bool {
 		s.m.drops.Inc(tcpDropNoHopKey)
 		return false
 	}
-	relay, ok := r.relayFor(&c.f, c.client, now) // with the UDP path's data-plane failure detection (relaychoice.go)
+	relay, ok := r.relayFor(&c.f, c.client, now) // with the UDP path's data-plane failure detection (failover.go)
 	if !ok {
 		s.m.drops.Inc(tcpDropNoClusterRelay)
 		return false

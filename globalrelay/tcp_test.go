@@ -1,5 +1,8 @@
 package globalrelay
 
+// Tests of the TCP ingress: forwarding both ways, abuse closed and
+// counted, limits.
+
 import (
 	"bytes"
 	"context"

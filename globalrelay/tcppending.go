@@ -1,5 +1,9 @@
 package globalrelay
 
+// Pending TCP connections: those that have not yet sent a valid first
+// check, bounded per client network so that one network cannot hold the
+// ingress's slots.
+
 import "net/netip"
 
 // pendingSet holds the TCP connections that have not yet sent a valid

@@ -1,5 +1,8 @@
 package globalrelay
 
+// Tests of what a spoofing or on-path attacker can do to live flows:
+// nothing moves a live flow, quiet ones are taken over only as designed.
+
 import (
 	"bytes"
 	"context"

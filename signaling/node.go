@@ -44,14 +44,17 @@ func OpenSockets(cfg Config) (s Sockets, err error) {
 // GeoIP locator, and (optionally) its membership of the global pool, from
 // which it learns cluster and POP health.
 type Node struct {
-	cfg      Config
-	env      node.Env
-	life     node.Life
-	srv      *Server
-	pool     *membership.Pool
-	url      string
+	// Static after NewNode.
+	cfg  Config
+	env  node.Env
+	life node.Life
+	srv  *Server
+	pool *membership.Pool
+	url  string
+	// Set once when the drain begins, read by Ready.
 	draining atomic.Bool
-	auth     atomic.Pointer[globalAuth] // the global pool's keys in use (nil: none)
+	// Swapped whole by the authority's reload, read lock-free.
+	auth atomic.Pointer[globalAuth] // the global pool's keys in use (nil: none)
 }
 
 // NewNode builds a signaling node from cfg (defaults applied, validated)

@@ -59,11 +59,13 @@ type pin struct {
 	pops   []geo.POP
 }
 
-// steering is a Server's steering state: static after newSteering (and
-// setSteerKeys, which the node calls before gossip delivers a message)
-// but for the table, which is safe for concurrent use.
+// steering is a Server's steering state. Every field but table is set by
+// newSteering, or by NewServer (fanOut) and setSteerKeys (keys) before the
+// server serves or gossip delivers a message, and read-only after; table
+// is safe for concurrent use.
 type steering struct {
-	table    *steer.Table
+	table *steer.Table // safe for concurrent use
+	// Set before the server runs, read-only after.
 	disabled bool
 	pins     []pin              // most specific first
 	region   map[uint16]string  // POP ID → its region

@@ -40,14 +40,17 @@ var errEnded = errors.New("sipfront: the dialog has ended")
 
 // dialog is one call. id and trunk are static; the rest is guarded by mu.
 type dialog struct {
+	// Static after the INVITE made it.
 	id    string
 	trunk *trunk
+	ds    *sipgo.DialogServerSession // the library's view of the dialog (to-tag, routes, BYE)
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// Guarded by mu: the handlers of the dialog's requests (INVITE, ACK,
+	// BYE, CANCEL) move the state from the SIP library's goroutines.
 	state   state
-	ds      *sipgo.DialogServerSession // the library's view of the dialog (to-tag, routes, BYE)
-	session string                     // the pod's session ID; "" until placed
-	cluster geo.Cluster                // the cluster that holds session
+	session string      // the pod's session ID; "" until placed
+	cluster geo.Cluster // the cluster that holds session
 }
 
 // placed records where the call was placed and moves it to answered:

@@ -31,6 +31,7 @@ const nonceLife = 5 * time.Minute
 // trunk is a Trunk ready for use: static after newTrunk but for its
 // limiter and its call count, which are safe for concurrent use.
 type trunk struct {
+	// Static after the config is loaded.
 	name     string
 	sources  []netip.Prefix
 	media    []netip.Prefix
@@ -40,7 +41,8 @@ type trunk struct {
 	session  json.RawMessage
 	maxCalls int64
 
-	limiter *rate.Limiter // new calls
+	// Shared by the handlers of every call of the trunk.
+	limiter *rate.Limiter // new calls; safe for concurrent use
 	calls   atomic.Int64  // live calls on this replica
 }
 

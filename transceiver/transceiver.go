@@ -30,6 +30,7 @@ import (
 	"github.com/rtcedge/rtcedge/internal/sdpcheck"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/internal/sessionid"
+	"github.com/rtcedge/rtcedge/internal/steer"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
@@ -65,7 +66,8 @@ type CreateResult struct {
 }
 
 // maxPOPs bounds the candidates per answer; more adds nothing but checks.
-const maxPOPs = 4
+// A ticket names every POP of its call, so the bound is the ticket's.
+const maxPOPs = steer.MaxTicketPOPs
 
 // Transceiver holds the sessions of one pod.
 type Transceiver struct {

@@ -6,7 +6,7 @@
 // share one MediaEngine, and reach the pod through a Link, which plays both
 // relay tiers at once. Every client gets a virtual net.PacketConn with its
 // own made-up address; all of them share one real UDP socket that sends
-// encapsulated datagrams (WIRE.md section 2) straight to the pod socket and
+// encapsulated datagrams (docs/wire.md section 2) straight to the pod socket and
 // demultiplexes the replies by the client address in their header. There is
 // no relay hop. Pion sets the calls up and keeps their ICE running, but the
 // audio is made ahead and replayed, a sendmmsg per 1 ms slot, and the

@@ -19,7 +19,7 @@ import (
 // progs is one loaded copy of the programs and their maps: each relay
 // loads its own, so relays in one process (the dev world) share nothing.
 type progs struct {
-	objs fastpathObjects
+	objs fastpathObjects // static after load; its maps are used under mu held shared
 
 	// mu guards links and closed; map operations hold it shared (use),
 	// so Close never frees a map under one.

@@ -17,7 +17,7 @@ const EnvAuthorityKeys = "RTCEDGE_AUTHORITY_KEYS"
 
 // Authority configures a relay's cluster authority secrets, from which it
 // derives every pod's token, hop, member and session API keys on demand.
-// Unset: the relay uses the shared token and hop keys as before, and
+// Unset: the relay uses the deployment's shared token and hop keys, and
 // cannot tell one pod from another (docs/operations.md).
 type Authority struct {
 	// Keys are "CLUSTER/ID:BASE64" specs; prefer $RTCEDGE_AUTHORITY_KEYS.

@@ -45,7 +45,8 @@ const TagLen = 16
 // TicketLen is the length of a ticket on the wire.
 const TicketLen = 1 + 4 + TagLen
 
-// MaxTicketPOPs bounds the POPs a ticket names (a pod's maxPOPs).
+// MaxTicketPOPs bounds the POPs a ticket names, and so the POPs, hence
+// the candidates, of one answer: the transceiver's bound is this one.
 const MaxTicketPOPs = 4
 
 // TicketMaxAge is how long after its create a call's samples are taken:

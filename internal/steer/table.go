@@ -141,15 +141,18 @@ type entry struct {
 // MaxEntries from the start. It is safe for concurrent use: one mutex,
 // held for an Add or the few lookups of a Choose.
 type Table struct {
+	// Static after New.
 	cfg   Config
 	epoch time.Time
 	seed  uint64
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// Guarded by mu.
 	slots []entry
 	used  int
 	hand  int // eviction clock
 
+	// Counters, added to by any caller without mu.
 	choices atomic.Uint64 // measured choices, for ExploreEvery
 	evicted atomic.Uint64
 }

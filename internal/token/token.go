@@ -1,5 +1,5 @@
 // Package token implements the routing token: the server ICE ufrag that a
-// transceiver mints for every session (WIRE.md section 1).
+// transceiver mints for every session (docs/wire.md section 1).
 //
 // The token carries the cluster and pod that own the session, a random
 // nonce and a truncated HMAC-SHA256. A global relay that sees a STUN

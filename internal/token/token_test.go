@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// vectorKey is the WIRE.md test key: bytes 0x00..0x1f.
+// vectorKey is the test vector key of docs/wire.md section 1: bytes 0x00..0x1f.
 func vectorKey() []byte {
 	k := make([]byte, KeyLen)
 	for i := range k {

@@ -1,5 +1,10 @@
 package podnet
 
+// Following a caller to a new address: the Follower presents a deferred
+// check again once the old address falls silent, and stray audio from an
+// unknown address starts the proof (a probe signed with the client's
+// password) that lets the pod present a check for it.
+
 import (
 	"crypto/rand"
 	"encoding/binary"
@@ -34,9 +39,9 @@ import (
 // 50 a second) asks the follower (nudge, on the socket reader that
 // received it), and the first one after the silence is reached presents
 // the check. A timer is only the backstop for a client that sends
-// nothing but checks. Before, the timer alone presented it, and on a
-// loaded machine its goroutine ran up to 1.6 s late while the caller's
-// audio kept arriving (issue 26). A presentation whose verdict does not
+// nothing but checks: on a loaded machine a timer's goroutine can run
+// more than a second late while the caller's audio keeps arriving. A
+// presentation whose verdict does not
 // come (the check lost on its way to Pion, the queue full) is presented
 // again by the next datagram at least presentAgain later. Each stored check
 // is presented at most maxFollowRetries times (a late packet from the old
@@ -44,18 +49,28 @@ import (
 // dropped once followWindow has passed since it came, so a client that
 // keeps two addresses alive costs a few extra STUN answers per check, not
 // a loop.
+//
+// Lock order: mu is held across calls into the socket and the mux (lookup,
+// LastSeen, popMux.conn, popConn.inject), so it comes before Socket.mu,
+// popMux.mu, popConn.mu and the TCP side's lock, each held only for a map
+// access. The readers call nudge (through muxConn.arrived) after every
+// such lock is released; TestFollowerLockOrder checks that no function of
+// the package calls toward the follower with a lock held.
 type Follower struct {
-	mu        sync.Mutex
-	sock      *Socket     // set by Defer, guarded by mu
-	timer     *time.Timer // the backstop, guarded by mu
-	d         Deferred    // what is pending, without its Check; guarded by mu
-	check     []byte      // the stored check (copied; empty when nothing is pending), guarded by mu
+	// Called from the session's ICE hook (Defer, Disarm), its teardown
+	// (Stop), the socket's readers (nudge) and the backstop timer.
+	mu sync.Mutex
+	// Guarded by mu.
+	sock      *Socket     // set by Defer
+	timer     *time.Timer // the backstop
+	d         Deferred    // what is pending, without its Check
+	check     []byte      // the stored check (copied; empty when nothing is pending)
 	txID      [stun.TransactionIDSize]byte
-	conn      *muxConn  // the session conn whose datagrams nudge, guarded by mu
-	stored    time.Time // when the stored check came, guarded by mu
-	presented int       // times the stored check has been presented again, guarded by mu
-	lastAt    time.Time // when it was last presented, guarded by mu
-	closed    bool      // guarded by mu
+	conn      *muxConn  // the session conn whose datagrams nudge
+	stored    time.Time // when the stored check came
+	presented int       // times the stored check has been presented again
+	lastAt    time.Time // when it was last presented
+	closed    bool
 }
 
 // Deferred is a path change for the Follower: the check that asked for
@@ -251,8 +266,9 @@ func (f *Follower) Stop() {
 // a check for the address built with the session's own credentials (the
 // check the client would send), and Pion and the binding-request hook take
 // it from there as for any check: the hook moves the downlink only once the
-// selected address has been silent long enough (or defers, Follower). Nothing moves on unauthenticated traffic, nothing moves while
-// the current address is live.
+// selected address has been silent long enough (or defers, Follower).
+// Nothing moves on unauthenticated traffic, nothing moves while the
+// current address is live.
 
 // strayMediaSilence is how long the selected address must have been silent
 // before audio from another address starts a probe: a live path is never

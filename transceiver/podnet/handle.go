@@ -194,7 +194,7 @@ func (s *Socket) send(hdr *encap.Header, relay netip.AddrPort, b []byte) (int, e
 	hl, err := hdr.Put(buf[:])
 	if err != nil || len(b) > encap.MaxPayload {
 		s.m.drop(dropOversize)
-		return 0, errors.New("podnet: datagram too large")
+		return 0, errTooLarge
 	}
 	copy(buf[hl:], b)
 	s.keys.Load().Seal(buf[:hl+len(b)], hl)
@@ -212,8 +212,8 @@ func (s *Socket) send(hdr *encap.Header, relay netip.AddrPort, b []byte) (int, e
 // sending at that moment, it sends the queue itself, with one sendmmsg, and
 // goes on until the queue is empty. Datagrams queued meanwhile by other
 // sessions go out in that same call or the next. Nobody waits for a writer
-// goroutine to be scheduled, so a lone datagram costs one system call as
-// before, and under load the datagrams of goroutines on other cores share
+// goroutine to be scheduled, so a lone datagram costs one system call, as
+// a direct write would, and under load the datagrams of goroutines on other cores share
 // system calls. A full queue makes the sender write its own datagram.
 type outQueue struct {
 	// Static after newOutQueue.

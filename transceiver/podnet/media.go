@@ -2,7 +2,6 @@ package podnet
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"iter"
 	"math/rand/v2"
@@ -525,10 +524,6 @@ func (mp *Media) appendReport(b []byte, now time.Time, block []byte) []byte {
 	}
 	return b
 }
-
-// errNoSelectedPath is returned for media of a session no pair is selected
-// for yet.
-var errNoSelectedPath = errors.New("podnet: no selected candidate pair")
 
 // write sends an SRTP or SRTCP datagram to the client on the session's
 // selected candidate pair, as Pion's ICE would: through that POP's UDP

@@ -75,7 +75,10 @@ type Config struct {
 const podReadBuffer = 4 << 20
 
 // Socket owns the pod's single UDP socket and splits its traffic into one
-// popConn per POP (WIRE.md "Why the POP ID") and the ICE-TCP side.
+// popConn per POP and the ICE-TCP side. A client given candidates at two
+// POPs reaches the pod from one address through two VIPs; Pion must see
+// two local candidates, so each POP is its own conn, picked by the
+// header's POP ID (docs/wire.md section 2).
 type Socket struct {
 	// Static after NewSocket.
 	conn     *net.UDPConn
@@ -155,7 +158,7 @@ func (s *Socket) popConn(id uint16, vip netip.AddrPort) (*popConn, bool, error) 
 		s.mu.Unlock()
 	}
 	if pc.vip != vip {
-		return nil, false, errors.New("podnet: POP ID already bound to another VIP")
+		return nil, false, errPOPRebound
 	}
 	return pc, false, nil
 }
@@ -298,8 +301,9 @@ func (s *Socket) Read(n int) error {
 // gets n-1 siblings on its address and a classic BPF program that hands
 // each datagram to socket (client port mod n), the port read from the
 // encapsulation header: every datagram wakes one reader, a client's
-// datagrams stay on one reader and in order, and a pod's few cluster relay
-// peers no longer decide the spread. Any other socket (one a test or an
+// datagrams stay on one reader and in order, and the spread does not hang
+// on the few cluster relay addresses a pod hears from (the kernel's own
+// SO_REUSEPORT hash would). Any other socket (one a test or an
 // embedding program passed in, or any socket off Linux) gets duplicates of
 // its descriptor instead, which share its queue but wake every reader for
 // each datagram; datagrams of one client may then be handed on out of
@@ -354,7 +358,7 @@ func dupUDP(c *net.UDPConn) (*net.UDPConn, error) {
 	uc, ok := pc.(*net.UDPConn)
 	if !ok {
 		_ = pc.Close()
-		return nil, errors.New("duplicate is not a UDP conn")
+		return nil, errNotUDPConn
 	}
 	return uc, nil
 }
@@ -370,6 +374,8 @@ func closeConns(cs []*net.UDPConn) {
 // the return route of its client, so only the cluster's own relays may
 // send them. Lookups are lock-free; Set replaces the whole set.
 type RelaySet struct {
+	// Replaced whole by Set (the gossip watcher), read lock-free by the
+	// socket's readers; the map is immutable.
 	addrs  atomic.Pointer[map[netip.AddrPort]struct{}]
 	joined atomic.Bool // has held at least one relay
 }

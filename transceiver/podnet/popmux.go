@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -32,10 +31,6 @@ const sessionQueueLen = 32
 // from (host, server reflexive, a NAT rebinding or two). A new address
 // beyond it replaces the oldest.
 const maxAddrsPerSession = 8
-
-// errUfragInUse is returned by GetConn for a ufrag that already has a conn
-// on the POP: every session mints its own, so this is a second gather.
-var errUfragInUse = errors.New("podnet: ICE ufrag already has a conn on this POP")
 
 // popMux is the ice.UDPMux of one POP. It replaces Pion's UDPMuxDefault,
 // whose single reader goroutine per POP took every datagram from a queue
@@ -250,7 +245,7 @@ func (c *muxConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 func (c *muxConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	ua, ok := addr.(*net.UDPAddr)
 	if !ok {
-		return 0, errors.New("podnet: not a UDP address")
+		return 0, errNotUDPAddr
 	}
 	return c.WriteToAddrPort(b, ua.AddrPort())
 }

@@ -69,13 +69,15 @@ func (s *Socket) Forget(sess Session) { s.restarts.forget(sess) }
 // iceAlias maps one of a session's restarted credentials to the ones its
 // ICE agent was created with. Immutable but for at.
 type iceAlias struct {
+	// Static after the restart made it.
 	session   Session
-	ufrag     string       // the new server ufrag
-	serverPwd string       // the new server password: new checks are signed with it
-	client    Creds        // the new client credentials (the password for probes to a new address)
-	origPwd   string       // the agent's own server password
-	username  string       // the agent's server ufrag ":" the client ufrag it knows, what Pion expects
-	at        atomic.Int64 // unix nanos of the restart, until the first check on it
+	ufrag     string // the new server ufrag
+	serverPwd string // the new server password: new checks are signed with it
+	client    Creds  // the new client credentials (the password for probes to a new address)
+	origPwd   string // the agent's own server password
+	username  string // the agent's server ufrag ":" the client ufrag it knows, what Pion expects
+	// Cleared by the reader that translates the first check on it.
+	at atomic.Int64 // unix nanos of the restart, until the first check on it
 }
 
 // restartTable holds the translations of restarted sessions. Lookups on

@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -14,14 +13,6 @@ import (
 	"github.com/rtcedge/rtcedge/internal/stunmsg"
 )
 
-// errNoRoute is returned by writes toward a client address that has sent
-// nothing through this pod recently: there is no header to answer with.
-var errNoRoute = errors.New("podnet: no relay route to client")
-
-// errProvisional is returned by writes of anything but STUN toward a client
-// address Pion has not authenticated yet.
-var errProvisional = errors.New("podnet: route to client not yet authenticated")
-
 // route is how to reach one client through one POP: the to-client header
 // (built from the last header the client's packets carried) and the cluster
 // relay those packets came from. hdr and relay are replaced whole (a new
@@ -32,12 +23,14 @@ var errProvisional = errors.New("podnet: route to client not yet authenticated")
 // provisional route carries only STUN responses, never DTLS or media, is
 // capped per POP (the oldest is evicted) and expires after provisionalTTL.
 type route struct {
-	hdr       encap.Header
-	relay     netip.AddrPort
+	// Static once in the table: a new header or relay makes a new route (learn).
+	hdr     encap.Header
+	relay   netip.AddrPort
+	created int64  // unix nanoseconds when the client address was first seen
+	reach   *reach // shared by the routes of one address
+	// Written by the readers and Pion's hook, read by anyone.
 	lastSeen  atomic.Int64 // unix nanoseconds of the last packet from the client
-	created   int64        // unix nanoseconds when the client address was first seen
 	confirmed atomic.Bool  // Pion authenticated a check from the address (for some session)
-	reach     *reach       // shared by the routes of one address
 }
 
 const (

@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -76,9 +75,11 @@ type tcpPeerKey struct {
 // session conn its first check named, with the return route its datagrams
 // carry. hdr and relay are replaced with the whole peer, never mutated.
 type tcpPeer struct {
-	conn     *tcpICEConn
-	hdr      encap.Header // to-client, TCP flag set, key ID cleared
-	relay    netip.AddrPort
+	// Static: a new header or relay makes a new peer.
+	conn  *tcpICEConn
+	hdr   encap.Header // to-client, TCP flag set, key ID cleared
+	relay netip.AddrPort
+	// Written by the readers, read by the sweep and LastSeen.
 	lastSeen atomic.Int64 // unix nanoseconds of the last datagram from the client
 }
 
@@ -322,7 +323,7 @@ func (c *tcpICEConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
 func (c *tcpICEConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	ta, ok := addr.(*net.TCPAddr)
 	if !ok {
-		return 0, errors.New("podnet: not a TCP address")
+		return 0, errNotTCPAddr
 	}
 	return c.WriteToAddrPort(b, ta.AddrPort())
 }
@@ -364,7 +365,7 @@ type sessionTCPMux struct {
 func (m *sessionTCPMux) GetAllConns(ufrag string, _ bool, local net.IP) ([]net.PacketConn, error) {
 	ip, ok := netip.AddrFromSlice(local)
 	if !ok {
-		return nil, errors.New("podnet: bad local address")
+		return nil, errBadLocalAddr
 	}
 	var out []net.PacketConn
 	for _, p := range m.pops {
@@ -382,7 +383,7 @@ func (m *sessionTCPMux) GetConnByUfrag(ufrag string, isIPv6 bool, local net.IP) 
 		return nil, err
 	}
 	if len(all) == 0 {
-		return nil, errors.New("podnet: no TCP POP at that address")
+		return nil, errNoTCPPOP
 	}
 	for _, c := range all[1:] {
 		_ = c.Close()
@@ -428,7 +429,7 @@ func (n *vipNet) InterfaceByIndex(index int) (*transport.Interface, error) {
 	if index == n.iface.Index {
 		return n.iface, nil
 	}
-	return nil, errors.New("podnet: no such interface")
+	return nil, errNoInterface
 }
 
 // InterfaceByName returns the virtual interface for its name.
@@ -436,7 +437,7 @@ func (n *vipNet) InterfaceByName(name string) (*transport.Interface, error) {
 	if name == n.iface.Name {
 		return n.iface, nil
 	}
-	return nil, errors.New("podnet: no such interface")
+	return nil, errNoInterface
 }
 
 // podNet is the pod's real network, which vipNet wraps; created once.

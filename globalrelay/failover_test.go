@@ -1,9 +1,16 @@
 package globalrelay
 
+// Tests of the data-plane failover (failover.go, suspects.go,
+// relayprobe.go): silent and unanswering relays left, suspicion only on
+// several sessions' evidence confirmed by the relay's silence and its
+// probe, back-off, healthy flows kept.
+
 import (
 	"bytes"
 	"context"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -816,5 +823,35 @@ func TestProbeRoundTripOnRunningRelays(t *testing.T) {
 				t.Error("the relay that answered is suspect")
 			}
 		})
+	}
+}
+
+// TestBumpToCountsEveryBump: the flow's watch is bumped from the client
+// path and the return path at once; a load-then-store would lose bumps.
+// Two goroutines bump one counter 50,000 times each: all count, and the
+// limit holds.
+func TestBumpToCountsEveryBump(t *testing.T) {
+	const each = 50000
+	var v atomic.Int32
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				bumpTo(&v, 1<<30)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := v.Load(); got != 2*each {
+		t.Errorf("after %d bumps from two goroutines, %d", 2*each, got)
+	}
+	var capped atomic.Int32
+	for range 10 {
+		bumpTo(&capped, maxStrikes)
+	}
+	if got := capped.Load(); got != maxStrikes {
+		t.Errorf("bumped 10 times up to %d: %d", maxStrikes, got)
 	}
 }
