@@ -1,6 +1,6 @@
 package backend_test
 
-// A readability bound the code of backend/ and transceiver/ is held to.
+// A readability bound the whole repo's code is held to.
 
 import (
 	"go/ast"
@@ -16,15 +16,20 @@ import (
 // into named steps.
 const maxFuncLines = 100
 
-// TestNoLongFunctions walks backend/ and transceiver/ and fails on a
-// non-test function longer than maxFuncLines. The other packages are not
-// walked yet: widen the roots once they are all under the bound (bench/
-// and the dev world excepted).
+// exempt are the folders (from the repo's root) whose functions may be
+// longer: load tools and the dev world read best as one scenario each.
+var exempt = map[string]bool{"bench": true, "devworld": true, ".git": true, "testdata": true, "node_modules": true}
+
+// TestNoLongFunctions walks the repo (from its root, one level up) and
+// fails on a non-test function longer than maxFuncLines outside exempt.
 func TestNoLongFunctions(t *testing.T) {
 	fset := token.NewFileSet()
 	seen := 0
-	for _, root := range []string{".", "../transceiver"} {
+	for _, root := range []string{".."} {
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() && exempt[d.Name()] {
+				return filepath.SkipDir
+			}
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 				return err
 			}
@@ -48,7 +53,7 @@ func TestNoLongFunctions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if seen < 500 {
+	if seen < 2000 {
 		t.Errorf("walked %d functions: the walk no longer reaches the packages", seen)
 	}
 }
