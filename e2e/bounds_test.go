@@ -80,7 +80,18 @@ func (f *floodServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // (pods, relays, clients: one process) holds at most 2 MiB per flooded call
 // more than before it, and the quiet call gets ≥ 99 % of its reply's
 // frames.
+//
+// It runs without -race only (make test runs it in its heap pass, make
+// test-heap): under the race detector the world runs 2-20 times slower,
+// so each flood is measured while the pods are still reading it, and a
+// loaded machine then starves the quiet call; the live heap measured there
+// (3-4 MiB per call at load 35-50) is not what a production binary holds.
+// The bounds' own mechanisms are tested under -race in their packages
+// (TestBytesBound, TestItemsBounded, TestBigDeltasReleased, ...).
 func TestPerCallBounds(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a heap bound, measured without -race: make test runs it in its heap pass (make test-heap)")
+	}
 	const flooded = 4  // the world's own heap moves by a MiB or two: four calls average it out
 	big := 1<<20 - 512 // a delta just under the connector's 1 MiB bound
 	bigDelta := []byte(`{"type":"response.output_audio.delta","response_id":"resp_f","item_id":"item_f","delta":"` +
