@@ -460,7 +460,9 @@ func (w *World) start() error {
 			return err
 		}
 	}
-	stall := 10 * time.Second
+	// A member whose join failed retries it after a back-off of up to
+	// 10 s (node.JoinLoop): the stall limit outlasts one such retry.
+	stall := 20 * time.Second
 	if cfg.ProductionGossip {
 		// WAN timings gossip every 500 ms and wait up to 10 s for a meta
 		// broadcast; a loaded machine needs more.
@@ -473,7 +475,7 @@ func (w *World) start() error {
 // of the stall limit: a world whose members join one by one on a machine
 // so loaded (or under -race) that each takes seconds still starts, and one
 // that never completes still fails.
-const convergeCap = 6
+const convergeCap = 4
 
 // randomKey is n random bytes in enc.
 func randomKey(n int, enc *base64.Encoding) string {

@@ -13,7 +13,8 @@ import (
 // set. They suit loopback dev worlds and tests only: on a real network they
 // would flap members on ordinary jitter. In a binary built with -race the
 // failure detector's two (FastProbeInterval, FastProbeTimeout, and so the
-// suspicion timeout) are fastScale times longer.
+// suspicion timeout) and FastTCPTimeout (joins and push-pulls) are
+// fastScale times longer.
 const (
 	FastProbeInterval    = 200 * time.Millisecond
 	FastProbeTimeout     = 100 * time.Millisecond
@@ -43,7 +44,9 @@ const FastDetectionBound = 2 * time.Second * fastScale
 // loaded machine answers a probe late: at 100 ms of probe timeout and
 // 400 ms of suspicion, members that were alive were declared dead (a
 // world's signaling then saw a POP down, flipped its first POP or answered
-// 503). Three times longer, a starved member still refutes its suspicion;
+// 503); joins and push-pulls over TCP timed out at 1 s, so a member's
+// join backed off for seconds and the world's start-up stalled. Three
+// times longer, a starved member still refutes its suspicion and joins;
 // a stopped one is still declared dead, within FastDetectionBound.
 const fastScale = raceScale
 
@@ -136,7 +139,7 @@ func (cfg *Config) memberlistConfig() *memberlist.Config {
 		mc.GossipInterval = FastGossipInterval
 		mc.SuspicionMult = FastSuspicionMult
 		mc.PushPullInterval = FastPushPullInterval
-		mc.TCPTimeout = FastTCPTimeout
+		mc.TCPTimeout = FastTCPTimeout * fastScale
 		mc.IndirectChecks = FastIndirectChecks
 		mc.GossipToTheDeadTime = FastGossipToTheDead
 	}
