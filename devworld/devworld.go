@@ -147,8 +147,11 @@ type Config struct {
 	Logger *slog.Logger // default slog.Default()
 }
 
-// readyLimit bounds the wait for a new global relay replica to be ready.
-const readyLimit = 15 * time.Second
+// readyLimit bounds the wait for a new global relay replica to be ready:
+// it must join gossip and learn a live cluster relay of each cluster, and
+// a join that failed on a loaded machine is retried after a back-off of up
+// to 10 s (node.JoinLoop), so the limit outlasts two such retries.
+const readyLimit = 30 * time.Second
 
 // Pod is one transceiver pod.
 type Pod struct {
