@@ -147,8 +147,11 @@ type Config struct {
 	Logger *slog.Logger // default slog.Default()
 }
 
-// readyLimit bounds the wait for a new global relay replica to be ready.
-const readyLimit = 15 * time.Second
+// readyLimit bounds the wait for a new global relay replica to be ready:
+// it must join gossip and learn a live cluster relay of each cluster, and
+// a join that failed on a loaded machine is retried after a back-off of up
+// to 10 s (node.JoinLoop), so the limit outlasts two such retries.
+const readyLimit = 30 * time.Second
 
 // Pod is one transceiver pod.
 type Pod struct {
@@ -405,13 +408,15 @@ func (w *World) start() error {
 			return err
 		}
 	}
-	limit := 10 * time.Second
+	// A member whose join failed retries it after a back-off of up to
+	// 10 s (node.JoinLoop): the stall limit outlasts one such retry.
+	stall := 20 * time.Second
 	if cfg.ProductionGossip {
 		// WAN timings gossip every 500 ms and wait up to 10 s for a meta
 		// broadcast; a loaded machine needs more.
-		limit = 30 * time.Second
+		stall = 30 * time.Second
 	}
-	return w.awaitConverged(limit)
+	return w.awaitConverged(stall, convergeCap*stall)
 }
 
 // mintKeys derives the world's authority keys from one random root, as
@@ -490,6 +495,12 @@ func (w *World) startRegions() (*geo.Catalogue, error) {
 	}
 	return cat, nil
 }
+
+// convergeCap bounds a convergence that keeps progressing, as a multiple
+// of the stall limit: a world whose members join one by one on a machine
+// so loaded (or under -race) that each takes seconds still starts, and one
+// that never completes still fails.
+const convergeCap = 4
 
 // randomKey is n random bytes in enc.
 func randomKey(n int, enc *base64.Encoding) string {
@@ -735,53 +746,80 @@ func (w *World) startSignaling() error {
 // its pods, every global relay and signaling about all cluster relays, and
 // signaling about every POP's global relay, so the first call after Start
 // finds the world as configured.
-func (w *World) awaitConverged(limit time.Duration) error {
-	deadline := time.Now().Add(limit)
+func (w *World) awaitConverged(stall, limit time.Duration) error {
+	return awaitProgress(w.convergence, stall, limit, time.Now, time.Sleep)
+}
+
+// awaitProgress polls check until it reports nothing missing. It fails
+// once stall passes with nothing more known than before (a member that
+// never joins, or gossip that lost one: a member lost and found again is
+// no progress), or after limit in all. A loaded machine (or -race) slows
+// each member's joining, so the wait is keyed to that progress rather
+// than to one fixed time; now and sleep are the clock.
+func awaitProgress(check func() (missing []string, known int), stall, limit time.Duration,
+	now func() time.Time, sleep func(time.Duration)) error {
+	start := now()
+	progressed, best := start, -1
 	for {
-		var missing []string
-		relays := 0
-		for _, rg := range w.Regions {
-			for i, cr := range rg.ClusterRelays {
-				if _, _, ready := cr.Directory.Aggregate(); ready != len(rg.Pods) {
-					missing = append(missing, fmt.Sprintf("%s cluster relay %d knows %d of %d ready pods", rg.Spec.Name, i+1, ready, len(rg.Pods)))
-				}
-			}
-			relays += len(rg.ClusterRelays)
-		}
-		for _, pool := range w.globalPools() {
-			n := 0
-			pops := map[uint16]bool{}
-			for _, m := range pool.Members() {
-				if m.State != membership.StateAlive || m.Meta.Draining {
-					continue
-				}
-				switch m.Meta.Role {
-				case membership.RoleClusterRelay:
-					if m.Meta.Capacity > 0 {
-						n++
-					}
-				case membership.RoleGlobalRelay:
-					pops[m.Meta.POP] = true
-				}
-			}
-			if n != relays {
-				missing = append(missing, fmt.Sprintf("%s sees %d of %d usable cluster relays", pool.Name(), n, relays))
-			}
-			// Signaling offers only the POPs it sees up (and a backup
-			// besides): a call placed before it sees them all would get
-			// another first POP than the catalogue says.
-			if pool == w.SignalingPool && len(pops) != len(w.Regions) {
-				missing = append(missing, fmt.Sprintf("%s sees %d of %d POPs up", pool.Name(), len(pops), len(w.Regions)))
-			}
-		}
+		missing, known := check()
 		if len(missing) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("devworld: gossip did not converge in %v: %s", limit, strings.Join(missing, "; "))
+		t := now()
+		if known > best {
+			progressed, best = t, known
 		}
-		time.Sleep(20 * time.Millisecond)
+		if t.Sub(progressed) > stall || t.Sub(start) > limit {
+			return fmt.Errorf("devworld: gossip did not converge (%v without progress, %v in all): %s",
+				t.Sub(progressed).Round(time.Millisecond), t.Sub(start).Round(time.Millisecond), strings.Join(missing, "; "))
+		}
+		sleep(20 * time.Millisecond)
 	}
+}
+
+// convergence lists what gossip has not yet told the world's members
+// (awaitConverged), and counts what it has: the ready pods, usable cluster
+// relays and POPs each member knows of.
+func (w *World) convergence() (missing []string, known int) {
+	relays := 0
+	for _, rg := range w.Regions {
+		for i, cr := range rg.ClusterRelays {
+			_, _, ready := cr.Directory.Aggregate()
+			known += ready
+			if ready != len(rg.Pods) {
+				missing = append(missing, fmt.Sprintf("%s cluster relay %d knows %d of %d ready pods", rg.Spec.Name, i+1, ready, len(rg.Pods)))
+			}
+		}
+		relays += len(rg.ClusterRelays)
+	}
+	for _, pool := range w.globalPools() {
+		n := 0
+		pops := map[uint16]bool{}
+		for _, m := range pool.Members() {
+			if m.State != membership.StateAlive || m.Meta.Draining {
+				continue
+			}
+			switch m.Meta.Role {
+			case membership.RoleClusterRelay:
+				if m.Meta.Capacity > 0 {
+					n++
+				}
+			case membership.RoleGlobalRelay:
+				pops[m.Meta.POP] = true
+			}
+		}
+		known += n + len(pops)
+		if n != relays {
+			missing = append(missing, fmt.Sprintf("%s sees %d of %d usable cluster relays", pool.Name(), n, relays))
+		}
+		// Signaling offers only the POPs it sees up (and a backup
+		// besides): a call placed before it sees them all would get
+		// another first POP than the catalogue says.
+		if pool == w.SignalingPool && len(pops) != len(w.Regions) {
+			missing = append(missing, fmt.Sprintf("%s sees %d of %d POPs up", pool.Name(), len(pops), len(w.Regions)))
+		}
+	}
+	return missing, known
 }
 
 func (w *World) globalPools() []*membership.Pool {

@@ -11,7 +11,10 @@ import (
 
 // Fast timings, applied on top of the LAN or WAN base when Config.Fast is
 // set. They suit loopback dev worlds and tests only: on a real network they
-// would flap members on ordinary jitter.
+// would flap members on ordinary jitter. In a binary built with -race the
+// failure detector's two (FastProbeInterval, FastProbeTimeout, and so the
+// suspicion timeout) and FastTCPTimeout (joins and push-pulls) are
+// fastScale times longer.
 const (
 	FastProbeInterval    = 200 * time.Millisecond
 	FastProbeTimeout     = 100 * time.Millisecond
@@ -34,7 +37,18 @@ const (
 // FastProbeInterval = 400 ms; with SuspicionMult 2 no confirmations are
 // awaited, so the minimum applies), and gossiping the dead message (a few
 // FastGossipInterval), plus margin for a loaded test machine.
-const FastDetectionBound = 2 * time.Second
+const FastDetectionBound = 2 * time.Second * fastScale
+
+// fastScale stretches the Fast failure detector under -race. The race
+// detector runs code 2-20 times slower, and a test process under it on a
+// loaded machine answers a probe late: at 100 ms of probe timeout and
+// 400 ms of suspicion, members that were alive were declared dead (a
+// world's signaling then saw a POP down, flipped its first POP or answered
+// 503); joins and push-pulls over TCP timed out at 1 s, so a member's
+// join backed off for seconds and the world's start-up stalled. Three
+// times longer, a starved member still refutes its suspicion and joins;
+// a stopped one is still declared dead, within FastDetectionBound.
+const fastScale = raceScale
 
 // Config configures a Pool. Name and Bind are required; everything else has
 // a usable zero value for tests with AllowInsecure.
@@ -120,12 +134,12 @@ func (cfg *Config) memberlistConfig() *memberlist.Config {
 		mc.Keyring, _ = memberlist.NewKeyring(cloneKeys(cfg.Keys), append([]byte(nil), cfg.SecretKey...))
 	}
 	if cfg.Fast {
-		mc.ProbeInterval = FastProbeInterval
-		mc.ProbeTimeout = FastProbeTimeout
+		mc.ProbeInterval = FastProbeInterval * fastScale
+		mc.ProbeTimeout = FastProbeTimeout * fastScale
 		mc.GossipInterval = FastGossipInterval
 		mc.SuspicionMult = FastSuspicionMult
 		mc.PushPullInterval = FastPushPullInterval
-		mc.TCPTimeout = FastTCPTimeout
+		mc.TCPTimeout = FastTCPTimeout * fastScale
 		mc.IndirectChecks = FastIndirectChecks
 		mc.GossipToTheDeadTime = FastGossipToTheDead
 	}
