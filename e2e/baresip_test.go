@@ -76,9 +76,11 @@ snd_path %s
 	cmd := exec.CommandContext(ctx, bin, "-f", dir, "-e", "/dial "+w.SIPURI, "-t", fmt.Sprint(callSecs))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	began := time.Now()
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("baresip: %v\n%s", err, out.String())
 	}
+	ran := time.Since(began)
 	dumps, _ := filepath.Glob(filepath.Join(dir, "dump-*-dec.wav"))
 	if len(dumps) != 1 {
 		t.Fatalf("baresip recorded %d calls, want 1\n%s", len(dumps), out.String())
@@ -92,10 +94,13 @@ snd_path %s
 		t.Fatalf("recording: %v (rate %d)", err, rate)
 	}
 	t.Logf("sent %.2f s of speech, heard %.2f s in %d s of call", float64(len(speech))/8000, float64(len(heard))/8000, callSecs)
-	// The recording is the call: the speech and its silence, less the
-	// echo's round trip and the call's setup.
-	if len(heard) < len(speech) || len(heard) > len(speech)+tail {
-		t.Errorf("heard %d samples, want the speech's %d and at most the %d of silence after it", len(heard), len(speech), tail)
+	// The recording is the call: at least the speech, and no more audio
+	// than the call lasted. (Not the WAV's length: baresip's aufile paces
+	// itself on a timer, so on a loaded machine the WAV ends, and baresip
+	// hangs up, later than its length after the call began, and baresip
+	// records the pod's stream until then: 7.88 s of a 7.16 s WAV in CI.)
+	if max := int(ran.Seconds() * 8000); len(heard) < len(speech) || len(heard) > max {
+		t.Errorf("heard %d samples, want the speech's %d and at most the %d of the %v baresip ran", len(heard), len(speech), max, ran.Round(time.Millisecond))
 	}
 	frame := 160
 	sent := audiotest.VoicedFrames(speech, frame, 500)
