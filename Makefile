@@ -25,9 +25,6 @@ NORACE_FILES = $(shell grep -rl --include='*_test.go' '^//go:build !race' --excl
 NORACE_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n); print n }' $(NORACE_FILES) | sort -u | paste -sd'|')
 NORACE_PKGS  = $(sort $(dir $(NORACE_FILES)))
 
-<<<<<<< HEAD
-.PHONY: run run-realtime build build-deps test test-deps test-allocs bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check test-k8s test-k8s-run
-=======
 # The heap-bound tests: every test that measures with internal/heaptest.
 # -race slows a world 2-20 times and distorts what it holds mid-flood (the
 # whole-world one, e2e TestPerCallBounds, skips under it), so `make test`
@@ -36,8 +33,7 @@ HEAP_FILES = $(shell grep -rl --include='*_test.go' 'heaptest\.Live' --exclude-d
 HEAP_TESTS = $(shell awk '/^func Test/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /heaptest\.Live/ { print n }' $(HEAP_FILES) | sort -u | paste -sd'|')
 HEAP_PKGS  = $(sort $(dir $(HEAP_FILES)))
 
-.PHONY: run run-realtime build build-deps test test-deps test-allocs test-heap bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check
->>>>>>> verify
+.PHONY: run run-realtime build build-deps test test-deps test-allocs test-heap bench lint clean sim bench-capacity bench-relay image soak bpf bpf-check test-k8s test-k8s-run
 
 run: build
 	./$(BIN) dev
