@@ -1,0 +1,195 @@
+package clusterrelay
+
+// The relay's attack suites and a hop key rotation over a veth pair
+// between two network namespaces, with fast_path off and auto: the same
+// tests, the same verdicts and the same drops under the same reasons,
+// with the flows' datagrams forwarded by the kernel.
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
+	"github.com/rtcedge/rtcedge/internal/fastpath/fptest"
+	"github.com/rtcedge/rtcedge/internal/udpio"
+)
+
+// fastModes are the modes each test here runs in: off, and auto, the
+// default, which attaches over veth (vethNet fails a test where it did
+// not, so a silent fallback cannot pass for the fast path).
+var fastModes = []fastpath.Mode{fastpath.ModeOff, fastpath.ModeAuto}
+
+// vethNet is a testNet over a veth pair: the relay's socket in one
+// namespace (where its program attaches), every peer in the other. With
+// the fast path on, the test fails unless the program saw its datagrams
+// and, if forwards, forwarded some of them.
+func vethNet(t *testing.T, mode fastpath.Mode, forwards bool) testNet {
+	t.Helper()
+	p := fptest.NewPair(t)
+	return testNet{
+		peer:  func(testing.TB) *net.UDPConn { return p.A.ListenUDP(netip.AddrPortFrom(p.AddrA, 0)) },
+		relay: func(testing.TB) *net.UDPConn { return p.B.ListenUDP(netip.AddrPortFrom(p.AddrB, 0)) },
+		in:    p.B.In, addr: p.AddrB, fast: mode,
+		done: func(t *testing.T, r *Relay) {
+			if mode == fastpath.ModeOff {
+				if r.kernel != nil {
+					t.Error("fast_path off, yet the program is attached")
+				}
+				return
+			}
+			s := kernelStats(t, r)
+			var seen uint64
+			for _, c := range s {
+				seen += c.Packets
+			}
+			if fw := s[fastpath.ForwardPod].Packets + s[fastpath.ForwardClient].Packets; seen == 0 || forwards && fw == 0 {
+				t.Errorf("the kernel saw %d datagrams and forwarded %d: the test never reached the fast path", seen, fw)
+			}
+		},
+	}
+}
+
+func kernelStats(t *testing.T, r *Relay) [fastpath.NumReasons]fastpath.Count {
+	t.Helper()
+	if r.kernel == nil {
+		t.Fatal("fast_path auto did not attach over veth")
+	}
+	s, err := r.kernel.fp.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestAttackSuitesWithFastPath runs the relay's own attack tests —
+// garbage, forged, replayed, truncated and extended datagrams, wrong
+// clusters, unknown pods, spoofed senders and ingresses
+// (TestForwardAndDrop), forged, replayed and misdirected probes
+// (TestProbeAnsweredOnlyWhenAuthentic) — over veth with fast_path off and
+// auto: each refused datagram is counted once under the reason it has
+// without the fast path and reaches nobody, while the good datagrams
+// beside them cross the kernel.
+func TestAttackSuitesWithFastPath(t *testing.T) {
+	for _, mode := range fastModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Run("forward and drop", func(t *testing.T) {
+				loop := false
+				testForwardAndDrop(t, vethNet(t, mode, true), udpio.Tuning{Batch: 32, EventLoop: &loop})
+			})
+			t.Run("probes", func(t *testing.T) { testProbeAnsweredOnlyWhenAuthentic(t, vethNet(t, mode, false)) })
+		})
+	}
+}
+
+// TestKeyRotationWithFastPath: a hop key rotation on a running relay
+// whose program forwards a flow both ways, over veth, fast_path off and
+// auto. The new key is added and made current (datagrams under either key
+// pass), then the old one is retired: from then on a datagram sealed with
+// it, toward the pod or toward the client, reaches no one and is counted as
+// encap_unknown_key, exactly as in user space — the kernel holds no key
+// user space would not accept — while the flow goes on in the kernel
+// under the new key.
+func TestKeyRotationWithFastPath(t *testing.T) {
+	for _, mode := range fastModes {
+		t.Run(string(mode), func(t *testing.T) { testKeyRotation(t, mode) })
+	}
+}
+
+func testKeyRotation(t *testing.T, mode fastpath.Mode) {
+	n := vethNet(t, mode, true)
+	pod, ingress := n.peer(t), n.peer(t)
+	reg := prometheus.NewRegistry()
+	r := n.start(t, Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod)}), Hop: testHop,
+		Logger: quiet, Registerer: reg})
+	ring := func(current uint8, ids ...uint8) *encap.Keyring {
+		keys := map[uint8][]byte{}
+		for _, id := range ids {
+			keys[id] = bytes.Repeat([]byte{map[uint8]byte{2: 5, 3: 0x33}[id]}, encap.KeyLen) // ID 2: testHop's key
+		}
+		k, err := encap.NewKeyring(current, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	old, both, rotated := testHop, ring(3, 2, 3), ring(3, 3)
+	h := encap.Header{Cluster: 5, Pod: 1, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:40000"), Ingress: addrOf(ingress)}
+	down := h
+	down.ToClient = true
+	// talk sends rounds both ways sealed with key and awaits each at the
+	// other end unchanged; with the fast path on, the kernel must forward
+	// most of them.
+	talk := func(what string, key *encap.Keyring) {
+		t.Helper()
+		var pod0, client0 uint64
+		if mode != fastpath.ModeOff {
+			s := kernelStats(t, r)
+			pod0, client0 = s[fastpath.ForwardPod].Packets, s[fastpath.ForwardClient].Packets
+		}
+		for i := range 10 {
+			for _, leg := range []struct {
+				h        encap.Header
+				from, to *net.UDPConn
+			}{{h, ingress, pod}, {down, pod, ingress}} {
+				pkt := seal(t, key, leg.h, fmt.Sprintf("%s %d", what, i))
+				if _, err := leg.from.WriteToUDPAddrPort(pkt, r.Addr()); err != nil {
+					t.Fatal(err)
+				}
+				if got := read(t, leg.to); !bytes.Equal(got, pkt) {
+					t.Fatalf("%s: got % x, want % x", what, got, pkt)
+				}
+			}
+		}
+		if mode != fastpath.ModeOff {
+			s := kernelStats(t, r)
+			if p, c := s[fastpath.ForwardPod].Packets-pod0, s[fastpath.ForwardClient].Packets-client0; p < 5 || c < 5 {
+				t.Fatalf("%s: the kernel forwarded %d toward the pod and %d toward the client of 10 each", what, p, c)
+			}
+		}
+	}
+	talk("before the rotation", old)
+	r.SetHopKeys(both)
+	talk("new key current", both)
+	talk("old key still held", old)
+	r.SetHopKeys(rotated)
+	talk("old key retired", rotated)
+
+	const forged = 5
+	var key0 uint64
+	if mode != fastpath.ModeOff {
+		key0 = kernelStats(t, r)[reasonIndex(t, "key")].Packets
+	}
+	before := drops(t, reg, "encap_unknown_key")
+	for i := range forged {
+		_, _ = ingress.WriteToUDPAddrPort(seal(t, old, h, fmt.Sprint("retired up ", i)), r.Addr())
+		_, _ = pod.WriteToUDPAddrPort(seal(t, old, down, fmt.Sprint("retired down ", i)), r.Addr())
+	}
+	awaitDrops(t, reg, "encap_unknown_key", before+2*forged)
+	talk("after the retired key's datagrams", rotated) // the first thing through each way
+	if v := drops(t, reg, "encap_unknown_key") - before; v != 2*forged {
+		t.Errorf("encap_unknown_key drops = %v, want %d", v, 2*forged)
+	}
+	if mode != fastpath.ModeOff {
+		if v := kernelStats(t, r)[reasonIndex(t, "key")].Packets - key0; v != 2*forged {
+			t.Errorf("the kernel passed up %d datagrams under the retired key as key, want %d", v, 2*forged)
+		}
+	}
+}
+
+// reasonIndex is the Reason labelled l.
+func reasonIndex(t *testing.T, l string) fastpath.Reason {
+	t.Helper()
+	for i, s := range fastpath.Reasons {
+		if s == l {
+			return fastpath.Reason(i)
+		}
+	}
+	t.Fatalf("no fast path reason %q", l)
+	return 0
+}
