@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -192,4 +194,56 @@ func reasonIndex(t *testing.T, l string) fastpath.Reason {
 	}
 	t.Fatalf("no fast path reason %q", l)
 	return 0
+}
+
+// TestKernelKeysFollowRotationDuringDirectoryChanges: a rotation while the
+// pod directory changes (the gossip watcher and the key reload are two
+// goroutines) must leave the kernel holding exactly the keys user space
+// holds. Each push of the directory also pushes the keys; one that read
+// the keyring before a rotation and wrote it after would put the retired
+// key back, and the kernel would accept it until the next change.
+func TestKernelKeysFollowRotationDuringDirectoryChanges(t *testing.T) {
+	n := vethNet(t, fastpath.ModeTC, false)
+	n.done = nil // no datagrams: the maps are what is checked
+	pods := NewPods(nil)
+	r := n.start(t, Config{Cluster: 5, Pods: pods, Hop: testHop, Logger: quiet, Registerer: prometheus.NewRegistry()})
+	rings := [2]*encap.Keyring{}
+	for i, id := range []uint8{2, 3} {
+		k, err := encap.NewKeyring(id, map[uint8][]byte{id: bytes.Repeat([]byte{id}, encap.KeyLen)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rings[i] = k
+	}
+	const rounds = 200
+	for i := range rounds {
+		next := rings[(i+1)%2]
+		// The directory changes all through the rotation.
+		stop, busy := make(chan struct{}), make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for j := 0; ; j++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				pods.Set(map[uint16]netip.AddrPort{uint16(j%7 + 1): netip.MustParseAddrPort("10.77.0.1:5000")})
+				if j == 3 {
+					close(busy)
+				}
+			}
+		})
+		<-busy
+		r.SetHopKeys(next)
+		close(stop)
+		wg.Wait()
+		ids, err := r.kernel.fp.KeyIDs(5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ids, next.KeyIDs()) {
+			t.Fatalf("round %d: the kernel accepts key IDs %v, user space %v", i, ids, next.KeyIDs())
+		}
+	}
 }
