@@ -187,13 +187,11 @@ func testKeyRotation(t *testing.T, mode fastpath.Mode) {
 // reasonIndex is the Reason labelled l.
 func reasonIndex(t *testing.T, l string) fastpath.Reason {
 	t.Helper()
-	for i, s := range fastpath.Reasons {
-		if s == l {
-			return fastpath.Reason(i)
-		}
+	r, ok := fastpath.ReasonNamed(l)
+	if !ok {
+		t.Fatalf("no fast path reason %q", l)
 	}
-	t.Fatalf("no fast path reason %q", l)
-	return 0
+	return r
 }
 
 // TestKernelKeysFollowRotationDuringDirectoryChanges: a rotation while the
