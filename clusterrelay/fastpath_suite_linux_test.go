@@ -99,28 +99,44 @@ func TestAttackSuitesWithFastPath(t *testing.T) {
 // under the new key.
 func TestKeyRotationWithFastPath(t *testing.T) {
 	for _, mode := range fastModes {
-		t.Run(string(mode), func(t *testing.T) { testKeyRotation(t, mode) })
+		for _, derived := range []bool{false, true} {
+			t.Run(string(mode)+map[bool]string{false: "/static", true: "/derived"}[derived], func(t *testing.T) {
+				testKeyRotation(t, mode, derived)
+			})
+		}
 	}
 }
 
-func testKeyRotation(t *testing.T, mode fastpath.Mode) {
+// hopRing is cluster 5's keyring of key IDs ids, signing with current:
+// static keys, or per-pod keys derived from masters (the authority's).
+func hopRing(t *testing.T, derived bool, current uint8, ids ...uint8) *encap.Keyring {
+	t.Helper()
+	keys := map[uint8][]byte{}
+	for _, id := range ids {
+		keys[id] = bytes.Repeat([]byte{0x11 * id}, encap.KeyLen)
+	}
+	var k *encap.Keyring
+	var err error
+	if derived {
+		k, err = (*encap.Keyring)(nil).WithMasters(5, current, keys, keys)
+	} else {
+		k, err = encap.NewKeyring(current, keys)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// testKeyRotation runs TestKeyRotationWithFastPath with static or derived
+// keys.
+func testKeyRotation(t *testing.T, mode fastpath.Mode, derived bool) {
 	n := vethNet(t, mode, true)
 	pod, ingress := n.peer(t), n.peer(t)
 	reg := prometheus.NewRegistry()
-	r := n.start(t, Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod)}), Hop: testHop,
+	old, both, rotated := hopRing(t, derived, 2, 2), hopRing(t, derived, 3, 2, 3), hopRing(t, derived, 3, 3)
+	r := n.start(t, Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod)}), Hop: old,
 		Logger: quiet, Registerer: reg})
-	ring := func(current uint8, ids ...uint8) *encap.Keyring {
-		keys := map[uint8][]byte{}
-		for _, id := range ids {
-			keys[id] = bytes.Repeat([]byte{map[uint8]byte{2: 5, 3: 0x33}[id]}, encap.KeyLen) // ID 2: testHop's key
-		}
-		k, err := encap.NewKeyring(current, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	old, both, rotated := testHop, ring(3, 2, 3), ring(3, 3)
 	h := encap.Header{Cluster: 5, Pod: 1, POP: 1, Client: netip.MustParseAddrPort("198.51.100.7:40000"), Ingress: addrOf(ingress)}
 	down := h
 	down.ToClient = true

@@ -162,22 +162,41 @@ func testSpoofedCheckOnLiveFlow(t *testing.T, mode fastpath.Mode) {
 // goes on in the kernel under the new key.
 func TestKeyRotationWithFastPath(t *testing.T) {
 	for _, mode := range fastModes {
-		t.Run(string(mode), func(t *testing.T) { testKeyRotation(t, mode) })
+		for _, derived := range []bool{false, true} {
+			t.Run(string(mode)+map[bool]string{false: "/static", true: "/derived"}[derived], func(t *testing.T) {
+				testKeyRotation(t, mode, derived)
+			})
+		}
 	}
 }
 
-func testKeyRotation(t *testing.T, mode fastpath.Mode) {
-	n, _ := vethNet(t, mode)
-	r := newRigOn(t, n, Config{})
-	k1, k2 := bytes.Repeat([]byte{0x12}, encap.KeyLen), bytes.Repeat([]byte{0x21}, encap.KeyLen)
-	ring := func(current uint8, keys map[uint8][]byte) *encap.Keyring {
-		k, err := encap.NewKeyring(current, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
+// hopRing is cluster 0x12's keyring of key IDs ids, signing with current:
+// static keys, or per-pod keys derived from masters (the authority's).
+func hopRing(t *testing.T, derived bool, current uint8, ids ...uint8) *encap.Keyring {
+	t.Helper()
+	keys := map[uint8][]byte{}
+	for _, id := range ids {
+		keys[id] = bytes.Repeat([]byte{0x11 * id}, encap.KeyLen)
 	}
-	old, both, rotated := testHop.For(0x12), ring(2, map[uint8][]byte{1: k1, 2: k2}), ring(2, map[uint8][]byte{2: k2})
+	var k *encap.Keyring
+	var err error
+	if derived {
+		k, err = (*encap.Keyring)(nil).WithMasters(0x12, current, keys, keys)
+	} else {
+		k, err = encap.NewKeyring(current, keys)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// testKeyRotation runs TestKeyRotationWithFastPath with static or derived
+// keys.
+func testKeyRotation(t *testing.T, mode fastpath.Mode, derived bool) {
+	n, _ := vethNet(t, mode)
+	old, both, rotated := hopRing(t, derived, 1, 1), hopRing(t, derived, 2, 1, 2), hopRing(t, derived, 2, 2)
+	r := newRigOn(t, n, Config{Hop: encap.NewClusterKeys(map[uint16]*encap.Keyring{0x12: old})})
 	check := r.validCheck(t, 3)
 	if _, err := r.client.WriteToUDPAddrPort(check, r.pub); err != nil {
 		t.Fatal(err)
