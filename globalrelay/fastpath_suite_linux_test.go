@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -373,5 +374,83 @@ func testTakeover(t *testing.T, mode fastpath.Mode) {
 	waitCounter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropFlowMismatch], stale)
 	if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", dropLabels[dropFlowMismatch]); v != stale {
 		t.Errorf("flow_mismatch drops = %v, want %d", v, stale)
+	}
+}
+
+// TestRotationDuringInstall: a hop key rotation that comes while a worker
+// installs a flow in the kernel — after it read the keys, before the
+// install — must not leave the flow sealed with the old key: the
+// rotation took every flow out of the kernel before this one went in, and
+// the cluster relays may have retired the old key with it. The flow's
+// datagrams after the rotation must carry the new key, as user space
+// would seal them.
+func TestRotationDuringInstall(t *testing.T) {
+	n, _ := vethNet(t, fastpath.ModeAuto)
+	old, rotated := hopRing(t, false, 1, 1), hopRing(t, false, 2, 2)
+	r := newRigOn(t, n, Config{Hop: encap.NewClusterKeys(map[uint16]*encap.Keyring{0x12: old})})
+	check := r.validCheck(t, 3)
+	if _, err := r.client.WriteToUDPAddrPort(check, r.pub); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, r.cluster, old, check)
+	// The next install of the flow (its refresh, within kernelRefresh of
+	// media) meets a rotation between reading the keys and installing.
+	var once sync.Once
+	rotatedNow := make(chan struct{})
+	hook := func() {
+		once.Do(func() {
+			r.relay.SetHopKeys(encap.NewClusterKeys(map[uint16]*encap.Keyring{0x12: rotated}))
+			close(rotatedNow)
+		})
+	}
+	testHookBeforeInstall.Store(&hook)
+	defer testHookBeforeInstall.Store(nil)
+	buf := make([]byte, 2048)
+	deadline := time.Now().Add(10 * time.Second)
+	for seq := 0; ; seq++ {
+		select {
+		case <-rotatedNow:
+		default:
+			if time.Now().After(deadline) {
+				t.Fatal("the flow was not installed again within 10 s")
+			}
+			if _, err := r.client.WriteToUDPAddrPort(rtpSeq(seq), r.pub); err != nil {
+				t.Fatal(err)
+			}
+			read(t, r.cluster)
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	// Every datagram sent from now on is sealed with the new key, whether
+	// user space or the kernel forwards it; and the kernel forwards the
+	// flow again.
+	up0, _ := kernelForwards(t, r.relay)
+	defer func() {
+		if up, _ := kernelForwards(t, r.relay); up-up0 < 10 {
+			t.Errorf("the kernel forwarded %d of the 20 datagrams after the rotation", up-up0)
+		}
+	}()
+	for i := range 20 {
+		media := rtpSeq(10000 + i)
+		if _, err := r.client.WriteToUDPAddrPort(media, r.pub); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			_ = r.cluster.SetReadDeadline(time.Now().Add(5 * time.Second))
+			m, _, err := r.cluster.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				t.Fatalf("datagram %d after the rotation did not arrive: %v", i, err)
+			}
+			h, hl, err := encap.Decode(buf[:m])
+			if err != nil || !bytes.Equal(buf[hl:m], media) {
+				continue // sent before the rotation
+			}
+			if h.KeyID != rotated.CurrentKeyID() {
+				t.Fatalf("datagram %d after the rotation sealed with key %d, want %d", i, h.KeyID, rotated.CurrentKeyID())
+			}
+			break
+		}
 	}
 }
