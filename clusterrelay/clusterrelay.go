@@ -155,7 +155,7 @@ func New(cfg Config, conn *net.UDPConn) (*Relay, error) {
 func (r *Relay) SetHopKeys(k *encap.Keyring) {
 	if k != nil {
 		r.keys.Store(k)
-		r.setKernelKeys(k)
+		r.setKernelKeys()
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/membership"
 	"github.com/rtcedge/rtcedge/internal/udpio"
 )
@@ -99,23 +100,56 @@ func TestForwardAndDrop(t *testing.T) {
 		loop  bool
 	}{{"batch-0", 0, nil, false}, {"batch-32", 32, nil, false}, {"batch-32-pinned", 32, []int{0}, false},
 		{"event-loop", 32, nil, true}, {"event-loop-pinned", 32, []int{0}, true}} {
-		t.Run(tc.name, func(t *testing.T) { testForwardAndDrop(t, tc.batch, tc.cpus, tc.loop) })
+		t.Run(tc.name, func(t *testing.T) {
+			testForwardAndDrop(t, loopback, udpio.Tuning{Batch: tc.batch, CPUs: tc.cpus, EventLoop: &tc.loop})
+		})
 	}
 }
 
-func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
-	pod1, pod2, ingress, stranger := listen(t), listen(t), listen(t), listen(t)
-	reg := prometheus.NewRegistry()
-	conn := listen(t)
-	r, err := New(Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
-		Hop: testHop, Tuning: udpio.Tuning{Batch: batch, CPUs: cpus, EventLoop: &loop}, Logger: quiet, Registerer: reg}, conn)
-	if err != nil {
+// testNet is where a test's sockets live: loopback, or two network
+// namespaces joined by a veth pair with the relay's fast path attached
+// (vethNet, fastpath_suite_linux_test.go), so that the same tests show the
+// same behaviour with the datagrams forwarded by the kernel.
+type testNet struct {
+	peer  func(testing.TB) *net.UDPConn // a pod's, an ingress's or an attacker's socket
+	relay func(testing.TB) *net.UDPConn // the relay's socket
+	in    func(func() error) error      // runs New where the relay's socket is
+	addr  netip.Addr                    // the relay's socket's address
+	fast  fastpath.Mode
+	// done, if set, checks the relay once the test is over, before it
+	// stops (that the kernel took part).
+	done func(*testing.T, *Relay)
+}
+
+// loopback is the testNet of the package's tests: every socket on
+// 127.0.0.1, where the fast path never attaches.
+var loopback = testNet{peer: listen, relay: listen, in: func(f func() error) error { return f() },
+	addr: netip.MustParseAddr("127.0.0.1"), fast: fastpath.ModeOff}
+
+// start builds a relay on n from cfg and runs it until the test ends.
+func (n testNet) start(t *testing.T, cfg Config) *Relay {
+	t.Helper()
+	conn := n.relay(t)
+	cfg.FastPath = n.fast
+	var r *Relay
+	if err := n.in(func() (err error) { r, err = New(cfg, conn); return err }); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+	if n.done != nil {
+		t.Cleanup(func() { n.done(t, r) }) // before the relay stops
+	}
+	return r
+}
+
+func testForwardAndDrop(t *testing.T, n testNet, tuning udpio.Tuning) {
+	pod1, pod2, ingress, stranger := n.peer(t), n.peer(t), n.peer(t), n.peer(t)
+	reg := prometheus.NewRegistry()
+	r := n.start(t, Config{Cluster: 5, Pods: NewPods(map[uint16]netip.AddrPort{1: addrOf(pod1), 2: addrOf(pod2)}),
+		Hop: testHop, Tuning: tuning, Logger: quiet, Registerer: reg})
 	relay := r.Addr()
 	client := netip.MustParseAddrPort("198.51.100.7:40000")
 
@@ -188,10 +222,26 @@ func testForwardAndDrop(t *testing.T, batch int, cpus []int, loop bool) {
 			if got := read(t, tc.check); !bytes.Equal(got, tc.good) {
 				t.Fatalf("first datagram through was %q, want the good one unchanged", got)
 			}
+			// With the fast path on, the good datagram crosses the kernel
+			// and may overtake the bad one, which goes up: await its drop
+			// (dropped, so sent nowhere), then count it.
+			awaitDrops(t, reg, tc.reason, before+1)
 			if after := drops(t, reg, tc.reason); after != before+1 {
 				t.Errorf("drops{reason=%q} %v → %v, want +1", tc.reason, before, after)
 			}
 		})
+	}
+}
+
+// awaitDrops waits until drops{reason} reaches want.
+func awaitDrops(t *testing.T, reg *prometheus.Registry, reason string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for drops(t, reg, reason) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("drops{reason=%q} = %v after 5 s, want %v", reason, drops(t, reg, reason), want)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -358,17 +408,14 @@ func TestPodIDClaimedTwice(t *testing.T) {
 // meant for another relay, or an answer sent back as a probe gets nothing
 // sent anywhere and is counted.
 func TestProbeAnsweredOnlyWhenAuthentic(t *testing.T) {
-	ingress, stranger := listen(t), listen(t)
+	testProbeAnsweredOnlyWhenAuthentic(t, loopback)
+}
+
+func testProbeAnsweredOnlyWhenAuthentic(t *testing.T, n testNet) {
+	ingress, stranger := n.peer(t), n.peer(t)
 	reg := prometheus.NewRegistry()
-	advertised := netip.MustParseAddrPort("127.0.0.1:7100") // what gossip announces, not the socket
-	r, err := New(Config{Cluster: 5, Pods: NewPods(nil), Hop: testHop, Advertise: advertised, Logger: quiet, Registerer: reg}, listen(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	advertised := netip.AddrPortFrom(n.addr, 7100) // what gossip announces, not the socket
+	r := n.start(t, Config{Cluster: 5, Pods: NewPods(nil), Hop: testHop, Advertise: advertised, Logger: quiet, Registerer: reg})
 
 	nonce := uint64(0)
 	probe := func(k *encap.Keyring, cluster uint16, from *net.UDPConn, to netip.AddrPort) []byte {

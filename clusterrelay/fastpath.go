@@ -14,11 +14,11 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/metric"
 )
@@ -26,6 +26,14 @@ import (
 // kernelPath is the relay's fast path while it is attached.
 type kernelPath struct {
 	fp *fastpath.Cluster
+
+	// mu serializes the pushes of keys and directory (the gossip watcher
+	// and the key reload are two goroutines): each reads the keyring
+	// under it, so the last push writes the last keyring. Unserialized, a
+	// directory push that read the keyring before a rotation could put the
+	// retired key back, or drop the new one, after the rotation's push.
+	mu sync.Mutex
+
 	// counted is what the relay's metrics already hold of the kernel's
 	// counters; owned by syncCounters.
 	counted [fastpath.NumReasons]fastpath.Count
@@ -94,7 +102,7 @@ func (r *Relay) attachFastPath(mode fastpath.Mode) (*kernelPath, error) {
 		_ = fp.AddIngress(a) // IPv6 ingresses stay in user space
 	}
 	pods.follow(func(m map[uint16]netip.AddrPort) {
-		if err := r.pushPods(fp, m); err != nil {
+		if err := k.pushPods(r, m); err != nil {
 			r.log.Warn("fast path: pod directory", "err", err)
 		}
 	})
@@ -107,11 +115,13 @@ func (r *Relay) attachFastPath(mode fastpath.Mode) (*kernelPath, error) {
 
 // pushPods gives the kernel the directory and the keys of its pods. Pods
 // leave the kernel as they leave the directory.
-func (r *Relay) pushPods(fp *fastpath.Cluster, pods map[uint16]netip.AddrPort) error {
-	if err := fp.SetKeys(r.keys.Load(), podIDs(pods)); err != nil {
+func (k *kernelPath) pushPods(r *Relay, pods map[uint16]netip.AddrPort) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.fp.SetKeys(r.keys.Load(), podIDs(pods)); err != nil {
 		return err
 	}
-	return fp.SetPods(pods)
+	return k.fp.SetPods(pods)
 }
 
 func podIDs(pods map[uint16]netip.AddrPort) []uint16 {
@@ -123,13 +133,17 @@ func podIDs(pods map[uint16]netip.AddrPort) []uint16 {
 	return ids
 }
 
-// setKernelKeys gives the kernel a new keyring (rotation).
-func (r *Relay) setKernelKeys(k *encap.Keyring) {
-	if r.kernel == nil {
+// setKernelKeys gives the kernel the relay's keyring after a rotation
+// (SetHopKeys stored it first: read under mu, it is the newest).
+func (r *Relay) setKernelKeys() {
+	k := r.kernel
+	if k == nil {
 		return
 	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	pods := r.cfg.Pods.(followedPods).all()
-	if err := r.kernel.fp.SetKeys(k, podIDs(pods)); err != nil {
+	if err := k.fp.SetKeys(r.keys.Load(), podIDs(pods)); err != nil {
 		r.log.Warn("fast path: hop keys", "err", err)
 	}
 }

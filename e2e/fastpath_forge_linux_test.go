@@ -13,8 +13,6 @@ import (
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rtcedge/rtcedge/internal/encap"
 	"github.com/rtcedge/rtcedge/internal/fastpath/fptest"
 	"github.com/rtcedge/rtcedge/internal/proctest"
@@ -95,17 +93,8 @@ func (s *site) forge() {
 // spoof sends payload from src to dst, from the attacker's host with a
 // forged source address (a raw IP socket).
 func spoof(s *site, attacker *fptest.Net, src, dst netip.AddrPort, payload []byte) {
-	pkt := fptest.Frame(src, dst, payload)[14:]
-	err := attacker.In(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()})
-	})
-	if err != nil {
-		s.t.Fatalf("spoof %v → %v: %v", src, dst, err)
+	if err := attacker.Spoof(src, dst, payload); err != nil {
+		s.t.Fatal(err)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,10 @@ type kernelPath struct {
 	// counters; owned by the Run goroutine (syncKernel).
 	counted [fastpath.NumReasons]fastpath.Count
 }
+
+// testHookBeforeInstall, set by tests only, runs in offer between
+// reading the flow's keys and installing it (a rotation just then).
+var testHookBeforeInstall atomic.Pointer[func()]
 
 // kernelState is what was installed for a flow: its key's VIP, its
 // relay and SSRC, and until when the kernel forwards it. Immutable.
@@ -137,9 +142,23 @@ func (r *Relay) offer(w *worker, client, relay netip.AddrPort) {
 		return
 	}
 	until := now + uint64(kernelRefresh)
+	hop := r.hopKeys.Load() // kernelFlow reads the keys after this
 	gf, ok := r.kernelFlow(f, client, vip, w.ingress, relay, until)
-	if !ok || k.podKeys(r, f.cluster, f.pod) != nil || k.fp.Install(gf) != nil {
+	if !ok || k.podKeys(r, f.cluster, f.pod) != nil {
 		return // IPv6 and the like stay in user space
+	}
+	if h := testHookBeforeInstall.Load(); h != nil {
+		(*h)()
+	}
+	if k.fp.Install(gf) != nil {
+		return
+	}
+	if r.hopKeys.Load() != hop {
+		// A rotation since the keys were read: it may have taken the
+		// flows out of the kernel before this one went in, sealed with
+		// the old key. Out with it; the next datagram installs it anew.
+		_ = k.fp.Remove(client, vip)
+		return
 	}
 	st := &kernelState{vip: vip, relay: relay, ssrc: f.ssrc.Load(), until: until}
 	if old != nil {

@@ -23,6 +23,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/rtcedge/rtcedge/internal/encap"
+	"github.com/rtcedge/rtcedge/internal/fastpath"
 	"github.com/rtcedge/rtcedge/internal/routecache"
 	"github.com/rtcedge/rtcedge/internal/token"
 	"github.com/rtcedge/rtcedge/internal/udpio"
@@ -115,7 +116,26 @@ func bindingRequest(t testing.TB, ufrag string) []byte {
 	return m.Raw
 }
 
+// testNet is where a rig's sockets live: loopback, or two network
+// namespaces joined by a veth pair with the relay's fast path attached
+// (vethNet, fastpath_suite_linux_test.go), so that the same tests show the
+// same behaviour with the datagrams forwarded by the kernel.
+type testNet struct {
+	peer  func(testing.TB) *net.UDPConn // a client's, a cluster relay's or an attacker's socket
+	relay func(testing.TB) *net.UDPConn // one of the relay's own sockets
+	in    func(func() error) error      // runs New where the relay's sockets are
+	fast  fastpath.Mode
+	// done, if set, checks the relay once the test is over, before it
+	// stops (that the kernel took part).
+	done func(*testing.T, *Relay)
+}
+
+// loopback is the testNet of the package's tests: every socket on
+// 127.0.0.1, where the fast path never attaches.
+var loopback = testNet{peer: listen, relay: listen, in: func(f func() error) error { return f() }, fast: fastpath.ModeOff}
+
 type rig struct {
+	net     testNet
 	relay   *Relay
 	reg     *prometheus.Registry
 	cluster *net.UDPConn // plays the cluster relay
@@ -127,18 +147,25 @@ type rig struct {
 	done    chan error
 }
 
-func newRig(t *testing.T, cfg Config) *rig {
+func newRig(t *testing.T, cfg Config) *rig { t.Helper(); return newRigOn(t, loopback, cfg) }
+
+// newRigOn is newRig with its sockets on n.
+func newRigOn(t *testing.T, n testNet, cfg Config) *rig {
 	t.Helper()
-	r := &rig{reg: prometheus.NewRegistry(), cluster: listen(t), client: listen(t), keys: testKeys(t), done: make(chan error, 1)}
-	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer = 9, r.keys, quiet, r.reg
+	r := &rig{net: n, reg: prometheus.NewRegistry(), cluster: n.peer(t), client: n.peer(t), keys: testKeys(t), done: make(chan error, 1)}
+	cfg.POP, cfg.Keys, cfg.Logger, cfg.Registerer, cfg.FastPath = 9, r.keys, quiet, r.reg, n.fast
 	if cfg.Hop == nil {
 		cfg.Hop = testHop
 	}
 	if cfg.Directory == nil {
 		cfg.Directory = NewClusters([]Replica{{Cluster: 0x12, Addr: addrOf(r.cluster)}})
 	}
-	pub, in := listen(t), listen(t)
-	relay, err := New(cfg, []Worker{{Public: pub, Internal: in}})
+	pub, in := n.relay(t), n.relay(t)
+	var relay *Relay
+	err := n.in(func() (err error) {
+		relay, err = New(cfg, []Worker{{Public: pub, Internal: in}})
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +184,14 @@ func newRig(t *testing.T, cfg Config) *rig {
 		r.cluster.Close()
 		r.client.Close()
 	})
+	if n.done != nil {
+		t.Cleanup(func() { n.done(t, relay) }) // before the relay stops
+	}
 	return r
 }
+
+// listen opens a peer's socket on the rig's network.
+func (r *rig) listen(t testing.TB) *net.UDPConn { return r.net.peer(t) }
 
 func (r *rig) validCheck(t *testing.T, pod uint16) []byte {
 	ufrag, err := r.keys.Mint(0x12, pod)
@@ -299,8 +332,10 @@ func testForwardingBothWays(t *testing.T, cfg Config) {
 // are dropped, counted by reason, never answered and create no flow. Each
 // bad datagram is followed by a good one on the same path; the good one
 // arriving first proves the bad one went nowhere.
-func TestBadInputDroppedAndCounted(t *testing.T) {
-	r := newRig(t, Config{})
+func TestBadInputDroppedAndCounted(t *testing.T) { testBadInputDroppedAndCounted(t, loopback) }
+
+func testBadInputDroppedAndCounted(t *testing.T, n testNet) {
+	r := newRigOn(t, n, Config{})
 	forged := []byte("ExI0AEKhssPU5fbG74W9") // a well-formed token under another key
 	badMAC := r.validCheck(t, 1)
 	tests := []struct {
@@ -321,7 +356,7 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 	for _, tt := range tests {
 		good := r.validCheck(t, 7) // a fresh token each: one token opens at most maxFlowsPerToken flows
 		t.Run(tt.name, func(t *testing.T) {
-			attacker := listen(t)
+			attacker := r.listen(t)
 			defer attacker.Close()
 			before := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", tt.reason)
 			attacker.WriteToUDPAddrPort(tt.pkt, r.pub)
@@ -348,11 +383,13 @@ func TestBadInputDroppedAndCounted(t *testing.T) {
 
 // TestReturnPathTrust: a to-client datagram for an unknown client restores
 // the flow only when it comes from a known cluster relay of its cluster.
-func TestReturnPathTrust(t *testing.T) {
-	r := newRig(t, Config{})
-	victim := listen(t)
+func TestReturnPathTrust(t *testing.T) { testReturnPathTrust(t, loopback) }
+
+func testReturnPathTrust(t *testing.T, n testNet) {
+	r := newRigOn(t, n, Config{})
+	victim := r.listen(t)
 	defer victim.Close()
-	stranger := listen(t)
+	stranger := r.listen(t)
 	defer stranger.Close()
 	h := encap.Header{ToClient: true, Cluster: 0x12, Pod: 3, POP: 9, Client: addrOf(victim), Ingress: r.ingress}
 	pkt := seal(t, h, []byte("spoofed"))
@@ -385,7 +422,11 @@ func TestReturnPathTrust(t *testing.T) {
 	if back, _ := read(t, victim); string(back) != "ok" {
 		t.Fatalf("victim got %q, want only the good reply", back)
 	}
+	// With the fast path on, the good reply crosses the kernel and may
+	// overtake the bad ones, which go up to user space: await their drops
+	// (each dropped, so sent nowhere), then count them.
 	for _, reason := range []string{dropLabels[dropWrongDirection], dropLabels[dropWrongPOP], dropLabels[dropFlowMismatch]} {
+		waitCounter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", reason, 1)
 		if v := counter(t, r.reg, "rtcedge_globalrelay_dropped_packets_total", "reason", reason); v != 1 {
 			t.Errorf("drops{reason=%q} = %v, want 1", reason, v)
 		}

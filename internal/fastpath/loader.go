@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -112,6 +113,33 @@ func (p *progs) dropKeys(cluster uint16, ring *encap.Keyring) error {
 		}
 	}
 	return nil
+}
+
+// KeyIDs lists the key IDs the programs accept for cluster, ascending:
+// what a rotation left in the kernel.
+// It fails with net.ErrClosed after Close.
+func (p *progs) KeyIDs(cluster uint16) ([]uint8, error) {
+	var ids []uint8
+	err := p.use(func() error {
+		held := map[uint8]bool{}
+		var k fastpathFpKeyId
+		var v fastpathFpKey
+		it := p.objs.HopKeys.Iterate()
+		for it.Next(&k, &v) {
+			if k.Cluster == cluster {
+				held[k.KeyId] = true
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("fastpath: hop keys: %w", err)
+		}
+		for id := range held {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		return nil
+	})
+	return ids, err
 }
 
 // use runs f on the maps unless Close has freed them (net.ErrClosed).

@@ -37,6 +37,16 @@ const (
 	ForwardClient               // cluster relay: → global relay ingress
 )
 
+// ReasonNamed returns the Reason whose label is l.
+func ReasonNamed(l string) (Reason, bool) {
+	for i, s := range Reasons {
+		if s == l {
+			return Reason(i), true
+		}
+	}
+	return 0, false
+}
+
 // Forwarded reports whether r is a forward rather than a pass.
 func (r Reason) Forwarded() bool { return r < 4 }
 

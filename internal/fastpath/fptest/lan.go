@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"os/exec"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // LAN is one Ethernet segment: a bridge in a namespace of its own and any
@@ -65,4 +67,21 @@ func (n *Net) Name() string { return n.name }
 // Exec is the command line that runs argv inside the namespace.
 func (n *Net) Exec(argv ...string) []string {
 	return append([]string{"netns", "exec", n.name}, argv...)
+}
+
+// Spoof sends payload from src to dst out of the namespace with a forged
+// source address (a raw IP socket), as an attacker who can spoof does.
+func (n *Net) Spoof(src, dst netip.AddrPort, payload []byte) error {
+	pkt := Frame(src, dst, payload)[14:]
+	return n.in(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		if err != nil {
+			return fmt.Errorf("raw socket: %w", err)
+		}
+		defer unix.Close(fd)
+		if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
+			return fmt.Errorf("spoof %v → %v: %w", src, dst, err)
+		}
+		return nil
+	})
 }
