@@ -57,3 +57,13 @@ func (h *handler) Event(data []byte) {
 }
 
 func (h *handler) Close() error { return nil }
+
+// DTMF implements backend.DTMFHandler: a phone call's caller's digit is
+// sent back to the carrier as DTMF, as the audio is.
+func (h *handler) DTMF(digit byte) {
+	if s, ok := h.out.(backend.DTMFSender); ok {
+		_ = s.SendDTMF(string(digit)) // the call is ending, or its queue full: nothing to do
+	}
+}
+
+var _ backend.DTMFHandler = (*handler)(nil)
