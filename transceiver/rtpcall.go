@@ -96,6 +96,7 @@ type rtpCall struct {
 	outTSFrac int64
 
 	digits callDigits // keypad digits both ways (rtpdtmf.go)
+	ended  callEnd    // the call's end, for the SIP front (rtpend.go)
 
 	forgotten    bool // guarded by t.mu
 	endOnce      sync.Once
@@ -443,6 +444,7 @@ func (c *rtpCall) rtpSilent(now time.Time, timeout time.Duration) bool {
 // end removes the call and frees it in the background.
 func (c *rtpCall) end(reason string) {
 	c.endOnce.Do(func() {
+		c.ended.fire(reason)
 		c.t.forgetCall(c)
 		c.t.m.ended.WithLabelValues(reason).Inc()
 		go func() {
