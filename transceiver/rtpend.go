@@ -79,3 +79,21 @@ func (t *Transceiver) handleCallEnded(w http.ResponseWriter, r *http.Request) {
 	case <-r.Context().Done():
 	}
 }
+
+// Calls returns the IDs of the phone calls the pod holds.
+func (t *Transceiver) Calls() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ids := make([]string, 0, len(t.calls))
+	for id := range t.calls {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// PacketState is what the pod's socket holds for calls: its routes to
+// clients and carriers, and its phone calls' registrations (0 and 0 once
+// every call ended and its routes idled out or were removed).
+func (t *Transceiver) PacketState() (routes, rtpCalls int) {
+	return t.sock.Routes(), t.sock.RTPCalls()
+}
