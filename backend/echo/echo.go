@@ -1,5 +1,6 @@
 // Package echo is the reference backend: it sends the caller's audio back
-// unchanged and answers every oai-events message with an event quoting it.
+// unchanged (a phone call's DTMF digits too) and answers every oai-events
+// message with an event quoting it.
 // It lets the whole system run, and be measured, with no model behind it.
 package echo
 
