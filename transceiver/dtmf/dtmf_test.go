@@ -198,3 +198,18 @@ func BenchmarkReceiver(b *testing.B) {
 		r.Packet(uint32(i/7)*1600, p, now)
 	}
 }
+
+// TestReceiverAllocs: reading a stream's events allocates nothing (the
+// pod calls it for every telephone-event datagram).
+func TestReceiverAllocs(t *testing.T) {
+	var r Receiver
+	p := Append(nil, Event{Code: 3, Duration: 160})
+	now := time.Now()
+	i := uint32(0)
+	if n := testing.AllocsPerRun(1000, func() {
+		r.Packet(i/7*1600, p, now)
+		i++
+	}); n != 0 {
+		t.Errorf("%v allocations per packet", n)
+	}
+}
