@@ -6,6 +6,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -22,6 +23,15 @@ const (
 	EventTurn = "rtcedge.turn"
 	// EventEcho is the echo backends' answer to a data-channel event.
 	EventEcho = "rtcedge.echo"
+	// EventDTMFReceived is the event of a keypad digit the caller of a
+	// phone call pressed: OpenAI's server event for SIP calls, {"type",
+	// "event_id", "event": "5", "received_at": Unix seconds}, sent to the
+	// call's event consumers (the sidebands), never to a model server.
+	EventDTMFReceived = "input_audio_buffer.dtmf_event_received"
+	// EventDTMFSend is rtcedge's event by which an app server's sideband
+	// asks a phone call's pod to send keypad digits to the carrier:
+	// {"type": "rtcedge.dtmf.send", "digits": "1234#"} (docs/sip.md).
+	EventDTMFSend = "rtcedge.dtmf.send"
 )
 
 // Backend is the inference side of a session: it hears the caller's audio
@@ -180,6 +190,37 @@ type Interrupter interface {
 	// detector.
 	SpeechStopped()
 }
+
+// DTMFHandler is implemented by a Handler that takes the keypad digits
+// the caller of a phone call presses (RFC 4733 events from the carrier,
+// docs/sip.md): DTMF is called once per digit, '0'–'9', '*', '#' or
+// 'A'–'D', on the pod's media path as Audio is, and must not block.
+type DTMFHandler interface {
+	DTMF(digit byte)
+}
+
+// DTMFSender is implemented by the Sink of a phone call: SendDTMF queues
+// keypad digits to be sent to the carrier as RFC 4733 events on the
+// call's RTP stream, after those already queued, and returns at once. It
+// fails with ErrDTMFDigits for a string that is empty or not all digits,
+// ErrDTMFQueueFull when more than MaxDTMFQueued would wait, and
+// ErrDTMFUnsupported when the carrier's offer had no telephone-event.
+type DTMFSender interface {
+	SendDTMF(digits string) error
+}
+
+// MaxDTMFQueued bounds the digits waiting to be sent on one call.
+const MaxDTMFQueued = 64
+
+// Sentinel errors of DTMFSender.SendDTMF.
+var (
+	// ErrDTMFDigits: not a string of keypad digits (0–9, *, #, A–D).
+	ErrDTMFDigits = errors.New("backend: not a string of keypad digits")
+	// ErrDTMFQueueFull: more than MaxDTMFQueued digits would wait.
+	ErrDTMFQueueFull = errors.New("backend: too many DTMF digits queued")
+	// ErrDTMFUnsupported: the carrier did not offer telephone-event.
+	ErrDTMFUnsupported = errors.New("backend: the carrier takes no DTMF events")
+)
 
 // ServerEvents is implemented by a Handler that takes events from the
 // call's sideband (docs/sideband.md): the app server's own connection to

@@ -3,6 +3,7 @@ package clusterrelay
 import (
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 	"github.com/rtcedge/rtcedge/internal/sessionapi"
@@ -25,11 +26,23 @@ func (f *Front) restart(w http.ResponseWriter, r *http.Request) {
 // names and copies the answer back; 404 when the ID names another cluster
 // or a pod that is gone (its sessions went with it).
 func (f *Front) toSessionPod(w http.ResponseWriter, r *http.Request, method string, body []byte) {
+	f.toSessionPodWithin(w, r, f.cfg.Timeout, method, "", body)
+}
+
+// callEnded forwards the SIP front's watch of a phone call's end to the
+// call's pod, which holds it up to sessionapi.CallEndedHold.
+func (f *Front) callEnded(w http.ResponseWriter, r *http.Request) {
+	f.toSessionPodWithin(w, r, sessionapi.CallEndedHold+f.cfg.Timeout, http.MethodGet, "/ended", nil)
+}
+
+// toSessionPodWithin is toSessionPod for the path suffix under the
+// session's resource, with its own bound on the pod's answer.
+func (f *Front) toSessionPodWithin(w http.ResponseWriter, r *http.Request, timeout time.Duration, method, suffix string, body []byte) {
 	raw, pod, api, live, ok := f.sessionPod(w, r)
 	if !ok {
 		return
 	}
-	status, hdr, resp, err := f.forward(r.Context(), pod, method, api+sessionapi.SessionsPath+"/"+raw, body, "")
+	status, hdr, resp, err := f.forwardWithin(r.Context(), timeout, pod, method, api+sessionapi.SessionsPath+"/"+raw+suffix, body, "")
 	switch {
 	case err != nil && !live:
 		// Gossip had dropped the pod and it does not answer: it is gone,

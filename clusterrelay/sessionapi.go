@@ -106,6 +106,7 @@ func (f *Front) Handler() http.Handler {
 	mux.HandleFunc("DELETE "+sessionsPath+"/{id}", f.delete)
 	mux.HandleFunc("PATCH "+sessionsPath+"/{id}", f.restart)         // ICE restart (restart.go)
 	mux.HandleFunc("GET "+sessionsPath+"/{id}/sideband", f.sideband) // WebSocket (sideband.go)
+	mux.HandleFunc("GET "+sessionsPath+"/{id}/ended", f.callEnded)   // a phone call's end, held (restart.go)
 	mux.HandleFunc("GET "+sessionapi.StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		load, capacity, ready := f.cfg.Pods.Aggregate()
 		w.Header().Set("Content-Type", "application/json")
@@ -220,7 +221,12 @@ func answersAs(body []byte, cluster, pod uint16) bool {
 // accepts (FrontConfig.PodSecret, else Secret) and, for a create, its
 // steering ticket.
 func (f *Front) forward(ctx context.Context, pod uint16, method, url string, body []byte, ticket string) (int, http.Header, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	return f.forwardWithin(ctx, f.cfg.Timeout, pod, method, url, body, ticket)
+}
+
+// forwardWithin is forward with its own bound on the pod's answer.
+func (f *Front) forwardWithin(ctx context.Context, timeout time.Duration, pod uint16, method, url string, body []byte, ticket string) (int, http.Header, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(url, "/"), bytes.NewReader(body))
 	if err != nil {

@@ -108,6 +108,7 @@ type Config struct {
 	ConnectTimeout time.Duration
 	MaxSessions    int
 	RouteTTL       time.Duration
+	RTPTimeout     time.Duration // a phone call without RTP for this long ends (docs/sip.md)
 	// FlowIdle is the global relays' flow expiry (zero = package default).
 	FlowIdle time.Duration
 	// RedisURL makes the global relays share flows through Redis. Empty:
@@ -514,6 +515,7 @@ func (w *World) startPod(spec RegionSpec, id uint16, clusterSeed []string) (*Pod
 	cfg := transceiver.Config{
 		Region: spec.Name, Cluster: spec.Cluster, Pod: id, DataAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		MaxSessions: w.cfg.MaxSessions, ConnectTimeout: w.cfg.ConnectTimeout, RouteTTL: w.cfg.RouteTTL,
+		RTPTimeout:  w.cfg.RTPTimeout,
 		BackendAddr: w.backend, Gossip: w.gossip(name, clusterSeed),
 		BackendURL: w.cfg.BackendURL, BackendProtocol: w.cfg.BackendProtocol, BackendRate: w.cfg.BackendRate,
 		APITLS: w.apiTLS, RedisURL: w.cfg.RedisURL,

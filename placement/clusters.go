@@ -72,7 +72,14 @@ func (k *Clusters) Base(c geo.Cluster) string {
 // at most limit bytes of the answer. Status 0: the cluster did not answer
 // (err says why); err with a status: the body broke off.
 func (k *Clusters) Exchange(ctx context.Context, c geo.Cluster, method, path string, body []byte, limit int64) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, k.Timeout)
+	return k.ExchangeWithin(ctx, k.Timeout, c, method, path, body, limit)
+}
+
+// ExchangeWithin is Exchange bounded by timeout instead of Timeout: for a
+// request the cluster holds open (the SIP front's watch of a call's end,
+// sessionapi.CallEndedHold).
+func (k *Clusters) ExchangeWithin(ctx context.Context, timeout time.Duration, c geo.Cluster, method, path string, body []byte, limit int64) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {

@@ -51,6 +51,7 @@ type dialog struct {
 	state   state
 	session string      // the pod's session ID; "" until placed
 	cluster geo.Cluster // the cluster that holds session
+	unwatch func()      // cancels the watch of the call's end at its pod (watch.go); nil before
 }
 
 // placed records where the call was placed and moves it to answered:

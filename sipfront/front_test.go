@@ -42,9 +42,10 @@ type cluster struct {
 	mu      sync.Mutex
 	creates []sessionapi.CreateRequest
 	deletes []string
-	status  int           // answer to a create; 0: 201
-	hold    chan struct{} // when set, a create waits for it to close
-	created chan string   // receives every created session ID
+	status  int                    // answer to a create; 0: 201
+	hold    chan struct{}          // when set, a create waits for it to close
+	created chan string            // receives every created session ID
+	ends    map[string]chan string // a call's end for its watch: a reason, or "" for a 404
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -85,6 +86,20 @@ func (c *cluster) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		_ = json.NewEncoder(w).Encode(sessionapi.CreateResponse{ID: id.String(), Answer: answer, Cluster: 1, Pod: 7})
 		c.created <- id.String()
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, sessionapi.SessionsPath+"/") && strings.HasSuffix(r.URL.Path, "/ended"):
+		// The pod holds the watch until the call ends (or the front
+		// gives up on it).
+		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, sessionapi.SessionsPath+"/"), "/ended")
+		select {
+		case reason := <-c.end(id):
+			if reason == "" {
+				apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "session_not_found", "no such session", 0)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(sessionapi.CallEnded{Reason: reason})
+		case <-r.Context().Done():
+		}
 	case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, sessionapi.SessionsPath+"/"):
 		c.mu.Lock()
 		c.deletes = append(c.deletes, strings.TrimPrefix(r.URL.Path, sessionapi.SessionsPath+"/"))
@@ -93,6 +108,19 @@ func (c *cluster) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// end is the channel by which the test ends call id at its pod.
+func (c *cluster) end(id string) chan string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ends == nil {
+		c.ends = map[string]chan string{}
+	}
+	if c.ends[id] == nil {
+		c.ends[id] = make(chan string, 1)
+	}
+	return c.ends[id]
 }
 
 func (c *cluster) set(status int, hold chan struct{}) {
@@ -197,6 +225,7 @@ type phone struct {
 	// stream is the DialogUA for TCP and TLS: its connections are the
 	// phone's own, closed with the user agent.
 	stream *sipgo.DialogUA
+	byes   chan *sip.Request // the BYEs the phone got
 }
 
 // d is the DialogUA to call u with.
@@ -225,6 +254,14 @@ func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
 	if err != nil {
 		t.Fatal(err)
 	}
+	byes := make(chan *sip.Request, 4)
+	srv.OnBye(func(req *sip.Request, tx sip.ServerTransaction) {
+		_ = tx.Respond(sip.NewResponseFromRequest(req, sip.StatusOK, "OK", nil))
+		select {
+		case byes <- req:
+		default:
+		}
+	})
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.ServeUDP(conn) }()
 	// Requests may go out only once the listener is in the transport's
@@ -249,7 +286,7 @@ func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
 		t.Fatal(err)
 	}
 	contact := sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: port}}
-	return &phone{ua: ua, cli: cli, dua: &sipgo.DialogUA{Client: cli, ContactHDR: contact},
+	return &phone{ua: ua, cli: cli, byes: byes, dua: &sipgo.DialogUA{Client: cli, ContactHDR: contact},
 		stream: &sipgo.DialogUA{Client: streamCli, ContactHDR: contact}}
 }
 
@@ -337,6 +374,51 @@ func TestCallAnsweredAcknowledgedAndHungUp(t *testing.T) {
 			waitFor(t, "the dialog's end", func() bool { return w.front.Dialogs() == 0 })
 			if got := count(t, w, "INVITE", "answered"); got != 1 {
 				t.Fatalf("INVITE answered counted %v", got)
+			}
+		})
+	}
+}
+
+// TestPodEndsCall: the pod ends an answered call on its own (RTP
+// timeout; or the call is gone from its pod, a 404): the front hears it
+// through its watch of the call's end, sends the carrier BYE, and frees
+// the dialog; counted by the pod's reason.
+func TestPodEndsCall(t *testing.T) {
+	for _, tc := range []struct{ transport, reason, label string }{
+		{"udp", "rtp_timeout", "rtp_timeout"},
+		{"udp", "", "gone"},
+		{"udp", "something new", "other"},
+	} {
+		t.Run(tc.transport+"/"+tc.label, func(t *testing.T) {
+			w := newWorld(t, sipfront.Config{})
+			p := newPhone(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			call, err := p.d(w.uri(tc.transport)).Invite(ctx, w.uri(tc.transport), offerSDP("127.0.0.1"), sdpType)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer call.Close()
+			if err := call.WaitAnswer(ctx, sipgo.AnswerOptions{}); err != nil {
+				t.Fatalf("answer: %v", err)
+			}
+			if err := call.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+			session := <-w.cluster.created
+			waitFor(t, "the dialog", func() bool { return w.front.Dialogs() == 1 })
+			w.cluster.end(session) <- tc.reason
+			select {
+			case bye := <-p.byes:
+				if bye.CallID().Value() != call.InviteRequest.CallID().Value() {
+					t.Errorf("BYE of call %s, want %s", bye.CallID().Value(), call.InviteRequest.CallID().Value())
+				}
+			case <-ctx.Done():
+				t.Fatal("the carrier got no BYE")
+			}
+			waitFor(t, "the dialog's end", func() bool { return w.front.Dialogs() == 0 })
+			if n := testmetrics.Take(t, w.reg)["rtcedge_sipfront_pod_hangups_total,reason="+tc.label]; n != 1 {
+				t.Errorf("pod hangups %q counted %v", tc.label, n)
 			}
 		})
 	}

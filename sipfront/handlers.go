@@ -115,6 +115,7 @@ func (f *Front) finish(ctx context.Context, d *dialog) (from state, ended bool) 
 	if !ok {
 		return from, false
 	}
+	d.stopWatch()
 	if session != "" {
 		f.deleteSession(ctx, session, cluster)
 	}
@@ -229,6 +230,7 @@ func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src 
 		return resultNoAck
 	}
 	d.confirm()
+	f.watch(d)
 	return resultAnswered
 }
 

@@ -52,6 +52,9 @@ type metrics struct {
 	dialogs   prometheus.Gauge
 	invite    *prometheus.HistogramVec
 	byeErrors prometheus.Counter
+	// The pods' own hangups (watch.go).
+	podHangups  *prometheus.CounterVec
+	watchErrors prometheus.Counter
 }
 
 // newMetrics builds and registers the front's own metrics; the shared
@@ -66,7 +69,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtcedge_sipfront_invite_seconds", Help: "From an INVITE to its final answer, by result.",
 			Buckets: []float64{.005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56, 5.12},
 		}, []string{"result"}),
-		byeErrors: metric.Counter("rtcedge_sipfront_bye_errors_total", "BYEs the front sent that got no final answer (the carrier may keep a dead call)."),
+		podHangups:  metric.CounterVec("rtcedge_sipfront_pod_hangups_total", "Calls the pod ended on its own, told to the carrier with BYE, by the pod's reason (rtp_timeout, backend_closed, deleted, shutdown, drain_deadline; gone: the pod no longer held the call; other).", "reason"),
+		watchErrors: metric.Counter("rtcedge_sipfront_watch_errors_total", "Watches of a call's end at its cluster that failed (no answer, or an unusable one) and were asked again after 2 s."),
+		byeErrors:   metric.Counter("rtcedge_sipfront_bye_errors_total", "BYEs the front sent that got no final answer (the carrier may keep a dead call)."),
 	}
 	for method, results := range requestResults {
 		for _, r := range results {
@@ -76,7 +81,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{resultSourceLimit, resultMalformed} {
 		m.dropped.WithLabelValues(r)
 	}
-	all := []prometheus.Collector{m.requests, m.dropped, m.dialogs, m.invite, m.byeErrors}
+	for _, r := range podEndReasons {
+		m.podHangups.WithLabelValues(r)
+	}
+	all := []prometheus.Collector{m.requests, m.dropped, m.dialogs, m.invite, m.byeErrors, m.podHangups, m.watchErrors}
 	if err := metric.Register(reg, "sipfront", all...); err != nil {
 		return nil, err
 	}

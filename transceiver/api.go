@@ -44,6 +44,7 @@ const CreateTimeout = 5 * time.Second
 //	DELETE /internal/v1/sessions/{id}   end (204, 404)
 //	PATCH  /internal/v1/sessions/{id}   ICE restart (200, 400, 404, 412)
 //	GET    /internal/v1/sessions/{id}/sideband   the call's sideband WebSocket (101, 404, 409)
+//	GET    /internal/v1/sessions/{id}/ended      a phone call's end, held until it ends (200, 204, 404)
 //	GET    /internal/v1/status          load and state
 //	GET    /livez, /readyz              liveness; readiness is 503 while draining
 //
@@ -56,6 +57,7 @@ func (t *Transceiver) Handler() http.Handler {
 	mux.HandleFunc("DELETE "+SessionsPath+"/{id}", t.handleDelete)
 	mux.HandleFunc("PATCH "+SessionsPath+"/{id}", t.handleRestart)         // ICE restart
 	mux.HandleFunc("GET "+SessionsPath+"/{id}/sideband", t.handleSideband) // WebSocket (sideband.go)
+	mux.HandleFunc("GET "+SessionsPath+"/{id}/ended", t.handleCallEnded)   // a phone call's end (rtpend.go)
 	mux.HandleFunc("GET "+StatusPath, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, APIStatus{
 			Cluster: t.cfg.Cluster, Pod: t.cfg.Pod, Sessions: t.Sessions(),

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/metric"
+	"github.com/rtcedge/rtcedge/transceiver/dtmf"
 	"github.com/rtcedge/rtcedge/transceiver/podnet"
 )
 
@@ -29,7 +30,7 @@ const (
 const (
 	callAudio       = iota // RTP of the call's codec, heard by the backend
 	callRTCP               // RTCP (rtcp-mux): not needed, not read
-	callDTMF               // RFC 4733 events: not taken yet
+	callDTMF               // RFC 4733 events (rtpdtmf.go)
 	callPayloadType        // another payload type than the answer's
 	callSSRC               // another SSRC while the call's is live
 	callLate               // a duplicate, or overtaken by a later one
@@ -86,6 +87,10 @@ type metrics struct {
 	calls       prometheus.Counter
 	callPackets [numCallResults]prometheus.Counter
 	callPktVec  *prometheus.CounterVec
+	// Phone calls' keypad digits (rtpdtmf.go), by direction and result.
+	dtmfIn  [dtmf.NumResults]prometheus.Counter
+	dtmfOut [numDTMFOut]prometheus.Counter
+	dtmfVec *prometheus.CounterVec
 
 	// Turns (transceiver/pace, docs/backends.md "Paced output and
 	// barge-in"): pop is the POP of the session's selected path.
@@ -133,9 +138,18 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 		mediaPaths:     counterVec("media_paths_total", "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).", "path"),
 	}
 	m.calls = counter("calls_created_total", "Phone calls created (session kind rtp; also counted in sessions_created_total).")
-	m.callPktVec = counterVec("call_packets_total", "Phone calls' datagrams by what became of them: audio, rtcp, dtmf (not taken yet), payload_type, ssrc, late, malformed, codec (dropped), and the reply's sent and no_route.", "result")
+	m.callPktVec = counterVec("call_packets_total", "Phone calls' datagrams by what became of them: audio, rtcp, dtmf (telephone events, counted by what they were in call_dtmf_total), payload_type, ssrc, late, malformed, codec (dropped), and the reply's sent and no_route.", "result")
 	for i, l := range callResultLabels {
 		m.callPackets[i] = m.callPktVec.WithLabelValues(l)
+	}
+	m.dtmfVec = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtcedge_transceiver_call_dtmf_total",
+		Help: "Phone calls' RFC 4733 telephone events: in, the carrier's packets by what they were (digit: a new digit given to the backend; repeat, malformed, not_digit, stale, rate: dropped); out, the digits asked for (sent, no_route: before the carrier's first RTP, refused: not digits, a full queue or no telephone-event offered)."},
+		[]string{"direction", "result"})
+	for i, r := range dtmf.Results {
+		m.dtmfIn[i] = m.dtmfVec.WithLabelValues("in", r.String())
+	}
+	for i, l := range dtmfOutLabels {
+		m.dtmfOut[i] = m.dtmfVec.WithLabelValues("out", l)
 	}
 	m.replyDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rtcedge_turn_reply_delay_seconds",
 		Help:    "Time from the end of the caller's speech (the backend's speech_stopped, or the edge's VAD) to the first reply frame sent, by the POP of the call's path.",
@@ -184,7 +198,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
 		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths, m.droppedVec,
-		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands, m.calls, m.callPktVec}, m.net.Collectors()...)...); err != nil {
+		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands, m.calls, m.callPktVec, m.dtmfVec}, m.net.Collectors()...)...); err != nil {
 		return nil, err
 	}
 	if turnReg == nil {

@@ -95,6 +95,9 @@ type rtpCall struct {
 	outBuf    []byte
 	outTSFrac int64
 
+	digits callDigits // keypad digits both ways (rtpdtmf.go)
+	ended  callEnd    // the call's end, for the SIP front (rtpend.go)
+
 	forgotten    bool // guarded by t.mu
 	endOnce      sync.Once
 	teardownOnce sync.Once
@@ -234,11 +237,7 @@ func (c *rtpCall) RTP(pop uint16, b []byte) {
 	case err != nil || n >= len(b) || c.inClosed:
 		c.t.m.callPackets[callMalformed].Inc()
 		return
-	case int(c.inHdr.PayloadType) == c.offer.dtmfPT:
-		c.t.m.callPackets[callDTMF].Inc() // RFC 4733 events: not taken yet (docs/sip.md)
-		c.lastRTP.Store(now.UnixNano())
-		return
-	case c.inHdr.PayloadType != c.offer.pt:
+	case c.inHdr.PayloadType != c.offer.pt && int(c.inHdr.PayloadType) != c.offer.dtmfPT:
 		c.t.m.callPackets[callPayloadType].Inc()
 		return
 	}
@@ -256,11 +255,15 @@ func (c *rtpCall) RTP(pop uint16, b []byte) {
 	}
 	c.ssrc = c.inHdr.SSRC
 	c.lastRTP.Store(now.UnixNano())
-	c.t.m.callPackets[callAudio].Inc()
 	payload := b[n:]
 	if c.inHdr.Padding && len(payload) > 0 {
 		payload = payload[:max(0, len(payload)-int(payload[len(payload)-1]))]
 	}
+	if int(c.inHdr.PayloadType) == c.offer.dtmfPT {
+		c.dtmfPacket(payload, now)
+		return
+	}
+	c.t.m.callPackets[callAudio].Inc()
 	if len(payload) > cap(c.pcm)-len(c.pcm) {
 		payload = payload[:cap(c.pcm)-len(c.pcm)] // longer than 100 ms: the rest is not heard
 	}
@@ -341,7 +344,7 @@ func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	c.outTSFrac = ticks % int64(time.Second)
 	advance := uint32(ticks / int64(time.Second))
 	defer func() { c.outHdr.Timestamp += advance }()
-	if len(payload) == 0 || c.outClosed {
+	if len(payload) == 0 || c.outClosed || c.digits.muted {
 		return
 	}
 	n, err := c.dec.Decode(payload, c.outPCM)
@@ -441,6 +444,7 @@ func (c *rtpCall) rtpSilent(now time.Time, timeout time.Duration) bool {
 // end removes the call and frees it in the background.
 func (c *rtpCall) end(reason string) {
 	c.endOnce.Do(func() {
+		c.ended.fire(reason)
 		c.t.forgetCall(c)
 		c.t.m.ended.WithLabelValues(reason).Inc()
 		go func() {
@@ -455,6 +459,7 @@ func (c *rtpCall) end(reason string) {
 func (c *rtpCall) teardown() {
 	c.teardownOnce.Do(func() {
 		c.t.sock.RemoveRTP(c.media, c)
+		c.stopDigits()
 		if rc := c.t.cfg.RouteCache; rc != nil && c.lastStored.Load() != 0 {
 			rc.Delete(c.media) // the relays' flow idles out by itself
 		}

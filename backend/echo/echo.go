@@ -1,5 +1,6 @@
 // Package echo is the reference backend: it sends the caller's audio back
-// unchanged and answers every oai-events message with an event quoting it.
+// unchanged (a phone call's DTMF digits too) and answers every oai-events
+// message with an event quoting it.
 // It lets the whole system run, and be measured, with no model behind it.
 package echo
 
@@ -57,3 +58,13 @@ func (h *handler) Event(data []byte) {
 }
 
 func (h *handler) Close() error { return nil }
+
+// DTMF implements backend.DTMFHandler: a phone call's caller's digit is
+// sent back to the carrier as DTMF, as the audio is.
+func (h *handler) DTMF(digit byte) {
+	if s, ok := h.out.(backend.DTMFSender); ok {
+		_ = s.SendDTMF(string(digit)) // the call is ending, or its queue full: nothing to do
+	}
+}
+
+var _ backend.DTMFHandler = (*handler)(nil)

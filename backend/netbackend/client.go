@@ -92,6 +92,7 @@ var (
 	_ backend.Handler      = (*handler)(nil)
 	_ backend.ServerEvents = (*handler)(nil)
 	_ backend.Interrupter  = (*handler)(nil)
+	_ backend.DTMFHandler  = (*handler)(nil)
 )
 
 type handler struct {
@@ -197,6 +198,10 @@ func (h *handler) Interrupted(source, itemID string, played time.Duration) {
 // SpeechStopped implements backend.Interrupter.
 func (h *handler) SpeechStopped() { h.control(Control{Type: ControlSpeechStopped}) }
 
+// DTMF implements backend.DTMFHandler: a phone call's digit goes to the
+// backend as a "dtmf" control frame.
+func (h *handler) DTMF(digit byte) { h.control(Control{Type: ControlDTMF, Digits: string(digit)}) }
+
 func (h *handler) control(c Control) {
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -208,9 +213,18 @@ func (h *handler) control(c Control) {
 // onControl acts on a backend's control frame through the pod's Player;
 // with a Sink that is not one, control frames are ignored.
 func (h *handler) onControl(payload []byte) {
-	p, ok := h.out.(backend.Player)
 	var c Control
-	if !ok || json.Unmarshal(payload, &c) != nil {
+	if json.Unmarshal(payload, &c) != nil {
+		return
+	}
+	if c.Type == ControlSendDTMF {
+		if s, ok := h.out.(backend.DTMFSender); ok {
+			_ = s.SendDTMF(c.Digits) // the pod counts a refusal
+		}
+		return
+	}
+	p, ok := h.out.(backend.Player)
+	if !ok {
 		return
 	}
 	switch c.Type {

@@ -98,3 +98,47 @@ func TestControlFrames(t *testing.T) {
 		}
 	}
 }
+
+// dtmfSink is a phone call's sink: it records the digits it is asked to
+// send.
+type dtmfSink struct {
+	*sink
+	digits chan string
+}
+
+func (s *dtmfSink) SendDTMF(digits string) error {
+	s.digits <- digits
+	return nil
+}
+
+// TestDTMFControl: a phone call's digit reaches the network backend as a
+// "dtmf" control frame, and the reference echo backend's "send_dtmf"
+// answer reaches the pod's DTMFSender, for each of the 16 keys.
+func TestDTMFControl(t *testing.T) {
+	addr := startServer(t, EchoHandler)
+	s := &dtmfSink{sink: newSink(), digits: make(chan string, 16)}
+	b := &Backend{Addr: addr, Logger: slog.Default()}
+	h, err := b.Open(context.Background(), backend.SessionInfo{ID: "s1"}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	d, ok := h.(backend.DTMFHandler)
+	if !ok {
+		t.Fatal("the network backend's handler takes no DTMF")
+	}
+	const keys = "0123456789*#ABCD"
+	for i := 0; i < len(keys); i++ {
+		d.DTMF(keys[i])
+	}
+	for i := 0; i < len(keys); i++ {
+		select {
+		case got := <-s.digits:
+			if got != keys[i:i+1] {
+				t.Errorf("digit %d sent back as %q, want %q", i, got, keys[i:i+1])
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("digit %c was not sent back", keys[i])
+		}
+	}
+}

@@ -46,10 +46,12 @@ const (
 // (response ResponseID writes no more audio; the caller gets
 // output_audio_buffer.stopped once it has played), "speech_stopped" (the
 // backend's own VAD ended the caller's turn), "clear" (the backend's own
-// barge-in: the pod drops the queued reply and answers "cleared").
+// barge-in: the pod drops the queued reply and answers "cleared"),
+// "send_dtmf" (a phone call: send Digits to the carrier as DTMF).
 // Pod → backend: "cleared" (the reply was cleared by Source: edge, client or
 // backend; ItemID was playing and the caller was sent AudioEndMs of it),
-// "speech_stopped" (the edge's VAD heard the caller's turn end). A backend
+// "speech_stopped" (the edge's VAD heard the caller's turn end), "dtmf"
+// (a phone call's caller pressed the key Digits, once per press). A backend
 // that sends no control frames gets its audio paced with no items, and
 // skips the pod's control frames as it skips any unknown type.
 type Control struct {
@@ -58,6 +60,7 @@ type Control struct {
 	ItemID     string `json:"item_id,omitempty"`
 	Source     string `json:"source,omitempty"`
 	AudioEndMs int64  `json:"audio_end_ms,omitempty"`
+	Digits     string `json:"digits,omitempty"`
 }
 
 // Control types.
@@ -67,6 +70,13 @@ const (
 	ControlSpeechStopped = "speech_stopped"
 	ControlClear         = "clear"
 	ControlCleared       = "cleared"
+	// ControlDTMF (pod → backend): a phone call's caller pressed the key
+	// in Digits (0–9, *, #, A–D).
+	ControlDTMF = "dtmf"
+	// ControlSendDTMF (backend → pod): send Digits to the phone call's
+	// carrier as DTMF (backend.DTMFSender; refusals are counted by the
+	// pod, not answered).
+	ControlSendDTMF = "send_dtmf"
 )
 
 // MaxPayload bounds one frame: an Opus frame or an event is far smaller;

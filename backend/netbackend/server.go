@@ -185,7 +185,8 @@ func accept(c net.Conn) (*Conn, error) {
 }
 
 // EchoHandler is the reference backend over the network: audio comes back
-// unchanged, every event is answered with an event quoting it (the same
+// unchanged, a phone call's DTMF digits too (a send_dtmf control frame for
+// each dtmf one), every event is answered with an event quoting it (the same
 // reply as the in-process echo backend) and, when the session has one, the
 // session config the hello carried, so a caller can see what the backend
 // was told.
@@ -199,6 +200,12 @@ func EchoHandler(_ context.Context, c *Conn) {
 		case FrameAudio:
 			if c.WriteAudio(p, d) != nil {
 				return
+			}
+		case FrameControl:
+			if ctl, err := ParseControl(p); err == nil && ctl.Type == ControlDTMF {
+				if c.WriteControl(Control{Type: ControlSendDTMF, Digits: ctl.Digits}) != nil {
+					return
+				}
 			}
 		case FrameEvent:
 			reply := map[string]any{"type": backend.EventEcho, "session": c.Hello.Session}

@@ -110,6 +110,9 @@ func (c *call) ServerEvent(data []byte) {
 	case "output_audio_buffer.clear":
 		c.bargeIn(backend.ClearClient)
 		return
+	case backend.EventDTMFSend:
+		c.sendDTMF(data)
+		return
 	case "session.update":
 		if ev.Session != nil {
 			c.caller.Sealed(ev.Session)

@@ -600,3 +600,84 @@ func TestSealedFieldsWin(t *testing.T) {
 		})
 	}
 }
+
+// dtmfSink is a phone call's sink: it records the digits it is asked to
+// send.
+type dtmfSink struct {
+	*sink
+	mu     sync.Mutex
+	digits string
+}
+
+func (s *dtmfSink) SendDTMF(digits string) error {
+	if digits == "" || strings.Trim(digits, "0123456789*#ABCD") != "" {
+		return backend.ErrDTMFDigits
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.digits += digits
+	return nil
+}
+
+// TestDTMF: a phone call's digit reaches the app as OpenAI's
+// input_audio_buffer.dtmf_event_received and never the model server; a
+// sideband's rtcedge.dtmf.send reaches the pod's DTMFSender and not the
+// server, and a refused one is answered with an error naming it.
+func TestDTMF(t *testing.T) {
+	f := open(t, false, nil)
+	d, ok := f.h.(backend.DTMFHandler)
+	if !ok {
+		t.Fatal("the connector's handler takes no DTMF")
+	}
+	before := time.Now().Unix()
+	d.DTMF('7')
+	f.out.wait(t, "the digit's event", func(s *sink) bool { return s.index(backend.EventDTMFReceived) >= 0 })
+	f.out.mu.Lock()
+	ev := f.out.events[f.out.index(backend.EventDTMFReceived)]
+	f.out.mu.Unlock()
+	if at, _ := ev["received_at"].(float64); ev["event"] != "7" || int64(at) < before || !strings.HasPrefix(ev["event_id"].(string), backend.EventIDPrefix) {
+		t.Errorf("digit event %v", ev)
+	}
+
+	// The same call with a phone call's sink.
+	ds := &dtmfSink{sink: newSink()}
+	g := &fixture{srv: f.srv, b: f.b, out: ds.sink}
+	var err error
+	if g.h, err = f.b.Open(context.Background(), backend.SessionInfo{ID: "rtc_phone"}, ds); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.h.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if g.sess, err = f.srv.NextSession(ctx); err != nil {
+		t.Fatal(err)
+	}
+	se := g.h.(backend.ServerEvents)
+	se.ServerEvent([]byte(`{"type":"rtcedge.dtmf.send","event_id":"app_d1","digits":"12#"}`))
+	se.ServerEvent([]byte(`{"type":"rtcedge.dtmf.send","event_id":"app_d2","digits":"x"}`))
+	se.ServerEvent([]byte(`{"type":"session.update","event_id":"app_u","session":{"instructions":"after the digits"}}`))
+	g.waitServer(t, "the app's update", func(st *refserver.State) bool { return st.Config["instructions"] == "after the digits" })
+	g.out.wait(t, "the refusal", func(s *sink) bool { return s.index("error") >= 0 })
+	ds.mu.Lock()
+	if ds.digits != "12#" {
+		t.Errorf("digits sent %q, want 12#", ds.digits)
+	}
+	ds.mu.Unlock()
+	g.out.mu.Lock()
+	if e := g.out.events[g.out.index("error")]["error"].(map[string]any); e["event_id"] != "app_d2" || e["code"] != "dtmf_refused" {
+		t.Errorf("refusal %v", e)
+	}
+	g.out.mu.Unlock()
+	// g's server has had the update sent after the digits (the connector
+	// writes in order): no DTMF event among what either server got.
+	for _, s := range []*fixture{f, g} {
+		s.waitServer(t, "no DTMF", func(st *refserver.State) bool {
+			for _, r := range st.Received {
+				if strings.Contains(r, "dtmf") {
+					t.Errorf("the model server got %s", r)
+				}
+			}
+			return true
+		})
+	}
+}

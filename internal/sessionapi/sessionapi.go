@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/rtcedge/rtcedge/internal/apierr"
 )
@@ -224,4 +225,26 @@ func requireFunc(match func([sha256.Size]byte) bool, h http.Handler) http.Handle
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// A phone call's end, watched by the SIP front (docs/sip.md, "Hangup from
+// rtcedge's side"): GET SessionsPath/{id}/ended is held open by the pod
+// until the call ends, then answered 200 with CallEnded; after
+// CallEndedHold it is answered 204 and the front asks again. A call the
+// pod no longer holds is a 404 session_not_found (it ended, or its pod is
+// gone: the cluster's front answers that for a pod gossip dropped). The
+// hold stays well inside the 15 s WriteTimeout of the project's HTTP
+// servers (internal/node) on both hops: a front watching 1,000 calls asks
+// 100 times a second.
+const CallEndedHold = 10 * time.Second
+
+// CallEndedPath is the path, under SessionsPath, of call id's end.
+func CallEndedPath(id string) string { return "/" + id + "/ended" }
+
+// CallEnded is the body of a 200 to GET SessionsPath/{id}/ended.
+type CallEnded struct {
+	// Reason is why the pod ended the call, the reason label of
+	// rtcedge_transceiver_sessions_ended_total (rtp_timeout,
+	// backend_closed, deleted, shutdown, …).
+	Reason string `json:"reason"`
 }
