@@ -38,7 +38,7 @@ func startBaresip(t *testing.T, ctx context.Context) *baresipCtl {
 	if err := os.WriteFile(filepath.Join(dir, "in.wav"), wav(make([]int16, 60*8000), 8000), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sipPort, ctlPort := freeUDPPort(t), freeTCPPort(t)
+	sipPort, ctlPort := freePort(t), freePort(t)
 	conf := fmt.Sprintf(`poll_method epoll
 sip_listen 127.0.0.1:%d
 net_interface 127.0.0.1
@@ -241,16 +241,4 @@ func TestBaresipDTMFAndPodHangup(t *testing.T) {
 		return left() == "0 sessions, 0 dialogs, 0 RTP registrations, 0 routes"
 	})
 	t.Log(left())
-}
-
-// freeTCPPort is a loopback TCP port free a moment ago (for a program
-// that takes its listening address only from its configuration).
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -14,10 +14,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,7 +47,7 @@ func TestBaresipCallsEcho(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "in.wav"), wav(append(speech, make([]int16, tail)...), 8000), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sipPort := freeUDPPort(t)
+	sipPort := freePort(t)
 	conf := fmt.Sprintf(`poll_method epoll
 sip_listen 127.0.0.1:%d
 net_interface 127.0.0.1
@@ -148,12 +150,39 @@ func wav(pcm []int16, rate int) []byte {
 	return b.Bytes()
 }
 
-// freeUDPPort returns a loopback UDP port free a moment ago.
-func freeUDPPort(t *testing.T) int {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
+// freePort returns a loopback port that was free a moment ago for both
+// TCP (bound without SO_REUSEADDR) and UDP, for a program that listens on
+// both and picks no port itself (baresip's sip_listen, ctrl_tcp). It is
+// below the kernel's ephemeral range: a port 0 from that range can be the
+// local port of a connection another test made or left in TIME_WAIT, which
+// baresip's TCP listener then cannot bind (it failed so once, with 670 of
+// them on the machine).
+func freePort(t *testing.T) int {
+	t.Helper()
+	noReuse := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 0)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	for range 200 {
+		port := 20000 + rand.IntN(10000) // below rtp_ports 31000-31999
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		ln, err := noReuse.Listen(context.Background(), "tcp4", addr)
+		if err != nil {
+			continue
+		}
+		c, err := net.ListenPacket("udp4", addr)
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		c.Close()
+		return port
 	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port
+	t.Fatal("no loopback port free for both TCP and UDP in 20000-29999 after 200 tries")
+	return 0
 }
