@@ -208,6 +208,12 @@ func (p *phone) d(u sip.Uri) *sipgo.DialogUA {
 }
 
 func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
+	return newPhoneServing(t, nil, opts...)
+}
+
+// newPhoneServing is newPhone whose server takes the requests the front
+// sends (BYE, REFER) with the handlers register installs.
+func newPhoneServing(t *testing.T, register func(*sipgo.Server), opts ...sipgo.UserAgentOption) *phone {
 	t.Helper()
 	ua, err := sipgo.NewUA(append([]sipgo.UserAgentOption{sipgo.WithUserAgent("carrier")}, opts...)...)
 	if err != nil {
@@ -224,6 +230,9 @@ func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
 	srv, err := sipgo.NewServer(ua)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if register != nil {
+		register(srv)
 	}
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.ServeUDP(conn) }()

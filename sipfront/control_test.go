@@ -1,0 +1,477 @@
+package sipfront_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emiago/sipgo"
+	"github.com/emiago/sipgo/sip"
+
+	"github.com/rtcedge/rtcedge/internal/testmetrics"
+	"github.com/rtcedge/rtcedge/sipfront"
+)
+
+// The Standard Webhooks specification's published test secret.
+const (
+	hookSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	appKey     = "sk-app-0123456789abcdef"
+	otherKey   = "sk-other-0123456789abcdef"
+)
+
+// incoming is the realtime.call.incoming event as an application reads it.
+type incoming struct {
+	Object    string `json:"object"`
+	ID        string `json:"id"`
+	Type      string `json:"type"`
+	CreatedAt int64  `json:"created_at"`
+	Data      struct {
+		CallID     string `json:"call_id"`
+		SIPHeaders []struct {
+			Name  string `json:"name"`
+			Value string `json:"value"`
+		} `json:"sip_headers"`
+	} `json:"data"`
+}
+
+// verifyDelivery checks a delivery the way a user's application does,
+// with its own code: the three headers, a timestamp within five minutes,
+// and one v1 signature equal to HMAC-SHA256 of "id.timestamp.body" under
+// the secret's base64 key.
+func verifyDelivery(h http.Header, body []byte, secret string, now time.Time) error {
+	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
+	if id == "" || ts == "" || sigs == "" {
+		return errors.New("a Standard Webhooks header is missing")
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || now.Sub(time.Unix(sec, 0)).Abs() > 5*time.Minute {
+		return errors.New("timestamp outside the tolerance: a replay")
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		return err
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(id + "." + ts + "." + string(body)))
+	want := mac.Sum(nil)
+	for _, s := range strings.Fields(sigs) {
+		version, b64, _ := strings.Cut(s, ",")
+		got, err := base64.StdEncoding.DecodeString(b64)
+		if version == "v1" && err == nil && hmac.Equal(got, want) {
+			return nil
+		}
+	}
+	return errors.New("no valid signature")
+}
+
+// hookApp is the user's application: its webhook endpoint verifies every
+// delivery and hands the event on; answer decides the webhook's status.
+type hookApp struct {
+	t      *testing.T
+	srv    *httptest.Server
+	events chan incoming
+	answer func(w http.ResponseWriter, r *http.Request) // nil: 200 at once
+}
+
+func newHookApp(t *testing.T) *hookApp {
+	a := &hookApp{t: t, events: make(chan incoming, 4)}
+	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := verifyDelivery(r.Header, body, hookSecret, time.Now()); err != nil {
+			t.Errorf("delivery: %v", err)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		var ev incoming
+		if err := json.Unmarshal(body, &ev); err != nil {
+			t.Errorf("event: %v", err)
+		}
+		a.events <- ev
+		if a.answer != nil {
+			a.answer(w, r)
+		}
+	}))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+// controlWorld is a front whose trunk is decided by app's webhook, with
+// its call-control API served on loopback.
+func controlWorld(t *testing.T, app *hookApp, cfg sipfront.Config) (*world, string) {
+	t.Helper()
+	cfg.WebhookURL, cfg.WebhookSecret, cfg.WebhookAllowPrivate = app.srv.URL, hookSecret, true
+	cfg.APIKeys = []sipfront.APIKey{{Key: appKey, ClientSessionFields: []string{"instructions", "voice"}}, {Key: otherKey, Tenant: "other"}}
+	cfg.Trunks = []sipfront.Trunk{{Name: "carrier", SourceCIDRs: []string{"127.0.0.1/32"}, Session: map[string]any{"model": "gpt-realtime"}}}
+	w := newWorld(t, cfg)
+	api := httptest.NewServer(w.front.API())
+	t.Cleanup(api.Close)
+	return w, api.URL
+}
+
+// control POSTs an action on a call and returns the status and body.
+func control(t *testing.T, api, key, callID, action, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, api+"/v1/realtime/calls/"+callID+"/"+action, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// ringing places a call from p and returns its final answer (or error)
+// on a channel, with the provisional statuses it saw.
+type ringing struct {
+	call  *sipgo.DialogClientSession
+	provs chan int
+	done  chan error
+}
+
+func ring(t *testing.T, p *phone, to sip.Uri, headers ...sip.Header) *ringing {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	call, err := p.d(to).Invite(ctx, to, offerSDP("127.0.0.1"), append([]sip.Header{sdpType}, headers...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = call.Close() })
+	r := &ringing{call: call, provs: make(chan int, 8), done: make(chan error, 1)}
+	go func() {
+		r.done <- call.WaitAnswer(ctx, sipgo.AnswerOptions{OnResponse: func(res *sip.Response) error {
+			if res.IsProvisional() {
+				r.provs <- res.StatusCode
+			}
+			return nil
+		}})
+	}()
+	return r
+}
+
+// finalStatus is a refused call's final status.
+func finalStatus(t *testing.T, err error) int {
+	t.Helper()
+	var de *sipgo.ErrDialogResponse
+	if !errors.As(err, &de) {
+		t.Fatalf("want a final refusal, got %v", err)
+	}
+	return de.Res.StatusCode
+}
+
+func TestWebhookAcceptPlacesTheCallWithItsSession(t *testing.T) {
+	app := newHookApp(t)
+	w, api := controlWorld(t, app, sipfront.Config{})
+	p := newPhone(t)
+	r := ring(t, p, w.uri("udp"), sip.NewHeader("X-Customer", "42"), sip.NewHeader("Authorization", `Digest username="x"`))
+	var ev incoming
+	select {
+	case ev = <-app.events:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no webhook")
+	}
+	// 180 Ringing while the application decides (a 100 Trying may come
+	// before it).
+	for got := 0; got != 180; {
+		select {
+		case got = <-r.provs:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no 180 Ringing")
+		}
+		if got != 100 && got != 180 {
+			t.Fatalf("provisional %d, want 180 Ringing", got)
+		}
+	}
+	if ev.Object != "event" || ev.Type != "realtime.call.incoming" || !strings.HasPrefix(ev.ID, "evt_") ||
+		!strings.HasPrefix(ev.Data.CallID, "rtc_") || time.Since(time.Unix(ev.CreatedAt, 0)).Abs() > time.Minute {
+		t.Fatalf("event %+v", ev)
+	}
+	headers := map[string]string{}
+	for _, h := range ev.Data.SIPHeaders {
+		headers[h.Name] = h.Value
+	}
+	if headers["X-Customer"] != "42" || headers["Call-ID"] == "" || !strings.Contains(headers["From"], "tag=") || headers["To"] == "" {
+		t.Fatalf("sip_headers %v", ev.Data.SIPHeaders)
+	}
+	if _, leaked := headers["Authorization"]; leaked {
+		t.Fatal("the event carries the INVITE's Authorization header")
+	}
+	id := ev.Data.CallID
+	for _, tc := range []struct {
+		key, id, body, want string
+		status              int
+	}{
+		{otherKey, id, `{}`, "call_not_found", 404},                        // another tenant's call looks absent
+		{appKey, "rtc_nosuchcall", `{}`, "call_not_found", 404},            // no such call
+		{"sk-wrong-0123456789abcdef", id, `{}`, "invalid_api_key", 401},    // not a key
+		{appKey, id, `{"model":"gpt-4o"}`, `"param":"session.model"`, 400}, // sealed by the trunk
+		{appKey, id, `{"tools":[]}`, `"param":"session.tools"`, 400},       // not open to this key
+		{appKey, id, `[1]`, "invalid_session", 400},                        // not an object
+		{appKey, id, `{"instructions":"` + strings.Repeat("x", 40<<10) + `"}`, "body_too_large", 413},
+	} {
+		if status, body := control(t, api, tc.key, tc.id, "accept", tc.body); status != tc.status || !strings.Contains(body, tc.want) {
+			t.Fatalf("accept %s with %.40s: %d %s, want %d %s", tc.id, tc.body, status, body, tc.status, tc.want)
+		}
+	}
+	if status, body := control(t, api, appKey, id, "accept", `{"instructions":"Be brief.","voice":"marin"}`); status != 200 {
+		t.Fatalf("accept: %d %s", status, body)
+	}
+	if err := <-r.done; err != nil {
+		t.Fatalf("the carrier's answer: %v", err)
+	}
+	if status, body := control(t, api, appKey, id, "accept", `{}`); status != http.StatusConflict || !strings.Contains(body, "call_state_conflict") {
+		t.Fatalf("second accept: %d %s", status, body)
+	}
+	if status, _ := control(t, api, appKey, id, "reject", `{}`); status != http.StatusConflict {
+		t.Fatalf("reject after accept: %d", status)
+	}
+	creates, _ := w.cluster.record()
+	if len(creates) != 1 || string(creates[0].Config) != `{"instructions":"Be brief.","model":"gpt-realtime","voice":"marin"}` {
+		t.Fatalf("the pod got %+v", creates)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == 1 })
+	if err := r.call.Bye(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
+	if status, _ := control(t, api, appKey, id, "hangup", ``); status != 404 {
+		t.Fatalf("hangup of an ended call: %d, want 404", status)
+	}
+	m := testmetrics.Take(t, w.reg)
+	if m["rtcedge_sipfront_webhooks_total,result=delivered"] != 1 || m["rtcedge_sipfront_call_control_total,action=accept,result=ok"] != 1 ||
+		m["rtcedge_sipfront_requests_total,method=INVITE,result=answered"] != 1 {
+		t.Fatalf("metrics %v", m)
+	}
+}
+
+func TestRejectGivesTheCarrierItsStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       int
+	}{{"busy", `{"status_code":486}`, 486}, {"default", ``, 603}} {
+		t.Run(tc.name, func(t *testing.T) {
+			app := newHookApp(t)
+			w, api := controlWorld(t, app, sipfront.Config{})
+			r := ring(t, newPhone(t), w.uri("udp"))
+			id := (<-app.events).Data.CallID
+			for _, bad := range []string{`{"status_code":200}`, `{"status_code":700}`, `{"status_code":"486"}`, `{"status":486}`} {
+				if status, body := control(t, api, appKey, id, "reject", bad); status != 400 {
+					t.Fatalf("reject %s: %d %s, want 400", bad, status, body)
+				}
+			}
+			if status, body := control(t, api, appKey, id, "reject", tc.body); status != 200 {
+				t.Fatalf("reject: %d %s", status, body)
+			}
+			if got := finalStatus(t, <-r.done); got != tc.want {
+				t.Fatalf("the carrier got %d, want %d", got, tc.want)
+			}
+			waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
+			if creates, _ := w.cluster.record(); len(creates) != 0 {
+				t.Fatalf("a rejected call reached a cluster: %+v", creates)
+			}
+			if got := count(t, w, "INVITE", "declined"); got != 1 {
+				t.Fatalf("declined counted %v", got)
+			}
+		})
+	}
+}
+
+// TestUnansweredCallIsRefused: a webhook that takes the event and never
+// decides, and one that never answers at all, each leave the call refused
+// 480 once the accept timeout passes, and nothing behind (the dialog, the
+// call_id, the delivery's goroutine: TestMain's goleak).
+func TestUnansweredCallIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		hang   bool
+		cfg    sipfront.Config
+		result string
+	}{
+		{"no decision", false, sipfront.Config{AcceptTimeout: 400 * time.Millisecond}, "no_decision"},
+		{"webhook hangs", true, sipfront.Config{AcceptTimeout: 10 * time.Second, WebhookTimeout: 300 * time.Millisecond}, "webhook_failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app := newHookApp(t)
+			release := make(chan struct{})
+			if tc.hang {
+				app.answer = func(_ http.ResponseWriter, r *http.Request) {
+					select {
+					case <-r.Context().Done():
+					case <-release:
+					}
+				}
+			}
+			t.Cleanup(func() { close(release) })
+			w, api := controlWorld(t, app, tc.cfg)
+			r := ring(t, newPhone(t), w.uri("udp"))
+			id := (<-app.events).Data.CallID
+			if got := finalStatus(t, <-r.done); got != 480 {
+				t.Fatalf("the carrier got %d, want 480", got)
+			}
+			waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
+			if status, _ := control(t, api, appKey, id, "accept", `{}`); status != 404 {
+				t.Fatalf("a late accept: %d, want 404", status)
+			}
+			if got := count(t, w, "INVITE", tc.result); got != 1 {
+				t.Fatalf("%s counted %v: %v", tc.result, got, testmetrics.Take(t, w.reg))
+			}
+		})
+	}
+}
+
+// TestWebhookReach: a webhook URL on an internal address is refused at
+// connect time unless allowed, and a redirect is never followed.
+func TestWebhookReach(t *testing.T) {
+	t.Run("private address", func(t *testing.T) {
+		app := newHookApp(t)
+		cfg := sipfront.Config{WebhookURL: app.srv.URL, WebhookSecret: hookSecret, APIKeys: []sipfront.APIKey{{Key: appKey}},
+			Trunks: []sipfront.Trunk{{Name: "carrier", SourceCIDRs: []string{"127.0.0.1/32"}}}}
+		w2 := newWorld(t, cfg)
+		r := ring(t, newPhone(t), w2.uri("udp"))
+		if got := finalStatus(t, <-r.done); got != 480 {
+			t.Fatalf("the carrier got %d, want 480", got)
+		}
+		if len(app.events) != 0 {
+			t.Fatal("the webhook reached a loopback address")
+		}
+		if m := testmetrics.Take(t, w2.reg); m["rtcedge_sipfront_webhooks_total,result=address"] != 1 {
+			t.Fatalf("metrics %v", m)
+		}
+	})
+	t.Run("redirect", func(t *testing.T) {
+		target := newHookApp(t)
+		redirect := httptest.NewServer(http.RedirectHandler(target.srv.URL, http.StatusTemporaryRedirect))
+		t.Cleanup(redirect.Close)
+		cfg := sipfront.Config{WebhookURL: redirect.URL, WebhookSecret: hookSecret, WebhookAllowPrivate: true, APIKeys: []sipfront.APIKey{{Key: appKey}},
+			Trunks: []sipfront.Trunk{{Name: "carrier", SourceCIDRs: []string{"127.0.0.1/32"}}}}
+		w := newWorld(t, cfg)
+		r := ring(t, newPhone(t), w.uri("udp"))
+		if got := finalStatus(t, <-r.done); got != 480 {
+			t.Fatalf("the carrier got %d, want 480", got)
+		}
+		if len(target.events) != 0 {
+			t.Fatal("the redirect was followed")
+		}
+		if m := testmetrics.Take(t, w.reg); m["rtcedge_sipfront_webhooks_total,result=refused"] != 1 {
+			t.Fatalf("metrics %v", m)
+		}
+	})
+}
+
+// TestReferTransfersTheCall: /refer sends a REFER in the dialog, the
+// carrier's 202 answers the API, its NOTIFYs (sipfrag 100, then 200) are
+// taken, and the transfer's success ends the call with a BYE from the
+// front, freeing everything.
+func TestReferTransfersTheCall(t *testing.T) {
+	app := newHookApp(t)
+	w, api := controlWorld(t, app, sipfront.Config{})
+	calls := make(chan *sipgo.DialogClientSession, 1)
+	referTo := make(chan string, 1)
+	notified := make(chan error, 1)
+	byes := make(chan struct{}, 1)
+	p := newPhoneServing(t, func(srv *sipgo.Server) {
+		srv.OnRefer(func(req *sip.Request, tx sip.ServerTransaction) {
+			_ = tx.Respond(sip.NewResponseFromRequest(req, sip.StatusAccepted, "Accepted", nil))
+			referTo <- req.GetHeader("Refer-To").Value()
+			call := <-calls
+			calls <- call
+			go func() { notified <- notifyTransfer(call, "SIP/2.0 100 Trying", "SIP/2.0 200 OK") }()
+		})
+		srv.OnBye(func(req *sip.Request, tx sip.ServerTransaction) {
+			_ = tx.Respond(sip.NewResponseFromRequest(req, sip.StatusOK, "OK", nil))
+			byes <- struct{}{}
+		})
+	})
+	r := ring(t, p, w.uri("udp"))
+	calls <- r.call
+	id := (<-app.events).Data.CallID
+	if status, body := control(t, api, appKey, id, "refer", `{"target_uri":"sip:desk@example.com"}`); status != http.StatusConflict {
+		t.Fatalf("refer of a ringing call: %d %s, want 409", status, body)
+	}
+	if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
+		t.Fatalf("accept: %d %s", status, body)
+	}
+	if err := <-r.done; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == 1 })
+	for _, bad := range []string{`{"target_uri":"http://example.com"}`, `{"target_uri":"sip:a@b>\r\nX: y"}`, `{}`, `{"target":"sip:a@b"}`} {
+		if status, body := control(t, api, appKey, id, "refer", bad); status != 400 {
+			t.Fatalf("refer %s: %d %s, want 400", bad, status, body)
+		}
+	}
+	if status, body := control(t, api, appKey, id, "refer", `{"target_uri":"sip:+15551234567@transfer.example.com"}`); status != 200 {
+		t.Fatalf("refer: %d %s", status, body)
+	}
+	if got := <-referTo; got != "<sip:+15551234567@transfer.example.com>" {
+		t.Fatalf("Refer-To %q", got)
+	}
+	if err := <-notified; err != nil {
+		t.Fatalf("NOTIFY: %v", err)
+	}
+	select {
+	case <-byes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no BYE after the transfer")
+	}
+	waitFor(t, "every resource freed", func() bool {
+		_, deletes := w.cluster.record()
+		return w.front.Dialogs() == 0 && w.front.Pending() == 0 && len(deletes) == 1
+	})
+	m := testmetrics.Take(t, w.reg)
+	if m["rtcedge_sipfront_transfers_total,result=transferred"] != 1 || m["rtcedge_sipfront_requests_total,method=NOTIFY,result=ok"] != 2 {
+		t.Fatalf("metrics %v", m)
+	}
+}
+
+// notifyTransfer sends the carrier's NOTIFYs of a transfer, one per
+// sipfrag status line, each to be answered 200.
+func notifyTransfer(call *sipgo.DialogClientSession, frags ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, frag := range frags {
+		req := sip.NewRequest(sip.NOTIFY, call.InviteResponse.Contact().Address)
+		req.AppendHeader(sip.NewHeader("Event", "refer"))
+		state := "active;expires=60"
+		if i == len(frags)-1 {
+			state = "terminated;reason=noresource"
+		}
+		req.AppendHeader(sip.NewHeader("Subscription-State", state))
+		req.AppendHeader(sip.NewHeader("Content-Type", "message/sipfrag;version=2.0"))
+		req.SetBody([]byte(frag + "\r\n"))
+		res, err := call.Do(ctx, req)
+		if err != nil {
+			return err
+		}
+		if res.StatusCode != 200 {
+			return errors.New("NOTIFY answered " + strconv.Itoa(res.StatusCode))
+		}
+	}
+	return nil
+}
