@@ -119,7 +119,7 @@ func controlWorld(t *testing.T, app *hookApp, cfg sipfront.Config) (*world, stri
 }
 
 // control POSTs an action on a call and returns the status and body.
-func control(t *testing.T, api, key, callID, action, body string) (int, string) {
+func control(t testing.TB, api, key, callID, action, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, api+"/v1/realtime/calls/"+callID+"/"+action, strings.NewReader(body))
 	if err != nil {
@@ -474,4 +474,70 @@ func notifyTransfer(call *sipgo.DialogClientSession, frags ...string) error {
 		}
 	}
 	return nil
+}
+
+// BenchmarkInviteToAnswer times INVITE → 200 OK over loopback UDP with
+// the trunk's session (no webhook) and with a webhook whose application
+// accepts at once from its handler, in the same run (the stand-in
+// cluster answers creates at once). Each call is acknowledged and hung up
+// before the next.
+func BenchmarkInviteToAnswer(b *testing.B) {
+	for _, hook := range []bool{false, true} {
+		name := "no_webhook"
+		if hook {
+			name = "webhook_accepts_at_once"
+		}
+		b.Run(name, func(b *testing.B) { benchInvites(b, hook) })
+	}
+}
+
+func benchInvites(b *testing.B, hook bool) {
+	var api string
+	cfg := sipfront.Config{SourceRate: 1e6, SourceBurst: 1e6}
+	var w *world
+	if hook {
+		app := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			var ev incoming
+			if verifyDelivery(r.Header, body, hookSecret, time.Now()) != nil || json.Unmarshal(body, &ev) != nil {
+				rw.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			if status, msg := control(b, api, appKey, ev.Data.CallID, "accept", `{}`); status != 200 {
+				b.Errorf("accept: %d %s", status, msg)
+			}
+		}))
+		b.Cleanup(app.Close)
+		cfg.WebhookURL, cfg.WebhookSecret, cfg.WebhookAllowPrivate = app.URL, hookSecret, true
+		cfg.APIKeys = []sipfront.APIKey{{Key: appKey}}
+	}
+	cfg.Trunks = []sipfront.Trunk{{Name: "carrier", SourceCIDRs: []string{"127.0.0.1/32"}, CallsPerSecond: 1e6, CallBurst: 1e6, MaxCalls: 1000}}
+	w = newWorld(b, cfg)
+	apiSrv := httptest.NewServer(w.front.API())
+	b.Cleanup(apiSrv.Close)
+	api = apiSrv.URL
+	p := newPhone(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		call, err := p.d(w.uri("udp")).Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := call.WaitAnswer(ctx, sipgo.AnswerOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := call.Ack(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := call.Bye(ctx); err != nil {
+			b.Fatal(err)
+		}
+		_ = call.Close()
+		<-w.cluster.created
+		b.StartTimer()
+	}
 }
