@@ -541,3 +541,45 @@ func benchInvites(b *testing.B, hook bool) {
 		b.StartTimer()
 	}
 }
+
+// TestAcceptOfACallNoClusterTakes: the accept hears 503 and the carrier
+// gets 503 with Retry-After; nothing is left.
+func TestAcceptOfACallNoClusterTakes(t *testing.T) {
+	app := newHookApp(t)
+	w, api := controlWorld(t, app, sipfront.Config{})
+	w.cluster.set(http.StatusServiceUnavailable, nil)
+	r := ring(t, newPhone(t), w.uri("udp"))
+	id := (<-app.events).Data.CallID
+	if status, body := control(t, api, appKey, id, "accept", `{"voice":"marin"}`); status != 503 || !strings.Contains(body, "call_not_placed") {
+		t.Fatalf("accept: %d %s, want 503", status, body)
+	}
+	if got := finalStatus(t, <-r.done); got != 503 {
+		t.Fatalf("the carrier got %d, want 503", got)
+	}
+	waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
+}
+
+// TestCloseWhileRinging: a front that stops answers its ringing calls
+// 503 at once instead of holding them to the accept timeout.
+func TestCloseWhileRinging(t *testing.T) {
+	app := newHookApp(t)
+	w, _ := controlWorld(t, app, sipfront.Config{AcceptTimeout: time.Minute})
+	r := ring(t, newPhone(t), w.uri("udp"))
+	<-app.events
+	closed := make(chan error, 1)
+	go func() { closed <- w.front.Close() }()
+	if got := finalStatus(t, <-r.done); got != 503 {
+		t.Fatalf("the carrier got %d, want 503", got)
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the ringing call")
+	}
+	if w.front.Dialogs() != 0 || w.front.Pending() != 0 {
+		t.Fatalf("%d dialogs, %d call_ids left", w.front.Dialogs(), w.front.Pending())
+	}
+}

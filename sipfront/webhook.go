@@ -51,6 +51,8 @@ const (
 	maxHeaderValue = 1024
 	// maxEventHeaders caps the headers copied into the event.
 	maxEventHeaders = 64
+	// maxAcceptTimeout bounds accept_timeout.
+	maxAcceptTimeout = time.Minute
 )
 
 // webhookKey decodes a "whsec_<base64>" secret to its HMAC key.
@@ -223,6 +225,11 @@ func (c *Config) validateControl() error {
 	var errs []error
 	if c.AcceptTimeout <= 0 || c.WebhookTimeout <= 0 {
 		errs = append(errs, errors.New("accept_timeout and webhook_timeout must be positive"))
+	}
+	if c.AcceptTimeout > maxAcceptTimeout {
+		// A ringing call sends no 1xx after its 180; RFC 3261 13.3.1.1
+		// asks for one every minute, or proxies on the way give up.
+		errs = append(errs, fmt.Errorf("accept_timeout is over %v", maxAcceptTimeout))
 	}
 	check := func(what, u, secret string) {
 		if u == "" {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The Standard Webhooks specification's published vector: a receiver's
@@ -82,6 +83,7 @@ func TestControlConfig(t *testing.T) {
 			c.Trunks[0].WebhookURL = "https://a.example.com"
 			c.WebhookSecret = ""
 		}, "whsec_"},
+		"long accept": {func(c *Config) { c.AcceptTimeout = 2 * time.Minute }, "accept_timeout is over"},
 		"twice a key": {func(c *Config) { c.APIKeys = append(c.APIKeys, c.APIKeys[0]) }, "used twice"},
 	} {
 		c := base()
@@ -90,5 +92,19 @@ func TestControlConfig(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", name, err, tc.want)
 		}
+	}
+}
+
+func TestNodeNeedsAPIAddrWithAWebhook(t *testing.T) {
+	c := NodeConfig{SIPUDP: "127.0.0.1:0", Catalogue: "catalogue.yaml", Config: Config{WebhookURL: "https://app.example.com/hook",
+		WebhookSecret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", APIKeys: []APIKey{{Key: "sk-0123456789abcdef"}},
+		Trunks: []Trunk{{Name: "t", SourceCIDRs: []string{"203.0.113.0/24"}}}}}
+	c.Defaults()
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "needs api_addr") {
+		t.Fatalf("no api_addr: %v", err)
+	}
+	c.APIAddr = "127.0.0.1:0"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("with api_addr: %v", err)
 	}
 }
