@@ -6,9 +6,11 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +117,103 @@ func TestSIPWebhookAcceptReachesThePod(t *testing.T) {
 	})
 }
 
+// BenchmarkSIPInviteToAnswer times INVITE → 200 OK through the dev world
+// to a real pod with the echo backend, without a webhook and with one
+// whose application accepts at once from its handler, in the same run
+// (docs/sip.md, "Measured"). Each call is acknowledged and hung up, and
+// its session gone, before the next.
+func BenchmarkSIPInviteToAnswer(b *testing.B) {
+	for _, hook := range []bool{false, true} {
+		name := "no_webhook"
+		if hook {
+			name = "webhook_accepts_at_once"
+		}
+		b.Run(name, func(b *testing.B) { benchSIPInvites(b, hook) })
+	}
+}
+
+func benchSIPInvites(b *testing.B, hook bool) {
+	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	const key = "sk-e2e-sip-app-0123456789"
+	cfg := devworld.Config{SIPAddr: "127.0.0.1:0", PodsPerCluster: 1, RelaysPerCluster: 1, Logger: testLogger()}
+	var api string
+	if hook {
+		client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+		app := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			var ev struct {
+				Data struct {
+					CallID string `json:"call_id"`
+				} `json:"data"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&ev)
+			req, _ := http.NewRequest(http.MethodPost, api+"/v1/realtime/calls/"+ev.Data.CallID+"/accept", strings.NewReader(`{}`))
+			req.Header.Set("Authorization", "Bearer "+key)
+			if res, err := client.Do(req); err != nil || res.StatusCode != 200 {
+				b.Errorf("accept: %v %v", res, err)
+			} else {
+				res.Body.Close()
+			}
+		}))
+		defer app.Close()
+		cfg.SIP = func(c *sipfront.NodeConfig) {
+			c.APIAddr = "127.0.0.1:0"
+			c.WebhookURL, c.WebhookSecret, c.WebhookAllowPrivate = app.URL, secret, true
+			c.APIKeys = []sipfront.APIKey{{Key: key}}
+		}
+	}
+	w, err := devworld.Start(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	api = w.SIPAPIURL
+	var to sip.Uri
+	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
+		b.Fatal(err)
+	}
+	ua, err := sipgo.NewUA(sipgo.WithUserAgent("carrier"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ua.Close()
+	cli, err := sipgo.NewClient(ua, sipgo.WithClientHostname("127.0.0.1"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	dua := &sipgo.DialogUA{Client: cli, ContactHDR: sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: 5999}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var took []time.Duration
+	defer func() { reportQuantiles(b, took) }()
+	b.ResetTimer()
+	for i := range b.N {
+		offer := fmt.Sprintf("v=0\r\no=carrier 1 1 IN IP4 127.0.0.1\r\ns=call\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio %d RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n", 20000+2*(i%20000))
+		start := time.Now()
+		call, err := dua.Invite(ctx, to, []byte(offer), sip.NewHeader("Content-Type", "application/sdp"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := call.WaitAnswer(ctx, sipgo.AnswerOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		took = append(took, time.Since(start))
+		if err := call.Ack(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := call.Bye(ctx); err != nil {
+			b.Fatal(err)
+		}
+		_ = call.Close()
+		for deadline := time.Now().Add(10 * time.Second); w.Sessions() != 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatal("a call's session did not end")
+			}
+		}
+		b.StartTimer()
+	}
+}
+
 func mustB64(t *testing.T, s string) []byte {
 	t.Helper()
 	b, err := base64.StdEncoding.DecodeString(s)
@@ -122,4 +221,15 @@ func mustB64(t *testing.T, s string) []byte {
 		t.Fatalf("base64 %q: %v", s, err)
 	}
 	return b
+}
+
+// reportQuantiles reports the median and p90 of per-call times, which
+// the mean of a loaded machine hides.
+func reportQuantiles(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-p50")
+	b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "ms-p90")
 }

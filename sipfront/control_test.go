@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -520,8 +521,11 @@ func benchInvites(b *testing.B, hook bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	b.ReportAllocs()
+	var took []time.Duration
+	defer func() { reportQuantiles(b, took) }()
 	b.ResetTimer()
 	for range b.N {
+		start := time.Now()
 		call, err := p.d(w.uri("udp")).Invite(ctx, w.uri("udp"), offerSDP("127.0.0.1"), sdpType)
 		if err != nil {
 			b.Fatal(err)
@@ -530,6 +534,7 @@ func benchInvites(b *testing.B, hook bool) {
 			b.Fatal(err)
 		}
 		b.StopTimer()
+		took = append(took, time.Since(start))
 		if err := call.Ack(ctx); err != nil {
 			b.Fatal(err)
 		}
@@ -582,4 +587,15 @@ func TestCloseWhileRinging(t *testing.T) {
 	if w.front.Dialogs() != 0 || w.front.Pending() != 0 {
 		t.Fatalf("%d dialogs, %d call_ids left", w.front.Dialogs(), w.front.Pending())
 	}
+}
+
+// reportQuantiles reports the median and p90 of per-call times, which
+// the mean of a loaded machine hides.
+func reportQuantiles(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-p50")
+	b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "ms-p90")
 }
