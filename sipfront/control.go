@@ -69,16 +69,25 @@ func (f *Front) ring(ctx context.Context, d *dialog, req *sip.Request) (dec deci
 	_ = d.ds.Respond(sip.StatusRinging, "Ringing", nil)
 	ev := incomingEvent{Object: "event", ID: randomID("evt_"), Type: "realtime.call.incoming", CreatedAt: f.cfg.Now().Unix(),
 		Data: incomingData{CallID: d.callID, SIPHeaders: eventHeaders(req)}}
-	hctx, cancel := context.WithTimeout(ctx, f.cfg.WebhookTimeout)
+	// The delivery is bounded by WebhookTimeout, not by the INVITE's
+	// transaction: an application that accepts from its webhook handler
+	// and then answers 200 must not see its request cut when the call is
+	// answered. A refusal (timeout, CANCEL) abandons it.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.WebhookTimeout)
 	delivered := make(chan error, 1)
 	start := f.cfg.Now()
 	go func() { delivered <- d.trunk.hook.deliver(hctx, ev, f.cfg.Now()) }()
 	hook := delivered
 	defer func() {
-		cancel()
-		if hook != nil {
-			f.webhookDone(<-hook, start)
+		if hook == nil {
+			cancel()
+			return
 		}
+		if ok && f.track(func() { f.webhookDone(<-hook, start); cancel() }) {
+			return // accepted: the delivery ends on its own, Close waits for it
+		}
+		cancel()
+		f.webhookDone(<-hook, start)
 	}()
 	timer := time.NewTimer(f.cfg.AcceptTimeout)
 	defer timer.Stop()

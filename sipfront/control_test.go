@@ -599,3 +599,40 @@ func reportQuantiles(b *testing.B, took []time.Duration) {
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-p50")
 	b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "ms-p90")
 }
+
+// TestAcceptFromTheWebhookHandler: an application that accepts from
+// within its webhook handler and then answers 200 (OpenAI's example does)
+// has its delivery completed, not cut when the call is answered.
+func TestAcceptFromTheWebhookHandler(t *testing.T) {
+	app := newHookApp(t)
+	w, api := controlWorld(t, app, sipfront.Config{})
+	accepted := make(chan int, 1)
+	app.answer = func(rw http.ResponseWriter, r *http.Request) {
+		ev := <-app.events
+		status, _ := control(t, api, appKey, ev.Data.CallID, "accept", `{}`)
+		accepted <- status
+		rw.WriteHeader(http.StatusOK)
+	}
+	r := ring(t, newPhone(t), w.uri("udp"))
+	if err := <-r.done; err != nil {
+		t.Fatalf("the carrier's answer: %v", err)
+	}
+	if status := <-accepted; status != 200 {
+		t.Fatalf("accept: %d", status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.call.Bye(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the delivery's end", func() bool {
+		m := testmetrics.Take(t, w.reg)
+		if m["rtcedge_sipfront_webhooks_total,result=abandoned"] != 0 {
+			t.Fatalf("the delivery was cut: %v", m)
+		}
+		return m["rtcedge_sipfront_webhooks_total,result=delivered"] == 1
+	})
+}
