@@ -636,3 +636,110 @@ func TestAcceptFromTheWebhookHandler(t *testing.T) {
 		return m["rtcedge_sipfront_webhooks_total,result=delivered"] == 1
 	})
 }
+
+// TestHangup: /hangup declines a ringing call (603) and ends an answered
+// one with a BYE to the carrier and the session's delete.
+func TestHangup(t *testing.T) {
+	t.Run("ringing", func(t *testing.T) {
+		app := newHookApp(t)
+		w, api := controlWorld(t, app, sipfront.Config{})
+		r := ring(t, newPhone(t), w.uri("udp"))
+		id := (<-app.events).Data.CallID
+		if status, body := control(t, api, appKey, id, "hangup", ``); status != 200 {
+			t.Fatalf("hangup: %d %s", status, body)
+		}
+		if got := finalStatus(t, <-r.done); got != 603 {
+			t.Fatalf("the carrier got %d, want 603", got)
+		}
+		waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
+	})
+	t.Run("answered", func(t *testing.T) {
+		app := newHookApp(t)
+		w, api := controlWorld(t, app, sipfront.Config{})
+		byes := make(chan struct{}, 1)
+		p := newPhoneServing(t, func(srv *sipgo.Server) {
+			srv.OnBye(func(req *sip.Request, tx sip.ServerTransaction) {
+				_ = tx.Respond(sip.NewResponseFromRequest(req, sip.StatusOK, "OK", nil))
+				byes <- struct{}{}
+			})
+		})
+		r := ring(t, p, w.uri("udp"))
+		id := (<-app.events).Data.CallID
+		if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
+			t.Fatalf("accept: %d %s", status, body)
+		}
+		if err := <-r.done; err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := r.call.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == 1 })
+		if status, body := control(t, api, appKey, id, "hangup", ``); status != 200 {
+			t.Fatalf("hangup: %d %s", status, body)
+		}
+		select {
+		case <-byes:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no BYE after /hangup")
+		}
+		waitFor(t, "every resource freed", func() bool {
+			_, deletes := w.cluster.record()
+			return w.front.Dialogs() == 0 && w.front.Pending() == 0 && len(deletes) == 1
+		})
+		if status, _ := control(t, api, appKey, id, "hangup", ``); status != 404 {
+			t.Fatalf("a second hangup: %d, want 404", status)
+		}
+	})
+}
+
+// TestNotifyRefusals: a NOTIFY outside a dialog is 481, of another event
+// package 489, without a sipfrag status 400; each counted, none ending
+// the call.
+func TestNotifyRefusals(t *testing.T) {
+	app := newHookApp(t)
+	w, api := controlWorld(t, app, sipfront.Config{})
+	p := newPhone(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stray := sip.NewRequest(sip.NOTIFY, w.uri("udp"))
+	stray.AppendHeader(sip.NewHeader("Event", "refer"))
+	if res, err := p.cli.Do(ctx, stray); err != nil || res.StatusCode != 481 {
+		t.Fatalf("a NOTIFY of no dialog: %v %v, want 481", res, err)
+	}
+	r := ring(t, p, w.uri("udp"))
+	id := (<-app.events).Data.CallID
+	if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
+		t.Fatalf("accept: %d %s", status, body)
+	}
+	if err := <-r.done; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		event, body string
+		want        int
+	}{{"presence", "SIP/2.0 200 OK", 489}, {"refer", "hello", 400}} {
+		req := sip.NewRequest(sip.NOTIFY, r.call.InviteResponse.Contact().Address)
+		req.AppendHeader(sip.NewHeader("Event", tc.event))
+		req.AppendHeader(sip.NewHeader("Content-Type", "message/sipfrag"))
+		req.SetBody([]byte(tc.body))
+		if res, err := r.call.Do(ctx, req); err != nil || res.StatusCode != tc.want {
+			t.Fatalf("NOTIFY %s %q: %v %v, want %d", tc.event, tc.body, res, err, tc.want)
+		}
+	}
+	if w.front.Dialogs() != 1 {
+		t.Fatal("a refused NOTIFY ended the call")
+	}
+	waitFor(t, "the refusals counted", func() bool {
+		return count(t, w, "NOTIFY", "no_dialog") == 1 && count(t, w, "NOTIFY", "bad_request") == 2
+	})
+	if err := r.call.Bye(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
+}
