@@ -94,7 +94,11 @@ func (f *Front) serveControl(w http.ResponseWriter, r *http.Request, h controlFu
 		}
 		return "invalid"
 	}
-	d := f.pending.get(r.PathValue("call_id"))
+	id := r.PathValue("call_id")
+	if peer, ok := f.peerFor(r, id); ok {
+		return f.forward(w, r, peer, body)
+	}
+	d := f.pending.get(id)
 	if d == nil || d.trunk.tenant != k.tenant {
 		apierr.Write(w, http.StatusNotFound, apierr.TypeNotFound, "call_not_found", "no call with that call_id", 0)
 		return "not_found"

@@ -70,6 +70,13 @@ type Config struct {
 	// false). An API key's own policy wins.
 	ClientSessionFields []string `yaml:"client_session_fields"`
 	SealedFieldsWin     bool     `yaml:"sealed_fields_win"`
+	// Replica is this replica's name among the fronts serving the same
+	// applications (e.g. the StatefulSet pod's name); its call_ids carry
+	// it. APIPeers are the other replicas' call-control base URLs by
+	// name: a decision for a peer's call is forwarded there. Both empty:
+	// one replica.
+	Replica  string            `yaml:"replica"`
+	APIPeers map[string]string `yaml:"api_peers"`
 
 	Now func() time.Time `yaml:"-"` // default time.Now
 }
@@ -185,7 +192,7 @@ func (c *Config) Validate() error {
 	if len(c.Trunks) == 0 {
 		errs = append(errs, errors.New("at least one trunk is required"))
 	}
-	errs = append(errs, c.validateControl())
+	errs = append(errs, c.validateControl(), c.validatePeers())
 	names := map[string]bool{}
 	for i, t := range c.Trunks {
 		if err := t.validate(); err != nil {

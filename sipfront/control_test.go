@@ -743,3 +743,68 @@ func TestNotifyRefusals(t *testing.T) {
 	}
 	waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
 }
+
+// TestDecisionForwardedToTheReplicaHoldingTheCall: two front replicas
+// serve the same application; a call rung on b is accepted at a, which
+// forwards the accept to b (the call_id names b). A call_id naming an
+// unknown replica, and a forwarded request for another replica, are 404:
+// nothing is forwarded twice.
+func TestDecisionForwardedToTheReplicaHoldingTheCall(t *testing.T) {
+	app := newHookApp(t)
+	handlers := map[string]http.Handler{}
+	apis := map[string]*httptest.Server{}
+	for _, name := range []string{"a", "b"} {
+		apis[name] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handlers[name].ServeHTTP(w, r) }))
+		t.Cleanup(apis[name].Close)
+	}
+	worlds := map[string]*world{}
+	for name, peer := range map[string]string{"a": "b", "b": "a"} {
+		cfg := sipfront.Config{Replica: name, APIPeers: map[string]string{peer: apis[peer].URL},
+			WebhookURL: app.srv.URL, WebhookSecret: hookSecret, WebhookAllowPrivate: true, APIKeys: []sipfront.APIKey{{Key: appKey}},
+			Trunks: []sipfront.Trunk{{Name: "carrier", SourceCIDRs: []string{"127.0.0.1/32"}}}}
+		worlds[name] = newWorld(t, cfg)
+		handlers[name] = worlds[name].front.API()
+	}
+	r := ring(t, newPhone(t), worlds["b"].uri("udp"))
+	id := (<-app.events).Data.CallID
+	if !strings.HasPrefix(id, "rtc_b_") {
+		t.Fatalf("call_id %q does not name its replica", id)
+	}
+	for _, bad := range []string{"rtc_c_0123", "rtc_a_0123"} {
+		if status, body := control(t, apis["a"].URL, appKey, bad, "accept", `{}`); status != 404 {
+			t.Fatalf("accept of %s at a: %d %s, want 404", bad, status, body)
+		}
+	}
+	if status, body := control(t, apis["a"].URL, "sk-wrong-0123456789abcdef", id, "accept", `{}`); status != 401 {
+		t.Fatalf("an unauthenticated accept: %d %s, want 401 before any forwarding", status, body)
+	}
+	req, _ := http.NewRequest(http.MethodPost, apis["a"].URL+"/v1/realtime/calls/"+id+"/accept", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer "+appKey)
+	req.Header.Set("Rtcedge-Forwarded", "x")
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 404 {
+		t.Fatalf("a forwarded accept for b at a: %v %v, want 404", res, err)
+	} else {
+		res.Body.Close()
+	}
+	if status, body := control(t, apis["a"].URL, appKey, id, "accept", `{}`); status != 200 {
+		t.Fatalf("accept at a: %d %s", status, body)
+	}
+	if err := <-r.done; err != nil {
+		t.Fatalf("the carrier's answer: %v", err)
+	}
+	if status, body := control(t, apis["a"].URL, appKey, id, "accept", `{}`); status != 409 {
+		t.Fatalf("a second accept through a: %d %s, want b's 409", status, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.call.Bye(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every resource freed", func() bool { return worlds["b"].front.Dialogs() == 0 && worlds["b"].front.Pending() == 0 })
+	if got := testmetrics.Take(t, worlds["a"].reg)["rtcedge_sipfront_call_control_total,action=accept,result=forwarded"]; got != 2 {
+		t.Fatalf("a forwarded %v accepts, want 2", got)
+	}
+}

@@ -70,7 +70,7 @@ func (f *Front) invite(req *sip.Request, tx sip.ServerTransaction) string {
 	}
 	d := newDialog(ds.ID, t, ds)
 	if t.hook != nil {
-		d.callID = randomID("rtc_")
+		d.callID = f.newCallID()
 	}
 	if !f.dialogs.add(d) {
 		t.release()

@@ -70,7 +70,7 @@ var webhookResults = []string{"delivered", "timeout", "refused", "address", "aba
 // controlActions and controlResults label rtcedge_sipfront_call_control_total.
 var (
 	controlActions = []string{"accept", "reject", "refer", "hangup"}
-	controlResults = []string{"ok", "unauthorized", "not_found", "conflict", "invalid", "failed"}
+	controlResults = []string{"ok", "unauthorized", "not_found", "conflict", "invalid", "failed", "forwarded"}
 )
 
 // newMetrics builds and registers the front's own metrics; the shared
@@ -92,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56, 5.12},
 		}),
 		transfers: metric.CounterVec("rtcedge_sipfront_transfers_total", "Transfers (/refer) the carrier took, by outcome (transferred, failed, timeout, ended).", "result"),
-		control:   metric.CounterVec("rtcedge_sipfront_call_control_total", "Call-control API requests by action (accept, reject, refer, hangup) and result (ok, unauthorized, not_found, conflict, invalid, failed).", "action", "result"),
+		control:   metric.CounterVec("rtcedge_sipfront_call_control_total", "Call-control API requests by action (accept, reject, refer, hangup) and result (ok, unauthorized, not_found, conflict, invalid, failed, forwarded).", "action", "result"),
 	}
 	for _, r := range []string{"transferred", "failed", "timeout", "ended"} {
 		m.transfers.WithLabelValues(r)

@@ -83,8 +83,11 @@ func TestControlConfig(t *testing.T) {
 			c.Trunks[0].WebhookURL = "https://a.example.com"
 			c.WebhookSecret = ""
 		}, "whsec_"},
-		"long accept": {func(c *Config) { c.AcceptTimeout = 2 * time.Minute }, "accept_timeout is over"},
-		"twice a key": {func(c *Config) { c.APIKeys = append(c.APIKeys, c.APIKeys[0]) }, "used twice"},
+		"long accept":          {func(c *Config) { c.AcceptTimeout = 2 * time.Minute }, "accept_timeout is over"},
+		"peers without a name": {func(c *Config) { c.APIPeers = map[string]string{"b": "http://b:8443"} }, "needs replica"},
+		"bad peer URL":         {func(c *Config) { c.Replica = "a"; c.APIPeers = map[string]string{"b": "b:8443/x"} }, "base URL"},
+		"bad replica":          {func(c *Config) { c.Replica = "A_1" }, "lower-case"},
+		"twice a key":          {func(c *Config) { c.APIKeys = append(c.APIKeys, c.APIKeys[0]) }, "used twice"},
 	} {
 		c := base()
 		tc.edit(&c)
