@@ -48,8 +48,8 @@ type Config struct {
 	// base64 of at least 24 random bytes.
 	WebhookSecret    string `yaml:"webhook_secret"`
 	WebhookSecretEnv string `yaml:"webhook_secret_env"`
-	// WebhookTimeout bounds one delivery (connect to the end of the
-	// answer); default 5s, at most AcceptTimeout.
+	// WebhookTimeout bounds one delivery, its retries included (connect
+	// to the end of the last answer); default 5s, at most AcceptTimeout.
 	WebhookTimeout time.Duration `yaml:"webhook_timeout"`
 	// WebhookAllowPrivate lets webhooks reach loopback, private and
 	// link-local addresses (the dev world, tests); default false: a URL

@@ -76,7 +76,7 @@ func (f *Front) ring(ctx context.Context, d *dialog, req *sip.Request) (dec deci
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.WebhookTimeout)
 	delivered := make(chan error, 1)
 	start := f.cfg.Now()
-	go func() { delivered <- d.trunk.hook.deliver(hctx, ev, f.cfg.Now()) }()
+	go func() { delivered <- d.trunk.hook.deliver(hctx, ev, f.cfg.Now) }()
 	hook := delivered
 	defer func() {
 		if hook == nil {

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -807,4 +808,49 @@ func TestDecisionForwardedToTheReplicaHoldingTheCall(t *testing.T) {
 	if got := testmetrics.Take(t, worlds["a"].reg)["rtcedge_sipfront_call_control_total,action=accept,result=forwarded"]; got != 2 {
 		t.Fatalf("a forwarded %v accepts, want 2", got)
 	}
+}
+
+// TestWebhookRetried: a webhook answering 503 is tried again with the
+// same webhook-id and a fresh signature; the call rings on and is
+// accepted. One answering 400 is not tried again: the call is refused.
+func TestWebhookRetried(t *testing.T) {
+	app := newHookApp(t)
+	ids := make(chan string, 4)
+	var tries atomic.Int32
+	app.answer = func(rw http.ResponseWriter, r *http.Request) {
+		ids <- r.Header.Get("webhook-id")
+		if tries.Add(1) == 1 {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}
+	w, api := controlWorld(t, app, sipfront.Config{})
+	r := ring(t, newPhone(t), w.uri("udp"))
+	first, second := <-app.events, <-app.events
+	if first.ID != second.ID || first.Data.CallID != second.Data.CallID {
+		t.Fatalf("the retry carries another event: %+v, %+v", first, second)
+	}
+	if a, b := <-ids, <-ids; a != b || a == "" {
+		t.Fatalf("webhook-ids %q and %q, want one", a, b)
+	}
+	if status, body := control(t, api, appKey, first.Data.CallID, "accept", `{}`); status != 200 {
+		t.Fatalf("accept: %d %s", status, body)
+	}
+	if err := <-r.done; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = r.call.Ack(ctx)
+	_ = r.call.Bye(ctx)
+
+	app.answer = func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusBadRequest) }
+	r = ring(t, newPhone(t), w.uri("udp"))
+	<-app.events
+	if got := finalStatus(t, <-r.done); got != 480 {
+		t.Fatalf("the carrier got %d, want 480", got)
+	}
+	if len(app.events) != 0 {
+		t.Fatal("a 400 was tried again")
+	}
+	waitFor(t, "every resource freed", func() bool { return w.front.Dialogs() == 0 && w.front.Pending() == 0 })
 }

@@ -173,18 +173,48 @@ func internalAddr(a netip.Addr) bool {
 // often to clouds.
 var cgnat = netip.MustParsePrefix("100.64.0.0/10")
 
-// deliver POSTs ev signed, once. A 2xx is delivered; anything else, a
-// transport failure or ctx's end is an error.
-func (w *webhook) deliver(ctx context.Context, ev incomingEvent, now time.Time) error {
+// deliver POSTs ev signed until an attempt is answered 2xx, at most
+// webhookAttempts times: a transport failure, 408, 429 or a 5xx is tried
+// again after a short pause, with the same webhook-id and a fresh
+// timestamp and signature (Standard Webhooks); any other answer, an
+// address refused or ctx's end is final. ctx (webhook_timeout) bounds all
+// attempts together.
+func (w *webhook) deliver(ctx context.Context, ev incomingEvent, now func() time.Time) error {
 	body, err := json.Marshal(ev)
 	if err != nil {
 		return fmt.Errorf("encode event: %w", err)
 	}
+	id := randomID("wh_")
+	for attempt := 1; ; attempt++ {
+		retry, err := w.attempt(ctx, id, body, now().Unix())
+		if !retry || attempt == webhookAttempts {
+			return err
+		}
+		pause := time.NewTimer(time.Duration(attempt) * webhookRetryPause)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
+	}
+}
+
+const (
+	// webhookAttempts bounds the attempts of one delivery.
+	webhookAttempts = 3
+	// webhookRetryPause is the pause before the second attempt (twice it
+	// before the third).
+	webhookRetryPause = 200 * time.Millisecond
+)
+
+// attempt POSTs one signed delivery and says whether a failure may be
+// tried again.
+func (w *webhook) attempt(ctx context.Context, id string, body []byte, ts int64) (retry bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("webhook request: %w", err)
+		return false, fmt.Errorf("webhook request: %w", err)
 	}
-	id, ts := randomID("wh_"), now.Unix()
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "rtcedge-webhooks/1")
 	req.Header.Set("webhook-id", id)
@@ -192,14 +222,15 @@ func (w *webhook) deliver(ctx context.Context, ev incomingEvent, now time.Time) 
 	req.Header.Set("webhook-signature", signWebhook(w.key, id, ts, body))
 	res, err := w.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("webhook: %w", err)
+		return !errors.Is(err, ErrWebhookAddress) && ctx.Err() == nil, fmt.Errorf("webhook: %w", err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, maxWebhookAnswer))
 	_ = res.Body.Close()
 	if res.StatusCode < 200 || res.StatusCode > 299 {
-		return fmt.Errorf("%w: status %d", ErrWebhookStatus, res.StatusCode)
+		retry := res.StatusCode >= 500 || res.StatusCode == http.StatusTooManyRequests || res.StatusCode == http.StatusRequestTimeout
+		return retry, fmt.Errorf("%w: status %d", ErrWebhookStatus, res.StatusCode)
 	}
-	return nil
+	return false, nil
 }
 
 // webhookFor is the webhook of a trunk's calls (nil: none, the trunk's
