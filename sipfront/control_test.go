@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,8 +86,24 @@ type hookApp struct {
 	answer func(w http.ResponseWriter, r *http.Request) // nil: 200 at once
 }
 
-func newHookApp(t *testing.T) *hookApp {
-	a := &hookApp{t: t, events: make(chan incoming, 4)}
+// next is the next event the application took, within 10 s.
+func (a *hookApp) next(t *testing.T) incoming {
+	t.Helper()
+	select {
+	case ev := <-a.events:
+		return ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no webhook delivery")
+		return incoming{}
+	}
+}
+
+func newHookApp(t *testing.T) *hookApp { return newHookAppAnswering(t, nil) }
+
+// newHookAppAnswering is newHookApp whose endpoint answers with answer
+// (set before it serves: the handlers read it unguarded).
+func newHookAppAnswering(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *hookApp {
+	a := &hookApp{t: t, events: make(chan incoming, 4), answer: answer}
 	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if err := verifyDelivery(r.Header, body, hookSecret, time.Now()); err != nil {
@@ -314,16 +331,17 @@ func TestUnansweredCallIsRefused(t *testing.T) {
 		{"webhook hangs", true, sipfront.Config{AcceptTimeout: 10 * time.Second, WebhookTimeout: 300 * time.Millisecond}, "webhook_failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			app := newHookApp(t)
 			release := make(chan struct{})
+			var hang func(http.ResponseWriter, *http.Request)
 			if tc.hang {
-				app.answer = func(_ http.ResponseWriter, r *http.Request) {
+				hang = func(_ http.ResponseWriter, r *http.Request) {
 					select {
 					case <-r.Context().Done():
 					case <-release:
 					}
 				}
 			}
+			app := newHookAppAnswering(t, hang)
 			t.Cleanup(func() { close(release) })
 			w, api := controlWorld(t, app, tc.cfg)
 			r := ring(t, newPhone(t), w.uri("udp"))
@@ -605,15 +623,17 @@ func reportQuantiles(b *testing.B, took []time.Duration) {
 // within its webhook handler and then answers 200 (OpenAI's example does)
 // has its delivery completed, not cut when the call is answered.
 func TestAcceptFromTheWebhookHandler(t *testing.T) {
-	app := newHookApp(t)
-	w, api := controlWorld(t, app, sipfront.Config{})
 	accepted := make(chan int, 1)
-	app.answer = func(rw http.ResponseWriter, r *http.Request) {
+	apis := make(chan string, 1)
+	var app *hookApp
+	app = newHookAppAnswering(t, func(rw http.ResponseWriter, r *http.Request) {
 		ev := <-app.events
-		status, _ := control(t, api, appKey, ev.Data.CallID, "accept", `{}`)
+		status, _ := control(t, <-apis, appKey, ev.Data.CallID, "accept", `{}`)
 		accepted <- status
 		rw.WriteHeader(http.StatusOK)
-	}
+	})
+	w, api := controlWorld(t, app, sipfront.Config{})
+	apis <- api
 	r := ring(t, newPhone(t), w.uri("udp"))
 	if err := <-r.done; err != nil {
 		t.Fatalf("the carrier's answer: %v", err)
@@ -752,10 +772,18 @@ func TestNotifyRefusals(t *testing.T) {
 // nothing is forwarded twice.
 func TestDecisionForwardedToTheReplicaHoldingTheCall(t *testing.T) {
 	app := newHookApp(t)
+	// Each API server is started before its front exists (the peers need
+	// its URL); its handler is set once the front is built.
+	var mu sync.Mutex
 	handlers := map[string]http.Handler{}
 	apis := map[string]*httptest.Server{}
 	for _, name := range []string{"a", "b"} {
-		apis[name] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handlers[name].ServeHTTP(w, r) }))
+		apis[name] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			h := handlers[name]
+			mu.Unlock()
+			h.ServeHTTP(w, r)
+		}))
 		t.Cleanup(apis[name].Close)
 	}
 	worlds := map[string]*world{}
@@ -764,7 +792,9 @@ func TestDecisionForwardedToTheReplicaHoldingTheCall(t *testing.T) {
 			WebhookURL: app.srv.URL, WebhookSecret: hookSecret, WebhookAllowPrivate: true, APIKeys: []sipfront.APIKey{{Key: appKey}},
 			Trunks: []sipfront.Trunk{{Name: "carrier", SourceCIDRs: []string{"127.0.0.1/32"}}}}
 		worlds[name] = newWorld(t, cfg)
+		mu.Lock()
 		handlers[name] = worlds[name].front.API()
+		mu.Unlock()
 	}
 	r := ring(t, newPhone(t), worlds["b"].uri("udp"))
 	id := (<-app.events).Data.CallID
@@ -814,18 +844,24 @@ func TestDecisionForwardedToTheReplicaHoldingTheCall(t *testing.T) {
 // same webhook-id and a fresh signature; the call rings on and is
 // accepted. One answering 400 is not tried again: the call is refused.
 func TestWebhookRetried(t *testing.T) {
-	app := newHookApp(t)
 	ids := make(chan string, 4)
 	var tries atomic.Int32
-	app.answer = func(rw http.ResponseWriter, r *http.Request) {
-		ids <- r.Header.Get("webhook-id")
-		if tries.Add(1) == 1 {
+	// The first call's first attempt gets 503, its second 200; the second
+	// call's gets 400.
+	app := newHookAppAnswering(t, func(rw http.ResponseWriter, r *http.Request) {
+		switch tries.Add(1) {
+		case 1:
+			ids <- r.Header.Get("webhook-id")
 			rw.WriteHeader(http.StatusServiceUnavailable)
+		case 2:
+			ids <- r.Header.Get("webhook-id")
+		default:
+			rw.WriteHeader(http.StatusBadRequest)
 		}
-	}
+	})
 	w, api := controlWorld(t, app, sipfront.Config{})
 	r := ring(t, newPhone(t), w.uri("udp"))
-	first, second := <-app.events, <-app.events
+	first, second := app.next(t), app.next(t)
 	if first.ID != second.ID || first.Data.CallID != second.Data.CallID {
 		t.Fatalf("the retry carries another event: %+v, %+v", first, second)
 	}
@@ -843,7 +879,6 @@ func TestWebhookRetried(t *testing.T) {
 	_ = r.call.Ack(ctx)
 	_ = r.call.Bye(ctx)
 
-	app.answer = func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusBadRequest) }
 	r = ring(t, newPhone(t), w.uri("udp"))
 	<-app.events
 	if got := finalStatus(t, <-r.done); got != 480 {
