@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ func TestSIPWebhookAcceptReachesThePod(t *testing.T) {
 	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 	const key = "sk-e2e-sip-app-0123456789"
 	srv := startRefServer(t, refserver.Config{})
-	var api string
+	var api atomic.Value // the front's API URL, set once the world runs
 	accepted := make(chan int, 1)
 	app := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -55,7 +56,7 @@ func TestSIPWebhookAcceptReachesThePod(t *testing.T) {
 		if err := json.Unmarshal(body, &ev); err != nil || ev.Type != "realtime.call.incoming" {
 			t.Errorf("event %s: %v", body, err)
 		}
-		req, _ := http.NewRequest(http.MethodPost, api+"/v1/realtime/calls/"+ev.Data.CallID+"/accept",
+		req, _ := http.NewRequest(http.MethodPost, api.Load().(string)+"/v1/realtime/calls/"+ev.Data.CallID+"/accept",
 			strings.NewReader(`{"instructions":"You are the booking line.","voice":"ash"}`))
 		req.Header.Set("Authorization", "Bearer "+key)
 		res, err := http.DefaultClient.Do(req)
@@ -74,7 +75,7 @@ func TestSIPWebhookAcceptReachesThePod(t *testing.T) {
 			c.APIKeys = []sipfront.APIKey{{Key: key, ClientSessionFields: []string{"instructions", "voice"}}}
 			c.Trunks[0].Session = map[string]any{"tools": []any{}}
 		}})
-	api = w.SIPAPIURL
+	api.Store(w.SIPAPIURL)
 	to, cli := sipCarrier(t, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -136,7 +137,7 @@ func benchSIPInvites(b *testing.B, hook bool) {
 	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 	const key = "sk-e2e-sip-app-0123456789"
 	cfg := devworld.Config{SIPAddr: "127.0.0.1:0", PodsPerCluster: 1, RelaysPerCluster: 1, Logger: testLogger()}
-	var api string
+	var api atomic.Value // the front's API URL, set once the world runs
 	if hook {
 		client := &http.Client{Transport: &http.Transport{Proxy: nil}}
 		app := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
@@ -146,7 +147,7 @@ func benchSIPInvites(b *testing.B, hook bool) {
 				} `json:"data"`
 			}
 			_ = json.NewDecoder(r.Body).Decode(&ev)
-			req, _ := http.NewRequest(http.MethodPost, api+"/v1/realtime/calls/"+ev.Data.CallID+"/accept", strings.NewReader(`{}`))
+			req, _ := http.NewRequest(http.MethodPost, api.Load().(string)+"/v1/realtime/calls/"+ev.Data.CallID+"/accept", strings.NewReader(`{}`))
 			req.Header.Set("Authorization", "Bearer "+key)
 			if res, err := client.Do(req); err != nil || res.StatusCode != 200 {
 				b.Errorf("accept: %v %v", res, err)
@@ -166,7 +167,7 @@ func benchSIPInvites(b *testing.B, hook bool) {
 		b.Fatal(err)
 	}
 	defer w.Close()
-	api = w.SIPAPIURL
+	api.Store(w.SIPAPIURL)
 	var to sip.Uri
 	if err := sip.ParseUri(w.SIPURI, &to); err != nil {
 		b.Fatal(err)

@@ -512,7 +512,7 @@ func BenchmarkInviteToAnswer(b *testing.B) {
 }
 
 func benchInvites(b *testing.B, hook bool) {
-	var api string
+	var api atomic.Value // the API URL, set once the front runs
 	cfg := sipfront.Config{SourceRate: 1e6, SourceBurst: 1e6}
 	var w *world
 	if hook {
@@ -523,7 +523,7 @@ func benchInvites(b *testing.B, hook bool) {
 				rw.WriteHeader(http.StatusUnauthorized)
 				return
 			}
-			if status, msg := control(b, api, appKey, ev.Data.CallID, "accept", `{}`); status != 200 {
+			if status, msg := control(b, api.Load().(string), appKey, ev.Data.CallID, "accept", `{}`); status != 200 {
 				b.Errorf("accept: %d %s", status, msg)
 			}
 		}))
@@ -535,7 +535,7 @@ func benchInvites(b *testing.B, hook bool) {
 	w = newWorld(b, cfg)
 	apiSrv := httptest.NewServer(w.front.API())
 	b.Cleanup(apiSrv.Close)
-	api = apiSrv.URL
+	api.Store(apiSrv.URL)
 	p := newPhone(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
