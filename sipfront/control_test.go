@@ -184,6 +184,25 @@ func ring(t *testing.T, p *phone, to sip.Uri, headers ...sip.Header) *ringing {
 	return r
 }
 
+// answered accepts a ringing call at api and acknowledges the carrier's
+// 200, once the front has taken the ACK.
+func answered(t *testing.T, w *world, api string, r *ringing, id string) {
+	t.Helper()
+	if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
+		t.Fatalf("accept: %d %s", status, body)
+	}
+	if err := <-r.done; err != nil {
+		t.Fatalf("the carrier's answer: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	acks := count(t, w, "ACK", "ok")
+	if err := r.call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == acks+1 })
+}
+
 // finalStatus is a refused call's final status.
 func finalStatus(t *testing.T, err error) int {
 	t.Helper()
@@ -429,18 +448,7 @@ func TestReferTransfersTheCall(t *testing.T) {
 	if status, body := control(t, api, appKey, id, "refer", `{"target_uri":"sip:desk@example.com"}`); status != http.StatusConflict {
 		t.Fatalf("refer of a ringing call: %d %s, want 409", status, body)
 	}
-	if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
-		t.Fatalf("accept: %d %s", status, body)
-	}
-	if err := <-r.done; err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.call.Ack(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == 1 })
+	answered(t, w, api, r, id)
 	for _, bad := range []string{`{"target_uri":"http://example.com"}`, `{"target_uri":"sip:a@b>\r\nX: y"}`, `{}`, `{"target":"sip:a@b"}`} {
 		if status, body := control(t, api, appKey, id, "refer", bad); status != 400 {
 			t.Fatalf("refer %s: %d %s, want 400", bad, status, body)
@@ -686,18 +694,7 @@ func TestHangup(t *testing.T) {
 		})
 		r := ring(t, p, w.uri("udp"))
 		id := (<-app.events).Data.CallID
-		if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
-			t.Fatalf("accept: %d %s", status, body)
-		}
-		if err := <-r.done; err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := r.call.Ack(ctx); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, "the ACK", func() bool { return count(t, w, "ACK", "ok") == 1 })
+		answered(t, w, api, r, id)
 		if status, body := control(t, api, appKey, id, "hangup", ``); status != 200 {
 			t.Fatalf("hangup: %d %s", status, body)
 		}
@@ -732,15 +729,7 @@ func TestNotifyRefusals(t *testing.T) {
 	}
 	r := ring(t, p, w.uri("udp"))
 	id := (<-app.events).Data.CallID
-	if status, body := control(t, api, appKey, id, "accept", `{}`); status != 200 {
-		t.Fatalf("accept: %d %s", status, body)
-	}
-	if err := <-r.done; err != nil {
-		t.Fatal(err)
-	}
-	if err := r.call.Ack(ctx); err != nil {
-		t.Fatal(err)
-	}
+	answered(t, w, api, r, id)
 	for _, tc := range []struct {
 		event, body string
 		want        int
