@@ -98,6 +98,9 @@ type Config struct {
 	// Signaling, when set, adjusts signaling's config before it starts
 	// (tests: a credential's options).
 	Signaling func(*signaling.Config)
+	// SIP, when set, adjusts the SIP front's config before it starts
+	// (tests: a webhook, API keys and api_addr for call control).
+	SIP func(*sipfront.NodeConfig)
 	// TrustedProxies lets tests stand in for Cloudflare: signaling believes
 	// CF-Connecting-IP, CF-IPLatitude/CF-IPLongitude from these peers.
 	TrustedProxies []netip.Prefix
@@ -215,6 +218,7 @@ type World struct {
 	Signaling     *signaling.Node
 	SIP           *sipfront.Node // nil without Config.SIPAddr
 	SIPURI        string         // the URI a softphone calls, e.g. sip:agent@127.0.0.1:5060
+	SIPAPIURL     string         // the SIP front's call-control API (http://…) when Config.SIP set api_addr, else ""
 
 	cfg Config
 	log *slog.Logger

@@ -35,7 +35,18 @@ func (w *World) startSIP() error {
 				MaxCalls: 10000, CallsPerSecond: 10000, CallBurst: 10000}},
 		},
 	}
-	n, err := sipfront.NewNode(cfg, sipfront.Sockets{UDP: udp, TCP: tcp}, w.env("sipfront"))
+	socks := sipfront.Sockets{UDP: udp, TCP: tcp}
+	if w.cfg.SIP != nil {
+		w.cfg.SIP(&cfg)
+	}
+	if cfg.APIAddr != "" {
+		if socks.API, err = net.Listen("tcp", cfg.APIAddr); err != nil {
+			_, _ = udp.Close(), tcp.Close()
+			return fmt.Errorf("devworld: SIP call-control API: %w", err)
+		}
+		w.SIPAPIURL = "http://" + socks.API.Addr().String()
+	}
+	n, err := sipfront.NewNode(cfg, socks, w.env("sipfront"))
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rtcedge/rtcedge/internal/config"
+	"github.com/rtcedge/rtcedge/internal/sessionapi"
 	"github.com/rtcedge/rtcedge/placement"
 )
 
@@ -36,6 +37,46 @@ type Config struct {
 	InviteTimeout time.Duration `yaml:"invite_timeout"`
 	// Trunks are the carriers allowed to place calls.
 	Trunks []Trunk `yaml:"trunks"`
+
+	// Call control (docs/sip.md, "Call control"): with a webhook URL
+	// (here for every trunk, or a trunk's own), an admitted INVITE rings
+	// (180), the front POSTs a signed realtime.call.incoming event there,
+	// and the call waits for /accept, /reject or AcceptTimeout.
+	WebhookURL string `yaml:"webhook_url"`
+	// WebhookSecret (better: the environment variable WebhookSecretEnv
+	// names) is the Standard Webhooks signing secret, "whsec_" and the
+	// base64 of at least 24 random bytes.
+	WebhookSecret    string `yaml:"webhook_secret"`
+	WebhookSecretEnv string `yaml:"webhook_secret_env"`
+	// WebhookTimeout bounds one delivery, its retries included (connect
+	// to the end of the last answer); default 5s, at most AcceptTimeout.
+	WebhookTimeout time.Duration `yaml:"webhook_timeout"`
+	// WebhookAllowPrivate lets webhooks reach loopback, private and
+	// link-local addresses (the dev world, tests); default false: a URL
+	// that resolves there is refused at connect time.
+	WebhookAllowPrivate bool `yaml:"webhook_allow_private"`
+	// AcceptTimeout is how long a ringing call waits for its decision;
+	// past it the call is refused 480 and everything it held is freed.
+	// Default 20s (below RFC 3261's 1xx refresh of a minute and a
+	// carrier's timer C).
+	AcceptTimeout time.Duration `yaml:"accept_timeout"`
+	// APIKeys are the credentials of /v1/realtime/calls/{call_id}/...
+	// (the front serves them on api_addr); a key sees only the calls of
+	// trunks of its tenant.
+	APIKeys []APIKey `yaml:"api_keys"`
+	// ClientSessionFields and SealedFieldsWin are the default caller
+	// policy of an accept's session over the trunk's (as signaling's keys
+	// of the same names; default sessionapi.DefaultClientSessionFields,
+	// false). An API key's own policy wins.
+	ClientSessionFields []string `yaml:"client_session_fields"`
+	SealedFieldsWin     bool     `yaml:"sealed_fields_win"`
+	// Replica is this replica's name among the fronts serving the same
+	// applications (e.g. the StatefulSet pod's name); its call_ids carry
+	// it. APIPeers are the other replicas' call-control base URLs by
+	// name: a decision for a peer's call is forwarded there. Both empty:
+	// one replica.
+	Replica  string            `yaml:"replica"`
+	APIPeers map[string]string `yaml:"api_peers"`
 
 	Now func() time.Time `yaml:"-"` // default time.Now
 }
@@ -65,8 +106,50 @@ type Trunk struct {
 	// WebRTC from the carrier's signaling address.
 	POP string `yaml:"pop"`
 	// Session is the session config every call of the trunk gets while no
-	// webhook decides (an object, the fields a client secret carries).
+	// webhook decides (an object, the fields a client secret carries);
+	// with a webhook, the sealed part an accept's session is merged under.
 	Session map[string]any `yaml:"session"`
+	// Tenant owns the trunk's calls: only API keys of this tenant may
+	// accept, reject, refer or hang them up. Default "default".
+	Tenant string `yaml:"tenant"`
+	// WebhookURL, WebhookSecret and WebhookSecretEnv override the
+	// front's for this trunk's calls.
+	WebhookURL       string `yaml:"webhook_url"`
+	WebhookSecret    string `yaml:"webhook_secret"`
+	WebhookSecretEnv string `yaml:"webhook_secret_env"`
+}
+
+// APIKey is a credential of the call-control API.
+type APIKey struct {
+	// Key (better: the environment variable KeyEnv names) is the bearer
+	// token, at least 16 characters.
+	Key    string `yaml:"key"`
+	KeyEnv string `yaml:"key_env"`
+	// Tenant is the tenant whose calls the key controls; default
+	// "default".
+	Tenant string `yaml:"tenant"`
+	// ClientSessionFields and SealedFieldsWin are the key's own caller
+	// policy for its accepts (nil: the front's).
+	ClientSessionFields []string `yaml:"client_session_fields"`
+	SealedFieldsWin     *bool    `yaml:"sealed_fields_win"`
+}
+
+// DefaultTenant is the tenant of trunks and keys that name none.
+const DefaultTenant = "default"
+
+// key is the key's bearer token: from the environment when KeyEnv names
+// a set variable, else Key.
+func (k APIKey) key() string { return fromEnv(k.KeyEnv, k.Key) }
+
+// fromEnv is the value of the environment variable env when it is set,
+// else def.
+func fromEnv(env, def string) string {
+	if env != "" {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+	}
+	return def
 }
 
 // Defaults fills c's unset fields.
@@ -76,6 +159,15 @@ func (c *Config) Defaults() {
 	config.Default(&c.SourceBurst, 40)
 	config.Default(&c.MaxSources, 100_000)
 	config.Default(&c.InviteTimeout, 8*time.Second)
+	config.Default(&c.AcceptTimeout, 20*time.Second)
+	config.Default(&c.WebhookTimeout, 5*time.Second)
+	c.WebhookTimeout = min(c.WebhookTimeout, c.AcceptTimeout)
+	if c.ClientSessionFields == nil {
+		c.ClientSessionFields = sessionapi.DefaultClientSessionFields
+	}
+	for i := range c.APIKeys {
+		config.Default(&c.APIKeys[i].Tenant, DefaultTenant)
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -84,6 +176,7 @@ func (c *Config) Defaults() {
 		config.Default(&t.MaxCalls, 100)
 		config.Default(&t.CallsPerSecond, 10)
 		config.Default(&t.CallBurst, 20)
+		config.Default(&t.Tenant, DefaultTenant)
 		if len(t.MediaCIDRs) == 0 {
 			t.MediaCIDRs = t.SourceCIDRs
 		}
@@ -99,6 +192,7 @@ func (c *Config) Validate() error {
 	if len(c.Trunks) == 0 {
 		errs = append(errs, errors.New("at least one trunk is required"))
 	}
+	errs = append(errs, c.validateControl(), c.validatePeers())
 	names := map[string]bool{}
 	for i, t := range c.Trunks {
 		if err := t.validate(); err != nil {
@@ -110,6 +204,19 @@ func (c *Config) Validate() error {
 		names[t.Name] = true
 	}
 	return errors.Join(errs...)
+}
+
+// hasWebhook reports whether any trunk's calls are decided by a webhook.
+func (c *Config) hasWebhook() bool {
+	if c.WebhookURL != "" {
+		return true
+	}
+	for _, t := range c.Trunks {
+		if t.WebhookURL != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func (t Trunk) validate() error {
@@ -139,14 +246,7 @@ func (t Trunk) validate() error {
 
 // password is the trunk's digest password: from the environment when
 // DigestPasswordEnv names a set variable, else DigestPassword.
-func (t Trunk) password() string {
-	if t.DigestPasswordEnv != "" {
-		if v := os.Getenv(t.DigestPasswordEnv); v != "" {
-			return v
-		}
-	}
-	return t.DigestPassword
-}
+func (t Trunk) password() string { return fromEnv(t.DigestPasswordEnv, t.DigestPassword) }
 
 // session is the trunk's session config as canonical JSON (nil when empty).
 func (t Trunk) session() (json.RawMessage, error) {

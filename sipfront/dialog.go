@@ -6,6 +6,7 @@
 package sipfront
 
 import (
+	"encoding/json"
 	"errors"
 	"sync"
 
@@ -44,6 +45,12 @@ type dialog struct {
 	id    string
 	trunk *trunk
 	ds    *sipgo.DialogServerSession // the library's view of the dialog (to-tag, routes, BYE)
+	// Call control: callID is "" when no webhook decides the call.
+	// decide carries the one decision (buffered 1; sent under mu by the
+	// claimer); ended is closed when the dialog ends.
+	callID string
+	decide chan decision
+	ended  chan struct{}
 
 	mu sync.Mutex
 	// Guarded by mu: the handlers of the dialog's requests (INVITE, ACK,
@@ -52,6 +59,43 @@ type dialog struct {
 	session string      // the pod's session ID; "" until placed
 	cluster geo.Cluster // the cluster that holds session
 	unwatch func()      // cancels the watch of the call's end at its pod (watch.go); nil before
+	// claimed: a decision (accept, reject, the accept timeout, a failed
+	// webhook) was taken; every later one is refused.
+	claimed bool
+	// referring is a REFER's outcome channel while one is under way.
+	referring chan int
+}
+
+// newDialog is a dialog in statePlacing.
+func newDialog(id string, t *trunk, ds *sipgo.DialogServerSession) *dialog {
+	return &dialog{id: id, trunk: t, ds: ds, decide: make(chan decision, 1), ended: make(chan struct{})}
+}
+
+// decision is what decides a ringing call: an accept (status 0) with its
+// merged session, or a refusal with its SIP status.
+type decision struct {
+	status  int
+	reason  string
+	session json.RawMessage
+	// placed receives the accept's outcome (nil once the 200 is sent);
+	// buffered 1.
+	placed chan error
+}
+
+// claim takes the dialog's one decision: false when another was taken or
+// the dialog ended. With dec non-nil it is queued for the INVITE's
+// goroutine in the same step, so a claimer never leaves it waiting.
+func (d *dialog) claim(dec *decision) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.claimed || d.state != statePlacing {
+		return false
+	}
+	d.claimed = true
+	if dec != nil {
+		d.decide <- *dec
+	}
+	return true
 }
 
 // placed records where the call was placed and moves it to answered:
@@ -90,6 +134,7 @@ func (d *dialog) end() (session string, cluster geo.Cluster, from state, ok bool
 		return "", geo.Cluster{}, stateEnded, false
 	}
 	from, d.state = d.state, stateEnded
+	close(d.ended)
 	return d.session, d.cluster, from, true
 }
 

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -63,6 +64,10 @@ type Front struct {
 	client   *sipgo.Client
 	dialogs  *dialogs
 	sipLimit *logLimiter
+	pending  *callIDs     // calls under call control, by call_id
+	keys     []apiKey     // the call-control API's credentials
+	peers    *http.Client // forwards decisions to the replica holding the call
+	hooks    *http.Client // delivers webhooks
 
 	// contacts are the DialogUAs answers are built with, by transport
 	// ("UDP", "TCP"): their Contact names the listener of that transport.
@@ -87,7 +92,9 @@ func New(cfg Config, deps Deps) (*Front, error) {
 		deps.Logger = slog.Default()
 	}
 	f := &Front{cfg: cfg, deps: deps, log: deps.Logger.With("component", "sipfront"), pins: map[string][]geo.POP{},
-		sources: newSourceLimits(cfg.SourceRate, cfg.SourceBurst, cfg.MaxSources), dialogs: newDialogs(cfg.MaxDialogs)}
+		sources: newSourceLimits(cfg.SourceRate, cfg.SourceBurst, cfg.MaxSources), dialogs: newDialogs(cfg.MaxDialogs),
+		pending: newCallIDs(), keys: newAPIKeys(cfg), peers: &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 8},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	var err error
 	if f.m, err = newMetrics(deps.Registerer); err != nil {
 		return nil, err
@@ -95,11 +102,13 @@ func New(cfg Config, deps Deps) (*Front, error) {
 	if f.nonces, err = newNonces(); err != nil {
 		return nil, err
 	}
+	f.hooks = newWebhookClient(cfg.WebhookTimeout, cfg.WebhookAllowPrivate)
 	for _, tc := range cfg.Trunks {
 		t, err := newTrunk(tc)
 		if err != nil {
 			return nil, fmt.Errorf("sipfront trunk %s: %w", tc.Name, err)
 		}
+		t.hook = cfg.webhookFor(tc, f.hooks)
 		if tc.POP != "" {
 			pop, ok := popByName(deps.Catalogue, tc.POP)
 			if !ok {
@@ -139,6 +148,7 @@ func (f *Front) newStack() error {
 	f.srv.OnBye(f.handleBye)
 	f.srv.OnCancel(f.handleCancel)
 	f.srv.OnOptions(f.handleOptions)
+	f.srv.OnNotify(f.handleNotify)
 	f.srv.OnNoRoute(f.handleOther)
 	return nil
 }
@@ -314,6 +324,8 @@ func (f *Front) Close() error {
 	defer cancel()
 	f.Drain(ctx)
 	f.calls.Wait()
+	f.hooks.CloseIdleConnections()
+	f.peers.CloseIdleConnections()
 	return f.ua.Close()
 }
 

@@ -36,7 +36,7 @@ import (
 // yet (docs/sip.md), so this stands in for the cluster in the front's
 // unit tests; the end-to-end test places calls on a real dev world.
 type cluster struct {
-	t   *testing.T
+	t   testing.TB
 	srv *httptest.Server
 
 	mu      sync.Mutex
@@ -48,7 +48,7 @@ type cluster struct {
 	ends    map[string]chan string // a call's end for its watch: a reason, or "" for a 404
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	c := &cluster{t: t, created: make(chan string, 16)}
 	c.srv = httptest.NewServer(http.HandlerFunc(c.serve))
 	t.Cleanup(c.srv.Close)
@@ -145,7 +145,7 @@ type world struct {
 	tls     netip.AddrPort // zero without TLS
 }
 
-func catalogue(t *testing.T, api string) *geo.Catalogue {
+func catalogue(t testing.TB, api string) *geo.Catalogue {
 	t.Helper()
 	cat, err := geo.ParseCatalogue([]byte(`default_region: eu
 regions:
@@ -160,10 +160,10 @@ regions:
 	return cat
 }
 
-func newWorld(t *testing.T, cfg sipfront.Config) *world { return newWorldTLS(t, cfg, nil) }
+func newWorld(t testing.TB, cfg sipfront.Config) *world { return newWorldTLS(t, cfg, nil) }
 
 // newWorldTLS is newWorld serving SIP over TLS too when tlsConf is set.
-func newWorldTLS(t *testing.T, cfg sipfront.Config, tlsConf *tls.Config) *world {
+func newWorldTLS(t testing.TB, cfg sipfront.Config, tlsConf *tls.Config) *world {
 	t.Helper()
 	w := &world{cluster: newCluster(t), reg: prometheus.NewRegistry()}
 	cat := catalogue(t, w.cluster.srv.URL)
@@ -236,7 +236,13 @@ func (p *phone) d(u sip.Uri) *sipgo.DialogUA {
 	return p.dua
 }
 
-func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
+func newPhone(t testing.TB, opts ...sipgo.UserAgentOption) *phone {
+	return newPhoneServing(t, nil, opts...)
+}
+
+// newPhoneServing is newPhone whose server takes the requests the front
+// sends (BYE, REFER) with the handlers register installs.
+func newPhoneServing(t testing.TB, register func(*sipgo.Server), opts ...sipgo.UserAgentOption) *phone {
 	t.Helper()
 	ua, err := sipgo.NewUA(append([]sipgo.UserAgentOption{sipgo.WithUserAgent("carrier")}, opts...)...)
 	if err != nil {
@@ -262,6 +268,9 @@ func newPhone(t *testing.T, opts ...sipgo.UserAgentOption) *phone {
 		default:
 		}
 	})
+	if register != nil {
+		register(srv)
+	}
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.ServeUDP(conn) }()
 	// Requests may go out only once the listener is in the transport's
@@ -310,7 +319,7 @@ var sdpType = sip.NewHeader("Content-Type", "application/sdp")
 
 // waitFor polls cond (a state the front reaches on its own goroutines)
 // for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); {
 		if time.Now().After(deadline) {

@@ -2,6 +2,7 @@ package sipfront
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +50,31 @@ func FuzzCheckDigest(f *testing.F) {
 			t.Fatalf("accepted %q", auth)
 		}
 		_ = n.valid(auth, now)
+	})
+}
+
+// FuzzSipfragStatus: whatever a carrier's NOTIFY carries, sipfragStatus
+// never panics and returns only a SIP status.
+func FuzzSipfragStatus(f *testing.F) {
+	for _, s := range []string{"SIP/2.0 200 OK\r\n", "SIP/2.0 100 Trying", "SIP/2.0 -1 x", "", "sip/2.0 603\n\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if status, ok := sipfragStatus(body); ok != (status != 0) || (ok && (status < 100 || status > 699)) {
+			t.Fatalf("sipfragStatus(%q) = %d, %v", body, status, ok)
+		}
+	})
+}
+
+// FuzzCheckTarget: a target_uri the API takes can never break out of the
+// Refer-To header it goes into.
+func FuzzCheckTarget(f *testing.F) {
+	for _, s := range []string{"sip:desk@example.com", "tel:+15551234567", "sips:a@b;transport=tls", "sip:a@b>\r\nX: y", "sip:"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, target string) {
+		if checkTarget(target) == nil && (strings.ContainsAny(target, "\r\n<>\x00") || len(target) > maxTargetURI) {
+			t.Fatalf("checkTarget took %q", target)
+		}
 	})
 }

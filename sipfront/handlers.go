@@ -5,6 +5,7 @@ package sipfront
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/netip"
@@ -19,7 +20,7 @@ import (
 )
 
 // allowed is the Allow header of every 405 and OPTIONS answer.
-const allowed = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+const allowed = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
 
 // respond answers req on tx with status and the given headers (name,
 // value pairs), best effort: a transaction that has ended takes nothing.
@@ -121,6 +122,9 @@ func (f *Front) finish(ctx context.Context, d *dialog) (from state, ended bool) 
 	}
 	d.trunk.release()
 	f.dialogs.remove(d.id)
+	if d.callID != "" {
+		f.pending.remove(d.callID)
+	}
 	f.m.dialogs.Set(float64(f.dialogs.len()))
 	return from, true
 }
@@ -178,10 +182,20 @@ func placeFailure(err error) (int, string, string) {
 	}
 }
 
-// placeCall places an admitted INVITE's call and answers it: 200 with the
-// pod's SDP, then the wait for the ACK (sipgo retransmits the 200). ctx
-// ends with the INVITE's transaction (a CANCEL).
-func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src netip.AddrPort) string {
+// placeCall places an admitted INVITE's call with session and answers
+// it: 200 with the pod's SDP, then the wait for the ACK (sipgo
+// retransmits the 200). ctx ends with the INVITE's transaction (a
+// CANCEL). placed, when not nil, hears the outcome once: nil as the 200
+// goes out, else why the call was not answered (an accept's caller waits
+// on it).
+func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src netip.AddrPort, session json.RawMessage, placed chan<- error) string {
+	report := func(err error) {
+		if placed != nil {
+			placed <- err
+			placed = nil
+		}
+	}
+	defer report(errNotAnswered)
 	loc := geo.Location{IP: src.Addr(), Source: geo.SourceDefault}
 	if f.deps.Locate != nil {
 		loc = f.deps.Locate(src.Addr())
@@ -193,7 +207,7 @@ func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src 
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.InviteTimeout)
 	defer cancel()
 	res, err := f.deps.Placer.Place(pctx, placement.Request{Loc: loc, What: "SDP", Pin: f.pins[d.trunk.name],
-		Create: sessionapi.CreateRequest{Kind: sessionapi.KindRTP, Offer: string(req.Body()), Config: d.trunk.session}})
+		Create: sessionapi.CreateRequest{Kind: sessionapi.KindRTP, Offer: string(req.Body()), Config: session}})
 	if ctx.Err() != nil {
 		// CANCEL: sipgo has answered 487; a session created meanwhile is
 		// deleted.
@@ -201,6 +215,7 @@ func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src 
 			f.deleteSession(ctx, res.Session.ID, res.Cluster)
 		}
 		f.finish(ctx, d)
+		report(errCallCanceled)
 		return resultCanceled
 	}
 	if err != nil {
@@ -211,6 +226,7 @@ func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src 
 		}
 		_ = d.ds.Respond(status, reason, nil, headersOf(headers)...)
 		f.finish(ctx, d)
+		report(err)
 		return result
 	}
 	if err := d.placed(res.Session.ID, res.Cluster); err != nil {
@@ -218,8 +234,10 @@ func (f *Front) placeCall(ctx context.Context, d *dialog, req *sip.Request, src 
 		// gets its final answer.
 		f.deleteSession(ctx, res.Session.ID, res.Cluster)
 		_ = d.ds.Respond(sip.StatusServiceUnavailable, "Service Unavailable", nil, sip.NewHeader("Retry-After", "2"))
+		report(errCallCanceled)
 		return resultCanceled
 	}
+	report(nil)
 	if err := d.ds.RespondSDP([]byte(res.Session.Answer)); err != nil {
 		// No ACK within 64*T1, or the transaction ended: the call is
 		// over (RFC 3261 13.3.1.4 asks for a BYE).

@@ -68,7 +68,10 @@ func (f *Front) invite(req *sip.Request, tx sip.ServerTransaction) string {
 		respond(req, tx, sip.StatusBadRequest, "Bad Request")
 		return resultBadRequest
 	}
-	d := &dialog{id: ds.ID, trunk: t, ds: ds}
+	d := newDialog(ds.ID, t, ds)
+	if t.hook != nil {
+		d.callID = f.newCallID()
+	}
 	if !f.dialogs.add(d) {
 		t.release()
 		respond(req, tx, sip.StatusServiceUnavailable, "Service Unavailable", "Retry-After", "2")
@@ -78,7 +81,14 @@ func (f *Front) invite(req *sip.Request, tx sip.ServerTransaction) string {
 	_ = ds.Respond(sip.StatusTrying, "Trying", nil)
 	ctx, cancel := txContext(tx)
 	defer cancel()
-	return f.placeCall(ctx, d, req, src)
+	if t.hook == nil {
+		return f.placeCall(ctx, d, req, src, t.session, nil)
+	}
+	dec, result, ok := f.ring(ctx, d, req)
+	if !ok {
+		return result
+	}
+	return f.placeCall(ctx, d, req, src, dec.session, dec.placed)
 }
 
 // txContext is a context that ends when the INVITE's transaction is

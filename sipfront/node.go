@@ -33,7 +33,12 @@ type NodeConfig struct {
 	// SIPTLS is the SIP over TLS address, e.g. 0.0.0.0:5061 ("" none),
 	// with the certificate chain and key in TLSCert and TLSKey (PEM files,
 	// from a Secret in Kubernetes).
-	SIPTLS  string `yaml:"sip_tls"`
+	SIPTLS string `yaml:"sip_tls"`
+	// APIAddr serves the call-control API (POST
+	// /v1/realtime/calls/{call_id}/accept|reject|refer|hangup) over HTTP,
+	// e.g. 0.0.0.0:8443 behind the operator's TLS ingress; required with a
+	// webhook_url, "" none.
+	APIAddr string `yaml:"api_addr"`
 	TLSCert string `yaml:"tls_cert"`
 	TLSKey  string `yaml:"tls_key"`
 	// Catalogue is the region catalogue file (geo package); GeoIPDB a
@@ -85,6 +90,9 @@ func (c *NodeConfig) Validate() error {
 	if (c.SIPTLS != "") != (c.TLSCert != "" && c.TLSKey != "") {
 		errs = append(errs, errors.New("sip_tls goes with tls_cert and tls_key"))
 	}
+	if c.APIAddr == "" && c.hasWebhook() {
+		errs = append(errs, errors.New("a webhook_url needs api_addr: the accepts come there"))
+	}
 	if c.Catalogue == "" && c.CatalogueData == nil {
 		errs = append(errs, errors.New("catalogue is required"))
 	}
@@ -100,6 +108,7 @@ type Sockets struct {
 	TCP     net.Listener   // nil when sip_tcp is ""
 	TLS     net.Listener   // TLS connections; nil when sip_tls is ""
 	Metrics net.Listener   // nil when metrics_addr is ""
+	API     net.Listener   // the call-control API; nil when api_addr is ""
 }
 
 // OpenSockets opens the addresses cfg names.
@@ -137,6 +146,11 @@ func OpenSockets(cfg NodeConfig) (s Sockets, err error) {
 	if s.Metrics, err = node.Listen("metrics_addr", cfg.MetricsAddr); err != nil {
 		return s, err
 	}
+	if cfg.APIAddr != "" {
+		if s.API, err = node.Listen("api_addr", cfg.APIAddr); err != nil {
+			return s, err
+		}
+	}
 	return s, nil
 }
 
@@ -152,6 +166,9 @@ func (s Sockets) close() {
 	}
 	if s.Metrics != nil {
 		_ = s.Metrics.Close()
+	}
+	if s.API != nil {
+		_ = s.API.Close()
 	}
 }
 
@@ -216,6 +233,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	n.life.Go("sip", func(ctx context.Context) error {
 		return n.front.Serve(ctx, Listeners{UDP: s.UDP, TCP: s.TCP, TLS: s.TLS})
 	})
+	if s.API != nil {
+		n.life.Serve("api", s.API, node.NewHTTPServer(n.front.API(), env.Logger))
+	}
 	n.life.ServeHealth(s.Metrics, env, func() error { return nil })
 	n.log = env.Logger
 	return n, nil

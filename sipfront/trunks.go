@@ -40,6 +40,8 @@ type trunk struct {
 	pop      string
 	session  json.RawMessage
 	maxCalls int64
+	tenant   string   // owns the trunk's calls (call control)
+	hook     *webhook // nil: the trunk's session answers every call
 
 	// Shared by the handlers of every call of the trunk.
 	limiter *rate.Limiter // new calls; safe for concurrent use
@@ -48,7 +50,7 @@ type trunk struct {
 
 func newTrunk(t Trunk) (*trunk, error) {
 	out := &trunk{name: t.Name, user: t.DigestUser, password: t.password(), pop: t.POP, maxCalls: int64(t.MaxCalls),
-		limiter: rate.NewLimiter(rate.Limit(t.CallsPerSecond), t.CallBurst)}
+		tenant: t.Tenant, limiter: rate.NewLimiter(rate.Limit(t.CallsPerSecond), t.CallBurst)}
 	var err error
 	if out.session, err = t.session(); err != nil {
 		return nil, err
