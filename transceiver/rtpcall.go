@@ -52,6 +52,7 @@ const ssrcSilence = 200 * time.Millisecond
 const (
 	callFrame        = 20 * time.Millisecond
 	callFrameSamples = g711.ClockRate / 50
+	g711Sample       = time.Second / g711.ClockRate // one byte of G.711
 )
 
 // rtpCall is one phone call.
@@ -81,6 +82,7 @@ type rtpCall struct {
 	haveSeq  bool
 	lastSeq  uint16
 	seen     uint64  // the window of sequence numbers taken: bit i is lastSeq-i
+	intake   intake  // the caller's credit of audio (intake.go)
 	pcm      []int16 // decoded samples not yet a whole frame
 	enc      *opus.Encoder
 	opusBuf  []byte
@@ -256,11 +258,15 @@ func (c *rtpCall) RTP(pop uint16, b []byte) {
 	}
 	c.ssrc = c.inHdr.SSRC
 	c.lastRTP.Store(now.UnixNano())
-	c.t.m.callPackets[callAudio].Inc()
 	payload := b[n:]
 	if c.inHdr.Padding && len(payload) > 0 {
 		payload = payload[:max(0, len(payload)-int(payload[len(payload)-1]))]
 	}
+	if !c.intake.admit(now, time.Duration(len(payload))*g711Sample) {
+		c.t.m.dropped[dropCallerAudio].Inc() // over 1.5x real time (intake.go)
+		return
+	}
+	c.t.m.callPackets[callAudio].Inc()
 	if len(payload) > cap(c.pcm)-len(c.pcm) {
 		payload = payload[:cap(c.pcm)-len(c.pcm)] // longer than 100 ms: the rest is not heard
 	}
