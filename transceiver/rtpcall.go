@@ -64,6 +64,7 @@ type rtpCall struct {
 	token       string         // the routing token minted for the call (its ufrag form)
 	nonce       [6]byte        // its nonce: the headers of the call's datagrams carry it
 	offer       carrierOffer
+	pass        bool // G.711 both ways, no codec (rtppass.go)
 	created     time.Time
 	handler     backend.Handler
 	interrupter backend.Interrupter
@@ -148,6 +149,9 @@ func (t *Transceiver) CreateCall(ctx context.Context, req CallRequest) (CreateRe
 	}
 	t.m.created.Inc()
 	t.m.calls.Inc()
+	if c.pass {
+		t.m.passCalls.Inc()
+	}
 	c.storeRoute(t.cfg.Now())
 	return CreateResult{ID: c.id, Answer: answer}, nil
 }
@@ -203,13 +207,11 @@ func (t *Transceiver) newCall(ctx context.Context, req CallRequest, o carrierOff
 	c.outHdr = rtp.Header{Version: 2, Marker: true, PayloadType: o.pt, SequenceNumber: uint16(rand.Uint32()),
 		Timestamp: rand.Uint32(), SSRC: rand.Uint32()}
 	c.play = t.pacer.NewQueue(c)
-	if c.enc, err = opus.NewVoIPEncoder(g711.ClockRate); err != nil {
-		return c, "", fmt.Errorf("call encoder: %w", err)
+	info := t.sessionInfo(id, CreateRequest{Config: req.Config, Caller: req.Caller})
+	if info.G711, err = c.codecs(); err != nil { // rtppass.go: none for a backend that takes G.711
+		return c, "", err
 	}
-	if c.dec, err = opus.NewDecoder(g711.ClockRate); err != nil {
-		return c, "", fmt.Errorf("call decoder: %w", err)
-	}
-	c.handler, err = t.cfg.Backend.Open(ctx, t.sessionInfo(id, CreateRequest{Config: req.Config, Caller: req.Caller}), c)
+	c.handler, err = t.cfg.Backend.Open(ctx, info, c)
 	if err != nil {
 		return c, "", fmt.Errorf("open backend: %w", err)
 	}
@@ -267,6 +269,10 @@ func (c *rtpCall) RTP(pop uint16, b []byte) {
 		return
 	}
 	c.t.m.callPackets[callAudio].Inc()
+	if c.pass {
+		c.passIn(payload)
+		return
+	}
 	if len(payload) > cap(c.pcm)-len(c.pcm) {
 		payload = payload[:cap(c.pcm)-len(c.pcm)] // longer than 100 ms: the rest is not heard
 	}
@@ -338,8 +344,9 @@ func (c *rtpCall) edgeVAD(p []byte) {
 }
 
 // SendFrame implements pace.Output: one Opus frame of the reply, decoded
-// at 8 kHz and sent to the carrier as one G.711 RTP packet. An empty
-// frame only advances the RTP clock.
+// at 8 kHz and sent to the carrier as one G.711 RTP packet (a passthrough
+// call's frame is G.711 already: sent as it is). An empty frame only
+// advances the RTP clock.
 func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	c.outMu.Lock()
 	defer c.outMu.Unlock()
@@ -350,7 +357,7 @@ func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	if len(payload) == 0 || c.outClosed {
 		return
 	}
-	n, err := c.dec.Decode(payload, c.outPCM)
+	n, err := c.decodeReply(payload)
 	if err != nil {
 		c.t.m.callPackets[callCodec].Inc()
 		return
@@ -365,7 +372,11 @@ func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	if _, err := c.outHdr.MarshalTo(buf); err != nil {
 		return
 	}
-	buf = c.offer.law.Encode(buf, c.outPCM[:n])
+	if c.pass {
+		buf = append(buf, payload...)
+	} else {
+		buf = c.offer.law.Encode(buf, c.outPCM[:n])
+	}
 	c.outHdr.Marker = false
 	if c.t.sock.SendRTP(pop, c.media, buf) == nil {
 		c.t.m.callPackets[callSent].Inc()
