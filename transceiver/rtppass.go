@@ -24,6 +24,13 @@ import (
 // passthrough call's backend: 100 ms, as the transcoding path hears.
 const maxPassPayload = g711.ClockRate / 10
 
+// callComplexity is the Opus complexity a transcoded call's audio is
+// coded at for its backend: narrowband speech from a telephone network
+// loses nothing audible at 1, and the encoder at a browser's 9 was most of
+// a transcoded call's CPU (BenchmarkCallPacket). The encoder stays SILK
+// (VoIP), whose voice-activity flag the edge's VAD and the connector read.
+const callComplexity = 1
+
 // errReplyTooLong: a passthrough reply frame longer than one RTP packet
 // of the call carries (120 ms).
 var errReplyTooLong = errors.New("reply frame longer than 120 ms")
@@ -49,6 +56,9 @@ func (c *rtpCall) codecs() (format string, err error) {
 		return format, nil
 	}
 	if c.enc, err = opus.NewVoIPEncoder(g711.ClockRate); err != nil {
+		return "", fmt.Errorf("call encoder: %w", err)
+	}
+	if err = c.enc.SetComplexity(callComplexity); err != nil {
 		return "", fmt.Errorf("call encoder: %w", err)
 	}
 	if c.dec, err = opus.NewDecoder(g711.ClockRate); err != nil {

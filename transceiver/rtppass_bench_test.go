@@ -2,11 +2,7 @@ package transceiver
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,17 +19,7 @@ import (
 // nullModel is a model server that reads and discards every event: the
 // benchmark's allocations and CPU are then the pod's, connector included.
 func nullModel(b *testing.B) string {
-	b.Helper()
-	var wg sync.WaitGroup
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		wg.Add(1)
-		defer wg.Done()
-		defer c.CloseNow()
-		c.SetReadLimit(-1)
+	return modelServer(b, func(_ context.Context, c *websocket.Conn) {
 		buf := make([]byte, 64<<10)
 		for {
 			_, rd, err := c.Reader(context.Background()) // no deadline: the read allocates nothing
@@ -44,9 +30,7 @@ func nullModel(b *testing.B) string {
 				_, err = rd.Read(buf)
 			}
 		}
-	}))
-	b.Cleanup(func() { srv.Close(); wg.Wait() })
-	return "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/realtime"
+	})
 }
 
 // BenchmarkCallPacket is a phone call's per-packet path on the pod, one
@@ -55,14 +39,16 @@ func nullModel(b *testing.B) string {
 // batches it into input_audio_buffer.append; and one reply frame sent
 // from the pacer's output as RTP to the carrier (through the pod socket
 // to a loopback address). passthrough hands the G.711 on as it is;
-// transcode (the baseline) decodes G.711, codes Opus for the connector,
+// transcode (the baseline) decodes G.711, codes Opus for the connector
+// (transcode-c9: at complexity 9, a browser's, as the call's encoder did
+// before callComplexity),
 // which decodes it to PCM16 at 24 kHz, and decodes an Opus reply frame to
 // code G.711. The model server discards what it gets; the pod's clock
 // advances 20 ms a packet, so the caller's credit (intake.go) admits
 // every one. cpu-ns/op counts the whole process (the connector's writer
 // and the null server included).
 func BenchmarkCallPacket(b *testing.B) {
-	for _, mode := range []string{"transcode", "passthrough"} {
+	for _, mode := range []string{"transcode-c9", "transcode", "passthrough"} {
 		b.Run(mode, func(b *testing.B) {
 			var clock atomic.Int64
 			clock.Store(time.Now().UnixNano())
@@ -79,6 +65,11 @@ func BenchmarkCallPacket(b *testing.B) {
 			p.t.mu.Lock()
 			c := p.t.calls[res.ID]
 			p.t.mu.Unlock()
+			if mode == "transcode-c9" { // the encoder as it was: a browser's complexity
+				if err := c.enc.SetComplexity(9); err != nil {
+					b.Fatal(err)
+				}
+			}
 			// One datagram through the socket: the pod learns the route back.
 			relay := udp4(b)
 			defer relay.Close()

@@ -19,6 +19,7 @@ import (
 	"github.com/rtcedge/rtcedge/backend/realtime"
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
 	"github.com/rtcedge/rtcedge/backend/realtime/reftest"
+	"github.com/rtcedge/rtcedge/internal/opus"
 	"github.com/rtcedge/rtcedge/transceiver/g711"
 	"github.com/rtcedge/rtcedge/transceiver/pace"
 )
@@ -210,11 +211,10 @@ func lookupPath(m map[string]any, path ...string) (any, bool) {
 	return v, v != nil
 }
 
-// hostileDelta is a model server that answers a call's first event with
-// one audio delta of n bytes of G.711 (base64'd), then reads until the
-// connection ends.
-func hostileDelta(t *testing.T, n int) string {
-	t.Helper()
+// modelServer runs a model server whose connections serve handles, on
+// loopback until the test ends; it returns the server's ws:// URL.
+func modelServer(tb testing.TB, serve func(ctx context.Context, c *websocket.Conn)) string {
+	tb.Helper()
 	var wg sync.WaitGroup
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, nil)
@@ -225,19 +225,28 @@ func hostileDelta(t *testing.T, n int) string {
 		defer wg.Done()
 		defer c.CloseNow()
 		c.SetReadLimit(-1)
-		if _, _, err := c.Read(r.Context()); err != nil {
+		serve(r.Context(), c)
+	}))
+	tb.Cleanup(func() { srv.Close(); wg.Wait() })
+	return "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/realtime"
+}
+
+// hostileDelta is a model server that answers a call's first event with
+// one audio delta of n bytes of G.711 (base64'd), then reads until the
+// connection ends.
+func hostileDelta(t *testing.T, n int) string {
+	return modelServer(t, func(ctx context.Context, c *websocket.Conn) {
+		if _, _, err := c.Read(ctx); err != nil {
 			return
 		}
 		audio := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x5a}, n))
-		_ = c.Write(r.Context(), websocket.MessageText, []byte(`{"type":"response.output_audio.delta","response_id":"resp_1","item_id":"item_1","delta":"`+audio+`"}`))
+		_ = c.Write(ctx, websocket.MessageText, []byte(`{"type":"response.output_audio.delta","response_id":"resp_1","item_id":"item_1","delta":"`+audio+`"}`))
 		for {
-			if _, _, err := c.Read(r.Context()); err != nil {
+			if _, _, err := c.Read(ctx); err != nil {
 				return
 			}
 		}
-	}))
-	t.Cleanup(func() { srv.Close(); wg.Wait() })
-	return "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/realtime"
+	})
 }
 
 // TestCallPassthroughBounds: a hostile model server's huge G.711 delta
@@ -281,5 +290,37 @@ func TestCallPassthroughBounds(t *testing.T) {
 				t.Errorf("%.1f s of reply dropped, want ≥ 25", d)
 			}
 		})
+	}
+}
+
+// TestCallEncoderKeepsVAD: a transcoded call's encoder, at callComplexity,
+// still marks silence inactive and speech active (opus.Inactive), which
+// the edge's VAD and the Realtime connector's batching read.
+func TestCallEncoderKeepsVAD(t *testing.T) {
+	p := newPod(t, Config{})
+	media := netip.MustParseAddrPort("198.51.100.7:40000")
+	res, err := p.t.CreateCall(context.Background(), CallRequest{Offer: carrierSDP(media, "0"), POPs: []POPAddr{popA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.call(t, res.ID)
+	c.inMu.Lock()
+	defer c.inMu.Unlock()
+	encode := func(pcm []int16) []byte {
+		n, err := c.enc.Encode(pcm, c.opusBuf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.opusBuf[:n]
+	}
+	for i := range 25 {
+		if p := encode(tone(700, i*160, 160)); i == 24 && opus.Inactive(p) {
+			t.Error("a tone coded inactive")
+		}
+	}
+	for i := range 25 {
+		if p := encode(make([]int16, 160)); i == 24 && !opus.Inactive(p) {
+			t.Error("silence coded active")
+		}
 	}
 }

@@ -53,9 +53,13 @@ type PhoneStep struct {
 	SetupFailures int     `json:"setup_failures"`
 	PodCPU        float64 `json:"pod_cpu"`          // cores
 	PerCall       float64 `json:"pod_cpu_per_call"` // per cent of a core
-	RefCPU        float64 `json:"ref_cpu"`          // cores
-	GenCPU        float64 `json:"gen_cpu"`          // cores
-	BoxBusy       float64 `json:"box_busy"`         // cores of the machine busy
+	// PerFullCall is PerCall over Heard: what a call whose every packet
+	// the pod handled costs (a starved generator or pod sends or reads
+	// fewer), the figure a projection divides the cores by.
+	PerFullCall float64 `json:"pod_cpu_per_full_call"`
+	RefCPU      float64 `json:"ref_cpu"`  // cores
+	GenCPU      float64 `json:"gen_cpu"`  // cores
+	BoxBusy     float64 `json:"box_busy"` // cores of the machine busy
 	// Heard is the caller audio the pod handed its backend over the
 	// window, in seconds per second per call (1: all of it; the pod's
 	// call_packets_total{result="audio"}); ToBackend what reached the
@@ -247,6 +251,9 @@ func (g *phoneGen) step(ctx context.Context, cfg PhoneConfig, pod *Pod, ref *Ref
 	st.PerCall = 100 * st.PodCPU / calls
 	st.BoxBusy = (b.box.Busy - a.box.Busy).Seconds() / secs
 	st.Heard = delta(`rtcedge_transceiver_call_packets_total{result="audio"}`) / 50 / secs / calls
+	if st.Heard > 0 {
+		st.PerFullCall = st.PerCall / st.Heard
+	}
 	st.ToBackend = delta(`rtcedge_realtime_audio_seconds_total{direction="to_backend"}`) / secs / calls
 	st.Replied = delta(`rtcedge_reply_audio_seconds_total{state="sent"}`) / secs / calls
 	st.Received = float64(g.received.Load()-r0) / 50 / secs / calls
@@ -258,8 +265,8 @@ func (g *phoneGen) step(ctx context.Context, cfg PhoneConfig, pod *Pod, ref *Ref
 }
 
 func (st PhoneStep) line() string {
-	return fmt.Sprintf("calls %d: pod %.2f cores (%.3f %% of a core per call), ref server %.2f, generator %.2f, machine %.2f busy; sent %.3f, heard %.3f, to server %.3f, replied %.3f, received %.3f s/s per call; %d setup failures; load %.1f",
-		st.Calls, st.PodCPU, st.PerCall, st.RefCPU, st.GenCPU, st.BoxBusy, st.Sent, st.Heard, st.ToBackend, st.Replied, st.Received, st.SetupFailures, st.Load1)
+	return fmt.Sprintf("calls %d: pod %.2f cores (%.3f %% of a core per call, %.3f %% per call heard in full), ref server %.2f, generator %.2f, machine %.2f busy; sent %.3f, heard %.3f, to server %.3f, replied %.3f, received %.3f s/s per call; %d setup failures; load %.1f",
+		st.Calls, st.PodCPU, st.PerCall, st.PerFullCall, st.RefCPU, st.GenCPU, st.BoxBusy, st.Sent, st.Heard, st.ToBackend, st.Replied, st.Received, st.SetupFailures, st.Load1)
 }
 
 func (g *phoneGen) size() int {
