@@ -88,6 +88,27 @@ type SessionInfo struct {
 	// policy, from signaling (backend/oaievents).
 	ClientSessionFields []string
 	SealedWins          bool
+	// G711 is the audio format of a phone call that goes to the backend
+	// as the carrier sent it: AudioPCMU or AudioPCMA, only for a Backend
+	// that TakesG711. Handler.Audio then gets the G.711 payloads of the
+	// caller's RTP (8 kHz, a byte a sample) and Sink.WriteAudio takes the
+	// reply as G.711 of the same law. "": Opus both ways.
+	G711 string
+}
+
+// The G.711 formats of SessionInfo.G711, named as OpenAI's Realtime
+// sessions name them (audio.input.format.type).
+const (
+	AudioPCMU = "audio/pcmu"
+	AudioPCMA = "audio/pcma"
+)
+
+// G711Taker is implemented by a Backend that can take a phone call's
+// G.711 without transcoding (the Realtime connector to a server that
+// speaks audio/pcmu and audio/pcma): the pod then runs no codec for the
+// call (SessionInfo.G711).
+type G711Taker interface {
+	TakesG711() bool
 }
 
 // Ender is implemented by the Sink a session gives its backend: a backend

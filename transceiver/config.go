@@ -74,13 +74,17 @@ type Config struct {
 	// 24000), with the API key of $RTCEDGE_BACKEND_API_KEY. Neither: the
 	// in-process echo. BackendMaxMessage bounds one event from the model
 	// server in bytes (default realtime.DefaultMaxMessage, 1 MiB): a
-	// larger one ends the call. NewBackend builds the node's Backend from
-	// them.
+	// larger one ends the call. BackendG711 says the server takes
+	// audio/pcmu and audio/pcma (OpenAI's and the reference server do):
+	// phone calls' G.711 then goes to it and back as it is, with no codec
+	// on the pod (docs/sip.md, "Passthrough"). NewBackend builds the
+	// node's Backend from them.
 	BackendAddr       string         `yaml:"backend_addr"`
 	BackendURL        string         `yaml:"backend_url"`
 	BackendProtocol   string         `yaml:"backend_protocol"`
 	BackendRate       int            `yaml:"backend_rate"`
 	BackendMaxMessage int            `yaml:"backend_max_message"`
+	BackendG711       bool           `yaml:"backend_g711"`
 	Token             node.TokenKeys `yaml:"token"` // the routing-token keys Keys is built from
 	// Hop are this cluster's inter-tier keys as configured (prefer
 	// $RTCEDGE_HOP_KEYS); Hop is built from them.
@@ -282,8 +286,8 @@ func (c *Config) checkBackend() error {
 	switch {
 	case c.BackendURL != "" && c.BackendAddr != "":
 		return errors.New("backend_url and backend_addr are exclusive: set backend_url for an OpenAI Realtime server, backend_addr for rtcedge's backend protocol")
-	case c.BackendURL == "" && (c.BackendProtocol != "" || c.BackendRate != 0 || c.BackendMaxMessage != 0):
-		return errors.New("backend_protocol, backend_rate and backend_max_message need backend_url")
+	case c.BackendURL == "" && (c.BackendProtocol != "" || c.BackendRate != 0 || c.BackendMaxMessage != 0 || c.BackendG711):
+		return errors.New("backend_protocol, backend_rate, backend_max_message and backend_g711 need backend_url")
 	case c.BackendURL == "":
 		return nil
 	}
@@ -296,7 +300,7 @@ func (c *Config) checkBackend() error {
 
 func (c *Config) realtimeConfig(getenv func(string) string) realtime.Config {
 	return realtime.Config{URL: c.BackendURL, Protocol: c.BackendProtocol, Rate: c.BackendRate, MaxMessage: c.BackendMaxMessage,
-		APIKey: getenv(realtime.APIKeyEnv)}
+		G711: c.BackendG711, APIKey: getenv(realtime.APIKeyEnv)}
 }
 
 // NewBackend builds the backend c selects (after Validate): the OpenAI
@@ -334,6 +338,7 @@ type dialReady struct {
 var (
 	_ backend.Ready      = dialReady{}
 	_ backend.InputRater = dialReady{}
+	_ backend.G711Taker  = dialReady{}
 )
 
 // Ready implements backend.Ready: a TCP connect to the server within ctx.

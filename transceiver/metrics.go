@@ -85,6 +85,7 @@ type metrics struct {
 	dropped    map[string]prometheus.Counter // droppedVec's children, resolved once for the media path
 	// Phone calls (rtpcall.go).
 	calls       prometheus.Counter
+	passCalls   prometheus.Counter // of calls: G.711 passthrough (rtppass.go)
 	callPackets [numCallResults]prometheus.Counter
 	callPktVec  *prometheus.CounterVec
 	// Phone calls' keypad digits (rtpdtmf.go), by direction and result.
@@ -138,6 +139,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 		mediaPaths:     counterVec("media_paths_total", "Connected sessions by the path their SRTP takes: pod (decrypted on the socket's readers, podnet.Media) or pion (the pod's path could not start; see the log).", "path"),
 	}
 	m.calls = counter("calls_created_total", "Phone calls created (session kind rtp; also counted in sessions_created_total).")
+	m.passCalls = counter("calls_passthrough_total", "Phone calls whose G.711 went to the backend and back as it came, with no codec on the pod (a backend that takes audio/pcmu or audio/pcma).")
 	m.callPktVec = counterVec("call_packets_total", "Phone calls' datagrams by what became of them: audio, rtcp, dtmf (telephone events, counted by what they were in call_dtmf_total), payload_type, ssrc, late, malformed, codec (dropped), and the reply's sent and no_route.", "result")
 	for i, l := range callResultLabels {
 		m.callPackets[i] = m.callPktVec.WithLabelValues(l)
@@ -198,7 +200,7 @@ func newMetrics(reg, turnReg prometheus.Registerer) (*metrics, error) {
 	}
 	if err := metric.Register(reg, "transceiver", append([]prometheus.Collector{m.sessions, m.created, m.rejected, m.ended,
 		m.setupSeconds, m.popSwitches, m.earlySelects, m.addressChanges, m.iceRestarts, m.mediaPaths, m.droppedVec,
-		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands, m.calls, m.callPktVec, m.dtmfVec}, m.net.Collectors()...)...); err != nil {
+		m.sidebandAttaches, m.sidebandCloses, m.sidebandEvents, m.sidebands, m.calls, m.passCalls, m.callPktVec, m.dtmfVec}, m.net.Collectors()...)...); err != nil {
 		return nil, err
 	}
 	if turnReg == nil {

@@ -52,6 +52,7 @@ const ssrcSilence = 200 * time.Millisecond
 const (
 	callFrame        = 20 * time.Millisecond
 	callFrameSamples = g711.ClockRate / 50
+	g711Sample       = time.Second / g711.ClockRate // one byte of G.711
 )
 
 // rtpCall is one phone call.
@@ -63,6 +64,7 @@ type rtpCall struct {
 	token       string         // the routing token minted for the call (its ufrag form)
 	nonce       [6]byte        // its nonce: the headers of the call's datagrams carry it
 	offer       carrierOffer
+	pass        bool // G.711 both ways, no codec (rtppass.go)
 	created     time.Time
 	handler     backend.Handler
 	interrupter backend.Interrupter
@@ -81,6 +83,7 @@ type rtpCall struct {
 	haveSeq  bool
 	lastSeq  uint16
 	seen     uint64  // the window of sequence numbers taken: bit i is lastSeq-i
+	intake   intake  // the caller's credit of audio (intake.go)
 	pcm      []int16 // decoded samples not yet a whole frame
 	enc      *opus.Encoder
 	opusBuf  []byte
@@ -149,6 +152,9 @@ func (t *Transceiver) CreateCall(ctx context.Context, req CallRequest) (CreateRe
 	}
 	t.m.created.Inc()
 	t.m.calls.Inc()
+	if c.pass {
+		t.m.passCalls.Inc()
+	}
 	c.storeRoute(t.cfg.Now())
 	return CreateResult{ID: c.id, Answer: answer}, nil
 }
@@ -204,13 +210,11 @@ func (t *Transceiver) newCall(ctx context.Context, req CallRequest, o carrierOff
 	c.outHdr = rtp.Header{Version: 2, Marker: true, PayloadType: o.pt, SequenceNumber: uint16(rand.Uint32()),
 		Timestamp: rand.Uint32(), SSRC: rand.Uint32()}
 	c.play = t.pacer.NewQueue(c)
-	if c.enc, err = opus.NewVoIPEncoder(g711.ClockRate); err != nil {
-		return c, "", fmt.Errorf("call encoder: %w", err)
+	info := t.sessionInfo(id, CreateRequest{Config: req.Config, Caller: req.Caller})
+	if info.G711, err = c.codecs(); err != nil { // rtppass.go: none for a backend that takes G.711
+		return c, "", err
 	}
-	if c.dec, err = opus.NewDecoder(g711.ClockRate); err != nil {
-		return c, "", fmt.Errorf("call decoder: %w", err)
-	}
-	c.handler, err = t.cfg.Backend.Open(ctx, t.sessionInfo(id, CreateRequest{Config: req.Config, Caller: req.Caller}), c)
+	c.handler, err = t.cfg.Backend.Open(ctx, info, c)
 	if err != nil {
 		return c, "", fmt.Errorf("open backend: %w", err)
 	}
@@ -263,7 +267,15 @@ func (c *rtpCall) RTP(pop uint16, b []byte) {
 		c.dtmfPacket(payload, now)
 		return
 	}
+	if !c.intake.admit(now, time.Duration(len(payload))*g711Sample) {
+		c.t.m.dropped[dropCallerAudio].Inc() // over 1.5x real time (intake.go)
+		return
+	}
 	c.t.m.callPackets[callAudio].Inc()
+	if c.pass {
+		c.passIn(payload)
+		return
+	}
 	if len(payload) > cap(c.pcm)-len(c.pcm) {
 		payload = payload[:cap(c.pcm)-len(c.pcm)] // longer than 100 ms: the rest is not heard
 	}
@@ -335,8 +347,9 @@ func (c *rtpCall) edgeVAD(p []byte) {
 }
 
 // SendFrame implements pace.Output: one Opus frame of the reply, decoded
-// at 8 kHz and sent to the carrier as one G.711 RTP packet. An empty
-// frame only advances the RTP clock.
+// at 8 kHz and sent to the carrier as one G.711 RTP packet (a passthrough
+// call's frame is G.711 already: sent as it is). An empty frame only
+// advances the RTP clock.
 func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	c.outMu.Lock()
 	defer c.outMu.Unlock()
@@ -347,7 +360,7 @@ func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	if len(payload) == 0 || c.outClosed || c.digits.muted {
 		return
 	}
-	n, err := c.dec.Decode(payload, c.outPCM)
+	n, err := c.decodeReply(payload)
 	if err != nil {
 		c.t.m.callPackets[callCodec].Inc()
 		return
@@ -362,7 +375,11 @@ func (c *rtpCall) SendFrame(payload []byte, d time.Duration) {
 	if _, err := c.outHdr.MarshalTo(buf); err != nil {
 		return
 	}
-	buf = c.offer.law.Encode(buf, c.outPCM[:n])
+	if c.pass {
+		buf = append(buf, payload...)
+	} else {
+		buf = c.offer.law.Encode(buf, c.outPCM[:n])
+	}
 	c.outHdr.Marker = false
 	if c.t.sock.SendRTP(pop, c.media, buf) == nil {
 		c.t.m.callPackets[callSent].Inc()

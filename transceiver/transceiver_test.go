@@ -53,7 +53,7 @@ type pod struct {
 }
 
 // newPod runs a transceiver on a loopback socket until the test ends.
-func newPod(t *testing.T, cfg Config) *pod {
+func newPod(t testing.TB, cfg Config) *pod {
 	t.Helper()
 	keys, err := token.NewKeyring(1, map[uint8][]byte{1: bytes.Repeat([]byte{1}, token.KeyLen)})
 	if err != nil {
@@ -91,7 +91,7 @@ func newPod(t *testing.T, cfg Config) *pod {
 	return &pod{t: tr, reg: reg, addr: conn.LocalAddr().(*net.UDPAddr).AddrPort()}
 }
 
-func (p *pod) counter(t *testing.T, name, label, value string) float64 {
+func (p *pod) counter(t testing.TB, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := p.reg.Gather()
 	if err != nil {

@@ -38,7 +38,7 @@ func BenchmarkFrame(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			c := newCall(bk, backend.SessionInfo{ID: "bench"}, discard{}, nil, dec, enc)
+			c := newCall(bk, backend.SessionInfo{ID: "bench"}, discard{}, nil, audioFormat{rate: bk.cfg.Rate}, dec, enc)
 			defer func() { dec.Close(); enc.Close() }()
 
 			// One 20 ms caller frame (48 kHz tone) and one 20 ms delta.

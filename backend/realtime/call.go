@@ -53,6 +53,7 @@ type call struct {
 	conn   *websocket.Conn
 	log    *slog.Logger
 	enc    *replyEncoder // closed with the call; guarded by its own mu
+	format audioFormat   // the call's audio toward the server and back (g711.go)
 	// caller translates the caller's events with the call's policy; it
 	// keeps the call's session (the first session.update's, with the
 	// top-level fields of every sideband session.update since laid over
@@ -74,9 +75,10 @@ type call struct {
 
 	// Owned by Audio (the pod's audio path calls it one frame at a time),
 	// under mu.RLock so that Close does not free dec under it.
-	dec           *opus.Decoder
+	dec           *opus.Decoder // nil for a G.711 call
 	pcm           []int16       // decoded frame
 	batch         []int16       // decoded audio not yet sent
+	g711          []byte        // a G.711 call's audio not yet sent (g711.go)
 	raw           []byte        // batch as PCM16LE
 	batchSamples  int           // appendMs of samples; static
 	steadySamples int           // steadyAppendMs of samples; static
@@ -122,9 +124,9 @@ var (
 )
 
 // newCall makes the call over an open WebSocket; start starts its loops.
-func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, dec *opus.Decoder, enc *opus.Encoder) *call {
-	rate := b.cfg.Rate
-	c := &call{b: b, out: out, conn: conn, dec: dec, enc: newReplyEncoder(enc, b.m),
+func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *websocket.Conn, format audioFormat, dec *opus.Decoder, enc *opus.Encoder) *call {
+	rate := format.rate
+	c := &call{b: b, out: out, conn: conn, format: format, dec: dec, enc: newReplyEncoder(enc, b.m),
 		caller:        oaievents.NewCaller(oaievents.Policy{SessionFields: info.ClientSessionFields, SealedWins: info.SealedWins}, info.Config),
 		log:           b.log.With("session", info.ID),
 		pcm:           make([]int16, rate*120/1000), // the longest Opus packet
@@ -140,7 +142,10 @@ func newCall(b *Backend, info backend.SessionInfo, out backend.Sink, conn *webso
 	c.play, _ = out.(backend.Player)
 	c.rawOut, _ = out.(backend.RawWriter)
 	c.await, _ = out.(backend.StartAwaiter)
-	c.opcm = make([]byte, 0, 2*enc.FrameSamples())
+	c.opcm = make([]byte, 0, format.frameBytes())
+	if format.law != nil {
+		c.g711 = make([]byte, 0, cap(c.batch))
+	}
 	c.dbuf = make([]byte, deltaChunk/4*3)
 	return c
 }
@@ -226,7 +231,9 @@ func (c *call) Close() error {
 		}
 		c.cancel()
 		c.wg.Wait()
-		c.dec.Close()
+		if c.dec != nil {
+			c.dec.Close()
+		}
 		c.enc.close() // the pod's pacer may still hold frames: they fail to encode
 
 	})

@@ -26,7 +26,7 @@ func TestAppendBatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCall(bk, backend.SessionInfo{ID: "batching"}, discard{}, nil, dec, enc)
+	c := newCall(bk, backend.SessionInfo{ID: "batching"}, discard{}, nil, audioFormat{rate: bk.cfg.Rate}, dec, enc)
 	defer func() { dec.Close(); enc.Close() }()
 
 	// A voiced frame and a silent one, as a browser sends them.

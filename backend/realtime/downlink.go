@@ -125,7 +125,7 @@ func (c *call) handle(data []byte) {
 // dropped; one with a bad character mid-way plays up to the chunk that
 // holds it (counted as bad_delta either way).
 func (c *call) audioDelta(responseID, itemID, delta []byte) {
-	if len(delta)%4 != 0 || decodedLen(delta)%2 != 0 {
+	if len(delta)%4 != 0 || decodedLen(delta)%c.format.sampleBytes() != 0 {
 		c.b.m.dropped[dropBadDelta].Inc()
 		return
 	}
@@ -182,7 +182,7 @@ func (c *call) flushReplyLocked() {
 	}
 	n := len(c.opcm)
 	c.opcm = c.opcm[:cap(c.opcm)]
-	clear(c.opcm[n:])
+	c.format.silence(c.opcm[n:])
 	c.writeFrameLocked(c.opcm)
 	c.opcm = c.opcm[:0]
 }
@@ -191,7 +191,9 @@ func (c *call) flushReplyLocked() {
 // to encode when it sends it, or encoded here. omu must be held.
 func (c *call) writeFrameLocked(frame []byte) {
 	var err error
-	if c.rawOut != nil {
+	if c.format.law != nil { // G.711 as the server sent it: what the carrier is sent
+		err = c.out.WriteAudio(frame, opus.FrameDuration)
+	} else if c.rawOut != nil {
 		err = c.rawOut.WriteRaw(frame, opus.FrameDuration, c.enc)
 	} else {
 		if c.pkt, err = c.enc.EncodeFrame(c.pkt[:0], frame); err != nil {
@@ -219,6 +221,9 @@ type replyEncoder struct {
 var _ backend.FrameEncoder = (*replyEncoder)(nil)
 
 func newReplyEncoder(enc *opus.Encoder, m *metrics) *replyEncoder {
+	if enc == nil { // a G.711 call: its frames go out as they are
+		return &replyEncoder{m: m}
+	}
 	return &replyEncoder{m: m, enc: enc, pcm: make([]int16, enc.FrameSamples())}
 }
 

@@ -130,9 +130,10 @@ var gaToBeta = []struct {
 
 // shapeSession rewrites a session object (GA or beta shaped, as the app or
 // the caller wrote it) into the shape the server speaks, with the audio
-// formats forced to PCM16 at rate: the edge transcodes, so nobody else
-// chooses them. The model is left out: it is the backend URL's.
-func shapeSession(s map[string]any, beta bool, rate int) map[string]any {
+// formats forced to the call's (PCM16 at the connector's rate, or a phone
+// call's G.711): the edge chooses them, nobody else. The model is left
+// out: it is the backend URL's.
+func shapeSession(s map[string]any, beta bool, f audioFormat) map[string]any {
 	out := make(map[string]any, len(s)+2)
 	for k, v := range s {
 		out[k] = v
@@ -150,8 +151,8 @@ func shapeSession(s map[string]any, beta bool, rate int) map[string]any {
 			}
 		}
 		delete(out, "type")
-		out["input_audio_format"] = "pcm16"
-		out["output_audio_format"] = "pcm16"
+		out["input_audio_format"] = f.betaName()
+		out["output_audio_format"] = f.betaName()
 		return out
 	}
 	for _, m := range gaToBeta {
@@ -166,9 +167,8 @@ func shapeSession(s map[string]any, beta bool, rate int) map[string]any {
 	delete(out, "input_audio_format")
 	delete(out, "output_audio_format")
 	out["type"] = "realtime"
-	format := map[string]any{"type": "audio/pcm", "rate": rate}
-	put(out, []string{"audio", "input", "format"}, format, true)
-	put(out, []string{"audio", "output", "format"}, format, true)
+	put(out, []string{"audio", "input", "format"}, f.gaObject(), true)
+	put(out, []string{"audio", "output", "format"}, f.gaObject(), true)
 	return out
 }
 

@@ -26,7 +26,7 @@ func (c *call) sendSession(config []byte) error {
 			return fmt.Errorf("realtime: session config is not a JSON object: %v", err)
 		}
 	}
-	ev, err := sessionEvent("", shapeSession(cfg, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+	ev, err := sessionEvent("", shapeSession(cfg, c.b.cfg.Protocol == ProtocolBeta, c.format))
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func (c *call) shapeSession(ev []byte) ([]byte, error) {
 	if u.Session == nil {
 		u.Session = map[string]any{}
 	}
-	return sessionEvent(u.EventID, shapeSession(u.Session, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate))
+	return sessionEvent(u.EventID, shapeSession(u.Session, c.b.cfg.Protocol == ProtocolBeta, c.format))
 }
 
 // ServerEvent implements backend.ServerEvents: an event from the call's
@@ -117,7 +117,7 @@ func (c *call) ServerEvent(data []byte) {
 		if ev.Session != nil {
 			c.caller.Sealed(ev.Session)
 			var err error
-			if data, err = sessionEvent(ev.EventID, shapeSession(ev.Session, c.b.cfg.Protocol == ProtocolBeta, c.b.cfg.Rate)); err != nil {
+			if data, err = sessionEvent(ev.EventID, shapeSession(ev.Session, c.b.cfg.Protocol == ProtocolBeta, c.format)); err != nil {
 				return
 			}
 			break

@@ -39,7 +39,6 @@ import (
 
 	"github.com/rtcedge/rtcedge/backend"
 	"github.com/rtcedge/rtcedge/internal/config"
-	"github.com/rtcedge/rtcedge/internal/opus"
 )
 
 // APIKeyEnv is the environment variable the API key of a backend URL
@@ -92,7 +91,12 @@ type Config struct {
 	// is released after a message over readbuf.Keep, so the bound is
 	// what a call holds while it reads one, not for its life.
 	MaxMessage int
-	Logger     *slog.Logger
+	// G711 says the server takes audio/pcmu and audio/pcma (beta:
+	// g711_ulaw, g711_alaw), as OpenAI's and the reference server do: a
+	// phone call's G.711 then goes to it and back as it is, with no codec
+	// on the pod (backend.G711Taker, g711.go).
+	G711   bool
+	Logger *slog.Logger
 	// Registerer receives the rtcedge_realtime_* metrics; nil: none.
 	Registerer prometheus.Registerer
 }
@@ -173,6 +177,7 @@ func FromURL(rawURL, protocol string, getenv func(string) string, log *slog.Logg
 var (
 	_ backend.Backend    = (*Backend)(nil)
 	_ backend.InputRater = (*Backend)(nil)
+	_ backend.G711Taker  = (*Backend)(nil)
 )
 
 // Open implements backend.Backend: it dials the server, sends the first
@@ -183,16 +188,15 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 		b.m.failed.WithLabelValues(reason).Inc()
 		return nil, err
 	}
-	dec, err := opus.NewDecoder(b.cfg.Rate)
+	format, err := b.formatOf(info)
 	if err != nil {
-		return fail(ReasonSetup, fmt.Errorf("realtime: decoder: %w", err))
+		return fail(ReasonSetup, err)
 	}
-	enc, err := opus.NewEncoder(b.cfg.Rate)
+	dec, enc, err := b.codecs(format)
 	if err != nil {
-		dec.Close()
-		return fail(ReasonSetup, fmt.Errorf("realtime: encoder: %w", err))
+		return fail(ReasonSetup, err)
 	}
-	codecs := func() { dec.Close(); enc.Close() }
+	codecs := func() { closeCodecs(dec, enc) }
 	hdr := http.Header{}
 	if b.cfg.APIKey != "" {
 		hdr.Set("Authorization", "Bearer "+b.cfg.APIKey)
@@ -211,7 +215,7 @@ func (b *Backend) Open(ctx context.Context, info backend.SessionInfo, out backen
 		return fail(ReasonDial, fmt.Errorf("realtime: dial %s: %w", b.host, redactErr(err, b.cfg.URL)))
 	}
 	conn.SetReadLimit(int64(b.cfg.MaxMessage))
-	c := newCall(b, info, out, conn, dec, enc)
+	c := newCall(b, info, out, conn, format, dec, enc)
 	if err := c.sendSession(info.Config); err != nil {
 		_ = conn.CloseNow()
 		codecs()

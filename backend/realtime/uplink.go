@@ -69,14 +69,13 @@ func (c *call) Audio(payload []byte, d time.Duration) {
 	if c.closed {
 		return
 	}
-	want := min(len(c.pcm), int(int64(c.b.cfg.Rate)*int64(d)/int64(time.Second)))
-	inactive := opus.Inactive(payload)
-	changed := inactive != c.inactive
-	if changed {
-		c.inactive, c.held = inactive, 0
-	} else if c.held < promptMs*time.Millisecond {
-		c.held += d
+	if c.format.law != nil {
+		c.audioG711(payload, d)
+		return
 	}
+	want := min(len(c.pcm), int(int64(c.format.rate)*int64(d)/int64(time.Second)))
+	inactive := opus.Inactive(payload)
+	changed := c.activity(inactive, d)
 	if inactive && c.quiet >= quietHang {
 		c.b.m.silent.Inc()
 		c.batch = append(c.batch, make([]int16, want)...) // appends zeros without allocating
@@ -100,6 +99,18 @@ func (c *call) Audio(payload []byte, d time.Duration) {
 	c.flushFull(changed)
 }
 
+// activity takes a frame's voice activity (inactive: no speech) of
+// duration d and reports whether it changed; mu.RLock must be held.
+func (c *call) activity(inactive bool, d time.Duration) (changed bool) {
+	changed = inactive != c.inactive
+	if changed {
+		c.inactive, c.held = inactive, 0
+	} else if c.held < promptMs*time.Millisecond {
+		c.held += d
+	}
+	return changed
+}
+
 // flushFull flushes the batch if it is full or the caller's voice activity
 // just changed; mu.RLock must be held.
 func (c *call) flushFull(changed bool) {
@@ -107,30 +118,34 @@ func (c *call) flushFull(changed bool) {
 	if c.held >= promptMs*time.Millisecond {
 		limit = c.steadySamples
 	}
-	if changed || len(c.batch) >= limit {
+	if changed || len(c.batch)+len(c.g711) >= limit {
 		c.flushLocked()
 	}
 }
 
 // flushLocked queues the batch as one append; mu.RLock must be held.
 func (c *call) flushLocked() {
-	samples := len(c.batch)
+	samples := len(c.batch) + len(c.g711)
 	var buf []byte
 	select {
 	case buf = <-c.free:
 	default:
 		if c.bufs == queueLen {
 			c.b.m.dropped[dropQueueFull].Inc()
-			c.batch = c.batch[:0]
+			c.batch, c.g711 = c.batch[:0], c.g711[:0]
 			return
 		}
 		c.bufs++
 		buf = make([]byte, 0, c.bufSize)
 	}
-	c.raw = opus.AppendPCM16LE(c.raw[:0], c.batch)
-	c.batch = c.batch[:0]
+	raw := c.g711 // a G.711 call's audio goes as the carrier sent it
+	if c.format.law == nil {
+		c.raw = opus.AppendPCM16LE(c.raw[:0], c.batch)
+		raw = c.raw
+	}
+	c.batch, c.g711 = c.batch[:0], c.g711[:0]
 	buf = append(buf[:0], appendPrefix...)
-	buf = base64.StdEncoding.AppendEncode(buf, c.raw)
+	buf = base64.StdEncoding.AppendEncode(buf, raw)
 	buf = append(buf, appendSuffix...)
 	if !c.enqueueLocked(msg{b: buf, samples: samples, pooled: true}) {
 		c.free <- buf
@@ -155,7 +170,7 @@ func (c *call) enqueueLocked(m msg) bool {
 
 func (c *call) writeLoop() {
 	defer c.wg.Done()
-	sec := 1 / float64(c.b.cfg.Rate)
+	sec := 1 / float64(c.format.rate)
 	for m := range c.queue {
 		// No context: one with a deadline costs an allocation per write;
 		// Close and a failure end a blocked write by closing the conn.

@@ -100,12 +100,13 @@ func merge(dst, src map[string]any) {
 	}
 }
 
-// checkFormats refuses audio formats the server does not speak.
+// checkFormats refuses audio formats the server does not speak: PCM16 at
+// its rate, and G.711 (g711.go).
 func (s *Session) checkFormats(upd map[string]any) (param, msg string) {
 	if s.h.cfg.Beta {
 		for _, k := range []string{"input_audio_format", "output_audio_format"} {
-			if v, ok := upd[k]; ok && v != "pcm16" {
-				return "session." + k, fmt.Sprintf("Invalid value: '%v'. This server supports only 'pcm16'.", v)
+			if v, ok := upd[k]; ok && v != "pcm16" && betaLaws[fmt.Sprint(v)] == nil {
+				return "session." + k, fmt.Sprintf("Invalid value: '%v'. Supported values are: 'pcm16', 'g711_ulaw', and 'g711_alaw'.", v)
 			}
 		}
 		return "", ""
@@ -116,8 +117,11 @@ func (s *Session) checkFormats(upd map[string]any) (param, msg string) {
 			continue
 		}
 		f, _ := v.(map[string]any)
+		if typ, _ := f["type"].(string); gaLaws[typ] != nil {
+			continue // G.711 is 8 kHz: no rate
+		}
 		if f == nil || f["type"] != "audio/pcm" {
-			return "session.audio." + dir + ".format.type", "Invalid value: this server supports only 'audio/pcm'."
+			return "session.audio." + dir + ".format.type", "Invalid value: supported types are 'audio/pcm', 'audio/pcmu' and 'audio/pcma'."
 		}
 		if r, ok := f["rate"]; ok && r != float64(s.h.cfg.Rate) {
 			return "session.audio." + dir + ".format.rate", fmt.Sprintf("Invalid value: %v. This server's rate is %d.", r, s.h.cfg.Rate)
@@ -148,6 +152,7 @@ func (s *Session) sessionUpdate(ev clientEvent) {
 	delete(upd, "object")
 	s.mu.Lock()
 	merge(s.st.Config, upd)
+	s.inLaw, s.outLaw = s.lawsLocked()
 	cfg := json.RawMessage(mustJSON(s.st.Config))
 	s.notify()
 	s.mu.Unlock()

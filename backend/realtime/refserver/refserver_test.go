@@ -193,7 +193,7 @@ func TestSessionCreatedAndUpdate(t *testing.T) {
 				if sess["input_audio_format"] != "pcm16" || sess["turn_detection"] == nil {
 					t.Errorf("beta session %v", sess)
 				}
-				c.send(map[string]any{"type": "session.update", "session": map[string]any{"input_audio_format": "g711_ulaw"}})
+				c.send(map[string]any{"type": "session.update", "session": map[string]any{"input_audio_format": "opus"}}) // G.711 is taken (g711.go)
 			} else {
 				f := sess["audio"].(map[string]any)["input"].(map[string]any)["format"].(map[string]any)
 				if f["type"] != "audio/pcm" || f["rate"] != float64(rate) {

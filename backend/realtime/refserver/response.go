@@ -36,7 +36,7 @@ func (s *Session) startLocked() {
 	if limit := s.h.cfg.MaxReplyMs * s.h.cfg.Rate / 1000; len(audio) > limit {
 		audio = audio[:limit]
 	}
-	r := &response{id: s.h.id("resp"), itemID: s.h.id("item"), audio: audio, done: make(chan struct{}), rec: len(s.st.Responses)}
+	r := &response{id: s.h.id("resp"), itemID: s.h.id("item"), audio: audio, law: s.outLaw, done: make(chan struct{}), rec: len(s.st.Responses)}
 	s.active = r
 	s.st.Responses = append(s.st.Responses, Response{ID: r.id, ItemID: r.itemID, Status: "in_progress"})
 	s.notify()
@@ -87,12 +87,12 @@ func (s *Session) responseObject(r *response, status string, details, output any
 	if s.h.cfg.Beta {
 		obj["modalities"] = []string{"audio", "text"}
 		obj["voice"] = "alloy"
-		obj["output_audio_format"] = "pcm16"
+		obj["output_audio_format"] = betaName(r.law)
 		obj["max_output_tokens"] = "inf"
 	} else {
 		obj["output_modalities"] = []string{"audio"}
 		obj["max_output_tokens"] = "inf"
-		obj["audio"] = map[string]any{"output": map[string]any{"format": map[string]any{"type": "audio/pcm", "rate": rate}, "voice": "marin"}}
+		obj["audio"] = map[string]any{"output": map[string]any{"format": gaFormat(r.law, rate), "voice": "marin"}}
 	}
 	return obj
 }
@@ -165,10 +165,7 @@ func (s *Session) streamAudio(r *response) int {
 		default:
 		}
 		n := min(chunk, len(r.audio)-sent)
-		b := buf[:2*n]
-		for i, v := range r.audio[sent : sent+n] {
-			b[2*i], b[2*i+1] = byte(v), byte(uint16(v)>>8)
-		}
+		b := s.deltaAudio(buf, r.audio[sent:sent+n], r.law)
 		sent += n
 		s.mu.Lock()
 		if i := s.findLocked(r.itemID); i >= 0 { // a truncate may come before the response ends

@@ -17,6 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/rtcedge/rtcedge/backend/internal/readbuf"
+	"github.com/rtcedge/rtcedge/transceiver/g711"
 )
 
 // readLimit is the largest client event accepted: OpenAI takes appends of
@@ -105,6 +106,12 @@ type Session struct {
 	bufStart int64         // guarded by mu: sample position of buf[0] in the session's input
 	vad      vad           // guarded by mu
 	active   *response     // guarded by mu
+	// The session's G.711 formats (nil: PCM16; g711.go), guarded by mu
+	// and written only by run's goroutine (session.update), which reads
+	// them without the lock.
+	inLaw, outLaw *g711.Law
+	lastIn        int16   // owned by run's goroutine: the last G.711 sample appended, for upsampling
+	in8           []int16 // owned by run's goroutine: an append's G.711 decoded
 
 	// Owned by run's goroutine: the message read (released when it grew
 	// over readbuf.Keep), one chunk of an append decoded.
@@ -122,6 +129,7 @@ type item struct {
 type response struct {
 	id, itemID string
 	audio      []int16
+	law        *g711.Law     // the session's output format when it started (nil: PCM16)
 	done       chan struct{} // closed to cancel
 	reason     string        // guarded by Session.mu
 	rec        int           // index in State.Responses
@@ -370,6 +378,11 @@ func (s *Session) appendAudio(ev appendEvent) {
 		}
 		n, err := base64.StdEncoding.Decode(s.raw[:cap(s.raw)], audio[:k])
 		raw := s.raw[:n]
+		if err == nil && s.inLaw != nil {
+			s.appendPCM(s.upsample(raw))
+			audio = audio[k:]
+			continue
+		}
 		if err != nil || len(raw)%2 != 0 {
 			s.sendError(string(ev.eventID), "invalid_request_error", "invalid_value", "audio", "Invalid 'audio': expected base64-encoded PCM16 audio.")
 			return

@@ -51,6 +51,7 @@ func run() error {
 	convName := flag.String("conversation", "turns", "with -backend, the calls' audio: turns (caller talks 40 % of the time, the model 40 %) or continuous (caller 50 %, model 90 %)")
 	podCPUs := flag.Int("pod-cpus", 0, "pin the pod to this many cores of its own (the last ones; GOMAXPROCS the same) and the load generator and reference server to the others, and judge each step against the pod's cores (0: no pinning)")
 	perCore := flag.Int("per-core", 150, "with -pod-cpus: the goal in calls per pod core (300 calls on 2 cores = 150)")
+	phone := flag.String("phone", "", "measure phone calls instead (PCMU RTP to the reference Realtime server): pcmu (G.711 passed through, backend_g711) or transcode")
 	flag.Parse()
 	var pin *capacity.Pinning
 	if *podCPUs > 0 {
@@ -88,6 +89,9 @@ func run() error {
 	ctx, cancel := context.WithTimeout(ctx, *limit)
 	defer cancel()
 
+	if *phone != "" {
+		return runPhone(ctx, *phone, *bin, dir, steps, *settle, *window)
+	}
 	if *profDir != "" {
 		if *profDir, err = filepath.Abs(*profDir); err != nil {
 			return err
@@ -138,5 +142,22 @@ func run() error {
 			return errors.Join(err, fmt.Errorf("write %s: %w", *jsonPath, werr))
 		}
 	}
+	return err
+}
+
+// runPhone measures phone calls (capacity.RunPhone) and prints a line per
+// step.
+func runPhone(ctx context.Context, mode, bin, dir string, steps []int, settle, window time.Duration) error {
+	if mode != "pcmu" && mode != "transcode" {
+		return fmt.Errorf("-phone: want pcmu or transcode, got %q", mode)
+	}
+	m := capacity.ReadMachine()
+	fmt.Printf("phone call capacity (%s): %s, %d CPUs (%s), %s, load before %.2f %.2f %.2f\n", mode,
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), m.CPUs, m.CPUModel, m.GoVersion, m.Load[0], m.Load[1], m.Load[2])
+	fmt.Println("50 pps of PCMU per call (2 s of 440 Hz, 3 s of silence), to the reference Realtime server (its own process); settle", settle, "window", window)
+	_, err := capacity.RunPhone(ctx, capacity.PhoneConfig{Bin: bin, Dir: dir, Steps: steps, Passthrough: mode == "pcmu",
+		Settle: settle, Window: window, Progress: os.Stdout})
+	m = capacity.ReadMachine()
+	fmt.Printf("load after %.2f %.2f %.2f\n", m.Load[0], m.Load[1], m.Load[2])
 	return err
 }
