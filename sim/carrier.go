@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"regexp"
@@ -134,8 +135,12 @@ type heardAudio struct {
 }
 
 // sendTone sends 20 ms PCMU frames of the tone to vip until heard reports.
+// The SSRC is random, as RFC 3550 has it: the global relays take a silent
+// flow's SSRC from a new address as that caller's NAT rebinding
+// (globalrelay/ssrc.go), so a carrier reusing one SSRC on every call would
+// move a new call's audio to the previous call's ended flow.
 func sendTone(ctx context.Context, media *delayConn, vip netip.AddrPort, heard <-chan heardAudio) ([]int16, time.Time, error) {
-	hdr := rtp.Header{Version: 2, SequenceNumber: 1, Timestamp: 160, SSRC: 0xca11}
+	hdr := rtp.Header{Version: 2, SequenceNumber: uint16(rand.Uint32()), Timestamp: rand.Uint32(), SSRC: rand.Uint32()}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	pcm := make([]int16, 160)
