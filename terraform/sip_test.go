@@ -198,3 +198,28 @@ func mustSource(t *testing.T, b *hclsyntax.Block) []byte {
 	}
 	return src[b.Range().Start.Byte:b.Range().End.Byte]
 }
+
+// TestPodsWritePhoneRoutes: a region's pods get the route cache its
+// phone calls' route entries go to (route_cache_url → the transceiver's
+// redis_url), and the POP's Redis admits transceivers beside its relays:
+// without both, a phone call's media opens no flow at the global relay.
+func TestPodsWritePhoneRoutes(t *testing.T) {
+	tree := loadTree(t)
+	const url = "redis://rtcedge-redis.rtcedge-pop-fra.svc:6379/0"
+	ctx, _ := evalModule(t, tree["modules/region"], with(baseInputs["modules/region"], map[string]cty.Value{"route_cache_url": str(url)}))
+	if got := ctx.Variables["local"].GetAttr("transceiver_config").GetAttr("redis_url"); !got.IsKnown() || got.AsString() != url {
+		t.Errorf("transceiver redis_url = %#v, want route_cache_url %q", got, url)
+	}
+	if ok, _ := validate(t, tree["modules/region"], "route_cache_url", with(baseInputs["modules/region"], map[string]cty.Value{"route_cache_url": str("rtcedge-redis:6379")})); ok {
+		t.Error("route_cache_url without a scheme accepted")
+	}
+	var admitsPods bool
+	for _, np := range tree["modules/pop"].blocks("resource", "kubernetes_network_policy_v1") {
+		if np.Labels[1] == "redis" {
+			admitsPods = strings.Contains(string(mustSource(t, np)), `"app.kubernetes.io/name" = "transceiver"`)
+		}
+	}
+	if !admitsPods {
+		t.Error("the POP's Redis NetworkPolicy does not admit transceivers")
+	}
+}

@@ -120,6 +120,7 @@ module "region" {
   catalogue_yaml     = local.catalogue_yaml
   global_gossip_join = ["gossip.global.example.net:7947"]
   trusted_proxies    = ["192.0.2.0/24"]
+  route_cache_url    = module.pop.redis_url
   network_policy = {
     remote_pod_cidrs     = ["198.51.100.0/24"]
     monitoring_namespace = "monitoring"

@@ -102,6 +102,9 @@ module "region_eu_central" {
   cors_origins           = ["https://app.example.com"]
   transceiver_replicas   = 3
   signaling_service_type = "LoadBalancer"
+  # fra's SIP front places phone calls here: the pods write their route
+  # entries to fra's Redis (same Kubernetes cluster).
+  route_cache_url = module.pop_fra.redis_url
   network_policy = {
     remote_pod_cidrs     = local.remote_pod_cidrs["eu-central"]
     signaling_http_cidrs = local.cloudflare_ranges

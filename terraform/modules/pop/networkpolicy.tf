@@ -7,7 +7,7 @@
 #                UDP internal ports (replies)        <- cluster relays, remote
 #                TCP+UDP 7947 global gossip          <- global pool tiers, remote
 #                TCP 9090 metrics and probes         <- monitoring namespace, nodes
-#   redis        TCP 6379                            <- the relays
+#   redis        TCP 6379                            <- the relays, transceivers (phone calls' route entries)
 #   sipfront     UDP+TCP 5060, TCP 5061 (SIP)        <- the trunks' source_cidrs
 #                TCP 9090 metrics and probes         <- monitoring namespace, nodes
 #                egress: DNS, the session APIs (cluster relays' 8080 in this
@@ -134,6 +134,14 @@ resource "kubernetes_network_policy_v1" "redis" {
       from {
         pod_selector {
           match_labels = local.labels
+        }
+      }
+      # Transceivers write phone calls' route entries here (the region
+      # module's route_cache_url), from their own namespace.
+      from {
+        namespace_selector {}
+        pod_selector {
+          match_labels = { "app.kubernetes.io/part-of" = "rtcedge", "app.kubernetes.io/name" = "transceiver" }
         }
       }
       ports {
