@@ -121,7 +121,10 @@ func PhoneCall(ctx context.Context, site *Site, hold time.Duration, during func(
 			during(res)
 		}
 	}
-	if berr := call.Bye(ctx); berr != nil && err == nil {
+	// Hang up even when ctx is spent, within a bound of its own.
+	byeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if berr := call.Bye(byeCtx); berr != nil && err == nil {
 		err = fmt.Errorf("BYE: %w", berr)
 	}
 	return res, err

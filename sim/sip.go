@@ -150,24 +150,47 @@ func startRedis(t testing.TB) string {
 // PhoneRoute looks up the route entry a pod wrote for a carrier's media
 // address (docs/wire.md §6), as the carrier POPs' global relays do: it
 // names the cluster and pod the call was placed on. ok is false on a miss.
+// The route cache is best effort (a lookup may be dropped, or time out on
+// a loaded machine, and is not retried), so each lookup is retried
+// every routeRetry for up to routeLimit.
 func (w *World) PhoneRoute(ctx context.Context, media netip.AddrPort) (r routecache.Route, ok bool, err error) {
+	const routeRetry, routeLimit = 500 * time.Millisecond, 10 * time.Second
 	if w.redisURL == "" {
 		return r, false, errors.New("sim: no route cache (Config.SIP is off)")
 	}
-	c, err := routecache.Open(w.redisURL, routecache.Config{})
+	c, err := routecache.Open(w.redisURL, routecache.Config{Timeout: routeRetry})
 	if err != nil {
 		return r, false, err
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, routeLimit)
+	defer cancel()
 	ran := make(chan struct{})
-	go func() { defer close(ran); _ = c.Run(runCtx) }()
-	defer func() { stop(); <-ran; _ = c.Close() }()
+	go func() { defer close(ran); _ = c.Run(ctx) }()
+	defer func() { cancel(); <-ran; _ = c.Close() }()
 	got := make(chan routecache.Route, 1)
-	c.Lookup(media, func(r routecache.Route) { got <- r })
-	select {
-	case r = <-got:
-		return r, r.Cluster != 0, nil
-	case <-ctx.Done():
-		return r, false, ctx.Err()
+	tick := time.NewTicker(routeRetry)
+	defer tick.Stop()
+	for {
+		c.Lookup(media, func(r routecache.Route) {
+			select {
+			case got <- r:
+			default:
+			}
+		})
+		select {
+		case r = <-got:
+			if r.Cluster != 0 {
+				return r, true, nil
+			}
+		case <-ctx.Done():
+			return r, false, fmt.Errorf("route entry of %v: %w", media, ctx.Err())
+		case <-tick.C:
+			continue // no answer: ask again
+		}
+		select { // a miss: ask again at the next tick
+		case <-ctx.Done():
+			return r, false, fmt.Errorf("route entry of %v: %w", media, ctx.Err())
+		case <-tick.C:
+		}
 	}
 }
