@@ -66,7 +66,10 @@ type PhoneReport struct {
 	Trunk string `json:"trunk"`
 	POP   string `json:"pop"` // where every call's media went
 	Calls int    `json:"calls"`
-	Rows  []Row  `json:"rows"`
+	// OtherCluster counts the calls placed outside the near region's
+	// cluster (one that did not answer in time passes calls on).
+	OtherCluster int   `json:"other_cluster"`
+	Rows         []Row `json:"rows"`
 }
 
 // Row names of a PhoneReport.
@@ -190,7 +193,7 @@ func (r Report) Text() string {
 		writeRows(&b, s.Rows)
 	}
 	for _, p := range r.Phone {
-		fmt.Fprintf(&b, "\nsite %s (%s): %d phone calls on trunk %s, media through POP %s\n", p.Site, p.City, p.Calls, p.Trunk, p.POP)
+		fmt.Fprintf(&b, "\nsite %s (%s): %d phone calls on trunk %s, media through POP %s, %d placed outside the near cluster\n", p.Site, p.City, p.Calls, p.Trunk, p.POP, p.OtherCluster)
 		writeRows(&b, p.Rows)
 	}
 	for _, list := range []struct {
