@@ -188,7 +188,8 @@ type Site struct {
 	// HTTPClient dials from the site's own address and keeps connections
 	// alive, as a browser would between calls.
 	HTTPClient *http.Client
-	// SIP is the site's carrier (Config.SIP), else nil.
+	// SIP is the site's carrier (Config.SIP, sites whose GeoIP is
+	// right), else nil.
 	SIP *SIPSite
 }
 

@@ -60,10 +60,15 @@ const (
 )
 
 // startSIP starts each site's carrier POP (a global relay reading the
-// route cache, s.redisURL, where the pods write) and SIP front.
+// route cache, s.redisURL, where the pods write) and SIP front; a site
+// whose GeoIP lies gets none (a trunk is pinned to a POP: geography
+// does not place its calls).
 func (s *starter) startSIP(seed string) {
 	t, w := s.t, s.w
 	for si, site := range w.Sites {
+		if site.Spec.GeoWrong {
+			continue
+		}
 		r := w.Regions[site.Spec.Near]
 		p := &POP{ID: uint16(len(w.Sites)*len(w.Regions) + si + 1), Name: r.Spec.POPCode + "-sip-" + site.Spec.Name, Region: site.Spec.Near, Delay: w.Config.Near}
 		a := addr(r.Spec.Net, byte(hostSIPRelayBase+si))
@@ -73,6 +78,9 @@ func (s *starter) startSIP(seed string) {
 		site.SIP = &SIPSite{POP: p, Trunk: "carrier-" + site.Spec.Name, Carrier: addr(site.Spec.Net, hostSiteCarrier).Addr()}
 	}
 	for si, site := range w.Sites {
+		if site.SIP == nil {
+			continue
+		}
 		p := site.SIP.POP
 		up := p.Relay.WaitLog(t, "global relay up", startLimit)
 		pub, err := netip.ParseAddrPort(up["public"])
@@ -104,7 +112,9 @@ func (s *starter) startSIP(seed string) {
 		site.SIP.URI = fmt.Sprintf("sip:agent@%s;transport=tcp", l.Addr())
 	}
 	for _, site := range w.Sites {
-		awaitListening(t, site.SIP.Front, site.SIP.FrontAddr)
+		if site.SIP != nil {
+			awaitListening(t, site.SIP.Front, site.SIP.FrontAddr)
+		}
 	}
 }
 
