@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emiago/sipgo"
+	"github.com/emiago/sipgo/sip"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtcedge/rtcedge/backend/realtime/refserver"
@@ -26,10 +28,11 @@ const dashboardPath = "../deploy/grafana/rtcedge.json"
 // aggregates by must be on that metric (its own labels, or the target
 // labels the scrape config attaches to that role: dashboardTargetLabels).
 // The exports come from a running dev world whose pods talk to the
-// Realtime reference server, after one talker call of the prober.
+// Realtime reference server, after one talker call of the prober and one
+// phone call through its SIP front.
 func TestDashboardNamesRealMetrics(t *testing.T) {
 	srv := startRefServer(t, refserver.Config{})
-	w := startWorld(t, devworld.Config{BackendURL: srv.URL() + "?model=ref", BackendProtocol: "ga"})
+	w := startWorld(t, devworld.Config{BackendURL: srv.URL() + "?model=ref", BackendProtocol: "ga", SIPAddr: "127.0.0.1:0"})
 	// The prober's series, and signaling's per-endpoint ones, appear with
 	// a call: one talker call makes them.
 	preg := prometheus.NewRegistry()
@@ -49,6 +52,7 @@ func TestDashboardNamesRealMetrics(t *testing.T) {
 	if callErr != nil {
 		t.Fatalf("talker call: %v", callErr)
 	}
+	dashboardPhoneCall(ctx, t, w)
 	exported := exportedMetrics{}
 	exported.gather(t, w.Registry)
 	exported.gather(t, preg)
@@ -140,6 +144,7 @@ var dashboardTargetLabels = []struct {
 	{"rtcedge_globalrelay_", []string{"region", "pop"}},
 	{"rtcedge_routecache_", []string{"region", "pop"}},
 	{"rtcedge_signaling_", []string{"region"}},
+	{"rtcedge_sipfront_", []string{"region", "pop"}},
 	{"rtcedge_membership_", []string{"region", "cluster", "pop"}},
 }
 
@@ -419,4 +424,27 @@ func checkQuery(expr string, exported exportedMetrics) []string {
 		}
 	}
 	return problems
+}
+
+// dashboardPhoneCall places one phone call (INVITE, 200, ACK, BYE): the SIP
+// front's setup histogram has series only once a call was answered.
+func dashboardPhoneCall(ctx context.Context, t *testing.T, w *devworld.World) {
+	t.Helper()
+	to, cli := sipCarrier(t, w)
+	dua := &sipgo.DialogUA{Client: cli, ContactHDR: sip.ContactHeader{Address: sip.Uri{Scheme: "sip", User: "carrier", Host: "127.0.0.1", Port: 5999}}}
+	offer := "v=0\r\no=carrier 1 1 IN IP4 127.0.0.1\r\ns=call\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 40000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
+	call, err := dua.Invite(ctx, to, []byte(offer), sip.NewHeader("Content-Type", "application/sdp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer call.Close()
+	if err := call.WaitAnswer(ctx, sipgo.AnswerOptions{}); err != nil {
+		t.Fatalf("phone call: %v", err)
+	}
+	if err := call.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := call.Bye(ctx); err != nil {
+		t.Fatalf("BYE: %v", err)
+	}
 }

@@ -39,6 +39,9 @@ type Report struct {
 	// trip plus three media round trips plus 20 ms.
 	GoalMs float64      `json:"goal_ms"`
 	Sites  []SiteReport `json:"sites"`
+	// Phone holds each site's phone calls (Config.SIP), beside its
+	// WebRTC calls in Sites.
+	Phone []PhoneReport `json:"phone,omitempty"`
 	// Browser holds headless Chromium's calls, when they ran.
 	Browser []Scenario `json:"browser,omitempty"`
 	Faults  []Scenario `json:"faults,omitempty"`
@@ -53,6 +56,42 @@ type SiteReport struct {
 	POP     string `json:"pop"`
 	Calls   int    `json:"calls"`
 	Rows    []Row  `json:"rows"`
+}
+
+// PhoneReport is one site's phone calls: its carrier's trunk, pinned to
+// the carrier POP of the site's near region.
+type PhoneReport struct {
+	Site  string `json:"site"`
+	City  string `json:"city"`
+	Trunk string `json:"trunk"`
+	POP   string `json:"pop"` // where every call's media went
+	Calls int    `json:"calls"`
+	// OtherCluster counts the calls placed outside the near region's
+	// cluster (one that did not answer in time passes calls on).
+	OtherCluster int   `json:"other_cluster"`
+	Rows         []Row `json:"rows"`
+}
+
+// Row names of a PhoneReport.
+const (
+	RowInviteOK    = "INVITE → 200 OK"
+	RowAckAudio    = "ACK → audio flowing"
+	noteInviteOK   = "1 signaling RTT + placement at a pod"
+	noteAckAudioMs = "goal ≤ 1 media RTT after the ACK; the echo's floor is 1 RTT"
+)
+
+// PhoneRows turns a site's phone calls into the report's rows.
+func PhoneRows(calls []PhoneResult, sigRTT, mediaRTT time.Duration) []Row {
+	var invite, audio []time.Duration
+	for _, c := range calls {
+		invite = append(invite, c.InviteToOK)
+		audio = append(audio, c.AckToAudio)
+	}
+	row := func(name, note string, rtt time.Duration, v []time.Duration) Row {
+		med, mx := medianMax(v)
+		return Row{Name: name, MedianMs: ms(med), MaxMs: ms(mx), RTTs: float64(med) / float64(rtt), Note: note}
+	}
+	return []Row{row(RowInviteOK, noteInviteOK, sigRTT, invite), row(RowAckAudio, noteAckAudioMs, mediaRTT, audio)}
 }
 
 // Row is one measured quantity over a site's calls.
@@ -151,12 +190,11 @@ func (r Report) Text() string {
 	fmt.Fprintf(&b, "goal POST → DTLS connected ≤ 1 signaling RTT + 3 media RTT + 20 ms = %.0f ms\n", r.GoalMs)
 	for _, s := range r.Sites {
 		fmt.Fprintf(&b, "\nsite %s (%s): %d calls, all placed in %s, cluster %s, POP %s\n", s.Site, s.City, s.Calls, s.Region, s.Cluster, s.POP)
-		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "\tmedian ms\tmax ms\tRTTs\t")
-		for _, row := range s.Rows {
-			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t  %s\n", row.Name, row.MedianMs, row.MaxMs, row.RTTs, row.Note)
-		}
-		_ = tw.Flush()
+		writeRows(&b, s.Rows)
+	}
+	for _, p := range r.Phone {
+		fmt.Fprintf(&b, "\nsite %s (%s): %d phone calls on trunk %s, media through POP %s, %d placed outside the near cluster\n", p.Site, p.City, p.Calls, p.Trunk, p.POP, p.OtherCluster)
+		writeRows(&b, p.Rows)
 	}
 	for _, list := range []struct {
 		title string
@@ -171,6 +209,16 @@ func (r Report) Text() string {
 		}
 	}
 	return b.String()
+}
+
+// writeRows renders rows as a table.
+func writeRows(b *strings.Builder, rows []Row) {
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tmedian ms\tmax ms\tRTTs\t")
+	for _, row := range rows {
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t  %s\n", row.Name, row.MedianMs, row.MaxMs, row.RTTs, row.Note)
+	}
+	_ = tw.Flush()
 }
 
 // WriteFiles writes sim-report.json and sim-report.txt into dir.

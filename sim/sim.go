@@ -73,6 +73,9 @@ type Config struct {
 	Seed int64
 	// Logger receives the links' logs; default: discarded.
 	Logger *slog.Logger
+	// SIP gives every site a carrier, its trunk's SIP front and a POP for
+	// its media (sip.go); it needs redis-server.
+	SIP bool
 }
 
 // RegionSpec is one region of the topology.
@@ -153,10 +156,18 @@ type POP struct {
 	// (netsim.NewTCPLinkWithHandshake).
 	TCPLink *netsim.TCPLink
 	Delay   time.Duration // one way
+	// direct is the VIP of a POP reached without a link (a carrier's,
+	// SIPSite.POP): its relay's public address.
+	direct netip.AddrPort
 }
 
 // VIP is the address the site's clients send to.
-func (p *POP) VIP() netip.AddrPort { return p.Link.Addr() }
+func (p *POP) VIP() netip.AddrPort {
+	if p.Link == nil {
+		return p.direct
+	}
+	return p.Link.Addr()
+}
 
 // TCPAddr is the address the site's ICE-TCP clients connect to.
 func (p *POP) TCPAddr() netip.AddrPort { return p.TCPLink.Addr().(*net.TCPAddr).AddrPort() }
@@ -177,6 +188,9 @@ type Site struct {
 	// HTTPClient dials from the site's own address and keeps connections
 	// alive, as a browser would between calls.
 	HTTPClient *http.Client
+	// SIP is the site's carrier (Config.SIP, sites whose GeoIP is
+	// right), else nil.
+	SIP *SIPSite
 }
 
 // NearRegion is the index of the site's near region.
@@ -200,6 +214,8 @@ type World struct {
 	Config  Config
 	Regions []*Region
 	Sites   []*Site
+
+	redisURL string // the phone calls' route cache (Config.SIP), else ""
 }
 
 // SignalingRTT is the round trip between a site and its signaling front.
@@ -245,10 +261,17 @@ func Start(t testing.TB, cfg Config) *World {
 	w := &World{Config: cfg}
 	s := &starter{t: t, w: w, dir: t.TempDir()}
 	s.auth, s.env = authorityKeys(t)
+	if cfg.SIP {
+		s.redisURL = startRedis(t)
+		w.redisURL = s.redisURL
+	}
 	t.Cleanup(s.stopLinks)
 	seed := s.startClusters()
 	s.startPOPs(seed)
 	s.startSignaling(seed)
+	if cfg.SIP {
+		s.startSIP(seed)
+	}
 	// Registered after every process's own kill-and-reap cleanup, so it
 	// runs first: a clean exit on SIGTERM is part of what is tested.
 	t.Cleanup(func() { proctest.StopAll(t, stopLimit, s.procs...) })
@@ -305,8 +328,8 @@ func (s *starter) startClusters() (seed string) {
 		a := addr(r.Spec.Net, hostPods[i])
 		name := fmt.Sprintf("%s-pod-%d", r.Spec.Name, i+1)
 		r.Pods = append(r.Pods, s.start("transceiver-"+name, "transceiver", fmt.Sprintf(
-			"region: %s\ncluster: %d\npod: %d\npod_keys: %q\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 2s\n%s",
-			r.Spec.Name, r.Spec.Cluster, i+1, s.podKeys(r.Spec.Cluster, uint16(i+1)), a, a, gossip("gossip", name, a.Addr(), join))))
+			"region: %s\ncluster: %d\npod: %d\npod_keys: %q\ndata_addr: %q\napi_addr: %q\ndrain_timeout: 2s\nredis_url: %q\n%s",
+			r.Spec.Name, r.Spec.Cluster, i+1, s.podKeys(r.Spec.Cluster, uint16(i+1)), a, a, s.redisURL, gossip("gossip", name, a.Addr(), join))))
 	}
 	for _, r := range w.Regions {
 		startPod(r, 0, "")
@@ -514,6 +537,8 @@ type starter struct {
 	env   []string
 	procs []*proctest.Proc
 	links []func() // stop functions, in start order
+	// redisURL is the phone calls' route cache (Config.SIP), else "".
+	redisURL string
 }
 
 func (s *starter) write(name, content string) string {

@@ -55,10 +55,11 @@ const switchMsg = "switching session to another POP"
 // TestSimulation runs the two-region, two-site simulation: every call from
 // a site must be placed in its near region, on its near POP; setup times and
 // echo RTT are measured in units of the simulated round trip and logged,
-// never asserted. Then faults on site a's links: the near POP cut before a
+// never asserted. Each site's carrier places phone calls beside them
+// (measurePhone). Then faults on site a's links: the near POP cut before a
 // call, a loss burst and a partition mid-call, and the heal.
 func TestSimulation(t *testing.T) {
-	w := sim.Start(t, sim.Config{})
+	w := sim.Start(t, sim.Config{SIP: true})
 	calls := 3
 	if testing.Short() {
 		calls = 1
@@ -94,6 +95,15 @@ func TestSimulation(t *testing.T) {
 			}
 		}
 		t.Run("steering-degraded-path", func(t *testing.T) { rep.Faults = append(rep.Faults, degradePath(t, w, w.Sites[1])) })
+	}
+	// Phone calls last: no WebRTC figure shares its seconds, or the
+	// relays' and pods' tables, with them.
+	for _, site := range w.Sites {
+		if site.SIP != nil {
+			t.Run("phone-site-"+site.Spec.Name, func(t *testing.T) {
+				rep.Phone = append(rep.Phone, measurePhone(t, w, site, calls))
+			})
+		}
 	}
 	t.Logf("simulation report:\n%s", rep.Text())
 	if dir := os.Getenv(reportEnv); dir != "" {

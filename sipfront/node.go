@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"time"
 
@@ -211,6 +212,9 @@ func NewNode(cfg NodeConfig, s Sockets, env node.Env) (_ *Node, err error) {
 	httpClient, err := cfg.SessionAPITLS.Client(env.HTTPClient)
 	if err != nil {
 		return nil, err
+	}
+	if httpClient == nil { // the binary gives none: signaling's default
+		httpClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 32, IdleConnTimeout: 90 * time.Second}}
 	}
 	clusters := &placement.Clusters{HTTPClient: httpClient, Timeout: cfg.ClusterTimeout, Secrets: cfg.SessionAPISecrets, Endpoints: cfg.SessionAPIs}
 	m, collectors := placement.NewMetrics("sipfront", cat)

@@ -169,10 +169,12 @@ type instance struct {
 }
 
 // roles returns the calls of modules/workload in dir by role name, each
-// with the module's inputs for that call; dir's own inputs are its defaults.
+// with the module's inputs for that call; dir's own inputs are its defaults
+// and baseInputs (the POP's with its SIP front on), its locals evaluated.
 func roles(t *testing.T, tree map[string]*module, dir string) (own instance, byName map[string]instance) {
 	t.Helper()
-	own = instance{tree[dir], inputs(t, tree[dir], nil, nil)}
+	ctx, _ := evalModule(t, tree[dir], baseInputs[dir])
+	own = instance{tree[dir], ctx}
 	byName = map[string]instance{}
 	for _, call := range tree[dir].calls {
 		if v, _ := attr(t, call, "source").Expr.Value(nil); v.AsString() == "../workload" {

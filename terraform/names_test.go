@@ -12,7 +12,9 @@ package terraform
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"path"
 	"regexp"
 	"slices"
@@ -28,6 +30,8 @@ import (
 	"github.com/zclconf/go-cty/cty/convert"
 	"github.com/zclconf/go-cty/cty/function"
 	"github.com/zclconf/go-cty/cty/function/stdlib"
+	ctyjson "github.com/zclconf/go-cty/cty/json"
+	"go.yaml.in/yaml/v3"
 )
 
 // The API server's rules (k8s.io/apimachinery/pkg/util/validation), written
@@ -104,10 +108,47 @@ func tfFunctions() map[string]function.Function {
 		Type:   func(args []cty.Value) (cty.Type, error) { return args[0].Type(), nil },
 		Impl:   func(args []cty.Value, _ cty.Type) (cty.Value, error) { return args[0], nil },
 	})
+	// cidrhost(prefix, 0) is the prefix's first address (the modules only
+	// use it to check a CIDR).
+	cidrhost := function.New(&function.Spec{
+		Params: []function.Parameter{{Name: "prefix", Type: cty.String}, {Name: "hostnum", Type: cty.Number}},
+		Type:   function.StaticReturnType(cty.String),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			p, err := netip.ParsePrefix(args[0].AsString())
+			if err != nil {
+				return cty.NilVal, err
+			}
+			if n, _ := args[1].AsBigFloat().Int64(); n != 0 {
+				return cty.NilVal, fmt.Errorf("cidrhost: only host 0 is implemented here")
+			}
+			return cty.StringVal(p.Masked().Addr().String()), nil
+		},
+	})
+	// yamlencode writes block-style YAML as Terraform's does (map keys as
+	// strings), through JSON and yaml.v3.
+	yamlencode := function.New(&function.Spec{
+		Params: []function.Parameter{{Name: "value", Type: cty.DynamicPseudoType, AllowNull: true}},
+		Type:   function.StaticReturnType(cty.String),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			data, err := ctyjson.Marshal(args[0], args[0].Type())
+			if err != nil {
+				return cty.NilVal, err
+			}
+			var v any
+			if err := json.Unmarshal(data, &v); err != nil {
+				return cty.NilVal, err
+			}
+			out, err := yaml.Marshal(v)
+			return cty.StringVal(string(out)), err
+		},
+	})
 	return map[string]function.Function{
 		"alltrue":      alltrue,
 		"can":          tryfunc.CanFunc,
+		"cidrhost":     cidrhost,
 		"coalesce":     stdlib.CoalesceFunc,
+		"compact":      stdlib.CompactFunc,
+		"flatten":      stdlib.FlattenFunc,
 		"concat":       stdlib.ConcatFunc,
 		"contains":     stdlib.ContainsFunc,
 		"distinct":     stdlib.DistinctFunc,
@@ -126,6 +167,8 @@ func tfFunctions() map[string]function.Function {
 		"tostring":     stdlib.MakeToFunc(cty.String),
 		"try":          tryfunc.TryFunc,
 		"values":       stdlib.ValuesFunc,
+		"join":         stdlib.JoinFunc,
+		"yamlencode":   yamlencode,
 	}
 }
 
@@ -207,8 +250,23 @@ var baseInputs = map[string]map[string]cty.Value{
 		"name":               cty.StringVal("fra"),
 		"image":              cty.StringVal("registry.example.com/rtcedge:v1.2.0"),
 		"global_gossip_join": cty.ListVal([]cty.Value{cty.StringVal("gossip.example.net:7947")}),
+		"sip":                sipInput,
 	},
 }
+
+// sipInput is a POP's SIP front with one trunk by address and digest, and
+// the session API secret of cluster 1.
+var sipInput = cty.ObjectVal(map[string]cty.Value{
+	"catalogue_yaml":       cty.StringVal("regions: []\n"),
+	"load_balancer_ip":     cty.StringVal("192.0.2.20"),
+	"session_api_clusters": cty.ListVal([]cty.Value{cty.NumberIntVal(1)}),
+	"trunks": cty.ListVal([]cty.Value{cty.ObjectVal(map[string]cty.Value{
+		"name":                cty.StringVal("carrier-a"),
+		"source_cidrs":        cty.ListVal([]cty.Value{cty.StringVal("203.0.113.0/24")}),
+		"digest_user":         cty.StringVal("rtcedge"),
+		"digest_password_key": cty.StringVal("CARRIER_A_SIP_PASSWORD"),
+	})}),
+})
 
 // with returns base with more values set.
 func with(base map[string]cty.Value, more map[string]cty.Value) map[string]cty.Value {
@@ -350,7 +408,7 @@ func evalModule(t *testing.T, m *module, given map[string]cty.Value) (*hcl.EvalC
 	t.Helper()
 	ctx := &hcl.EvalContext{Variables: map[string]cty.Value{"var": varValues(t, m, given)}, Functions: tfFunctions()}
 	var objs []object
-	for range 4 {
+	for range 8 { // deeper than the longest chain of locals
 		locals := map[string]cty.Value{}
 		for _, b := range m.bodies {
 			for _, blk := range b.Blocks {
@@ -518,6 +576,7 @@ func TestKeyChangeRollsExactlyItsReaders(t *testing.T) {
 		"clusterrelay": {"RTCEDGE_CLUSTER_GOSSIP_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_AUTHORITY_KEYS"},
 		"signaling":    {"RTCEDGE_API_KEYS", "RTCEDGE_CLIENT_SECRET_KEY", "RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_SIGNALING_AUTHORITY_KEYS"},
 		"globalrelay":  {"RTCEDGE_GLOBAL_GOSSIP_KEY", "RTCEDGE_AUTHORITY_KEYS"},
+		"sipfront":     {"RTCEDGE_SESSION_API_SECRET_1", "CARRIER_A_SIP_PASSWORD"},
 	}
 	var keys []string
 	for _, ks := range readers {

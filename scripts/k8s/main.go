@@ -1,16 +1,18 @@
 // Command k8s is `make test-k8s`: it applies, updates, rotates and destroys
-// the Terraform modules (root/main.tf: a region and a POP) against a real
+// the Terraform modules (root/main.tf: a region and a POP with its SIP front) against a real
 // kube-apiserver with etcd, and checks after each step what the API server
 // holds:
 //
 //   - plan refuses names the API server would refuse (a POP name of 52
-//     characters, a region of 56), before anything is created;
+//     characters, a region of 56) and a SIP trunk's malformed CIDR,
+//     before anything is created;
 //   - apply creates every object, at the longest accepted names;
 //   - an image upgrade updates in place: no object replaced, every
 //     workload's pod template changed;
 //   - bumping key_generation (every key) rolls every workload that reads a
 //     key and no other; bumping issuer_generation rolls the transceivers
-//     only;
+//     only; renewing the SIP front's certificate (sip_tls_generation)
+//     rolls the SIP front only;
 //   - a plan changing cluster_id replaces the region's workloads (listed,
 //     not applied: docs/deploy.md, "Inputs that replace workloads");
 //   - destroy leaves no object and an empty state.

@@ -9,8 +9,11 @@ import (
 	"strings"
 )
 
-// steps runs refusal, create, upgrade, rotations, a replacement plan and
-// destroy, in that order.
+// finalVars are the inputs after the last in-place step.
+var finalVars = []string{"-var=image_version=v1.0.1", "-var=key_generation=2", "-var=issuer_generation=2", "-var=sip_tls_generation=2"}
+
+// steps runs refusal, create, upgrade, rotations, a certificate renewal, a
+// replacement plan and destroy, in that order.
 func steps(ctx context.Context, c *cluster, tf *tofu) error {
 	if err := refusals(ctx, c, tf); err != nil {
 		return err
@@ -30,8 +33,15 @@ func steps(ctx context.Context, c *cluster, tf *tofu) error {
 	if err != nil {
 		return err
 	}
-	if _, err := inPlace(ctx, c, tf, "issuer rotation (issuer_generation 2)", rotated, func(k string) bool { return strings.HasSuffix(k, "/transceiver") },
-		[]string{"-var=image_version=v1.0.1", "-var=key_generation=2", "-var=issuer_generation=2"}); err != nil {
+	issued, err := inPlace(ctx, c, tf, "issuer rotation (issuer_generation 2)", rotated, func(k string) bool { return strings.HasSuffix(k, "/transceiver") },
+		[]string{"-var=image_version=v1.0.1", "-var=key_generation=2", "-var=issuer_generation=2"})
+	if err != nil {
+		return err
+	}
+	// The SIP front's certificate is read once at start: its renewal
+	// rolls the front, and nothing else.
+	if _, err := inPlace(ctx, c, tf, "SIP certificate renewal (sip_tls_generation 2)", issued, func(k string) bool { return strings.HasSuffix(k, "/sipfront") },
+		finalVars); err != nil {
 		return err
 	}
 	if err := replacing(ctx, tf); err != nil {
@@ -46,6 +56,7 @@ func refusals(ctx context.Context, c *cluster, tf *tofu) error {
 	for _, tc := range []struct{ arg, says string }{
 		{"-var=pop_name=" + strings.Repeat("p", 52), "at most 51"},
 		{"-var=region=" + strings.Repeat("r", 56), "at most 55"},
+		{"-var=sip_trunk_cidr=203.0.113.0/33", "must be CIDRs"},
 	} {
 		out, err := tf.run(ctx, "plan", "-input=false", "-no-color", tc.arg)
 		if err == nil {
@@ -135,7 +146,7 @@ func inPlace(ctx context.Context, c *cluster, tf *tofu, what string, before map[
 // would replace: the region's workloads select their pods by the cluster
 // label, and a selector cannot change in place.
 func replacing(ctx context.Context, tf *tofu) error {
-	p, err := tf.plan(ctx, "-var=image_version=v1.0.1", "-var=key_generation=2", "-var=issuer_generation=2", "-var=cluster_id=2")
+	p, err := tf.plan(ctx, append(finalVars, "-var=cluster_id=2")...)
 	if err != nil {
 		return err
 	}
@@ -154,8 +165,7 @@ func replacing(ctx context.Context, tf *tofu) error {
 
 // destroy destroys everything and checks nothing is left.
 func destroy(ctx context.Context, c *cluster, tf *tofu) error {
-	if _, err := tf.run(ctx, "destroy", "-auto-approve", "-input=false", "-no-color",
-		"-var=image_version=v1.0.1", "-var=key_generation=2", "-var=issuer_generation=2"); err != nil {
+	if _, err := tf.run(ctx, append([]string{"destroy", "-auto-approve", "-input=false", "-no-color"}, finalVars...)...); err != nil {
 		return err
 	}
 	inv, err := inventory(ctx, c.client, "", "")

@@ -1,5 +1,5 @@
 # The root module `make test-k8s` applies to a bare kube-apiserver: one
-# region and one POP of terraform/modules, with names at the longest the
+# region and one POP (with its SIP front) of terraform/modules, with names at the longest the
 # modules' validations accept (the region's namespace rtcedge-<55 characters>,
 # the POP's rtcedge-pop-<51 characters>, both 63), the Secrets managed here
 # and derived from key_generation (every key) and issuer_generation (the key
@@ -51,6 +51,18 @@ variable "key_generation" {
   default     = 1
 }
 
+variable "sip_trunk_cidr" {
+  description = "The first trunk's source CIDR (a malformed one must fail plan)."
+  type        = string
+  default     = "203.0.113.0/24"
+}
+
+variable "sip_tls_generation" {
+  description = "Generation of the SIP front's certificate: bumping it is a renewal, which rolls the front only."
+  type        = number
+  default     = 1
+}
+
 variable "issuer_generation" {
   description = "Generation of the key issuer's authority secret only (rotation step 2)."
   type        = number
@@ -66,7 +78,7 @@ locals {
 
   # Stand-ins for `rtcedge keys …` output, in its format: 32 bytes each,
   # derived from the generation so that a bump changes them.
-  key = { for k in ["cluster-gossip", "global-gossip", "cluster", "signaling", "pop", "api", "client-secret"] :
+  key = { for k in ["cluster-gossip", "global-gossip", "cluster", "signaling", "pop", "api", "client-secret", "session-api", "sip-password"] :
     k => base64encode(substr(sha256("${k}/${var.key_generation}"), 0, 32))
   }
   issuer_key = base64encode(substr(sha256("cluster/${var.issuer_generation}"), 0, 32))
@@ -81,8 +93,10 @@ locals {
     RTCEDGE_CLIENT_SECRET_KEY        = local.key["client-secret"]
   }
   pop_secrets = {
-    RTCEDGE_AUTHORITY_KEYS    = "${var.cluster_id}/${var.key_generation % 16}:${local.key["cluster"]},pop:1/${var.key_generation % 16}:${local.key["pop"]}"
-    RTCEDGE_GLOBAL_GOSSIP_KEY = local.key["global-gossip"]
+    RTCEDGE_AUTHORITY_KEYS       = "${var.cluster_id}/${var.key_generation % 16}:${local.key["cluster"]},pop:1/${var.key_generation % 16}:${local.key["pop"]}"
+    RTCEDGE_GLOBAL_GOSSIP_KEY    = local.key["global-gossip"]
+    RTCEDGE_SESSION_API_SECRET_1 = local.key["session-api"]
+    CARRIER_A_SIP_PASSWORD       = local.key["sip-password"]
   }
 
   catalogue_yaml = yamlencode({
@@ -106,6 +120,7 @@ module "region" {
   catalogue_yaml     = local.catalogue_yaml
   global_gossip_join = ["gossip.global.example.net:7947"]
   trusted_proxies    = ["192.0.2.0/24"]
+  route_cache_url    = module.pop.redis_url
   network_policy = {
     remote_pod_cidrs     = ["198.51.100.0/24"]
     monitoring_namespace = "monitoring"
@@ -125,5 +140,23 @@ module "pop" {
   network_policy = {
     remote_pod_cidrs     = ["198.51.100.0/24"]
     monitoring_namespace = "monitoring"
+  }
+
+  sip = {
+    catalogue_yaml       = local.catalogue_yaml
+    load_balancer_ip     = "192.0.2.11"
+    contact_host         = "sip.example.com"
+    session_api_clusters = [var.cluster_id]
+    session_api_cidrs    = ["198.51.100.0/24"]
+    trunks = [
+      { name = "carrier-a", source_cidrs = [var.sip_trunk_cidr], digest_user = "rtcedge", digest_password_key = "CARRIER_A_SIP_PASSWORD" },
+      { name = "carrier-b", source_cidrs = ["2001:db8::/32"], media_cidrs = ["2001:db8::/32", "198.51.100.0/24"], pop = "", session = { voice = "alloy" } },
+    ]
+  }
+  # Stand-ins for a PEM chain and key: the API server checks a TLS
+  # Secret's keys, not their contents.
+  sip_tls = {
+    certificate = "certificate ${var.sip_tls_generation}"
+    private_key = "key ${var.sip_tls_generation}"
   }
 }

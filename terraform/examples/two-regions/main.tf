@@ -102,6 +102,9 @@ module "region_eu_central" {
   cors_origins           = ["https://app.example.com"]
   transceiver_replicas   = 3
   signaling_service_type = "LoadBalancer"
+  # fra's SIP front places phone calls here: the pods write their route
+  # entries to fra's Redis (same Kubernetes cluster).
+  route_cache_url = module.pop_fra.redis_url
   network_policy = {
     remote_pod_cidrs     = local.remote_pod_cidrs["eu-central"]
     signaling_http_cidrs = local.cloudflare_ranges
@@ -141,6 +144,27 @@ module "pop_fra" {
   network_policy = {
     remote_pod_cidrs     = local.remote_pod_cidrs["eu-central"]
     monitoring_namespace = "monitoring"
+  }
+
+  # Phone calls (docs/sip.md, "Deploy"): carriers send SIP to
+  # sip-fra.example.com (203.0.113.11) and RTP to this POP's VIP. The TLS
+  # certificate is a kubernetes.io/tls Secret kept by cert-manager; the
+  # trunk's digest password is CARRIER_A_SIP_PASSWORD of the POP's Secret.
+  sip = {
+    catalogue_yaml    = local.catalogue_yaml
+    load_balancer_ip  = "203.0.113.11"
+    contact_host      = "sip-fra.example.com"
+    tls_secret_name   = "sip-fra-example-com"
+    session_api_cidrs = [for r, c in local.regions : c.pod_cidr if r != "eu-central"]
+    trunks = [{
+      name                = "carrier-a"
+      source_cidrs        = ["192.0.2.0/24"]
+      digest_user         = "rtcedge"
+      digest_password_key = "CARRIER_A_SIP_PASSWORD"
+      max_calls           = 200
+      calls_per_second    = 20
+      session             = { instructions = "You answer the booking line.", voice = "alloy" }
+    }]
   }
 }
 

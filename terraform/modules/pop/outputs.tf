@@ -26,3 +26,13 @@ output "redis_url" {
   description = "Route cache URL the relays use (empty without Redis)."
   value       = local.redis_url
 }
+
+output "sip_address" {
+  description = "The reserved public address of the SIP front (sip.load_balancer_ip), known at plan time: use it for the SIP DNS records carriers resolve (docs/sip.md, \"Deploy\"); null without sip."
+  value       = try(var.sip.load_balancer_ip, null)
+}
+
+output "sip_service" {
+  description = "Name of the SIP front's LoadBalancer Service; null without sip."
+  value       = local.sip_enabled ? kubernetes_service_v1.sip[0].metadata[0].name : null
+}

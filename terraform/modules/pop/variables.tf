@@ -199,3 +199,103 @@ variable "network_policy" {
     error_message = "network_policy.monitoring_namespace must be a namespace name (DNS-1123 label): at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit."
   }
 }
+
+variable "sip" {
+  description = <<-EOT
+    The POP's SIP front (docs/sip.md, "Deploy"); null = none. Carriers send
+    SIP to its own LoadBalancer Service (load_balancer_ip: UDP and TCP 5060,
+    TLS 5061) and RTP to this POP's VIP, which the answers name: each trunk's
+    calls are pinned to this POP unless its pop says otherwise ("" = the POP
+    nearest the carrier). catalogue_yaml is the region catalogue (the same as
+    the regions'); session_api_clusters the clusters whose session API
+    secrets the front sends (RTCEDGE_SESSION_API_SECRET_<id> of secret_name);
+    session_api_cidrs and session_api_ports where it may reach those APIs
+    outside this Kubernetes cluster (in it: the cluster relays' port 8080).
+    A trunk's digest password is the key digest_password_key of secret_name.
+    TLS: the certificate from tls_secret_name (a kubernetes.io/tls Secret
+    managed elsewhere, e.g. by cert-manager: its renewal takes a roll by
+    hand) or from var.sip_tls (a Secret this module manages: a change rolls
+    the front's pods).
+  EOT
+  type = object({
+    replicas              = optional(number, 2)
+    catalogue_yaml        = string
+    load_balancer_ip      = optional(string)
+    service_annotations   = optional(map(string), {})
+    contact_host          = optional(string, "")
+    tls_secret_name       = optional(string)
+    geoip_claim_name      = optional(string)
+    session_api_clusters  = optional(list(number), [])
+    session_api_cidrs     = optional(list(string), [])
+    session_api_ports     = optional(list(number), [8080, 443])
+    max_dialogs           = optional(number, 10000)
+    source_rate           = optional(number, 20)
+    source_burst          = optional(number, 40)
+    invite_timeout        = optional(string, "8s")
+    drain_timeout_seconds = optional(number, 60)
+    resources = optional(object({
+      requests = map(string)
+      limits   = map(string)
+      }), {
+      requests = { cpu = "500m", memory = "256Mi" }
+      limits   = { memory = "512Mi" }
+    })
+    trunks = list(object({
+      name                = string
+      source_cidrs        = list(string)
+      media_cidrs         = optional(list(string))
+      digest_user         = optional(string)
+      digest_password_key = optional(string)
+      max_calls           = optional(number, 100)
+      calls_per_second    = optional(number, 10)
+      call_burst          = optional(number, 20)
+      pop                 = optional(string)
+      session             = optional(map(string), {})
+    }))
+  })
+  default = null
+
+  validation {
+    condition     = var.sip == null ? true : var.sip.replicas >= 1 && length(var.sip.trunks) >= 1 && length(distinct([for t in var.sip.trunks : t.name])) == length(var.sip.trunks)
+    error_message = "sip needs at least 1 replica and at least one trunk, each trunk with its own name."
+  }
+  validation {
+    condition     = var.sip == null ? true : alltrue([for t in var.sip.trunks : length(t.source_cidrs) > 0 && alltrue([for c in concat(t.source_cidrs, coalesce(t.media_cidrs, [])) : can(cidrhost(c, 0))])])
+    error_message = "Every trunk of sip needs source_cidrs, and its source_cidrs and media_cidrs must be CIDRs (203.0.113.0/24, 2001:db8::/32)."
+  }
+  validation {
+    condition     = var.sip == null ? true : alltrue([for t in var.sip.trunks : (t.digest_user == null) == (t.digest_password_key == null) && (t.digest_password_key == null ? true : can(regex("^[A-Za-z_][A-Za-z0-9_]{0,252}$", t.digest_password_key)))])
+    error_message = "A trunk's digest_user and digest_password_key go together; digest_password_key is a key of secret_name given to the front as an environment variable of that name: at most 253 letters, digits or '_', not starting with a digit."
+  }
+  validation {
+    condition     = var.sip == null ? true : alltrue([for id in var.sip.session_api_clusters : id >= 1 && id <= 65535 && floor(id) == id])
+    error_message = "sip.session_api_clusters holds cluster IDs, integers in 1..65535."
+  }
+  validation {
+    condition     = var.sip == null ? true : alltrue([for n in compact([var.sip.tls_secret_name, var.sip.geoip_claim_name]) : length(n) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", n))])
+    error_message = "sip.tls_secret_name and sip.geoip_claim_name must be Kubernetes object names (DNS-1123 subdomains): at most 253 lowercase letters, digits, '-' or '.'."
+  }
+  validation {
+    condition     = var.sip == null ? true : alltrue([for k in keys(var.sip.service_annotations) : can(regex("^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", k)) && !can(regex("^[^/]{254,}/", k))])
+    error_message = "Every key of sip.service_annotations must be a Kubernetes qualified name: an optional DNS subdomain prefix (at most 253 characters) and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit."
+  }
+  validation {
+    condition     = var.sip == null ? true : alltrue([for c in var.sip.session_api_cidrs : can(cidrhost(c, 0))]) && alltrue([for p in var.sip.session_api_ports : p >= 1 && p <= 65535])
+    error_message = "sip.session_api_cidrs must be CIDRs and sip.session_api_ports port numbers."
+  }
+}
+
+variable "sip_tls" {
+  description = "The SIP front's TLS certificate chain and key (PEM) when this module manages their Secret (rtcedge-sip-tls; a change rolls the front's pods); null = sip.tls_secret_name, or no TLS listener when that is null too."
+  type = object({
+    certificate = string
+    private_key = string
+  })
+  default   = null
+  sensitive = true
+
+  validation {
+    condition     = nonsensitive(var.sip_tls == null) ? true : var.sip != null && try(var.sip.tls_secret_name == null, false)
+    error_message = "sip_tls goes with sip, and not with sip.tls_secret_name: the certificate comes from one Secret."
+  }
+}

@@ -51,6 +51,8 @@ locals {
     connect_timeout = "30s"
     idle_timeout    = "60s"
     dtls_role       = "client"
+    # Phone calls' route entries (docs/wire.md section 6).
+    redis_url = var.route_cache_url
     gossip = {
       bind      = "0.0.0.0:7946"
       advertise = "$${POD_IP}:7946"

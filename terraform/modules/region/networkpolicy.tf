@@ -5,7 +5,7 @@
 #
 #   transceiver   UDP 7000 data, TCP 8081 session API   <- cluster relays
 #   clusterrelay  UDP 7100 data                          <- transceivers, global relays, remote
-#                 TCP 8080 session API front             <- signaling, remote
+#                 TCP 8080 session API front             <- signaling, sipfront, remote
 #   signaling     TCP 8080 HTTP                          <- signaling_http_cidrs, ingress
 #   both of the cluster pool  TCP+UDP 7946               <- the cluster pool
 #   clusterrelay, signaling   TCP+UDP 7947 global gossip <- global pool tiers, remote
@@ -89,12 +89,18 @@ resource "kubernetes_network_policy_v1" "clusterrelay" {
         protocol = "UDP"
       }
     }
-    # The session API front: signaling of this and every other region.
+    # The session API front: signaling and the SIP fronts (modules/pop) of
+    # this and every other region.
     ingress {
       from {
         namespace_selector {}
         pod_selector {
-          match_labels = { "app.kubernetes.io/part-of" = "rtcedge", "app.kubernetes.io/name" = "signaling" }
+          match_labels = { "app.kubernetes.io/part-of" = "rtcedge" }
+          match_expressions {
+            key      = "app.kubernetes.io/name"
+            operator = "In"
+            values   = ["signaling", "sipfront"]
+          }
         }
       }
       dynamic "from" {

@@ -101,6 +101,17 @@ variable "global_pool_public_keys" {
   default     = []
 }
 
+variable "route_cache_url" {
+  description = "The route cache the pods write phone calls' route entries to (docs/sip.md, \"Deploy\"; docs/wire.md section 6): the Redis of the POP whose SIP front places calls in this region (modules/pop output redis_url), reachable from the pods; \"\" = none, and phone calls' media cannot open a flow at a global relay."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.route_cache_url == "" || can(regex("^(redis|rediss|unix)://", var.route_cache_url))
+    error_message = "route_cache_url must be empty or a redis://, rediss:// or unix:// URL."
+  }
+}
+
 variable "transceiver_replicas" {
   description = "Transceiver pods in the cluster."
   type        = number

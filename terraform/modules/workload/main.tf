@@ -38,7 +38,7 @@ locals {
     local.secret_annotation,
     var.annotations,
   )
-  volumes = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null, secret_key = null }], var.volumes)
+  volumes = concat([{ name = "config", mount_path = "/etc/rtcedge", config_map = kubernetes_config_map_v1.this.metadata[0].name, claim = null, secret_key = null, secret = null }], var.volumes)
 }
 
 resource "kubernetes_config_map_v1" "this" {
@@ -48,7 +48,7 @@ resource "kubernetes_config_map_v1" "this" {
     labels    = var.labels
   }
   data = {
-    "config.yaml" = yamlencode(var.config)
+    "config.yaml" = var.config_yaml != null ? var.config_yaml : yamlencode(var.config)
   }
 }
 
@@ -303,6 +303,15 @@ resource "kubernetes_deployment_v1" "this" {
                 }
               }
             }
+            # A whole Secret of its own (a kubernetes.io/tls certificate),
+            # each key a file.
+            dynamic "secret" {
+              for_each = volume.value.secret == null ? [] : [volume.value.secret]
+              content {
+                secret_name  = secret.value
+                default_mode = "0400"
+              }
+            }
           }
         }
       }
@@ -552,6 +561,15 @@ resource "kubernetes_stateful_set_v1" "this" {
                   key  = secret.value
                   path = secret.value
                 }
+              }
+            }
+            # A whole Secret of its own (a kubernetes.io/tls certificate),
+            # each key a file.
+            dynamic "secret" {
+              for_each = volume.value.secret == null ? [] : [volume.value.secret]
+              content {
+                secret_name  = secret.value
+                default_mode = "0400"
               }
             }
           }

@@ -66,6 +66,12 @@ variable "config" {
   type        = any
 }
 
+variable "config_yaml" {
+  description = "The role's config file as text, used instead of yamlencode(config) when set: for what yamlencode cannot write (a map keyed by integers)."
+  type        = string
+  default     = null
+}
+
 variable "replicas" {
   description = "Pods of the role."
   type        = number
@@ -168,18 +174,19 @@ variable "resources" {
 }
 
 variable "volumes" {
-  description = "More read-only volumes after the config: each a ConfigMap, a PersistentVolumeClaim, or one key (secret_key) of secret_name as a file of that name, mounted at mount_path."
+  description = "More read-only volumes after the config: each a ConfigMap, a PersistentVolumeClaim, one key (secret_key) of secret_name as a file of that name, or a whole Secret of its own (secret: a certificate), mounted at mount_path."
   type = list(object({
     name       = string
     mount_path = string
     config_map = optional(string)
     claim      = optional(string)
     secret_key = optional(string)
+    secret     = optional(string)
   }))
   default = []
 
   validation {
-    condition     = alltrue([for v in var.volumes : can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", v.name)) && (v.config_map == null ? true : length(v.config_map) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", v.config_map))) && (v.claim == null ? true : length(v.claim) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", v.claim)))])
-    error_message = "Every volume name must be a DNS-1123 label (at most 63 characters), and every ConfigMap or claim a DNS-1123 subdomain (at most 253)."
+    condition     = alltrue([for v in var.volumes : can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", v.name)) && (v.config_map == null ? true : length(v.config_map) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", v.config_map))) && (v.claim == null ? true : length(v.claim) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", v.claim))) && (v.secret == null ? true : length(v.secret) <= 253 && can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", v.secret)))])
+    error_message = "Every volume name must be a DNS-1123 label (at most 63 characters), and every ConfigMap, claim or Secret a DNS-1123 subdomain (at most 253)."
   }
 }
