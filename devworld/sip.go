@@ -15,14 +15,9 @@ import (
 // loopback source is the dev trunk, whose calls get the echo's (empty)
 // session config: no webhook, every call accepted.
 func (w *World) startSIP() error {
-	udp, err := net.ListenPacket("udp", w.cfg.SIPAddr)
+	udp, tcp, err := listenSIP(w.cfg.SIPAddr)
 	if err != nil {
-		return fmt.Errorf("devworld: SIP over UDP: %w", err)
-	}
-	tcp, err := net.Listen("tcp", udp.LocalAddr().String())
-	if err != nil {
-		_ = udp.Close()
-		return fmt.Errorf("devworld: SIP over TCP: %w", err)
+		return err
 	}
 	cfg := sipfront.NodeConfig{
 		SIPUDP: udp.LocalAddr().String(), SIPTCP: tcp.Addr().String(),
@@ -53,4 +48,33 @@ func (w *World) startSIP() error {
 	w.SIP, w.SIPURI = n, n.URI()
 	w.run(new(running), "sipfront", n)
 	return nil
+}
+
+// listenSIP opens UDP and TCP on addr's one port. With port 0 the UDP
+// socket's port may be taken over TCP (a connection's local port, from
+// the same ephemeral range), so another UDP port is tried, a bounded
+// number of times.
+func listenSIP(addr string) (net.PacketConn, net.Listener, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("devworld: SIP address %q: %w", addr, err)
+	}
+	tries := 1
+	if port == "0" {
+		tries = 20
+	}
+	for i := 0; ; i++ {
+		udp, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("devworld: SIP over UDP: %w", err)
+		}
+		tcp, err := net.Listen("tcp", udp.LocalAddr().String())
+		if err == nil {
+			return udp, tcp, nil
+		}
+		_ = udp.Close()
+		if i+1 >= tries {
+			return nil, nil, fmt.Errorf("devworld: SIP over TCP: %w", err)
+		}
+	}
 }
