@@ -107,25 +107,9 @@ func TestKeyRotationWithFastPath(t *testing.T) {
 	}
 }
 
-// hopRing is cluster 5's keyring of key IDs ids, signing with current:
-// static keys, or per-pod keys derived from masters (the authority's).
+// hopRing is cluster 5's keyring of key IDs ids (fptest.HopRing).
 func hopRing(t *testing.T, derived bool, current uint8, ids ...uint8) *encap.Keyring {
-	t.Helper()
-	keys := map[uint8][]byte{}
-	for _, id := range ids {
-		keys[id] = bytes.Repeat([]byte{0x11 * id}, encap.KeyLen)
-	}
-	var k *encap.Keyring
-	var err error
-	if derived {
-		k, err = (*encap.Keyring)(nil).WithMasters(5, current, keys, keys)
-	} else {
-		k, err = encap.NewKeyring(current, keys)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
+	return fptest.HopRing(t, 5, derived, current, ids...)
 }
 
 // testKeyRotation runs TestKeyRotationWithFastPath with static or derived
