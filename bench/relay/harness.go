@@ -482,12 +482,11 @@ type sample struct {
 	machine capacity.MachineStat
 	softirq time.Duration
 	rcvbuf  int64
-	gen     time.Duration // busy time of the generator's cores
-	bpf     time.Duration // the fast path programs' run time
-	bpfRuns uint64
+	gen     time.Duration               // busy time of the generator's cores
+	bpf     map[ebpf.ProgramID]progStat // the hops' fast path programs
 }
 
-func (r *runner) sample(hops []*child, echo *child, progs ebpf.ProgramID) (sample, error) {
+func (r *runner) sample(hops []*child, echo *child) (sample, error) {
 	s := sample{at: time.Now()}
 	for _, pid := range append([]int{os.Getpid(), echo.pid()}, pids(hops)...) {
 		cpu, err := procCPU(pid)
@@ -509,7 +508,7 @@ func (r *runner) sample(hops []*child, echo *child, progs ebpf.ProgramID) (sampl
 	s.gen = cpusBusy(r.cfg.GenCPUs)
 	s.rcvbuf = capacity.UDPRcvbufErrors()
 	if r.lan != nil {
-		s.bpf, s.bpfRuns = bpfRuntime(progs)
+		s.bpf = bpfRuntime(pids(hops))
 	}
 	return s, nil
 }
@@ -531,7 +530,6 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 			stops[i].stop()
 		}
 	}()
-	progs := lastProgramID()
 	// start starts a child on host (-veth; else on loopback).
 	start := func(host, name string, cpus []int, rt int, exe string, env []string, args ...string) (*child, error) {
 		if r.lan != nil {
@@ -678,7 +676,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	defer stopSend()
 
 	time.Sleep(cfg.Warmup)
-	s0, err := r.sample(hops, echo, progs)
+	s0, err := r.sample(hops, echo)
 	if err != nil {
 		return nil, err
 	}
@@ -686,7 +684,7 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	g.winStart.Store(time.Since(g.epoch).Nanoseconds())
 	time.Sleep(cfg.Window)
 	g.winEnd.Store(time.Since(g.epoch).Nanoseconds())
-	s1, err := r.sample(hops, echo, progs)
+	s1, err := r.sample(hops, echo)
 	if err != nil {
 		return nil, err
 	}
@@ -721,8 +719,9 @@ func (r *runner) trial(path string, load Load) (_ *Trial, err error) {
 	}
 	if forwarded > 0 {
 		t.MachinePerPkt = float64((s1.machine.Busy - s0.machine.Busy).Nanoseconds()) / forwarded
-		t.BPFPerPkt = float64((s1.bpf - s0.bpf).Nanoseconds()) / forwarded
-		t.BPFRuns = s1.bpfRuns - s0.bpfRuns
+		var bpf time.Duration
+		bpf, t.BPFRuns = bpfDelta(s0.bpf, s1.bpf)
+		t.BPFPerPkt = float64(bpf.Nanoseconds()) / forwarded
 	}
 	busy := (s1.machine.Busy - s0.machine.Busy) - (s1.softirq - s0.softirq)
 	t.OtherLoad = max(0, (busy-(s1.ours-s0.ours)).Seconds()/wall)
