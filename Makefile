@@ -76,7 +76,7 @@ test-allocs:
 # The multi-region simulation, verbose, with more calls, Chromium when
 # installed, and its report in bin/sim/ (see docs/simulation.md).
 sim:
-	RTCEDGE_SIM_CALLS=10 RTCEDGE_SIM_BROWSER=1 RTCEDGE_SIM_BROWSER_CALLS=20 RTCEDGE_SIM_REPORT_DIR=$(CURDIR)/bin/sim \
+	RTCEDGE_SIM_CALLS=10 RTCEDGE_SIM_PHONE=1 RTCEDGE_SIM_BROWSER=1 RTCEDGE_SIM_BROWSER_CALLS=20 RTCEDGE_SIM_REPORT_DIR=$(CURDIR)/bin/sim \
 		$(GO) test -count=1 -v -timeout 10m -run TestSimulation ./sim/
 
 # The Terraform modules applied, updated, rotated and destroyed against a
