@@ -34,8 +34,10 @@ const (
 	// with their two more global relays, two SIP fronts and Redis, the
 	// world's global gossip pool churned under CI load (two busy loops
 	// beside a -race suite, 2026-12-08): every member declared others dead
-	// over and over, signaling answered 503 and 502, while the same run's
-	// world without them held. The cause is not found yet (docs/sip.md).
+	// over and over, signaling answered 503 and 502. The next run without
+	// them churned too: the loopback gossip timings were too short, and are
+	// longer since (docs/simulation.md); the carriers come back once runs
+	// with them hold.
 	// Phone calls through both relay tiers are in e2e either way.
 	phoneEnv = "RTCEDGE_SIM_PHONE"
 )
