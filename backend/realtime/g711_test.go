@@ -30,21 +30,26 @@ func TestG711Passthrough(t *testing.T) {
 			t.Run(fl.name+"/"+law.Name(), func(t *testing.T) {
 				f := openSession(t, fl.beta, func(c *realtime.Config) { c.G711 = true },
 					func(i *backend.SessionInfo) { i.G711 = format })
-				f.waitServer(t, "session.update", func(st *refserver.State) bool { return len(st.Received) > 0 })
-				_ = f.sess.Wait(context.Background(), func(st *refserver.State) bool {
-					in, _ := st.Config["input_audio_format"].(string)
+				// The server's session takes the format once it has applied
+				// the connector's session.update, which is not when it
+				// records the event: wait for the format, not the event.
+				var in string
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				err := f.sess.Wait(ctx, func(st *refserver.State) bool {
+					in, _ = st.Config["input_audio_format"].(string)
 					if !fl.beta {
-						in = st.Config["audio"].(map[string]any)["input"].(map[string]any)["format"].(map[string]any)["type"].(string)
+						in = nestedString(st.Config, "audio", "input", "format", "type")
 					} else if in != beta {
 						in = "beta " + in
 					} else {
 						in = format
 					}
-					if in != format {
-						t.Errorf("server's input format %q, want %s", in, format)
-					}
-					return true
+					return in == format
 				})
+				cancel()
+				if err != nil {
+					t.Fatalf("server's input format %q, want %s", in, format)
+				}
 				// 200 ms of silence, 1 s of a 700 Hz tone, 800 ms of silence.
 				pcm := make([]int16, g711.ClockRate*2)
 				for i := g711.ClockRate / 5; i < g711.ClockRate*6/5; i++ {
@@ -110,4 +115,17 @@ func TestG711NotTaken(t *testing.T) {
 	if _, err := b.Open(context.Background(), backend.SessionInfo{G711: backend.AudioPCMU}, newSink()); err == nil || !strings.Contains(err.Error(), "not configured") {
 		t.Errorf("Open of a G.711 session: %v", err)
 	}
+}
+
+// nestedString is the string at path in m, "" where any step is missing.
+func nestedString(m map[string]any, path ...string) string {
+	for _, k := range path[:len(path)-1] {
+		next, _ := m[k].(map[string]any)
+		if next == nil {
+			return ""
+		}
+		m = next
+	}
+	v, _ := m[path[len(path)-1]].(string)
+	return v
 }
