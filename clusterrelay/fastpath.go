@@ -47,20 +47,17 @@ var errLoopback = errors.New("the relay's address is on a loopback interface")
 // user space, with one log line and the fast_path_unavailable metric, when
 // the kernel or the setup refuses; the other modes fail New instead.
 func (r *Relay) startFastPath(mode fastpath.Mode) error {
-	if mode == fastpath.ModeOff {
-		return nil
-	}
-	k, err := r.attachFastPath(mode)
-	if err != nil {
-		if mode != fastpath.ModeAuto {
-			return fmt.Errorf("clusterrelay: fast_path %s: %w", mode, err)
-		}
+	k, err := fastpath.Start(mode, r.attachFastPath, func(err error) {
 		r.m.fastUnavailable.Inc()
 		r.log.Info("fast path unavailable, forwarding in user space", "err", err)
-		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("clusterrelay: fast_path %s: %w", mode, err)
 	}
-	r.kernel = k
-	r.m.fastActive.Set(1)
+	if k != nil {
+		r.kernel = k
+		r.m.fastActive.Set(1)
+	}
 	return nil
 }
 

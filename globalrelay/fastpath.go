@@ -65,20 +65,17 @@ var errLoopback = errors.New("the relay's sockets are on a loopback interface")
 // startFastPath attaches the fast path as mode says; ModeAuto falls back
 // to user space with one log line and fast_path_unavailable.
 func (r *Relay) startFastPath(mode fastpath.Mode) error {
-	if mode == fastpath.ModeOff {
-		return nil
-	}
-	k, err := r.attachFastPath(mode)
-	if err != nil {
-		if mode != fastpath.ModeAuto {
-			return fmt.Errorf("globalrelay: fast_path %s: %w", mode, err)
-		}
+	k, err := fastpath.Start(mode, r.attachFastPath, func(err error) {
 		r.m.fastUnavailable.Inc()
 		r.log.Info("fast path unavailable, forwarding in user space", "err", err)
-		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("globalrelay: fast_path %s: %w", mode, err)
 	}
-	r.kernel = k
-	r.m.fastActive.Set(1)
+	if k != nil {
+		r.kernel = k
+		r.m.fastActive.Set(1)
+	}
 	return nil
 }
 

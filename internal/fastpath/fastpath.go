@@ -63,3 +63,24 @@ var (
 	// they forward IPv4 only, and such a flow stays in user space.
 	ErrNotIPv4 = errors.New("fastpath: not an IPv4 address")
 )
+
+// Start attaches a relay's fast path as mode says: ModeOff attaches
+// nothing; ModeAuto falls back to user space when attach fails, calling
+// unavailable with the reason (the relay's one log line and metric) and
+// returning the zero K; tc and xdp return attach's error. Both relays
+// start their fast paths through it, so the fallback rule is one.
+func Start[K any](mode Mode, attach func(Mode) (K, error), unavailable func(error)) (K, error) {
+	var zero K
+	if mode == ModeOff {
+		return zero, nil
+	}
+	k, err := attach(mode)
+	if err != nil {
+		if mode != ModeAuto {
+			return zero, err
+		}
+		unavailable(err)
+		return zero, nil
+	}
+	return k, nil
+}
